@@ -1,0 +1,38 @@
+"""Unit constants and the only place numbers become human text (everything inside is SI)."""
+
+from __future__ import annotations
+
+import math
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+
+
+def format_seconds(seconds: float) -> str:
+    """Pick ns/µs/ms/s so the number has 3-4 significant digits."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_bytes(n_bytes: float) -> str:
+    if not math.isfinite(n_bytes):
+        return "n/a"
+    for scale, unit in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def format_rate(per_second: float) -> str:
+    """Tokens per second with a k/M/G prefix."""
+    if not math.isfinite(per_second):
+        return "n/a"
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(per_second) >= scale:
+            return f"{per_second / scale:.3g}{prefix}"
+    return f"{per_second:.3g}"
