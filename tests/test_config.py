@@ -1,0 +1,535 @@
+"""attnbench.config: YAML → Experiment, and every way a config can be wrong. No torch anywhere here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnbench.cases import TimingPolicy
+from attnbench.catalogue import MODEL_NAMES, MODES
+from attnbench.config import (
+    Experiment,
+    TimingModel,
+    builtin_config_text,
+    load_experiment,
+    load_experiment_text,
+    parse_override,
+)
+from attnbench.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+BAD = Path(__file__).parent / "data" / "bad_configs"
+BUILTIN = ROOT / "attnbench" / "builtin"
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+BASE = """\
+name: test
+models: [lstm, vanilla]
+modes: [forward, train]
+grid:
+  batch: [2]
+  seq_len: [8, 16, 32]
+d_model: 16
+heads: 2
+"""
+
+
+def load(text: str = BASE, overrides: tuple[str, ...] = ()) -> Experiment:
+    return load_experiment_text(text, "test.yaml", overrides)
+
+
+def fields(cases: list[Any], *names: str) -> list[tuple[Any, ...]]:
+    return [tuple(getattr(c, n) for n in names) for c in cases]
+
+
+# ------------------------------------------------------------------------------------------------ grid
+def test_cross_product_is_model_major_with_seq_len_innermost() -> None:
+    cases = load().cases("cpu")
+    assert len(cases) == 2 * 2 * 3
+    assert fields(cases, "model", "mode", "seq_len") == [
+        (m, mode, n) for m in ("lstm", "vanilla") for mode in ("forward", "train") for n in (8, 16, 32)
+    ]
+    assert {c.device for c in cases} == {"cpu"}
+    assert all(c.heads is None for c in cases if c.model == "lstm")
+    assert all(c.heads == 2 for c in cases if c.model == "vanilla")
+
+
+def test_recurrent_models_are_not_repeated_over_causal_or_heads() -> None:
+    text = BASE.replace("modes: [forward, train]", "modes: [forward]").replace("heads: 2", "heads: [2, 4]")
+    cases = load(text + "causal: [false, true]\n").cases("cpu")
+    lstm = [c for c in cases if c.model == "lstm"]
+    vanilla = [c for c in cases if c.model == "vanilla"]
+    assert len(lstm) == 3 and all(c.causal for c in lstm)  # unidirectional ⇒ causal, once per length
+    assert len(vanilla) == 2 * 2 * 3
+    assert len(set(cases)) == len(cases)
+
+
+def test_scalars_become_one_element_lists() -> None:
+    text = (
+        BASE.replace("[lstm, vanilla]", "gru")
+        .replace("[forward, train]", "train")
+        .replace("[8, 16, 32]", "64")
+        .replace("[2]", "3")
+    )
+    experiment = load(text)
+    assert experiment.axes.models == ("gru",)
+    assert experiment.axes.modes == ("train",)
+    assert experiment.axes.seq_len == (64,)
+    assert experiment.axes.batch == (3,)
+    assert experiment.axes.dtypes == ("float32",)
+    assert experiment.resolved["grid"]["seq_len"] == [64]
+
+
+def test_axes_may_sit_under_grid_as_lists() -> None:
+    text = BASE.replace("d_model: 16\nheads: 2\n", "").replace(
+        "  seq_len: [8, 16, 32]", "  seq_len: [8]\n  d_model: [16, 32]\n  heads: [2, 4]\n  layers: [1, 2]"
+    )
+    cases = load(text).cases("cpu")
+    vanilla = [c for c in cases if c.model == "vanilla"]
+    assert {(c.d_model, c.heads, c.layers) for c in vanilla} == {
+        (d, h, n) for d in (16, 32) for h in (2, 4) for n in (1, 2)
+    }
+    assert len([c for c in cases if c.model == "lstm"]) == 2 * 2 * 2  # modes × d_model × layers
+
+
+def test_defaults_fill_in_what_is_left_out() -> None:
+    experiment = load("name: tiny\nmodels: [gru]\ngrid: {batch: 1, seq_len: 8}\n")
+    assert experiment.device == "auto"
+    assert experiment.axes.modes == tuple(MODES)
+    assert experiment.axes.d_model == (512,) and experiment.axes.layers == (1,)
+    assert experiment.timing == TimingPolicy()
+    assert experiment.threads is None and experiment.seed == 0
+    assert experiment.resolved["timing"] == TimingPolicy().to_dict()
+
+
+def test_grid_tokens_ties_batch_to_seq_len_in_model_major_order() -> None:
+    text = BASE.replace("  batch: [2]", "  tokens: 64").replace("modes: [forward, train]", "modes: [forward]")
+    experiment = load(text + "causal: [false, true]\n")
+    cases = experiment.cases("cuda:0")
+    assert fields(cases, "model", "causal", "seq_len", "batch") == [
+        ("lstm", True, 8, 8),
+        ("lstm", True, 16, 4),
+        ("lstm", True, 32, 2),
+        ("vanilla", False, 8, 8),
+        ("vanilla", False, 16, 4),
+        ("vanilla", False, 32, 2),
+        ("vanilla", True, 8, 8),
+        ("vanilla", True, 16, 4),
+        ("vanilla", True, 32, 2),
+    ]
+    assert all(c.tokens == 64 for c in cases)
+    assert experiment.tokens == 64 and experiment.axes.batch == (8, 4, 2)
+    assert experiment.resolved["grid"]["tokens"] == 64 and "batch" not in experiment.resolved["grid"]
+
+
+def test_cases_take_the_resolved_device() -> None:
+    experiment = load(BASE + "device: cuda\n")
+    assert experiment.device == "cuda" and experiment.axes.device == "cuda"
+    assert {c.device for c in experiment.cases("cuda:1")} == {"cuda:1"}
+
+
+def test_model_options_reach_the_cases_and_defaults_do_not_change_keys() -> None:
+    on = load(BASE + "model_options:\n  lstm: {bidirectional: true}\n").cases("cpu")
+    explicit_default = load(BASE + "model_options:\n  lstm: {bidirectional: false}\n").cases("cpu")
+    plain = load().cases("cpu")
+    lstm = [c for c in on if c.model == "lstm"]
+    assert all(c.option("bidirectional") is True and c.causal is False for c in lstm)
+    assert all(c.options == () for c in on if c.model == "vanilla")
+    assert [c.key for c in explicit_default] == [c.key for c in plain]
+
+
+# ------------------------------------------------------------------------------------------- overrides
+def test_parse_override_reads_yaml_values() -> None:
+    assert parse_override("grid.seq_len=[64,128]") == (["grid", "seq_len"], [64, 128])
+    assert parse_override("timing.target_ci=0.02") == (["timing", "target_ci"], 0.02)
+    assert parse_override("device=cuda:1") == (["device"], "cuda:1")
+    assert parse_override("causal=true") == (["causal"], True)
+    assert parse_override("threads=null") == (["threads"], None)
+    assert parse_override("description=a=b") == (["description"], "a=b")
+
+
+def test_overrides_replace_nested_keys_and_create_sections() -> None:
+    experiment = load(
+        overrides=(
+            "grid.seq_len=[64,128]",
+            "timing.max_case_s=2",
+            "name=other",
+            "model_options.lstm.bidirectional=true",
+        )
+    )
+    assert experiment.axes.seq_len == (64, 128)
+    assert experiment.timing.max_case_s == 2.0
+    assert experiment.name == "other"
+    assert experiment.resolved["model_options"] == {"lstm": {"bidirectional": True}}
+
+
+@pytest.mark.parametrize(
+    ("override", "expected", "key"),
+    [
+        ("grid.seq_len", "expected key.path=value", ""),
+        ("grid..seq_len=1", "bad key path", ""),
+        ("grid.seq_lenn=[1]", "unknown key 'seq_lenn'", "grid.seq_lenn"),
+        ("colour=red", "unknown key 'colour'", "colour"),
+        ("timing.bogus.deep=1", "unknown key 'bogus'", "timing.bogus"),
+        ("grid.seq_len=[1, 0]", "must be a positive integer", "grid.seq_len[1]"),
+        ("name.first=x", "not a mapping", "name"),
+        ("grid.seq_len=[1", "invalid YAML", "grid.seq_len"),
+        ("grid.seq_len={a: 1}", "must be an integer, got a mapping", "grid.seq_len"),
+        ("models=&a [*a]", "must be a string, got a list", "models[0]"),
+        (
+            "models=!!python/object/apply:os.system [ls]",
+            "tags that construct objects are not allowed",
+            "models",
+        ),
+    ],
+)
+def test_bad_overrides_name_the_flag(override: str, expected: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(overrides=(override,))
+    assert expected in info.value.message
+    assert info.value.where == "--set"
+    assert info.value.key == key
+
+
+# -------------------------------------------------------------------------------------------- identity
+def test_resolved_and_sha256_are_stable_and_track_values() -> None:
+    a, b = load(), load()
+    assert a.resolved == b.resolved and a.sha256 == b.sha256
+    assert re.fullmatch(r"[0-9a-f]{64}", a.sha256)
+    assert load(overrides=("grid.seq_len=[8,16,64]",)).sha256 != a.sha256
+    assert load(overrides=("timing.target_ci=0.02",)).sha256 != a.sha256
+    under_grid = "  seq_len: [8, 16, 32]\n  d_model: 16"
+    moved = BASE.replace("d_model: 16\n", "").replace("  seq_len: [8, 16, 32]", under_grid)
+    assert load(moved).sha256 == a.sha256  # where an axis is written does not matter
+    assert load(BASE + "# a comment\ntiming: {}\n").sha256 == a.sha256
+
+
+def test_resolved_is_itself_a_valid_config() -> None:
+    for path in CONFIGS:
+        experiment = load_experiment(path)
+        again = load(yaml.safe_dump(experiment.resolved))
+        assert again.sha256 == experiment.sha256
+        assert again.cases("cpu") == experiment.cases("cpu")
+
+
+def test_timing_model_matches_timing_policy() -> None:
+    assert list(TimingModel.model_fields) == list(TimingPolicy.__dataclass_fields__)
+    assert TimingPolicy(**TimingModel().model_dump()) == TimingPolicy()
+
+
+# --------------------------------------------------------------------------------------------- shipped
+@pytest.mark.parametrize("device_type", ["cpu", "cuda", "cuda:1"])
+def test_builtin_defaults_load(device_type: str) -> None:
+    experiment = load_experiment(None, device_type=device_type)
+    kind = device_type.split(":")[0]
+    assert experiment.source == f"builtin:default-{kind}"
+    assert set(experiment.axes.modes) == {"forward", "train"}
+    assert {"lstm", "gru", "vanilla", "sdpa-flash"} <= set(experiment.axes.models)
+    assert len(experiment.cases(kind)) == (32 if kind == "cpu" else 96)
+
+
+def test_builtin_default_takes_overrides_and_refuses_unknown_device_types() -> None:
+    experiment = load_experiment(None, ["grid.seq_len=[64]"], device_type="cpu")
+    assert experiment.axes.seq_len == (64,)
+    with pytest.raises(ValueError, match="mps"):
+        builtin_config_text("mps")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate(path: Path) -> None:
+    experiment = load_experiment(path)
+    assert 0 < len(experiment.cases("cuda:0")) <= 10_000
+    assert experiment.name == path.stem or path.stem.startswith("default")
+
+
+def test_shipped_defaults_are_copies_of_the_builtins() -> None:
+    for copy, builtin in (("default.yaml", "default-cpu.yaml"), ("default-cuda.yaml", "default-cuda.yaml")):
+        assert (ROOT / "configs" / copy).read_bytes() == (BUILTIN / builtin).read_bytes()
+    assert builtin_config_text("cpu") == (BUILTIN / "default-cpu.yaml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("path", [*CONFIGS, *sorted(BUILTIN.glob("*.yaml"))], ids=lambda p: p.name)
+def test_every_key_in_a_shipped_config_has_a_comment(path: Path) -> None:
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if re.match(r"\s*(- )?[a-z_]+(:|$)", line):
+            assert "#" in line, f"{path.name}:{number} has no comment: {line!r}"
+
+
+def test_gpu_seq_sweep_moves_16k_tokens_per_call() -> None:
+    cases = load_experiment(ROOT / "configs" / "gpu-seq-sweep.yaml").cases("cuda")
+    assert {c.tokens for c in cases} == {16384}
+    assert {c.head_dim for c in cases if c.heads} == {64, 128}
+
+
+def test_config_does_not_import_torch() -> None:
+    code = (
+        "import sys, attnbench.config as c; c.load_experiment(None); "
+        "sys.exit('torch' in sys.modules or 'pynvml' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+
+
+# ------------------------------------------------------------------------------------------- bad input
+# file → (text the message must hold, key path, line or None when the error names the file alone)
+BAD_CASES: dict[str, tuple[str, str, int | None]] = {
+    "syntax-unclosed-list.yaml": ("invalid YAML", "", 3),
+    "syntax-tab.yaml": ("invalid YAML", "", 4),
+    "two-documents.yaml": ("another document", "", 2),
+    "python-tag.yaml": ("tags that construct objects are not allowed", "", 2),
+    "bad-scalar-tag.yaml": ("invalid YAML value", "", None),
+    "not-utf8.yaml": ("not UTF-8", "", None),
+    "empty.yaml": ("top level is empty", "", None),
+    "top-level-list.yaml": ("not a mapping", "", None),
+    "duplicate-key.yaml": ("appears twice (lines 6 and 7)", "grid.seq_len", 7),
+    "cyclic-alias.yaml": ("nests deeper than", "grid.seq_len[0]…", None),
+    "alias-bomb.yaml": ("more than 100000 values", "", None),
+    "unknown-key-top.yaml": ("unknown key 'modells'; allowed keys here: name, description", "modells", 2),
+    "unknown-key-grid.yaml": (
+        "unknown key 'seq_lenn'; allowed keys here: batch, tokens, seq_len",
+        "grid.seq_lenn",
+        6,
+    ),
+    "unknown-key-timing.yaml": ("unknown key 'target_cl'", "timing.target_cl", 10),
+    "missing-name.yaml": ("required key 'name' is missing", "name", None),
+    "missing-seq-len.yaml": ("required key 'seq_len' is missing", "grid.seq_len", 4),
+    "missing-batch.yaml": ("grid needs batch", "grid", 4),
+    "wrong-type-string.yaml": ("must be an integer, got the string '128'", "grid.seq_len[1]", 6),
+    "wrong-type-bool.yaml": ("must be an integer, got true (a boolean)", "grid.batch", 5),
+    "wrong-type-float.yaml": ("must be an integer, got 64.0", "d_model", 7),
+    "wrong-type-grid.yaml": ("must be a mapping, got a list", "grid", 4),
+    "seed-float.yaml": ("must be an integer", "seed", 9),
+    "zero-seq-len.yaml": ("must be a positive integer", "grid.seq_len[2]", 6),
+    "negative-batch.yaml": ("must be a positive integer", "grid.batch", 5),
+    "threads-zero.yaml": ("must be a positive integer", "threads", 9),
+    "seq-len-over-cap.yaml": ("at most 4194304", "grid.seq_len[1]", 6),
+    "too-many-cases.yaml": ("expands to 12800 cases; the cap is 10000", "grid", 5),
+    "empty-seq-len.yaml": ("must not be empty", "grid.seq_len", 6),
+    "empty-models.yaml": ("must not be empty", "models", 2),
+    "heads-not-dividing.yaml": ("heads 6 does not divide d_model 64", "heads", 8),
+    "unknown-model.yaml": ("unknown model 'lsmt'; valid: lstm, gru", "models[0]", 2),
+    "duplicate-model.yaml": ("model 'lstm' is listed twice", "models[2]", 2),
+    "unknown-mode.yaml": ("unknown mode 'backward'; valid: forward, train", "modes[1]", 3),
+    "unknown-dtype.yaml": ("unknown dtype 'fp16'; valid: float32", "dtype", 9),
+    "bad-device.yaml": ("device 'gpu' is not one of auto, cpu, cuda, cuda:N", "device", 9),
+    "bad-name.yaml": ("name 'My Sweep!' is not allowed", "name", 1),
+    "axis-given-twice.yaml": ("layers is given both at the top level and under grid", "grid.layers", 7),
+    "batch-and-tokens.yaml": ("grid.batch and grid.tokens exclude each other", "grid.tokens", 6),
+    "tokens-not-divisible.yaml": ("seq_len 64 does not divide grid.tokens 1000", "grid.seq_len[0]", 6),
+    "bidirectional-odd.yaml": ("d_model must be even; 63 is odd", "model_options.lstm.bidirectional", 10),
+    "option-unknown.yaml": (
+        "unknown option 'bidirectonal' for lstm; its options: bidirectional",
+        "model_options.lstm.bidirectonal",
+        10,
+    ),
+    "option-wrong-type.yaml": (
+        "must be true or false, got the string 'yes'",
+        "model_options.lstm.bidirectional",
+        10,
+    ),
+    "option-model-not-listed.yaml": ("'gru', which is not in models", "model_options.gru", 10),
+    "timing-out-of-range.yaml": ("strictly between 0 and 1", "timing.target_ci", 10),
+    "timing-max-below-min.yaml": ("max_samples 20 is below min_samples 50", "timing.max_samples", 11),
+    "timing-min-time-above-budget.yaml": ("min_time_s 5.0 is above max_case_s 1.0", "timing.min_time_s", 10),
+}
+
+HINTS = {
+    "unknown-model.yaml": "did you mean 'lstm'?",
+    "unknown-key-top.yaml": "did you mean 'models'?",
+    "unknown-key-grid.yaml": "did you mean 'seq_len'?",
+    "option-unknown.yaml": "did you mean 'bidirectional'?",
+    "bad-name.yaml": "'my-sweep'",
+}
+
+
+def test_every_bad_config_file_is_in_the_table() -> None:
+    assert sorted(p.name for p in BAD.iterdir()) == sorted(BAD_CASES)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CASES))
+def test_bad_config_is_refused_with_where_what_and_key(name: str) -> None:
+    expected, key, line = BAD_CASES[name]
+    path = BAD / name
+    with pytest.raises(ConfigError) as info:
+        load_experiment(path)
+    error = info.value
+    assert expected in error.message
+    assert error.key == key
+    assert error.where == (str(path) if line is None else f"{path}:{line}")
+    assert str(error).startswith(error.where)
+    if name in HINTS:
+        assert HINTS[name] in error.hint
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda tmp: tmp / "nope.yaml", "no such file"),
+        (lambda tmp: tmp, "is a directory"),
+    ],
+)
+def test_unusable_paths(tmp_path: Path, make: Any, expected: str) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_experiment(path)
+    assert info.value.where == str(path)
+
+
+def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "secret.yaml"
+    path.write_text(BASE)
+
+    def refuse(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)  # chmod 000 does not bind root, so fake the refusal
+    with pytest.raises(ConfigError, match="cannot be read: permission denied") as info:
+        load_experiment(path)
+    assert info.value.where == str(path)
+
+
+def test_heads_need_not_divide_when_only_recurrent_models_run() -> None:
+    text = BASE.replace("[lstm, vanilla]", "[lstm, gru]").replace("heads: 2", "heads: 5")
+    assert len(load(text).cases("cpu")) == 2 * 2 * 3
+
+
+# ------------------------------------------------------------------------------------------ properties
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.sampled_from([*MODEL_NAMES, *MODES, "float32", "bfloat16", "cuda:0", "auto", "grid", "seq_len"]),
+)
+documents = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(
+            st.one_of(
+                st.text(max_size=10),
+                st.integers(),
+                st.sampled_from(["name", "models", "grid", "seq_len", "batch", "timing", "model_options"]),
+            ),
+            inner,
+            max_size=5,
+        ),
+    ),
+    max_leaves=25,
+)
+plausible = st.one_of(
+    st.integers(1, 64),
+    st.booleans(),
+    st.sampled_from([*MODEL_NAMES, *MODES, "bfloat16", "cpu", "cuda:1"]),
+    st.lists(st.integers(1, 64), min_size=1, max_size=3, unique=True),
+    st.floats(0.001, 0.5),
+)
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def loads_or_refuses(text: str, overrides: tuple[str, ...] = ()) -> Experiment | None:
+    try:
+        experiment = load(text, overrides)
+    except ConfigError as error:
+        assert error.message and error.where
+        return None
+    assert isinstance(experiment.cases("cpu"), list)
+    return experiment
+
+
+@SETTINGS
+@given(documents)
+def test_any_yaml_document_loads_or_raises_config_error(document: Any) -> None:
+    loads_or_refuses(yaml.safe_dump(document))
+
+
+@SETTINGS
+@given(st.text(alphabet=st.sampled_from(list("abcdefgns_:-[]{},&*!|>#'\"\n\t 0123456789.")), max_size=80))
+def test_any_text_loads_or_raises_config_error(text: str) -> None:
+    loads_or_refuses(text)
+
+
+def valid_document() -> dict[str, Any]:
+    return {
+        "name": "prop",
+        "models": ["lstm", "vanilla"],
+        "modes": ["forward"],
+        "dtype": "float32",
+        "grid": {"batch": [2], "seq_len": [8, 16], "heads": [2]},
+        "d_model": 16,
+        "causal": [False, True],
+        "model_options": {"lstm": {"bidirectional": True}},
+        "timing": {"target_ci": 0.05, "min_samples": 3},
+    }
+
+
+def key_paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    paths = [path] if path else []
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else []
+    for key, child in children:
+        paths += key_paths(child, (*path, key))
+    return paths
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> dict[str, Any]:
+    document = valid_document()
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(key_paths(document)))
+        parent = document
+        for key in path[:-1]:
+            parent = parent[key]
+        action = draw(st.sampled_from(["delete", "replace", "tweak", "add"]))
+        if action == "delete":
+            del parent[path[-1]]
+        elif action == "replace":
+            parent[path[-1]] = draw(documents)
+        elif action == "tweak":  # a plausible value, so that many mutants still load
+            parent[path[-1]] = draw(plausible)
+        elif isinstance(parent, dict):
+            parent[draw(st.text(max_size=8))] = draw(scalars)
+        else:
+            parent.append(draw(scalars))
+    return document
+
+
+@SETTINGS
+@given(
+    mutated(),
+    st.lists(
+        st.sampled_from(
+            [
+                "grid.seq_len=[4]",
+                "heads=3",
+                "timing.min_samples=2",
+                "grid.tokens=32",
+                "models=gru",
+                "x.y=1",
+                "model_options.gru.bidirectional=true",
+                "causal",
+            ]
+        ),
+        max_size=2,
+    ),
+)
+def test_mutated_configs_load_or_raise_config_error(document: dict[str, Any], overrides: list[str]) -> None:
+    experiment = loads_or_refuses(yaml.safe_dump(document), tuple(overrides))
+    if experiment is not None:  # what loads, round-trips through its resolved form
+        again = load(yaml.safe_dump(experiment.resolved))
+        assert again.sha256 == experiment.sha256
+        assert dataclasses.replace(again, source="x") == dataclasses.replace(experiment, source="x")
+
+
+def test_the_valid_document_behind_the_mutations_is_valid() -> None:
+    assert len(load(yaml.safe_dump(valid_document())).cases("cpu")) == 2 + 2 * 2
