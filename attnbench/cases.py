@@ -8,7 +8,7 @@ resume) and depends on case fields alone.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -85,10 +85,7 @@ class Case:
     def label(self) -> str:
         """Short human label for progress lines."""
         extra = "" if self.heads is None else f" h={self.heads}" + (" causal" if self.causal else "")
-        return (
-            f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}"
-            f"{extra}"
-        )
+        return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -159,23 +156,25 @@ def expand(axes: Axes) -> list[Case]:
     seen: set[Case] = set()
     cases: list[Case] = []
     for model, mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
-        axes.models, axes.modes, axes.dtypes, axes.batch, axes.d_model, axes.heads, axes.layers,
-        axes.causal, axes.seq_len,
+        axes.models,
+        axes.modes,
+        axes.dtypes,
+        axes.batch,
+        axes.d_model,
+        axes.heads,
+        axes.layers,
+        axes.causal,
+        axes.seq_len,
     ):
         options = axes.model_options.get(model, ())
         if is_recurrent(model):
             bidirectional = bool(dict(options).get("bidirectional", False))
-            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, None, layers,
-                        not bidirectional, options)
+            case = Case(
+                model, mode, dtype, axes.device, batch, seq_len, d_model, None, layers, not bidirectional, options
+            )
         else:
-            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal,
-                        options)
+            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
         if case not in seen:
             seen.add(case)
             cases.append(case)
     return cases
-
-
-def distinct(values: Iterable[object]) -> list[object]:
-    """Values in first-seen order without repeats."""
-    return list(dict.fromkeys(values))

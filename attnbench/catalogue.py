@@ -50,23 +50,42 @@ _RNN_OPTIONS = (
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec("lstm", "recurrent", "torch.nn.LSTM, hidden = d_model (cuDNN on GPU, oneDNN/native on CPU)",
-                  options=_RNN_OPTIONS),
-        ModelSpec("gru", "recurrent", "torch.nn.GRU, hidden = d_model (cuDNN on GPU, oneDNN/native on CPU)",
-                  options=_RNN_OPTIONS),
-        ModelSpec("vanilla", "attention",
-                  "explicit QKᵀ/√d → softmax → ·V; materialises the n×n score matrix per head"),
+        ModelSpec(
+            "lstm",
+            "recurrent",
+            "torch.nn.LSTM, hidden = d_model (cuDNN on GPU, oneDNN/native on CPU)",
+            options=_RNN_OPTIONS,
+        ),
+        ModelSpec(
+            "gru",
+            "recurrent",
+            "torch.nn.GRU, hidden = d_model (cuDNN on GPU, oneDNN/native on CPU)",
+            options=_RNN_OPTIONS,
+        ),
+        ModelSpec("vanilla", "attention", "explicit QKᵀ/√d → softmax → ·V; materialises the n×n score matrix per head"),
         ModelSpec("sdpa-math", "attention", "F.scaled_dot_product_attention forced to the MATH backend"),
         ModelSpec("sdpa-flash", "attention", "F.scaled_dot_product_attention forced to FLASH_ATTENTION"),
-        ModelSpec("sdpa-efficient", "attention",
-                  "F.scaled_dot_product_attention forced to EFFICIENT_ATTENTION (memory-efficient, xFormers-style)",
-                  devices=("cuda",)),
-        ModelSpec("sdpa-cudnn", "attention", "F.scaled_dot_product_attention forced to CUDNN_ATTENTION",
-                  devices=("cuda",)),
-        ModelSpec("sdpa", "attention",
-                  "F.scaled_dot_product_attention with PyTorch's own dispatch (the kernel chosen is recorded)"),
-        ModelSpec("flash-attn", "attention", "flash_attn.flash_attn_func from the Dao-AILab package",
-                  devices=("cuda",), package="flash_attn"),
+        ModelSpec(
+            "sdpa-efficient",
+            "attention",
+            "F.scaled_dot_product_attention forced to EFFICIENT_ATTENTION (memory-efficient, xFormers-style)",
+            devices=("cuda",),
+        ),
+        ModelSpec(
+            "sdpa-cudnn", "attention", "F.scaled_dot_product_attention forced to CUDNN_ATTENTION", devices=("cuda",)
+        ),
+        ModelSpec(
+            "sdpa",
+            "attention",
+            "F.scaled_dot_product_attention with PyTorch's own dispatch (the kernel chosen is recorded)",
+        ),
+        ModelSpec(
+            "flash-attn",
+            "attention",
+            "flash_attn.flash_attn_func from the Dao-AILab package",
+            devices=("cuda",),
+            package="flash_attn",
+        ),
     )
 }
 

@@ -48,9 +48,7 @@ def measure(fn: Callable[[], object], clock: Clock, policy: TimingPolicy) -> Mea
             break
         if spent >= min(policy.warmup_max_s, policy.max_case_s):
             if len(warm) >= settle_window:
-                warnings.append(
-                    f"warm-up did not settle within {policy.warmup_max_s:g} s ({len(warm)} calls)"
-                )
+                warnings.append(f"warm-up did not settle within {policy.warmup_max_s:g} s ({len(warm)} calls)")
             break
     warmup_s = clock.now() - start
     per_call = statistics.median(warm[-settle_window:])

@@ -13,8 +13,9 @@ class FakeClock:
     levels and drifts exactly, with a fixed seed.
     """
 
-    def __init__(self, durations: Callable[[int, random.Random], float], seed: int = 0,
-                 overhead_s: float = 0.0) -> None:
+    def __init__(
+        self, durations: Callable[[int, random.Random], float], seed: int = 0, overhead_s: float = 0.0
+    ) -> None:
         self.durations = durations
         self.rng = random.Random(seed)
         self.t = 0.0

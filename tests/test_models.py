@@ -31,9 +31,19 @@ GPU_CORES = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flash-attn")
 TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-4)}
 
 
-def attention_case(model: str, *, dtype: str = "float32", device: str = "cpu", causal: bool = False,
-                   mode: Mode = "train", batch: int = 2, seq_len: int = 12, d_model: int = 32, heads: int = 4,
-                   layers: int = 2) -> Case:
+def attention_case(
+    model: str,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    causal: bool = False,
+    mode: Mode = "train",
+    batch: int = 2,
+    seq_len: int = 12,
+    d_model: int = 32,
+    heads: int = 4,
+    layers: int = 2,
+) -> Case:
     return Case(model, mode, dtype, device, batch, seq_len, d_model, heads, layers, causal)
 
 
@@ -55,8 +65,9 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def forward_and_grads(case: Case, x: torch.Tensor, grad_out: torch.Tensor, device: str = "cpu",
-                      compute_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, Grads]:
+def forward_and_grads(
+    case: Case, x: torch.Tensor, grad_out: torch.Tensor, device: str = "cpu", compute_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, Grads]:
     """Output and gradients (input and every parameter) of the case's model with seed-0 weights.
 
     ``compute_dtype`` runs the model built in ``x.dtype`` at another precision (a float32 reference for bf16).
@@ -164,8 +175,11 @@ def test_probe_reports_torch_refusal_when_a_kernel_is_tried() -> None:
 
 
 @pytest.mark.parametrize("mode", ["forward", "train"])
-@pytest.mark.parametrize("case", [recurrent_case("lstm"), attention_case("vanilla"),
-                                  attention_case("sdpa-flash")], ids=["lstm", "vanilla", "sdpa-flash"])
+@pytest.mark.parametrize(
+    "case",
+    [recurrent_case("lstm"), attention_case("vanilla"), attention_case("sdpa-flash")],
+    ids=["lstm", "vanilla", "sdpa-flash"],
+)
 def test_probe_passes_what_runs_on_cpu(case: Case, mode: Mode) -> None:
     assert probe(replace(case, mode=mode), "cpu") is None
 

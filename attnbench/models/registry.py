@@ -77,16 +77,21 @@ _CORES: dict[str, Callable[[bool], nn.Module]] = {
 
 
 def _build_recurrent(cell: Cell, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
-    return Recurrent(cell, case.d_model, case.layers, bidirectional=bool(case.option("bidirectional")),
-                     device=device, dtype=dtype)
+    return Recurrent(
+        cell, case.d_model, case.layers, bidirectional=bool(case.option("bidirectional")), device=device, dtype=dtype
+    )
 
 
 def _build_attention(model: str, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
     if case.heads is None:
         raise ValueError(f"attention model {model!r} needs heads")
     make_core = _CORES[model]
-    return AttentionStack([SelfAttention(case.d_model, case.heads, make_core(case.causal), device=device,
-                                         dtype=dtype) for _ in range(case.layers)])
+    return AttentionStack(
+        [
+            SelfAttention(case.d_model, case.heads, make_core(case.causal), device=device, dtype=dtype)
+            for _ in range(case.layers)
+        ]
+    )
 
 
 BUILDERS: dict[str, Builder] = {
@@ -156,8 +161,9 @@ def _probe_tiny(case: Case, device: str) -> str | None:
         except (RuntimeError, NotImplementedError, ImportError) as exc:
             shape = "" if case.head_dim is None else f", head_dim {case.head_dim}"
             what = f"{_label(case.model)}: no {case.mode} kernel for dtype {case.dtype}{shape} on {device}"
-            details = dict.fromkeys([f"{type(exc).__name__}: {_one_line(str(exc))}",
-                                     *(_one_line(str(w.message)) for w in caught)])
+            details = dict.fromkeys(
+                [f"{type(exc).__name__}: {_one_line(str(exc))}", *(_one_line(str(w.message)) for w in caught)]
+            )
             return f"{what}: {'; '.join(d for d in details if d)}"
     return None
 
@@ -197,8 +203,18 @@ def availability(device: str, dtype: str = "float32") -> dict[str, str | None]:
 
 def _default_case(model: str, device: str, dtype: str) -> Case:
     recurrent = MODELS[model].family == "recurrent"
-    return Case(model, "forward", dtype, device, _PROBE_BATCH, _PROBE_SEQ_LEN, d_model=64,
-                heads=None if recurrent else 4, layers=1, causal=recurrent)
+    return Case(
+        model,
+        "forward",
+        dtype,
+        device,
+        _PROBE_BATCH,
+        _PROBE_SEQ_LEN,
+        d_model=64,
+        heads=None if recurrent else 4,
+        layers=1,
+        causal=recurrent,
+    )
 
 
 # SDPBackend is a pybind11 enum: SDPBackend(99) does not raise, so map the int back through its members.
@@ -219,8 +235,16 @@ def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
     train = case.mode == "train"
     try:
         with torch.set_grad_enabled(train):
-            qkv = torch.empty(case.batch, case.seq_len, 3, case.heads, case.head_dim, device=device,
-                              dtype=torch_dtype(case.dtype), requires_grad=train)  # (B, T, 3, H, D)
+            qkv = torch.empty(
+                case.batch,
+                case.seq_len,
+                3,
+                case.heads,
+                case.head_dim,
+                device=device,
+                dtype=torch_dtype(case.dtype),
+                requires_grad=train,
+            )  # (B, T, 3, H, D)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, T, D)
             index = int(choose(q, k, v, None, 0.0, case.causal))
     except (RuntimeError, NotImplementedError, TypeError):

@@ -21,16 +21,25 @@ class Recurrent(nn.Module):
     wide and the next layer (and the caller) sees the same width as the unidirectional model.
     """
 
-    def __init__(self, cell: Cell, d_model: int, layers: int, *, bidirectional: bool, device: str,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, cell: Cell, d_model: int, layers: int, *, bidirectional: bool, device: str, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         if bidirectional and d_model % 2:
-            raise ValueError(f"bidirectional {cell} needs an even d_model (each direction gets d_model/2), "
-                             f"got {d_model}")
+            raise ValueError(
+                f"bidirectional {cell} needs an even d_model (each direction gets d_model/2), got {d_model}"
+            )
         hidden = d_model // 2 if bidirectional else d_model
         rnn_type = nn.LSTM if cell == "lstm" else nn.GRU
-        self.rnn = rnn_type(d_model, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional,
-                            device=device, dtype=dtype)
+        self.rnn = rnn_type(
+            d_model,
+            hidden,
+            num_layers=layers,
+            batch_first=True,
+            bidirectional=bidirectional,
+            device=device,
+            dtype=dtype,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(x)  # (B, T, directions · hidden) = (B, T, d_model); the final state is not needed

@@ -1,0 +1,208 @@
+"""The command line (DESIGN §5). Only wiring: parse typed options, call the library, hand results to a renderer.
+
+torch is imported only inside the commands that run models, so ``report``, ``validate`` and ``--help`` work on a
+machine without it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from attnbench.errors import EXIT_CASE_FAILED, EXIT_INTERRUPTED, AttnbenchError
+
+app = typer.Typer(
+    name="attnbench",
+    help="Measure recurrent networks against self-attention across sequence lengths, honestly.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# soft_wrap: lines are never folded at 80 columns in a pipe or CI log, so they stay parseable.
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+_state = {"debug": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="YAML experiment; omit for the built-in default.", show_default=False)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a config key: key.path=value (YAML value).", show_default=False),
+]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (default: the config's).", show_default=False)
+]
+RunArg = Annotated[Path, typer.Argument(help="A run folder written by 'attnbench sweep'.")]
+
+
+def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
+    """The one way errors reach the user: a red 'error:' line, a 'hint:' line, an exit code."""
+    stderr.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    if hint:
+        stderr.print(f"[yellow]hint:[/] {hint}", markup=True, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handles_errors(command: F) -> F:
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except AttnbenchError as exc:
+            if _state["debug"]:
+                raise
+            raise fail(exc.message, exc.hint, exc.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.callback()
+def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False) -> None:
+    _state["debug"] = debug
+
+
+def _write_or_print(text: str, output: str | None) -> None:
+    if output in (None, "-"):
+        sys.stdout.write(text)
+        return
+    path = Path(output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path}: {exc.strerror}", hint="choose another -o path") from None
+    stderr.print(f"wrote {path}")
+
+
+@app.command()
+@handles_errors
+def sweep(
+    config: ConfigArg = None,
+    device: DeviceOpt = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder that receives the run folder.")] = Path("results/runs"),
+    overrides: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cases and stop.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the paths written.")] = False,
+) -> None:
+    """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
+    from attnbench.sweep import SweepOptions, run_experiment
+
+    options = SweepOptions(
+        config=config, device=device, out=out, overrides=tuple(overrides or ()), dry_run=dry_run, quiet=quiet
+    )
+    outcome = run_experiment(options, stdout, stderr)
+    if outcome.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if outcome.failed:
+        raise typer.Exit(EXIT_CASE_FAILED)
+
+
+@app.command()
+@handles_errors
+def report(
+    run: RunArg,
+    format: Annotated[Literal["table", "csv", "md", "json"], typer.Option("--format", "-f")] = "table",
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", help="Model the speed-ups are against.", show_default="first recurrent model"),
+    ] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="File to write, or - for stdout.")] = None,
+) -> None:
+    """Render a stored run as a table, CSV, markdown or JSON (needs no torch)."""
+    from attnbench.catalogue import MODEL_NAMES
+    from attnbench.report.jsonfmt import render_json
+    from attnbench.report.markdown import render_markdown
+    from attnbench.report.summary import render_csv
+    from attnbench.results import load_run
+
+    if baseline is not None and baseline not in MODEL_NAMES:
+        raise AttnbenchError(f"--baseline: unknown model {baseline!r}", hint=f"one of: {', '.join(MODEL_NAMES)}")
+    stored = load_run(run)
+    for warning in stored.warnings:
+        stderr.print(f"[yellow]warning:[/] {warning}")
+    if format == "table" and output in (None, "-"):
+        from attnbench.report.terminal import comparison_tables
+
+        stdout.print(comparison_tables(stored.results, baseline, memory=True))
+        return
+    renderers: dict[str, Callable[[], str]] = {
+        "csv": lambda: render_csv(stored.results),
+        "md": lambda: render_markdown(stored.run, stored.results, baseline),
+        "table": lambda: render_markdown(stored.run, stored.results, baseline),
+        "json": lambda: render_json(stored.run, stored.results),
+    }
+    _write_or_print(renderers[format](), output)
+
+
+@app.command()
+@handles_errors
+def validate(
+    config: Annotated[Path, typer.Argument(help="YAML experiment to check.")], overrides: SetOpt = None
+) -> None:
+    """Check a config without running it; print how many cases it expands to."""
+    from attnbench.config import load_experiment
+
+    experiment = load_experiment(config, tuple(overrides or ()))
+    cases = experiment.cases(experiment.device)
+    models = sorted({c.model for c in cases})
+    stdout.print(f"ok: {config} → {len(cases)} cases ({', '.join(models)}), sha256 {experiment.sha256[:12]}")
+
+
+@app.command()
+@handles_errors
+def models(
+    device: DeviceOpt = None, dtype: Annotated[str, typer.Option("--dtype", help="dtype to probe with.")] = "float32"
+) -> None:
+    """List every model and whether it runs on this device (and why not)."""
+    from attnbench.catalogue import DTYPES, MODELS
+    from attnbench.devices import resolve_device
+    from attnbench.models import availability
+
+    if dtype not in DTYPES:
+        raise AttnbenchError(f"--dtype: unknown dtype {dtype!r}", hint=f"one of: {', '.join(DTYPES)}")
+    resolved = resolve_device(device or "auto")
+    status = availability(resolved, dtype)
+    table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
+    for column in ("model", "family", "status", "what it is"):
+        table.add_column(column)
+    for name, spec in MODELS.items():
+        reason = status[name]
+        table.add_row(
+            name,
+            spec.family,
+            "[green]available[/]" if reason is None else f"[red]unavailable[/]: {reason}",
+            spec.summary,
+        )
+    stdout.print(table)
+
+
+@app.command()
+@handles_errors
+def env(device: DeviceOpt = None) -> None:
+    """Print the environment a run here would record."""
+    from attnbench.devices import resolve_device
+    from attnbench.environment import collect_environment
+
+    environment = collect_environment(resolve_device(device or "auto"))
+    table = Table(show_header=False, box=None)
+    for key, value in environment.to_dict().items():
+        table.add_row(key, "" if value is None else str(value))
+    stdout.print(table)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()

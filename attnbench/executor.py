@@ -1,0 +1,134 @@
+"""Runs one ``Case`` on a torch device and returns its ``Result`` (layer 5).
+
+Everything that is not the work itself — building the model, making inputs, probing the backend — happens
+outside the timed region. Failures become rows: an OOM is ``oom``, a backend that cannot run is
+``unsupported``, anything else is ``error`` with the exception named. KeyboardInterrupt and SystemExit are not
+caught: the sweep loop owns what happens on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import torch
+
+from attnbench.cases import Case, TimingPolicy
+from attnbench.clocks import clock_for
+from attnbench.memory import RssPeak
+from attnbench.models import build_model, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
+from attnbench.results import Memory, Result
+from attnbench.timing import measure
+
+# How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
+_CPU_OOM_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "not enough memory", "Cannot allocate memory")
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _CPU_OOM_MARKERS)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+class TorchExecutor:
+    """Times cases on one device with one timing policy."""
+
+    def __init__(self, device: str, policy: TimingPolicy, *, seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.policy = policy
+        self.seed = seed
+        self.clock = clock_for(self.device)
+        self._host_memory: RssPeak | None = None
+        self._host_memory_note = ""
+        if self.device.type == "cpu":
+            probe_result = RssPeak.probe()
+            if probe_result.available:
+                self._host_memory = RssPeak()
+            else:
+                self._host_memory_note = probe_result.reason
+
+    def run(self, case: Case) -> Result:
+        started, t0 = utc_now(), time.perf_counter()
+        try:
+            reason = probe(case, str(self.device))
+            result = Result(case, "unsupported", reason) if reason is not None else self._measure(case)
+        except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
+            result = Result(case, "oom" if is_oom(exc) else "error", _describe(exc))
+        finally:
+            self._release()
+        return replace(result, started_utc=started, duration_s=time.perf_counter() - t0)
+
+    def _release(self) -> None:
+        # After an OOM the failed case's tensors are still referenced from the traceback frames until the
+        # exception is gone; collect them and return cached blocks so the next case starts clean.
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _measure(self, case: Case) -> Result:
+        torch.manual_seed(self.seed)
+        dtype = torch_dtype(case.dtype)
+        model = build_model(case, str(self.device), dtype)
+        x = torch.randn(case.batch, case.seq_len, case.d_model, device=self.device, dtype=dtype)
+        extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
+        if case.model == "sdpa":
+            extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
+
+        if case.mode == "forward":
+            model.eval()
+            grad_mode: Callable[[], contextlib.AbstractContextManager[object]] = torch.inference_mode
+
+            def step() -> object:
+                return model(x)
+        else:
+            model.train()
+            # The input needs a gradient as a layer inside a network would: backward then computes dX too.
+            x.requires_grad_(True)
+            with torch.no_grad():
+                grad_out = torch.randn_like(model(x))
+            grad_mode = contextlib.nullcontext
+
+            def step() -> object:
+                model.zero_grad(set_to_none=True)
+                x.grad = None
+                out = model(x)
+                out.backward(grad_out)
+                return None
+
+        with grad_mode():
+            measurement = measure(step, self.clock, self.policy)
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            memory = self._peak_memory(step)
+        return Result(
+            case, "ok", measurement=measurement, memory=memory, parameters=parameter_count(model), extra=extra
+        )
+
+    def _peak_memory(self, step: Callable[[], object]) -> Memory:
+        """One extra call, outside the timed samples, with the device's peak counter reset before it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            baseline = torch.cuda.memory_allocated(self.device)
+            step()
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - baseline
+            return Memory(int(peak), "cuda-allocator")
+        if self._host_memory is None:
+            return Memory(None, "unavailable", self._host_memory_note)
+        self._host_memory.start()
+        step()
+        return Memory(self._host_memory.peak_bytes(), RssPeak.method)

@@ -1,0 +1,39 @@
+"""How one pivot cell reads as text; shared by the markdown and terminal renderers."""
+
+from __future__ import annotations
+
+from attnbench.report.pivot import Cell, PivotTable
+from attnbench.units import MIB, format_seconds
+
+LEGEND = (
+    "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "
+    "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached)."
+)
+
+
+def time_text(cell: Cell | None) -> str:
+    if cell is None:
+        return ""
+    if cell.median_s is None:
+        return cell.status_text
+    text = ("~" if cell.noisy else "") + format_seconds(cell.median_s)
+    if cell.speedup is not None:
+        text += f" ({cell.speedup:.2f}×)"
+    return text
+
+
+def memory_text(cell: Cell | None) -> str:
+    if cell is None:
+        return ""
+    memory = cell.result.memory
+    if not cell.result.ok:
+        return cell.status_text
+    if memory is None or memory.peak_bytes is None:
+        return "?"
+    return f"{memory.peak_bytes / MIB:.1f}"
+
+
+def column_headers(table: PivotTable) -> list[str]:
+    if table.batch_for_seq:
+        return [f"n={n} (b={table.batch_for_seq[n]})" for n in table.seq_lens]
+    return [f"n={n}" for n in table.seq_lens]

@@ -1,0 +1,52 @@
+"""``summary.md``: the pivot tables as GitHub-flavoured markdown, fit for a README or a PR comment."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+from attnbench.report.cells import LEGEND, column_headers, memory_text, time_text
+from attnbench.report.pivot import pivot_tables
+from attnbench.results import Result, Run
+
+
+def _environment_line(run: Run) -> str:
+    env = run.environment
+    device = env.get("gpu_name") or env.get("cpu_model") or "?"
+    parts = [f"device `{env.get('device', '?')}` ({device})", f"torch {env.get('torch', '?')}"]
+    if env.get("device_type") == "cpu":
+        parts.append(f"{env.get('torch_threads', '?')} threads")
+    if env.get("torch_cuda"):
+        parts.append(f"CUDA {env['torch_cuda']}")
+    parts.append(f"python {env.get('python', '?')}")
+    return " · ".join(parts)
+
+
+def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | None = None) -> str:
+    lines = [
+        f"# attnbench run `{run.run_id}`",
+        "",
+        _environment_line(run),
+        "",
+        f"Config `{run.config_source}` (sha256 `{run.config_sha256[:12]}`), created {run.created_utc}, "
+        f"state: {run.state}. {len(results)} cases, "
+        f"{sum(r.ok for r in results)} ok.",
+    ]
+    for table in pivot_tables(results, baseline_model):
+        headers = ["model", *column_headers(table)]
+        lines += ["", f"## {table.title}", ""]
+        if table.baseline:
+            lines += [LEGEND.format(baseline=f"`{table.baseline}`"), ""]
+        time_rows = [[label, *(time_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
+        lines.append(tabulate(time_rows, headers=headers, tablefmt="github", disable_numparse=True))
+        if table.crossovers:
+            lines += [""] + [f"- {line}" for line in table.crossovers]
+        lines += ["", "Peak memory of one call above the post-setup baseline (MiB):", ""]
+        memory_rows = [[label, *(memory_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
+        lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        lines += ["", "## Cases without a timing", ""]
+        lines += [f"- `{r.case.label}`: **{r.status}** — {r.reason}" for r in failed]
+    return "\n".join(lines) + "\n"

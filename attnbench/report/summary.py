@@ -1,0 +1,109 @@
+"""One flat row per result: the ``summary.csv`` contract (DESIGN §4). Columns are only ever added, never renamed.
+
+Values are SI inside attnbench; this is where they become the units named in the column (ms, MiB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from attnbench.results import Result
+from attnbench.units import MIB
+
+COLUMNS: tuple[str, ...] = (
+    "model",
+    "mode",
+    "dtype",
+    "device",
+    "batch",
+    "seq_len",
+    "d_model",
+    "heads",
+    "layers",
+    "causal",
+    "status",
+    "reason",
+    "median_ms",
+    "ci95_low_ms",
+    "ci95_high_ms",
+    "iqr_ms",
+    "mean_ms",
+    "std_ms",
+    "min_ms",
+    "samples",
+    "converged",
+    "tokens_per_s",
+    "peak_mem_mib",
+    # Added after the first contract, in order of arrival.
+    "calls_per_sample",
+    "warmup_calls",
+    "mem_method",
+    "parameters",
+    "options",
+    "warnings",
+    "key",
+)
+
+
+def _ms(seconds: float) -> float | None:
+    # An interval with too few samples is unbounded; the CSV says "unknown" (empty) rather than inf.
+    return seconds * 1e3 if seconds not in (float("inf"), float("-inf")) else None
+
+
+def summary_row(result: Result) -> dict[str, Any]:
+    case = result.case
+    row: dict[str, Any] = {
+        "model": case.model,
+        "mode": case.mode,
+        "dtype": case.dtype,
+        "device": case.device,
+        "batch": case.batch,
+        "seq_len": case.seq_len,
+        "d_model": case.d_model,
+        "heads": case.heads,
+        "layers": case.layers,
+        "causal": case.causal,
+        "status": result.status,
+        "reason": result.reason,
+    }
+    m = result.measurement
+    if m is not None:
+        s = m.summary
+        row.update(
+            median_ms=_ms(s.median),
+            ci95_low_ms=_ms(s.ci_low),
+            ci95_high_ms=_ms(s.ci_high),
+            iqr_ms=_ms(s.iqr),
+            mean_ms=_ms(s.mean),
+            std_ms=_ms(s.std),
+            min_ms=_ms(s.min),
+            samples=s.n,
+            converged=m.converged,
+            tokens_per_s=result.tokens_per_s,
+            calls_per_sample=m.calls_per_sample,
+            warmup_calls=m.warmup_calls,
+            warnings="; ".join(m.warnings),
+        )
+    if result.memory is not None:
+        peak = result.memory.peak_bytes
+        row["peak_mem_mib"] = None if peak is None else peak / MIB
+        row["mem_method"] = result.memory.method
+    row["parameters"] = result.parameters
+    row["options"] = ";".join(f"{k}={v}" for k, v in case.options)
+    row["key"] = case.key
+    return {column: row.get(column) for column in COLUMNS}
+
+
+def summary_rows(results: Iterable[Result]) -> list[dict[str, Any]]:
+    return [summary_row(r) for r in results]
+
+
+def render_csv(results: Sequence[Result]) -> str:
+    """The contract CSV. pandas does the quoting; floats keep 6 significant digits."""
+    import pandas as pd
+
+    frame = pd.DataFrame(summary_rows(results), columns=list(COLUMNS))
+    for column in ("heads", "samples", "calls_per_sample", "warmup_calls", "parameters"):
+        frame[column] = frame[column].astype("Int64")
+    return str(frame.to_csv(index=False, float_format="%.6g", lineterminator="\n"))

@@ -1,0 +1,189 @@
+"""The commands end to end through typer's CliRunner, on real torch models at tiny sizes."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.report.summary import COLUMNS
+
+runner = CliRunner()
+
+TINY = """\
+name: tiny
+device: cpu
+models: [lstm, gru, vanilla, sdpa-flash, sdpa-efficient]
+modes: [forward, train]
+dtype: [float32]
+grid:
+  batch: [2]
+  seq_len: [16, 32]
+d_model: 32
+heads: 4
+layers: 1
+timing: {target_ci: 0.05, min_samples: 5, min_time_s: 0.01, max_case_s: 0.3, warmup_max_s: 0.05}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    tmp = tmp_path_factory.mktemp("sweep")
+    config = tmp / "tiny.yaml"
+    config.write_text(TINY)
+    result = runner.invoke(app, ["sweep", str(config), "--out", str(tmp / "out")])
+    assert result.exit_code == 0, result.output
+    (folder,) = (tmp / "out").iterdir()
+    return folder, result.output
+
+
+def test_sweep_writes_the_four_files(tiny_run: tuple[Path, str]) -> None:
+    folder, output = tiny_run
+    assert {p.name for p in folder.iterdir()} >= {"run.json", "results.jsonl", "summary.csv", "summary.md"}
+    assert folder.name.endswith("-tiny-cpu")
+    run = json.loads((folder / "run.json").read_text())
+    assert run["state"] == "complete"
+    assert len(run["config_sha256"]) == 64
+    assert run["environment"]["device"] == "cpu"
+    assert f"wrote {folder / 'summary.csv'}" in output
+
+
+def test_rows_and_statuses(tiny_run: tuple[Path, str]) -> None:
+    folder, _ = tiny_run
+    rows = list(csv.DictReader((folder / "summary.csv").open()))
+    assert list(rows[0]) == list(COLUMNS)
+    assert len(rows) == 5 * 2 * 2
+    by_model: dict[str, set[str]] = {}
+    for row in rows:
+        by_model.setdefault(row["model"], set()).add(row["status"])
+    assert by_model["sdpa-efficient"] == {"unsupported"}
+    for model in ("lstm", "gru", "vanilla", "sdpa-flash"):
+        assert by_model[model] == {"ok"}
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert all(float(r["median_ms"]) > 0 and float(r["tokens_per_s"]) > 0 for r in ok)
+    for r in ok:
+        # Fewer than 6 samples admit no distribution-free 95 % interval: the CSV leaves it empty, never inf.
+        if int(r["samples"]) >= 6:
+            assert float(r["ci95_low_ms"]) <= float(r["median_ms"]) <= float(r["ci95_high_ms"])
+        else:
+            assert r["ci95_low_ms"] == r["ci95_high_ms"] == ""
+    unsupported = next(r for r in rows if r["status"] == "unsupported")
+    assert "CUDA" in unsupported["reason"]
+
+
+def test_lines_per_case_and_final_table(tiny_run: tuple[Path, str]) -> None:
+    _, output = tiny_run
+    assert "[1/20] lstm forward float32 b=2 n=16 d=32" in output
+    assert "[20/20]" in output
+    assert "| vanilla" in output  # non-TTY output ends with the markdown comparison tables
+
+
+def test_report_formats_read_the_stored_run(tiny_run: tuple[Path, str], tmp_path: Path) -> None:
+    folder, _ = tiny_run
+    md = runner.invoke(app, ["report", str(folder), "--format", "md", "-o", "-"])
+    assert md.exit_code == 0
+    assert md.output == (folder / "summary.md").read_text()
+    csv_out = runner.invoke(app, ["report", str(folder), "--format", "csv"])
+    assert csv_out.output == (folder / "summary.csv").read_text()
+    js = runner.invoke(app, ["report", str(folder), "--format", "json", "-o", str(tmp_path / "r.json")])
+    assert js.exit_code == 0
+    assert len(json.loads((tmp_path / "r.json").read_text())["rows"]) == 20
+    table = runner.invoke(app, ["report", str(folder)])
+    assert table.exit_code == 0 and "sdpa-flash" in table.output
+
+
+def test_report_baseline_changes_speedups(tiny_run: tuple[Path, str]) -> None:
+    folder, _ = tiny_run
+    out = runner.invoke(app, ["report", str(folder), "--format", "md", "--baseline", "vanilla"])
+    assert out.exit_code == 0 and "against `vanilla`" in out.output
+
+
+def test_dry_run_lists_cases_without_measuring(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    out = runner.invoke(app, ["sweep", str(config), "--dry-run", "--set", "grid.seq_len=[8]"])
+    assert out.exit_code == 0
+    assert "10 cases on cpu (dry run" in out.output
+    assert not (tmp_path / "results").exists()
+
+
+def test_validate(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    out = runner.invoke(app, ["validate", str(config)])
+    assert out.exit_code == 0 and "20 cases" in out.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["validate", "does-not-exist.yaml"], "does-not-exist.yaml"),
+        (["report", "no/such/run"], "no such run folder"),
+        (["report", ".", "--baseline", "lsmt"], "unknown model 'lsmt'"),
+        (["sweep", "--device", "tpu", "--dry-run"], "not a device"),
+        (["models", "--dtype", "float8"], "unknown dtype"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_2(args: list[str], message: str) -> None:
+    out = runner.invoke(app, args)
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output
+    assert "error:" in out.output
+    assert message in out.output
+
+
+def test_unknown_model_in_config_lists_valid_names(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(TINY.replace("sdpa-efficient", "sdpa-flsh"))
+    out = runner.invoke(app, ["sweep", str(config)])
+    assert out.exit_code == 2
+    assert "sdpa-flsh" in out.output and "sdpa-flash" in out.output and "hint:" in out.output
+    assert "Traceback" not in out.output
+
+
+def test_models_lists_every_model_with_availability() -> None:
+    out = runner.invoke(app, ["models", "--device", "cpu"])
+    assert out.exit_code == 0
+    for name in ("lstm", "gru", "vanilla", "sdpa-flash", "sdpa-efficient", "flash-attn"):
+        assert name in out.output
+    assert "unavailable" in out.output and "available" in out.output
+
+
+def test_env_prints_the_environment() -> None:
+    out = runner.invoke(app, ["env", "--device", "cpu"])
+    assert out.exit_code == 0
+    assert "torch_threads" in out.output and "fingerprint" in out.output
+
+
+def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnbench.executor as executor
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise ValueError("a bug in a model")
+
+    monkeypatch.setattr(executor, "build_model", broken)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    out = runner.invoke(
+        app,
+        [
+            "sweep",
+            str(config),
+            "--out",
+            str(tmp_path),
+            "--set",
+            "models=[lstm]",
+            "--set",
+            "modes=[forward]",
+            "--set",
+            "grid.seq_len=[8]",
+        ],
+    )
+    assert out.exit_code == 1
+    (folder,) = (p for p in tmp_path.iterdir() if p.is_dir())
+    rows = list(csv.DictReader((folder / "summary.csv").open()))
+    assert rows[0]["status"] == "error" and "ValueError: a bug in a model" in rows[0]["reason"]

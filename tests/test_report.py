@@ -1,0 +1,88 @@
+"""Golden-text tests for every export format, and the pivot logic behind the tables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from attnbench.cases import Case
+from attnbench.measurement import Measurement
+from attnbench.report.jsonfmt import render_json
+from attnbench.report.markdown import render_markdown
+from attnbench.report.pivot import pivot_tables
+from attnbench.report.summary import render_csv
+from attnbench.results import Result, load_run
+
+DATA = Path(__file__).parent / "data"
+FIXTURE = DATA / "runs" / "tiny-cpu"
+GOLDEN = DATA / "golden"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if that is intended"
+
+
+@pytest.mark.parametrize(
+    ("name", "render"),
+    [
+        ("tiny-cpu.md", lambda s: render_markdown(s.run, s.results)),
+        ("tiny-cpu-vs-vanilla.md", lambda s: render_markdown(s.run, s.results, "vanilla")),
+        ("tiny-cpu.csv", lambda s: render_csv(s.results)),
+        ("tiny-cpu.json", lambda s: render_json(s.run, s.results)),
+    ],
+)
+def test_golden(name: str, render) -> None:  # type: ignore[no-untyped-def]
+    check_golden(name, render(load_run(FIXTURE)))
+
+
+def fake(model: str, seq_len: int, median_s: float, batch: int = 4, status: str = "ok", heads: int = 4) -> Result:
+    recurrent = model in ("lstm", "gru")
+    case = Case(model, "forward", "float32", "cpu", batch, seq_len, 64, None if recurrent else heads, 1, recurrent)
+    if status != "ok":
+        return Result(case, status, reason="why")  # type: ignore[arg-type]
+    m = Measurement((median_s,) * 10, 1, 3, 0.0, True, "converged", 0.01)
+    return Result(case, "ok", measurement=m)
+
+
+def test_pivot_speedups_and_crossover() -> None:
+    results = [fake("lstm", n, 1.0 * n / 64) for n in (64, 256, 1024)]
+    results += [fake("vanilla", n, (n / 256) ** 2) for n in (64, 256, 1024)]
+    (table,) = pivot_tables(results)
+    assert table.baseline == "lstm"
+    rows = dict(table.rows)
+    assert rows["lstm"][64].speedup is None  # the baseline row shows no ratio against itself
+    assert rows["vanilla"][64].speedup == pytest.approx(1.0 / (1 / 16))
+    assert rows["vanilla"][1024].speedup == pytest.approx(16 / 16)
+    assert table.crossovers == ("vanilla vs lstm: faster at n=64–256, slower at n=1024",)
+
+
+def test_pivot_marks_failures_and_splits_varying_heads() -> None:
+    results = [
+        fake("lstm", 64, 1e-3),
+        fake("vanilla", 64, 1e-3, heads=4),
+        fake("vanilla", 64, 1e-3, heads=8),
+        fake("vanilla", 128, 0, status="oom", heads=8),
+    ]
+    (table,) = pivot_tables(results)
+    labels = [label for label, _ in table.rows]
+    assert labels == ["lstm", "vanilla h=4", "vanilla h=8"]
+    assert dict(table.rows)["vanilla h=8"][128].status_text == "OOM"
+
+
+def test_pivot_ties_batch_to_seq_len_for_constant_token_grids() -> None:
+    results = [fake(model, n, 1e-3, batch=16384 // n) for model in ("lstm", "sdpa-flash") for n in (512, 1024)]
+    (table,) = pivot_tables(results)
+    assert table.batch_for_seq == {512: 32, 1024: 16}
+    assert [label for label, _ in table.rows] == ["lstm", "sdpa-flash"]
+
+
+def test_pivot_groups_by_mode_and_dtype() -> None:
+    a = fake("lstm", 64, 1e-3)
+    b = Result(Case("lstm", "train", "float32", "cpu", 4, 64, 64, None, 1, True), "ok", measurement=a.measurement)
+    assert [t.title.split(" · ")[0] for t in pivot_tables([a, b])] == ["forward", "train"]
