@@ -29,6 +29,11 @@ class ConfigError(AttnbenchError):
 
     def __init__(self, message: str, *, where: str = "", key: str = "", hint: str = "") -> None:
         location = ", ".join(part for part in (where, f"key '{key}'" if key else "") if part)
+        if not hint:
+            hint = (
+                "every key is explained in the commented configs/default.yaml; "
+                "'attnbench validate FILE' re-checks a config without running it"
+            )
         super().__init__(f"{location}: {message}" if location else message, hint)
         self.where = where
         self.key = key

@@ -187,3 +187,41 @@ def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.Mo
     (folder,) = (p for p in tmp_path.iterdir() if p.is_dir())
     rows = list(csv.DictReader((folder / "summary.csv").open()))
     assert rows[0]["status"] == "error" and "ValueError: a bug in a model" in rows[0]["reason"]
+
+
+def test_ctrl_c_keeps_finished_rows_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnbench.executor import TorchExecutor
+
+    real_run = TorchExecutor.run
+    calls = {"n": 0}
+
+    def interrupted_on_third(self: TorchExecutor, case):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_run(self, case)
+
+    monkeypatch.setattr(TorchExecutor, "run", interrupted_on_third)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    out = runner.invoke(
+        app, ["sweep", str(config), "--out", str(tmp_path), "--set", "models=[lstm]", "--set", "grid.seq_len=[8, 16]"]
+    )
+    assert out.exit_code == 130
+    (folder,) = (p for p in tmp_path.iterdir() if p.is_dir())
+    assert json.loads((folder / "run.json").read_text())["state"] == "interrupted"
+    assert len((folder / "results.jsonl").read_text().splitlines()) == 2
+    assert "2 of 4 cases finished" in out.output
+
+
+BAD_CONFIGS = sorted((Path(__file__).parent / "data" / "bad_configs").iterdir())
+
+
+@pytest.mark.parametrize("path", BAD_CONFIGS, ids=[p.name for p in BAD_CONFIGS])
+def test_every_bad_config_is_an_error_a_hint_and_exit_2(path: Path) -> None:
+    out = runner.invoke(app, ["validate", str(path)])
+    assert out.exit_code == 2
+    lines = out.output.strip().splitlines()
+    assert lines[0].startswith(f"error: {path}")  # names the file (and line/key where there is one)
+    assert any(line.startswith("hint: ") for line in lines[1:])
+    assert "Traceback" not in out.output
