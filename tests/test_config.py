@@ -533,3 +533,12 @@ def test_mutated_configs_load_or_raise_config_error(document: dict[str, Any], ov
 
 def test_the_valid_document_behind_the_mutations_is_valid() -> None:
     assert len(load(yaml.safe_dump(valid_document())).cases("cpu")) == 2 + 2 * 2
+
+
+def test_override_too_deep_or_too_long_is_a_config_error() -> None:
+    from attnbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cap is 10000"):
+        load_experiment(None, ["grid.seq_len=" + "[" * 6000 + "]" * 6000])
+    with pytest.raises(ConfigError):
+        load_experiment(None, ["grid.seq_len=" + "[" * 2000 + "]" * 2000])
