@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from attnbench.errors import EXIT_CASE_FAILED, EXIT_INTERRUPTED, AttnbenchError
+from attnbench.errors import EXIT_CASE_FAILED, AttnbenchError
 
 app = typer.Typer(
     name="attnbench",
@@ -95,16 +95,36 @@ def sweep(
     overrides: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cases and stop.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the paths written.")] = False,
+    isolate: Annotated[
+        bool | None,
+        typer.Option("--isolate/--no-isolate", help="Each case in a worker process.", show_default="config's"),
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Finish an interrupted run folder.", show_default=False)
+    ] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: rerun non-ok cases.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Allow a grid above the 10000-case cap.")] = False,
 ) -> None:
     """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
     from attnbench.sweep import SweepOptions, run_experiment
 
+    if retry_failed and resume is None:
+        raise AttnbenchError("--retry-failed needs --resume RUN", hint="attnbench sweep --resume RUN --retry-failed")
     options = SweepOptions(
-        config=config, device=device, out=out, overrides=tuple(overrides or ()), dry_run=dry_run, quiet=quiet
+        config=config,
+        device=device,
+        out=out,
+        overrides=tuple(overrides or ()),
+        dry_run=dry_run,
+        quiet=quiet,
+        isolate=isolate,
+        resume=resume,
+        retry_failed=retry_failed,
+        force=force,
     )
     outcome = run_experiment(options, stdout, stderr)
-    if outcome.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+    if outcome.interrupted_by is not None:
+        raise typer.Exit(128 + outcome.interrupted_by)
     if outcome.failed:
         raise typer.Exit(EXIT_CASE_FAILED)
 

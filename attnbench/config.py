@@ -179,6 +179,13 @@ class ConfigModel(_Strict):
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     timing: TimingModel = Field(default_factory=TimingModel)
+    # Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
+    # sweep. null = on for CUDA devices (where those failures happen), off on CPU.
+    isolate: bool | None = None
+    # A case still running after this long is killed and recorded as `timeout`. null = 60 s + 10 × max_case_s.
+    case_timeout_s: Seconds | None = None
+    # Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them.
+    skip_larger_after_oom: bool = True
 
 
 _SECTIONS: dict[Path_, type[BaseModel]] = {(): ConfigModel, ("grid",): GridModel, ("timing",): TimingModel}
@@ -199,6 +206,17 @@ class Experiment:
     resolved: dict[str, Any]
     sha256: str
     tokens: int | None = None  # grid.tokens: batch = tokens // seq_len for each seq_len
+    isolate: bool | None = None  # None: decided by the device (on for CUDA)
+    case_timeout_s: float | None = None
+    skip_larger_after_oom: bool = True
+
+    def isolate_on(self, device: str) -> bool:
+        return self.isolate if self.isolate is not None else device.startswith("cuda")
+
+    @property
+    def timeout_s(self) -> float:
+        """Wall-clock limit for one case in a worker: warm-up, sampling, memory pass and start-up."""
+        return self.case_timeout_s if self.case_timeout_s is not None else 60.0 + 10.0 * self.timing.max_case_s
 
     def cases(self, device: str) -> list[Case]:
         """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0")."""
@@ -217,14 +235,18 @@ def load_experiment(
     overrides: Sequence[str] = (),
     *,
     device_type: str = "cpu",
+    force: bool = False,
 ) -> Experiment:
-    """Load and validate an experiment; ``path=None`` means the built-in default for ``device_type``."""
+    """Load and validate an experiment; ``path=None`` means the built-in default for ``device_type``.
+    ``force`` lifts the cap on the number of cases (``--force``)."""
     if path is None:
-        return load_experiment_text(builtin_config_text(device_type), builtin_source(device_type), overrides)
-    return load_experiment_text(read_file(Path(path), str(path)), str(path), overrides)
+        text, source = builtin_config_text(device_type), builtin_source(device_type)
+    else:
+        text, source = read_file(Path(path), str(path)), str(path)
+    return load_experiment_text(text, source, overrides, force=force)
 
 
-def load_experiment_text(text: str, source: str, overrides: Sequence[str] = ()) -> Experiment:
+def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), *, force: bool = False) -> Experiment:
     """Validate YAML text; ``source`` names it in errors (a path, or ``builtin:…``)."""
     data, lines = parse_yaml(text, source)
     if not isinstance(data, dict):
@@ -243,11 +265,11 @@ def load_experiment_text(text: str, source: str, overrides: Sequence[str] = ()) 
         model = ConfigModel.model_validate(data)
     except ValidationError as exc:
         raise from_validation(exc, ctx, _SECTIONS) from None
-    return _build(model, ctx)
+    return _build(model, ctx, force)
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def _build(m: ConfigModel, ctx: Context) -> Experiment:
+def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
     """Checks that span fields, then the Experiment."""
     _check_name(m.name, ctx)
     if not _DEVICE.fullmatch(m.device):
@@ -321,6 +343,9 @@ def _build(m: ConfigModel, ctx: Context) -> Experiment:
         "threads": m.threads,
         "seed": m.seed,
         "timing": m.timing.model_dump(),
+        "isolate": m.isolate,
+        "case_timeout_s": m.case_timeout_s,
+        "skip_larger_after_oom": m.skip_larger_after_oom,
     }
     resolved = json.loads(json.dumps(resolved))  # a deep, plain copy
     sha = hashlib.sha256(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -335,8 +360,11 @@ def _build(m: ConfigModel, ctx: Context) -> Experiment:
         resolved=resolved,
         sha256=sha,
         tokens=m.grid.tokens,
+        isolate=m.isolate,
+        case_timeout_s=m.case_timeout_s,
+        skip_larger_after_oom=m.skip_larger_after_oom,
     )
-    _check_size(experiment, ctx)
+    _check_size(experiment, ctx, force)
     return experiment
 
 
@@ -484,7 +512,7 @@ def _check_timing(t: TimingModel, ctx: Context) -> None:
         )
 
 
-def _check_size(experiment: Experiment, ctx: Context) -> None:
+def _check_size(experiment: Experiment, ctx: Context, force: bool = False) -> None:
     axes = experiment.axes
     batches = (1,) if experiment.tokens else axes.batch
     crossed = math.prod(
@@ -503,9 +531,11 @@ def _check_size(experiment: Experiment, ctx: Context) -> None:
     )
     # Expanding is cheap, but not for a typo that crosses millions: refuse those before counting exactly.
     count = crossed if crossed > 100 * MAX_CASES else len(experiment.cases(experiment.device))
-    if count > MAX_CASES:
+    cap = 100 * MAX_CASES if force else MAX_CASES
+    if count > cap:
         raise ctx.error(
-            f"the grid expands to {count} cases; the cap is {MAX_CASES}",
+            f"the grid expands to {count} cases; the cap is {cap}" + (" even with --force" if force else ""),
             ("grid",),
-            hint="narrow an axis, or split the sweep into several configs",
+            hint="narrow an axis, or split the sweep into several configs"
+            + ("" if force else "; --force allows up to 100 times more"),
         )

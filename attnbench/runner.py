@@ -6,10 +6,37 @@ nothing of torch, files or the console: ``execute`` measures, ``on_result`` stor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from attnbench.cases import Case
 from attnbench.results import Result
+
+
+class OomSkipper:
+    """Once a model runs out of memory at length n, its longer lengths (same everything else) would too:
+    record them as ``oom`` without spending minutes, or a poisoned device, finding that out."""
+
+    def __init__(self) -> None:
+        self._smallest_oom: dict[Case, int] = {}
+
+    @staticmethod
+    def _family(case: Case) -> Case:
+        return dataclasses.replace(case, seq_len=0)
+
+    def record(self, result: Result) -> None:
+        if result.status == "oom" and not result.extra.get("skipped"):
+            family = self._family(result.case)
+            n = self._smallest_oom.get(family)
+            self._smallest_oom[family] = result.case.seq_len if n is None else min(n, result.case.seq_len)
+
+    def skip(self, case: Case) -> Result | None:
+        n = self._smallest_oom.get(self._family(case))
+        if n is None or case.seq_len <= n:
+            return None
+        return Result(
+            case, "oom", f"skipped after a smaller case ran out of memory (seq_len {n})", extra={"skipped": True}
+        )
 
 
 def run_sweep(
@@ -17,6 +44,7 @@ def run_sweep(
     execute: Callable[[Case], Result],
     on_result: Callable[[int, Result], None],
     on_start: Callable[[int, Case], None] | None = None,
+    skipper: OomSkipper | None = None,
 ) -> list[Result]:
     """Run every case in order. ``on_result`` is called as each case ends, before the next begins, so a
     crash or Ctrl-C later loses nothing already finished."""
@@ -24,7 +52,11 @@ def run_sweep(
     for index, case in enumerate(cases):
         if on_start is not None:
             on_start(index, case)
-        result = execute(case)
+        result = skipper.skip(case) if skipper is not None else None
+        if result is None:
+            result = execute(case)
+        if skipper is not None:
+            skipper.record(result)
         results.append(result)
         on_result(index, result)
     return results

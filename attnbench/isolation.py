@@ -1,0 +1,171 @@
+"""Each case in a worker process, so a segfault, a hang or an OOM kill costs one row, not the sweep (layer 5).
+
+The worker is a spawned Python (fork after torch or CUDA initialised is unsafe) that imports torch once and
+then runs cases sent over a pipe until it dies; the next case gets a fresh one. The parent never imports the
+model code's failures: it only sees a result, an end-of-file (the worker died: ``crashed``, or ``oom`` when
+the kernel's OOM killer fired) or silence past the case's timeout (``timeout``; the worker is killed).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import signal
+import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from attnbench.cases import Case, TimingPolicy
+from attnbench.errors import AttnbenchError
+from attnbench.results import Result
+
+_START_TIMEOUT_S = 300.0  # importing torch on a cold, busy machine can take a minute
+_CGROUP_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
+
+
+def _worker(
+    conn: multiprocessing.connection.Connection, device: str, policy: dict[str, Any], seed: int, threads: int | None
+) -> None:
+    # Ctrl-C reaches the whole process group; what it means is the parent's decision, not ours.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    from attnbench.executor import TorchExecutor
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    executor = TorchExecutor(device, TimingPolicy.from_dict(policy), seed=seed)
+    conn.send(("ready", torch.get_num_threads()))
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        conn.send(("result", executor.run(Case.from_dict(message)).to_dict()))
+
+
+def oom_kills() -> int | None:
+    """The cgroup's count of OOM kills so far, or None where the kernel does not say."""
+    for path in _CGROUP_EVENTS:
+        try:
+            for line in path.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class IsolatedExecutor:
+    """Same contract as ``TorchExecutor.run``, one worker process at a time."""
+
+    def __init__(self, device: str, policy: TimingPolicy, *, seed: int, threads: int | None, timeout_s: float) -> None:
+        self.device = device
+        self.policy = policy
+        self.seed = seed
+        self.threads = threads
+        self.timeout_s = timeout_s
+        self._context = mp.get_context("spawn")
+        self._process: BaseProcess | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self.workers_started = 0
+
+    @property
+    def worker_pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def start(self) -> None:
+        """Start a worker now (``run`` starts one when there is none)."""
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker,
+            args=(child, self.device, self.policy.to_dict(), self.seed, self.threads),
+            name="attnbench-worker",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        self._process, self._conn = process, parent
+        self.workers_started += 1
+        if not parent.poll(_START_TIMEOUT_S):
+            self._kill()
+            raise AttnbenchError(
+                f"the worker process did not start within {_START_TIMEOUT_S:.0f} s",
+                hint="run without --isolate to see why",
+            )
+        try:
+            parent.recv()
+        except EOFError:
+            code = process.exitcode
+            self._kill()
+            raise AttnbenchError(
+                f"the worker process died while starting (exit code {code})",
+                hint="run without --isolate to see the error",
+            ) from None
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._process, self._conn = None, None
+
+    def run(self, case: Case) -> Result:
+        if self._process is None or not self._process.is_alive():
+            self._kill()
+            self.start()
+        assert self._conn is not None and self._process is not None
+        kills_before = oom_kills()
+        t0 = time.perf_counter()
+        try:
+            self._conn.send(case.to_dict())
+            if self._conn.poll(self.timeout_s):
+                _, payload = self._conn.recv()
+                return Result.from_dict(payload)
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            return self._died(case, kills_before, time.perf_counter() - t0)
+        self._kill()
+        return Result(
+            case,
+            "timeout",
+            f"still running after {self.timeout_s:g} s (case_timeout_s); the worker was killed",
+            duration_s=time.perf_counter() - t0,
+        )
+
+    def _died(self, case: Case, kills_before: int | None, elapsed: float) -> Result:
+        assert self._process is not None
+        self._process.join(5)
+        code = self._process.exitcode
+        self._kill()
+        kills_after = oom_kills()
+        if kills_before is not None and kills_after is not None and kills_after > kills_before:
+            return Result(
+                case,
+                "oom",
+                f"the worker was killed by the kernel's OOM killer (cgroup oom_kill {kills_before} → {kills_after})",
+                duration_s=elapsed,
+            )
+        if code is not None and code < 0:
+            name = _signal_name(code)
+            hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
+            return Result(case, "crashed", f"the worker was killed by {name}{hint}", duration_s=elapsed)
+        return Result(case, "crashed", f"the worker exited with code {code}", duration_s=elapsed)
+
+    def close(self) -> None:
+        if self._conn is not None and self._process is not None and self._process.is_alive():
+            try:
+                self._conn.send(None)
+                self._process.join(10)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()

@@ -1,0 +1,212 @@
+"""No result lost, nothing run twice: worker crashes, timeouts, interrupts, resume, locks, OOM skipping."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cases import Case, TimingPolicy
+from attnbench.cli import app
+from attnbench.errors import ResultsError
+from attnbench.isolation import IsolatedExecutor
+from attnbench.lock import RunLock
+from attnbench.results import Result
+from attnbench.runner import OomSkipper, run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+QUICK = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05)
+SLOW = TimingPolicy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=0.05, target_ci=1e-6)
+
+
+def case(seq_len: int = 16, model: str = "lstm") -> Case:
+    heads = None if model in ("lstm", "gru") else 2
+    return Case(model, "forward", "float32", "cpu", 1, seq_len, 16, heads, 1, model in ("lstm", "gru"))
+
+
+@pytest.fixture(scope="module")
+def worker() -> IsolatedExecutor:
+    executor = IsolatedExecutor("cpu", QUICK, seed=0, threads=1, timeout_s=30)
+    yield executor
+    executor.close()
+
+
+def kill_soon(executor: IsolatedExecutor, sig: int, after_s: float) -> threading.Thread:
+    pid = executor.worker_pid
+    assert pid is not None
+    thread = threading.Thread(target=lambda: (time.sleep(after_s), os.kill(pid, sig)))
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_worker_killed_mid_case_is_a_crashed_row_and_the_next_case_runs(sig: int) -> None:
+    executor = IsolatedExecutor("cpu", SLOW, seed=0, threads=1, timeout_s=30)
+    try:
+        executor.start()
+        thread = kill_soon(executor, sig, 0.5)
+        result = executor.run(case())
+        thread.join()
+        assert result.status == "crashed"
+        assert signal.Signals(sig).name in result.reason
+        executor.policy = QUICK  # the next worker takes the policy it is started with
+        assert executor.run(case(32)).status == "ok"
+        assert executor.workers_started == 2
+    finally:
+        executor.close()
+
+
+def test_a_case_past_its_timeout_is_killed_and_recorded() -> None:
+    executor = IsolatedExecutor("cpu", SLOW, seed=0, threads=1, timeout_s=1.0)
+    try:
+        executor.start()  # the worker's start-up is not part of a case's time
+        result = executor.run(case())
+        assert result.status == "timeout" and "1 s" in result.reason
+        executor.policy = QUICK
+        executor.timeout_s = 30
+        assert executor.run(case()).ok
+    finally:
+        executor.close()
+
+
+def test_worker_results_equal_in_process_contract(worker: IsolatedExecutor) -> None:
+    result = worker.run(case(model="sdpa-efficient"))
+    assert result.status == "unsupported" and "CUDA" in result.reason
+    ok = worker.run(case(model="sdpa-flash"))
+    assert ok.ok and ok.measurement is not None and ok.memory is not None
+
+
+def test_oom_skipper_skips_longer_lengths_of_the_same_family() -> None:
+    def execute(c: Case) -> Result:
+        return Result(c, "oom", "out of memory") if c.seq_len >= 64 else Result(c, "ok")
+
+    cases = [case(n) for n in (16, 64, 256, 1024)] + [case(1024, "gru")]
+    seen: list[Result] = []
+    run_sweep(cases, execute, lambda i, r: seen.append(r), skipper=OomSkipper())
+    assert [r.status for r in seen] == ["ok", "oom", "oom", "oom", "oom"]
+    assert "skipped after a smaller case ran out of memory (seq_len 64)" == seen[2].reason == seen[3].reason
+    assert "skipped" not in seen[4].reason  # another model is its own family
+
+
+def test_a_second_writer_is_refused_naming_the_first(tmp_path: Path) -> None:
+    first = RunLock(tmp_path).acquire()
+    try:
+        with pytest.raises(ResultsError, match=f"pid {os.getpid()}"):
+            RunLock(tmp_path).acquire()
+    finally:
+        first.release()
+    RunLock(tmp_path).acquire().release()  # free again once released
+
+
+CONFIG = """\
+name: resilience
+device: cpu
+models: [lstm, gru, sdpa-flash, vanilla]
+modes: [forward]
+grid: {batch: [1], seq_len: [16, 32, 64]}
+d_model: 16
+heads: 2
+timing: {min_samples: 5, min_time_s: 0.3, max_case_s: 0.4, warmup_max_s: 0.05}
+"""
+
+
+def start_sweep(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    config = tmp_path / "r.yaml"
+    config.write_text(CONFIG)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "attnbench", "sweep", str(config), "--out", str(tmp_path / "out"), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_for_rows(folder_parent: Path, rows: int, timeout_s: float = 120) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for path in folder_parent.glob("*/results.jsonl"):
+            if len(path.read_text().splitlines()) >= rows:
+                return path.parent
+        time.sleep(0.05)
+    raise AssertionError("the sweep never wrote enough rows")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "isolate"), [(signal.SIGINT, "--no-isolate"), (signal.SIGTERM, "--isolate")])
+def test_interrupt_then_resume_keeps_every_row_once(tmp_path: Path, sig: int, isolate: str) -> None:
+    process = start_sweep(tmp_path, isolate)
+    folder = wait_for_rows(tmp_path / "out", 3)
+    process.send_signal(sig)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + sig, err
+    assert f"resume with: attnbench sweep --resume {folder}" in err
+    assert json.loads((folder / "run.json").read_text())["state"] == "interrupted"
+    before = (folder / "results.jsonl").read_text()
+    assert 3 <= len(before.splitlines()) < 12
+    assert (folder / "summary.md").exists()  # the partial summary was rendered
+
+    resumed = runner.invoke(app, ["sweep", "--resume", str(folder), "--no-isolate"])
+    assert resumed.exit_code == 0, resumed.output
+    after = (folder / "results.jsonl").read_text()
+    assert after.startswith(before)  # the rows from before the interrupt, byte for byte
+    keys = [json.loads(line)["key"] for line in after.splitlines()]
+    assert len(keys) == 12 and len(set(keys)) == 12
+    assert json.loads((folder / "run.json").read_text())["state"] == "complete"
+    again = runner.invoke(app, ["sweep", "--resume", str(folder)])
+    assert again.exit_code == 0 and "0 of 12 cases left" in again.output
+    assert (folder / "results.jsonl").read_text() == after
+
+
+@pytest.fixture
+def finished_run(tmp_path: Path) -> Path:
+    config = tmp_path / "r.yaml"
+    config.write_text(CONFIG.replace("min_time_s: 0.3, max_case_s: 0.4", "min_time_s: 0.01, max_case_s: 0.1"))
+    out = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"), "--set", "grid.seq_len=[8]"])
+    assert out.exit_code == 0, out.output
+    (folder,) = (tmp_path / "out").iterdir()
+    return folder
+
+
+def test_resume_refuses_another_config(finished_run: Path, tmp_path: Path) -> None:
+    out = runner.invoke(app, ["sweep", str(tmp_path / "r.yaml"), "--resume", str(finished_run)])
+    assert out.exit_code == 2
+    assert "the config differs" in out.output and "grid.seq_len: [8] then" in out.output and "hint:" in out.output
+
+
+def test_resume_refuses_another_environment(finished_run: Path) -> None:
+    run = json.loads((finished_run / "run.json").read_text())
+    run["environment"]["torch"] = "1.0.0"
+    (finished_run / "run.json").write_text(json.dumps(run))
+    out = runner.invoke(app, ["sweep", "--resume", str(finished_run)])
+    assert out.exit_code == 2 and "torch: '1.0.0' then" in out.output
+
+
+def test_retry_failed_reruns_only_failed_rows_once(finished_run: Path) -> None:
+    path = finished_run / "results.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    broken = json.loads(lines[1])
+    broken.update(status="error", reason="ValueError: injected", measurement=None)
+    torn = lines[3][: len(lines[3]) // 2]  # and a kill -9 in the middle of the last line
+    path.write_text(lines[0] + json.dumps(broken) + "\n" + lines[2] + torn)
+    plain = runner.invoke(app, ["sweep", "--resume", str(finished_run)])
+    assert plain.exit_code == 1, plain.output  # the error row is kept, so the run still failed
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 4 and [r["status"] for r in rows].count("error") == 1
+    retried = runner.invoke(app, ["sweep", "--resume", str(finished_run), "--retry-failed"])
+    assert retried.exit_code == 0, retried.output
+    text = path.read_text()
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert sorted(r["key"] for r in rows) == sorted({r["key"] for r in rows})
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    assert text.startswith(lines[0] + lines[2])
