@@ -6,11 +6,11 @@ a results file — ``compare`` tests against them rather than against our summar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import Literal, get_args
 
+from attnbench import checks
 from attnbench.stats import Summary, summarize
 
 StopReason = Literal["converged", "budget", "max_samples"]
@@ -56,14 +56,19 @@ class Measurement:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> Measurement:
+    def from_dict(cls, data: object) -> Measurement:
+        """Read ``to_dict``'s output back; anything else raises ``checks.FieldError`` naming the key."""
+        m = checks.record(data, "", [name for name in cls.__dataclass_fields__ if name != "warnings"], ("warnings",))
+        samples = checks.items(m["samples_s"], "samples_s", lambda x, key: checks.number(x, key, positive=True))
+        if not samples:
+            raise checks.FieldError("samples_s", "expected at least one sample, found an empty list")
         return cls(
-            samples_s=tuple(float(x) for x in data["samples_s"]),  # type: ignore[attr-defined]
-            calls_per_sample=int(data["calls_per_sample"]),  # type: ignore[call-overload]
-            warmup_calls=int(data["warmup_calls"]),  # type: ignore[call-overload]
-            warmup_s=float(data["warmup_s"]),  # type: ignore[arg-type]
-            converged=bool(data["converged"]),
-            stop_reason=data["stop_reason"],  # type: ignore[arg-type]
-            target_ci=float(data["target_ci"]),  # type: ignore[arg-type]
-            warnings=tuple(str(w) for w in data.get("warnings", ())),  # type: ignore[attr-defined]
+            samples_s=tuple(samples),
+            calls_per_sample=checks.integer(m["calls_per_sample"], "calls_per_sample"),
+            warmup_calls=checks.integer(m["warmup_calls"], "warmup_calls", minimum=0),
+            warmup_s=checks.number(m["warmup_s"], "warmup_s"),
+            converged=checks.flag(m["converged"], "converged"),
+            stop_reason=checks.choice(m["stop_reason"], "stop_reason", get_args(StopReason), "stop reason"),  # type: ignore[arg-type]
+            target_ci=checks.number(m["target_ci"], "target_ci", positive=True),
+            warnings=tuple(checks.items(m.get("warnings", []), "warnings", checks.text)),
         )

@@ -2,7 +2,8 @@
 
 Schema history (``SCHEMA_VERSION``):
   1 — first version: run.json (``Run``) + results.jsonl (one ``Result`` per line).
-Readers accept every version listed here and refuse newer ones with a hint to upgrade.
+Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
+either: every field is checked (``attnbench.checks``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from attnbench import checks
 from attnbench.cases import Case, TimingPolicy
+from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES
+from attnbench.checks import FieldError
 from attnbench.errors import ResultsError
 from attnbench.measurement import Measurement
 
@@ -29,6 +34,10 @@ STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", 
 # Statuses that make `sweep` exit 1: the case broke, rather than the hardware saying no.
 FAILED: frozenset[str] = frozenset({"error", "timeout", "crashed"})
 
+RunState = Literal["running", "complete", "interrupted"]
+RUN_STATES: tuple[RunState, ...] = ("running", "complete", "interrupted")
+MEMORY_METHODS: tuple[str, ...] = ("cuda-allocator", "rss-hwm", "unavailable")
+
 Extra = Mapping[str, str | int | float | bool | None]
 
 
@@ -37,8 +46,18 @@ class Memory:
     """Peak memory of one call above the post-setup baseline, and how it was measured."""
 
     peak_bytes: int | None
-    method: str  # "cuda-allocator" | "rss-hwm" | "unavailable"
+    method: str  # one of MEMORY_METHODS
     note: str = ""
+
+    @classmethod
+    def from_dict(cls, data: object) -> Memory:
+        m = checks.record(data, "", ("peak_bytes", "method"), ("note",))
+        peak = m["peak_bytes"]
+        return cls(
+            peak_bytes=None if peak is None else checks.integer(peak, "peak_bytes", minimum=0),
+            method=checks.choice(m["method"], "method", MEMORY_METHODS, "memory method"),
+            note=checks.text(m.get("note", ""), "note"),
+        )
 
 
 @dataclass(frozen=True)
@@ -80,23 +99,60 @@ class Result:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Result:
-        memory = data.get("memory")
-        measurement = data.get("measurement")
-        status = data["status"]
-        if status not in STATUSES:
-            raise ValueError(f"unknown status {status!r}")
+    def from_dict(cls, data: object) -> Result:
+        """Read ``to_dict``'s output back; anything else raises ``checks.FieldError`` naming the key."""
+        r = checks.record(data, "", ("case", "status"), _RESULT_OPTIONAL)
+        case = checks.nested("case", _case_from_dict, r["case"])
+        if "key" in r:
+            checks.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
+        timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
         return cls(
-            case=Case.from_dict(data["case"]),
-            status=status,
-            reason=str(data.get("reason", "")),
-            measurement=None if measurement is None else Measurement.from_dict(measurement),
-            memory=None if memory is None else Memory(**memory),
-            parameters=data.get("parameters"),
-            started_utc=str(data.get("started_utc", "")),
-            duration_s=float(data.get("duration_s", 0.0)),
-            extra=dict(data.get("extra") or {}),
+            case=case,
+            status=checks.choice(r["status"], "status", STATUSES, "status"),  # type: ignore[arg-type]
+            reason=checks.text(r.get("reason", ""), "reason"),
+            measurement=None if timed is None else checks.nested("measurement", Measurement.from_dict, timed),
+            memory=None if memory is None else checks.nested("memory", Memory.from_dict, memory),
+            parameters=None if parameters is None else checks.integer(parameters, "parameters", minimum=0),
+            started_utc=checks.text(r.get("started_utc", ""), "started_utc"),
+            duration_s=checks.number(r.get("duration_s", 0.0), "duration_s"),
+            extra=_extra(r.get("extra", {})),
         )
+
+
+_RESULT_OPTIONAL = ("key", "reason", "measurement", "memory", "parameters", "started_utc", "duration_s", "extra")
+_CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
+_CASE_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def _case_from_dict(data: object) -> Case:
+    """``Case.from_dict`` after checking every field against the catalogue, so a bad row never reaches it."""
+    c = checks.record(data, "", _CASE_REQUIRED, ("options",))
+    model = checks.choice(c["model"], "model", MODEL_NAMES, "model")
+    checks.choice(c["mode"], "mode", MODES, "mode")
+    checks.choice(c["dtype"], "dtype", DTYPES, "dtype")
+    if not _CASE_DEVICE.fullmatch(checks.text(c["device"], "device")):
+        raise checks.expected("device", "cpu, cuda or cuda:N", c["device"])
+    for name in ("batch", "seq_len", "d_model", "layers"):
+        checks.integer(c[name], name)
+    if c["heads"] is not None:
+        checks.integer(c["heads"], "heads")
+    checks.flag(c["causal"], "causal")
+    kinds = {o.name: o.type for o in MODELS[model].options}
+    for name, value in checks.record(c.get("options", {}), "options", (), kinds).items():
+        kind = kinds[name]
+        fits = kind is bool if isinstance(value, bool) else isinstance(value, int | float if kind is float else kind)
+        if not fits:
+            raise checks.expected(checks.path("options", name), f"a {kind.__name__} ({model}'s option)", value)
+    return Case.from_dict(c)
+
+
+def _extra(data: object) -> dict[str, str | int | float | bool | None]:
+    if not isinstance(data, dict):
+        raise checks.expected("extra", "an object", data)
+    for name, value in data.items():
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise checks.expected(checks.path("extra", name), "a string, number, boolean or null", value)
+    return dict(data)
 
 
 @dataclass(frozen=True)
@@ -111,7 +167,7 @@ class Run:
     timing: TimingPolicy
     environment: Mapping[str, Any]
     command: tuple[str, ...] = ()
-    state: Literal["running", "complete", "interrupted"] = "running"
+    state: RunState = "running"
     finished_utc: str = ""
     schema_version: int = SCHEMA_VERSION
 
@@ -131,20 +187,51 @@ class Run:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Run:
+    def from_dict(cls, data: object) -> Run:
+        """Read ``to_dict``'s output back; anything else raises ``checks.FieldError`` naming the key."""
+        d = checks.record(data, "", _RUN_REQUIRED, _RUN_OPTIONAL)
+        version = checks.integer(d["schema_version"], "schema_version")
+        if version > SCHEMA_VERSION:
+            raise FieldError("schema_version", f"{version} is newer than this attnbench reads ({SCHEMA_VERSION})")
+        run_id = checks.text(d["run_id"], "run_id")
+        if not run_id:
+            raise checks.expected("run_id", "a non-empty string", run_id)
+        config = d["config"]
+        if not isinstance(config, dict):
+            raise checks.expected("config", "an object", config)
+        environment = d.get("environment", {})
+        if not isinstance(environment, dict):
+            raise checks.expected("environment", "an object", environment)
         return cls(
-            run_id=str(data["run_id"]),
-            created_utc=str(data["created_utc"]),
-            config_source=str(data.get("config_source", "")),
-            config=dict(data["config"]),
-            config_sha256=str(data["config_sha256"]),
-            timing=TimingPolicy.from_dict(data.get("timing", {})),
-            environment=dict(data.get("environment", {})),
-            command=tuple(data.get("command", ())),
-            state=data.get("state", "running"),
-            finished_utc=str(data.get("finished_utc", "")),
-            schema_version=int(data["schema_version"]),
+            run_id=run_id,
+            created_utc=checks.text(d["created_utc"], "created_utc"),
+            config_source=checks.text(d.get("config_source", ""), "config_source"),
+            config=dict(config),
+            config_sha256=checks.text(d["config_sha256"], "config_sha256"),
+            timing=checks.nested("timing", _timing_from_dict, d.get("timing", {})),
+            environment=dict(environment),
+            command=tuple(checks.items(d.get("command", []), "command", checks.text)),
+            state=checks.choice(d.get("state", "running"), "state", RUN_STATES, "state"),  # type: ignore[arg-type]
+            finished_utc=checks.text(d.get("finished_utc", ""), "finished_utc"),
+            schema_version=version,
         )
+
+
+_RUN_REQUIRED = ("schema_version", "run_id", "created_utc", "config_sha256", "config")
+_RUN_OPTIONAL = ("finished_utc", "state", "command", "config_source", "timing", "environment")
+
+
+def _timing_from_dict(data: object) -> TimingPolicy:
+    """``TimingPolicy.from_dict`` after checking each field's type; a field left out takes the default."""
+    defaults = TimingPolicy()
+    names = list(TimingPolicy.__dataclass_fields__)
+    t = checks.record(data, "", (), names)
+    for name, value in t.items():
+        if isinstance(getattr(defaults, name), int):
+            checks.integer(value, name, minimum=0)
+        else:
+            checks.number(value, name)
+    return TimingPolicy.from_dict(t)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -200,69 +287,139 @@ class StoredRun:
     warnings: tuple[str, ...] = ()
 
 
-def _iter_lines(path: Path) -> Iterator[tuple[int, str, bool]]:
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    complete_last = text.endswith("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+def _reject_constant(name: str) -> float:
+    # json.loads would accept NaN and Infinity, which JSON does not have and the writer never emits (allow_nan=False).
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal} is out of range for a float")
+    return value
+
+
+def _parse_json(text: str) -> Any:
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def _decode(raw: bytes) -> str:
+    """UTF-8 text without NUL bytes (a crash can leave zero-filled blocks behind)."""
+    text = raw.decode("utf-8")
+    if "\0" in text:
+        raise ValueError(f"a NUL byte at column {text.index(chr(0)) + 1} (zero-filled after a crash?)")
+    return text
+
+
+def _problem(exc: Exception) -> str:
+    """What was wrong with one file or line, in words; ``exc`` is what decoding and parsing raised."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON: {exc.msg}: column {exc.colno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+    if isinstance(exc, RecursionError):
+        return "not valid JSON: nested too deeply"
+    return str(exc)
+
+
+def _message(path: Path, exc: Exception, line: int | None = None, what: str = "") -> str:
+    """``file[:line]``, the key path where there is one, and the problem; ``what`` names what the file is not."""
+    if line is None and isinstance(exc, json.JSONDecodeError):
+        line = exc.lineno
+    location = str(path) if line is None else f"{path}:{line}"
+    if isinstance(exc, FieldError) and exc.key:
+        return f"{location}, key '{exc.key}': {exc.problem}"
+    return f"{location}: {what}{_problem(exc)}"
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ResultsError(
+            f"{path}: cannot read it ({exc.strerror or exc})", hint="check that it is a readable file"
+        ) from None
+
+
+NOT_A_RUN = "not a readable attnbench run file: "
+RUN_HINT = "run.json is written whole by 'attnbench sweep', so a damaged one was edited or copied; re-run the sweep"
+ROWS_HINT = (
+    "each line of results.jsonl is one result written by 'attnbench sweep'; a damaged line can be deleted "
+    "(that case is then missing) or the sweep re-run"
+)
+
+
+def _load_run_file(path: Path) -> Run:
+    raw = _read(path)
+    if not raw.strip():
+        raise ResultsError(f"{path}: empty file", hint="the sweep died before writing it? re-run the sweep")
+    try:
+        data = _parse_json(_decode(raw))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ResultsError(_message(path, exc, what=NOT_A_RUN), hint=RUN_HINT) from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: {NOT_A_RUN}expected a JSON object, found {checks.found(data)}", hint=RUN_HINT)
+    if "schema_version" not in data:
+        keys = ", ".join(repr(k) for k in list(data)[:5]) + (", ..." if len(data) > 5 else "")
+        raise ResultsError(
+            f"{path}: {NOT_A_RUN}no 'schema_version' key (found {keys or 'no keys'})",
+            hint="pass a run folder written by 'attnbench sweep' (results/runs/<run_id>/)",
+        )
+    version = data["schema_version"]
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise ResultsError(
+            f"{path}: schema_version {version} is newer than this attnbench reads ({SCHEMA_VERSION})",
+            hint="upgrade attnbench to read this run",
+        )
+    try:
+        return Run.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ResultsError(_message(path, exc, what=NOT_A_RUN), hint=RUN_HINT) from None
+
+
+def _load_rows(path: Path) -> tuple[list[Result], list[str]]:
+    """One ``Result`` per line. A last line without its newline that does not parse is a write the sweep never
+    finished (kill -9, power cut): it is dropped with a warning. Anything else wrong is an error naming the line."""
+    if not path.exists():
+        return [], []
+    lines = _read(path).split(b"\n")
+    results: list[Result] = []
+    warnings: list[str] = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
-        is_last = number == len(lines) or (number == len(lines) - 1 and complete_last)
-        yield number, line, is_last and not complete_last
+        torn = number == len(lines)  # the text after the last newline: a line the writer did not finish
+        try:
+            data = _parse_json(_decode(raw))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            if torn:
+                warnings.append(f"{path}:{number}: dropped a torn last line (the sweep was killed mid-write)")
+                continue
+            raise ResultsError(_message(path, exc, number), hint=ROWS_HINT) from None
+        try:
+            results.append(Result.from_dict(data))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ResultsError(_message(path, exc, number, what="not a result row: "), hint=ROWS_HINT) from None
+    return results, warnings
 
 
 def load_run(folder: str | Path) -> StoredRun:
     """Read a run folder. A torn final line (a kill mid-write) is dropped with a warning; anything else that
-    does not parse is an error naming the file and line."""
+    does not parse or check out is a ``ResultsError`` naming the file (and line) and what is wrong."""
     path = Path(folder)
-    run_path = path / RUN_FILE
     if not path.is_dir():
+        if path.is_file():
+            raise ResultsError(
+                f"{path}: a file, not a run folder", hint=f"pass the folder that holds it: {path.parent}"
+            )
         raise ResultsError(f"{path}: no such run folder", hint="pass a folder written by 'attnbench sweep'")
-    if not run_path.is_file():
+    if not (path / RUN_FILE).exists():
         raise ResultsError(
             f"{path}: no {RUN_FILE} in this folder",
-            hint="pass a folder written by 'attnbench sweep' (results/<run_id>/)",
+            hint="pass a folder written by 'attnbench sweep' (results/runs/<run_id>/)",
         )
-    try:
-        raw = json.loads(run_path.read_text(encoding="utf-8"))
-        if not isinstance(raw, dict):
-            raise ValueError("top level is not an object")
-        version = raw.get("schema_version")
-        if not isinstance(version, int):
-            raise ValueError("no integer schema_version")
-        if version > SCHEMA_VERSION:
-            raise ResultsError(
-                f"{run_path}: schema_version {version} is newer than this attnbench reads ({SCHEMA_VERSION})",
-                hint="upgrade attnbench to read this run",
-            )
-        run = Run.from_dict(raw)
-    except ResultsError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise ResultsError(
-            f"{run_path}: not a readable attnbench run file ({exc})",
-            hint="was it written by 'attnbench sweep'? re-run the sweep if it is damaged",
-        ) from None
-    rows_path = path / RESULTS_FILE
-    results: list[Result] = []
-    warnings: list[str] = []
-    if rows_path.exists():
-        try:
-            lines = list(_iter_lines(rows_path))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ResultsError(f"{rows_path}: unreadable ({exc})", hint="re-run the sweep") from None
-        for number, line, torn in lines:
-            try:
-                data = json.loads(line)
-                results.append(Result.from_dict(data))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                if torn:
-                    warnings.append(f"{rows_path}:{number}: dropped a torn last line (the writer was killed)")
-                    continue
-                raise ResultsError(
-                    f"{rows_path}:{number}: not a valid result row ({exc})",
-                    hint="the file is damaged or not an attnbench results file",
-                ) from None
+    run = _load_run_file(path / RUN_FILE)
+    results, warnings = _load_rows(path / RESULTS_FILE)
     return StoredRun(path, run, tuple(results), tuple(warnings))
 
 

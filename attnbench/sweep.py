@@ -154,17 +154,17 @@ def _keep_rows(folder: Path, retry_failed: bool) -> None:
     path = folder / RESULTS_FILE
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+    kept: list[bytes] = []
+    for line in path.read_bytes().splitlines(keepends=True):
         try:
             status = json.loads(line)["status"]
         except (ValueError, KeyError, TypeError):
             continue  # load_run has already accepted the file, so this is the torn last line
-        if not line.endswith("\n"):
+        if not line.endswith(b"\n"):
             continue
         if status == "ok" or not retry_failed:
             kept.append(line)
-    write_atomic(path, "".join(kept))
+    write_atomic(path, b"".join(kept).decode("utf-8"))
 
 
 def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> SweepOutcome:

@@ -210,3 +210,29 @@ def test_retry_failed_reruns_only_failed_rows_once(finished_run: Path) -> None:
     assert sorted(r["key"] for r in rows) == sorted({r["key"] for r in rows})
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
     assert text.startswith(lines[0] + lines[2])
+
+
+def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
+    from attnbench.executor import TorchExecutor
+
+    executor = TorchExecutor("cpu", QUICK)
+    huge = Case("vanilla", "forward", "float32", "cpu", 1, 2**22, 16, 2, 1, False)  # 128 TiB of scores
+    result = executor.run(huge)
+    assert result.status == "oom" and "allocate" in result.reason
+    assert executor.run(case()).ok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_oom_leaves_the_allocator_clean_for_the_next_case() -> None:
+    import torch
+
+    from attnbench.executor import TorchExecutor
+
+    executor = TorchExecutor("cuda:0", QUICK)
+    baseline = torch.cuda.memory_allocated()
+    huge = Case("vanilla", "forward", "bfloat16", "cuda:0", 64, 2**17, 1024, 16, 1, False)  # petabytes of scores
+    assert executor.run(huge).status == "oom"
+    assert torch.cuda.memory_allocated() == baseline
+    small = Case("vanilla", "forward", "bfloat16", "cuda:0", 1, 256, 64, 4, 1, False)
+    assert executor.run(small).ok

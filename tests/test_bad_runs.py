@@ -1,0 +1,190 @@
+"""Damaged or foreign run folders: ``report`` prints one error line and a hint and exits 2, never a traceback.
+
+Every entry of tests/data/bad_runs is tests/data/runs/tiny-cpu damaged in the one way its name says. The exception
+is a torn last line of results.jsonl (the sweep killed mid-write): that run loads, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.errors import EXIT_BAD_INPUT, ResultsError
+from attnbench.results import Result, Run, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data"
+BAD = DATA / "bad_runs"
+GOOD = DATA / "runs" / "tiny-cpu"
+ENTRIES = sorted(BAD.iterdir())
+TORN = "rows-torn-last-line"
+
+# entry → (where the error points, relative to the entry: "" is the entry itself; what the message says)
+EXPECTED: dict[str, tuple[str, str]] = {
+    "not-a-folder.json": ("", "a file, not a run folder"),
+    "run-json-missing": ("", "no run.json in this folder"),  # a folder with only results.jsonl
+    "run-json-is-a-directory": ("run.json", "cannot read it (Is a directory)"),
+    "run-json-empty": ("run.json", "empty file"),
+    "run-json-not-json": ("run.json:1", "not valid JSON: Expecting value"),
+    "run-json-truncated": ("run.json:62", "not valid JSON: Unterminated string"),
+    "run-json-list": ("run.json", "expected a JSON object, found a list"),
+    "run-json-foreign": ("run.json", "no 'schema_version' key (found 'name', 'version'"),
+    "run-json-no-schema-version": ("run.json", "no 'schema_version' key"),
+    "run-json-schema-version-string": ("run.json", "key 'schema_version': expected a positive integer, found a string"),
+    "run-json-schema-version-newer": ("run.json", "schema_version 2 is newer than this attnbench reads (1)"),
+    "run-json-no-run-id": ("run.json", "missing key 'run_id'"),
+    "run-json-config-not-object": ("run.json", "key 'config': expected an object, found a string"),
+    "run-json-timing-string": ("run.json", "key 'timing.min_samples': expected an integer ≥ 0, found a string \"5\""),
+    "run-json-environment-list": ("run.json", "key 'environment': expected an object, found a list"),
+    "run-json-unknown-state": ("run.json", "key 'state': unknown state \"finished\"; one of: running, complete"),
+    "run-json-nan": ("run.json", "NaN is not a JSON number"),
+    "run-json-invalid-utf8": ("run.json", "not UTF-8 text: byte 0xe9"),
+    "run-json-nul-bytes": ("run.json", "a NUL byte at column 201"),
+    "rows-is-a-directory": ("results.jsonl", "cannot read it (Is a directory)"),
+    "rows-garbage-middle-line": ("results.jsonl:2", "not valid JSON: Expecting value"),
+    "rows-row-is-a-list": ("results.jsonl:2", "not a result row: expected an object, found a list"),
+    "rows-foreign-jsonl": ("results.jsonl:1", "not a result row: missing key 'case', 'status'"),
+    "rows-missing-case": ("results.jsonl:2", "missing key 'case'"),
+    "rows-unknown-status": ("results.jsonl:2", "key 'status': unknown status \"skipped\"; one of: ok, oom"),
+    "rows-unknown-model": ("results.jsonl:2", "key 'case.model': unknown model \"transformer-xl\"; one of: lstm"),
+    "rows-seq-len-string": ("results.jsonl:2", "key 'case.seq_len': expected a positive integer, found a string"),
+    "rows-negative-batch": ("results.jsonl:2", "key 'case.batch': expected a positive integer, found an integer -2"),
+    "rows-option-wrong-type": ("results.jsonl:2", "key 'case.options.bidirectional': expected a bool"),
+    "rows-samples-string": ("results.jsonl:2", "key 'measurement.samples_s[1]': expected a positive finite number"),
+    "rows-samples-negative": ("results.jsonl:2", "key 'measurement.samples_s[0]': expected a positive finite number"),
+    "rows-samples-nan": ("results.jsonl:2", "NaN is not a JSON number"),
+    "rows-samples-empty": ("results.jsonl:2", "key 'measurement.samples_s': expected at least one sample"),
+    "rows-memory-unknown-field": ("results.jsonl:2", "key 'memory': unknown key 'peak_mib'"),
+    "rows-invalid-utf8": ("results.jsonl:2", "not UTF-8 text: byte 0xff"),
+    "rows-nul-bytes": ("results.jsonl:2", "a NUL byte at column 1"),
+    "rows-deeply-nested": ("results.jsonl:2", "not valid JSON: nested too deeply"),
+    TORN: ("results.jsonl:3", "dropped a torn last line"),
+}
+ERRORS = [p for p in ENTRIES if p.name != TORN]
+
+runner = CliRunner()
+
+
+def location(entry: Path) -> str:
+    where = EXPECTED[entry.name][0]
+    return f"{entry}/{where}" if where else str(entry)
+
+
+def check_error_output(entry: Path, code: int, stdout: str, stderr: str) -> None:
+    lines = stderr.splitlines()
+    assert code == EXIT_BAD_INPUT, stderr
+    assert lines[0].startswith(f"error: {location(entry)}"), lines[0]
+    assert EXPECTED[entry.name][1] in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("hint: "), stderr
+    assert stdout == ""
+    assert "Traceback" not in stderr
+
+
+def test_the_table_names_every_entry_and_only_those() -> None:
+    assert len(ENTRIES) >= 15
+    assert sorted(p.name for p in ENTRIES) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("entry", ERRORS, ids=[p.name for p in ERRORS])
+def test_report_is_one_error_a_hint_and_exit_2(entry: Path) -> None:
+    out = runner.invoke(app, ["report", str(entry), "--format", "md"])
+    assert out.exception is None or isinstance(out.exception, SystemExit), out.exception
+    check_error_output(entry, out.exit_code, out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("entry", ERRORS, ids=[p.name for p in ERRORS])
+def test_load_run_names_the_file_line_and_problem(entry: Path) -> None:
+    with pytest.raises(ResultsError) as caught:
+        load_run(entry)
+    assert caught.value.message.startswith(location(entry))
+    assert EXPECTED[entry.name][1] in caught.value.message
+    assert caught.value.hint
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "json", "table"])
+def test_a_torn_last_line_is_a_warning_and_the_rest_is_reported(fmt: str) -> None:
+    out = runner.invoke(app, ["report", str(BAD / TORN), "--format", fmt])
+    assert out.exit_code == 0, out.output
+    assert out.stderr.startswith(f"warning: {BAD / TORN}/results.jsonl:3: dropped a torn last line")
+    assert "lstm" in out.stdout and "Traceback" not in out.output
+    stored = load_run(BAD / TORN)
+    assert [r.case.seq_len for r in stored.results] == [16, 64]
+
+
+@pytest.mark.parametrize("name", ["run-json-foreign", "rows-unknown-model", "rows-deeply-nested", TORN])
+def test_the_real_command_line(name: str) -> None:
+    """A few through a real process: stderr alone, the exit status the shell sees, nothing caught by CliRunner."""
+    entry = BAD / name
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "attnbench", "report", str(entry), "--format", "md"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    if name == TORN:
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.startswith("warning: ") and "Traceback" not in done.stderr
+        assert done.stdout.startswith("# attnbench run")
+    else:
+        check_error_output(entry, done.returncode, done.stdout, done.stderr)
+
+
+# ------------------------------------------------------------------------- what counts as torn, beyond the corpus
+def write_rows(tmp_path: Path, body: bytes) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.json").write_bytes((GOOD / "run.json").read_bytes())
+    (folder / "results.jsonl").write_bytes(body)
+    return folder
+
+
+def small_rows() -> list[bytes]:
+    rows = (GOOD / "results.jsonl").read_bytes().splitlines()
+    return [rows[2], rows[16]]  # lstm train n=16 (one sample), sdpa-efficient unsupported
+
+
+def test_a_last_line_torn_inside_a_utf8_character_is_still_torn(tmp_path: Path) -> None:
+    row = json.loads(small_rows()[1])
+    row["reason"] = "needs CUDA — EFFICIENT_ATTENTION has no CPU kernel"
+    line = json.dumps(row, ensure_ascii=False).encode()
+    cut = line.index("—".encode()) + 1  # one byte into the three-byte dash
+    stored = load_run(write_rows(tmp_path, small_rows()[0] + b"\n" + line[:cut]))
+    assert len(stored.results) == 1 and "torn" in stored.warnings[0]
+
+
+def test_a_zero_filled_tail_after_a_power_cut_is_torn(tmp_path: Path) -> None:
+    stored = load_run(write_rows(tmp_path, small_rows()[0] + b"\n" + b"\0" * 4096))
+    assert len(stored.results) == 1 and stored.warnings[0].endswith("(the sweep was killed mid-write)")
+
+
+def test_a_damaged_last_line_with_its_newline_is_an_error(tmp_path: Path) -> None:
+    folder = write_rows(tmp_path, small_rows()[0] + b"\n" + b'{"case": \n')
+    with pytest.raises(ResultsError, match=r"results\.jsonl:2: not valid JSON"):
+        load_run(folder)
+
+
+def test_a_complete_but_invalid_last_line_is_an_error_not_a_torn_write(tmp_path: Path) -> None:
+    row = json.loads(small_rows()[1])
+    row["status"] = "skipped"
+    folder = write_rows(tmp_path, small_rows()[0] + b"\n" + json.dumps(row).encode())
+    with pytest.raises(ResultsError, match=r"results\.jsonl:2, key 'status': unknown status"):
+        load_run(folder)
+
+
+def test_blank_lines_are_skipped_and_numbering_follows_the_file(tmp_path: Path) -> None:
+    folder = write_rows(tmp_path, small_rows()[0] + b"\n\n\n" + b"[1]\n")
+    with pytest.raises(ResultsError, match=r"results\.jsonl:4: not a result row"):
+        load_run(folder)
+
+
+# ------------------------------------------------------------------------- strict, and still exact on good data
+def test_every_stored_row_and_the_run_read_back_exactly() -> None:
+    for line in (GOOD / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        assert Result.from_dict(row).to_dict() == row
+    run = json.loads((GOOD / "run.json").read_text())
+    assert Run.from_dict(run).to_dict() == run
