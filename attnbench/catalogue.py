@@ -6,6 +6,7 @@ importing torch. ``attnbench.models`` supplies a builder for each entry; a test 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,6 +91,9 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+# What a config or --device may ask for, and what a resolved case records.
+DEVICE_REQUEST = re.compile(r"auto|cpu|cuda|cuda:\d+")
+RESOLVED_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 MODES: tuple[str, ...] = ("forward", "train")
 

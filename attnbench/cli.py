@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from attnbench.errors import EXIT_CASE_FAILED, AttnbenchError
@@ -49,9 +50,10 @@ RunArg = Annotated[Path, typer.Argument(help="A run folder written by 'attnbench
 
 def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
     """The one way errors reach the user: a red 'error:' line, a 'hint:' line, an exit code."""
-    stderr.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    # User text (paths, keys, values) may hold brackets: escape it so rich never reads it as markup.
+    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     if hint:
-        stderr.print(f"[yellow]hint:[/] {hint}", markup=True, soft_wrap=True)
+        stderr.print(f"[yellow]hint:[/] {escape(hint)}", markup=True, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -83,7 +85,7 @@ def _write_or_print(text: str, output: str | None) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise AttnbenchError(f"cannot write {path}: {exc.strerror}", hint="choose another -o path") from None
-    stderr.print(f"wrote {path}")
+    stderr.print(f"wrote {path}", markup=False)
 
 
 @app.command()
@@ -151,7 +153,7 @@ def report(
         raise AttnbenchError(f"--baseline: unknown model {baseline!r}", hint=f"one of: {', '.join(MODEL_NAMES)}")
     stored = load_run(run)
     for warning in stored.warnings:
-        stderr.print(f"[yellow]warning:[/] {warning}")
+        stderr.print(f"[yellow]warning:[/] {escape(warning)}")
     if format == "table" and output in (None, "-"):
         from attnbench.report.terminal import comparison_tables
 

@@ -17,15 +17,16 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, cast
 
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from attnbench.cases import Axes, Case, Mode, Options, TimingPolicy, expand
-from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, is_recurrent
+from attnbench.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODELS, MODES, is_recurrent
 from attnbench.config_messages import (
     MAX_BATCH,
     MAX_D_MODEL,
@@ -94,7 +95,6 @@ DEFAULT_AXES: dict[str, list[Any]] = {"d_model": [512], "heads": [8], "layers": 
 AXIS_NAMES = ("d_model", "heads", "layers", "causal")  # may sit at the top level or under grid, not both
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
-_DEVICE = re.compile(r"auto|cpu|cuda|cuda:[0-9]+")
 
 
 # ---------------------------------------------------------------------------------------------------- schema
@@ -268,11 +268,16 @@ def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), 
     return _build(model, ctx, force)
 
 
+def resolved_text(resolved: Mapping[str, Any]) -> str:
+    """A stored run's resolved config as YAML that ``load_experiment_text`` reads back to the same sha256."""
+    return yaml.safe_dump(dict(resolved), sort_keys=False)
+
+
 # ---------------------------------------------------------------------------------------------------- checks
 def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
     """Checks that span fields, then the Experiment."""
     _check_name(m.name, ctx)
-    if not _DEVICE.fullmatch(m.device):
+    if not DEVICE_REQUEST.fullmatch(m.device):
         raise ctx.error(
             f"device {m.device!r} is not one of auto, cpu, cuda, cuda:N",
             ("device",),

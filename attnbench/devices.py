@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
+from attnbench.catalogue import DEVICE_REQUEST
 from attnbench.errors import DeviceError
-
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 def resolve_device(request: str) -> str:
     """ "auto" → "cuda:0" when CUDA works, else "cpu"; "cuda" → "cuda:0"; checks that the device exists."""
-    if not DEVICE_PATTERN.match(request):
+    if not DEVICE_REQUEST.fullmatch(request):
         raise DeviceError(f"--device: {request!r} is not a device", hint="use auto, cpu, cuda or cuda:N")
     if request == "cpu":
         return "cpu"

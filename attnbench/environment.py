@@ -75,8 +75,18 @@ class Environment:
         data["fingerprint"] = self.fingerprint()
         return data
 
+    def resume_fields(self) -> dict[str, Any]:
+        """What must match to add rows to an existing run: the fingerprint, and the code doing the measuring."""
+        return {
+            **self.fingerprint_fields(),
+            "attnbench": self.attnbench,
+            "git_commit": self.git_commit,
+            "flash_attn": self.flash_attn,
+        }
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Environment:
+        """Raises TypeError when a required field is missing (a damaged run.json)."""
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -103,11 +113,19 @@ def _git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+            ["git", "-C", str(here), "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    lines = out.stdout.split()
+    # Only our own checkout counts: a venv inside some other repository would report that repository's HEAD.
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != here.parent:
+        return None
+    return lines[1]
 
 
 def nvml_status() -> tuple[str, str | None]:

@@ -10,7 +10,7 @@ EXIT_CASE_FAILED = 1  # a case ended error/crashed/timeout (or compare found a r
 EXIT_BAD_INPUT = 2
 EXIT_NOT_COMPARABLE = 3
 EXIT_NO_BASELINE = 4
-EXIT_INTERRUPTED = 130  # the shell convention for SIGINT
+# Interrupted sweeps exit with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention.
 
 
 class AttnbenchError(Exception):

@@ -13,7 +13,6 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import torch
 
@@ -21,21 +20,25 @@ from attnbench.cases import Case, TimingPolicy
 from attnbench.clocks import clock_for
 from attnbench.memory import RssPeak
 from attnbench.models import build_model, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
-from attnbench.results import Memory, Result
+from attnbench.results import Memory, Result, utc_now
 from attnbench.timing import measure
 
 # How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
-_CPU_OOM_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "not enough memory", "Cannot allocate memory")
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+_OOM_MARKERS = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "not enough memory",
+    "Cannot allocate memory",
+    # GPU libraries that report a failed allocation as their own status rather than OutOfMemoryError.
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
 
 
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _CPU_OOM_MARKERS)
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MARKERS)
 
 
 def _describe(exc: BaseException) -> str:

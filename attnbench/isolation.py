@@ -1,13 +1,16 @@
 """Each case in a worker process, so a segfault, a hang or an OOM kill costs one row, not the sweep (layer 5).
 
 The worker is a spawned Python (fork after torch or CUDA initialised is unsafe) that imports torch once and
-then runs cases sent over a pipe until it dies; the next case gets a fresh one. The parent never imports the
-model code's failures: it only sees a result, an end-of-file (the worker died: ``crashed``, or ``oom`` when
-the kernel's OOM killer fired) or silence past the case's timeout (``timeout``; the worker is killed).
+then runs cases sent over a pipe until it dies; the next case gets a fresh one. The parent only sees a result,
+an end-of-file (the worker died: ``crashed``, or ``oom`` when the kernel's OOM killer fired) or silence past
+the case's timeout (``timeout``; the worker is killed). A result that says the CUDA context is broken retires
+the worker too, so one illegal memory access does not turn every later case into an error.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing as mp
 import multiprocessing.connection
 import signal
@@ -17,18 +20,43 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.cases import Case, TimingPolicy
-from attnbench.errors import AttnbenchError
 from attnbench.results import Result
 
+_PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 _START_TIMEOUT_S = 300.0  # importing torch on a cold, busy machine can take a minute
 _CGROUP_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
+# Failures after which every later kernel in the same process fails too.
+_CONTEXT_POISON_MARKERS = ("CUDA error", "device-side assert", "illegal memory access")
+
+
+class WorkerStartError(Exception):
+    """The worker process could not be started; the case it was for becomes a ``crashed`` row."""
+
+
+def poisons_context(result: Result) -> bool:
+    return result.status == "error" and any(marker in result.reason for marker in _CONTEXT_POISON_MARKERS)
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's close() still kills us on every path it controls
 
 
 def _worker(
-    conn: multiprocessing.connection.Connection, device: str, policy: dict[str, Any], seed: int, threads: int | None
+    conn: multiprocessing.connection.Connection,
+    device: str,
+    policy: dict[str, Any],
+    seed: int,
+    threads: int | None,
 ) -> None:
-    # Ctrl-C reaches the whole process group; what it means is the parent's decision, not ours.
+    # Ctrl-C, and a SIGTERM sent to the whole process group (a CI runner, Slurm), reach us too; what they mean
+    # is the parent's decision. If the parent dies without killing us, the kernel does (Linux).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     import torch
 
     from attnbench.executor import TorchExecutor
@@ -83,7 +111,7 @@ class IsolatedExecutor:
         return None if self._process is None else self._process.pid
 
     def start(self) -> None:
-        """Start a worker now (``run`` starts one when there is none)."""
+        """Start a worker now (``run`` starts one when there is none). Raises WorkerStartError."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker,
@@ -97,18 +125,15 @@ class IsolatedExecutor:
         self.workers_started += 1
         if not parent.poll(_START_TIMEOUT_S):
             self._kill()
-            raise AttnbenchError(
-                f"the worker process did not start within {_START_TIMEOUT_S:.0f} s",
-                hint="run without --isolate to see why",
-            )
+            raise WorkerStartError(f"the worker process did not start within {_START_TIMEOUT_S:.0f} s")
         try:
             parent.recv()
         except EOFError:
+            process.join(5)
             code = process.exitcode
             self._kill()
-            raise AttnbenchError(
-                f"the worker process died while starting (exit code {code})",
-                hint="run without --isolate to see the error",
+            raise WorkerStartError(
+                f"the worker process died while starting (exit code {code}); --no-isolate shows why"
             ) from None
 
     def _kill(self) -> None:
@@ -123,7 +148,10 @@ class IsolatedExecutor:
     def run(self, case: Case) -> Result:
         if self._process is None or not self._process.is_alive():
             self._kill()
-            self.start()
+            try:
+                self.start()
+            except WorkerStartError as exc:
+                return Result(case, "crashed", str(exc))
         assert self._conn is not None and self._process is not None
         kills_before = oom_kills()
         t0 = time.perf_counter()
@@ -131,7 +159,10 @@ class IsolatedExecutor:
             self._conn.send(case.to_dict())
             if self._conn.poll(self.timeout_s):
                 _, payload = self._conn.recv()
-                return Result.from_dict(payload)
+                result = Result.from_dict(payload)
+                if poisons_context(result):
+                    self._kill()
+                return result
         except (EOFError, BrokenPipeError, ConnectionResetError):
             return self._died(case, kills_before, time.perf_counter() - t0)
         self._kill()
@@ -149,20 +180,19 @@ class IsolatedExecutor:
         self._kill()
         kills_after = oom_kills()
         if kills_before is not None and kills_after is not None and kills_after > kills_before:
-            return Result(
-                case,
-                "oom",
-                f"the worker was killed by the kernel's OOM killer (cgroup oom_kill {kills_before} → {kills_after})",
-                duration_s=elapsed,
+            reason = (
+                f"the worker was killed by the kernel's OOM killer (cgroup oom_kill {kills_before} → {kills_after})"
             )
+            return Result(case, "oom", reason, duration_s=elapsed)
         if code is not None and code < 0:
             name = _signal_name(code)
             hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
             return Result(case, "crashed", f"the worker was killed by {name}{hint}", duration_s=elapsed)
         return Result(case, "crashed", f"the worker exited with code {code}", duration_s=elapsed)
 
-    def close(self) -> None:
-        if self._conn is not None and self._process is not None and self._process.is_alive():
+    def close(self, *, now: bool = False) -> None:
+        """Stop the worker: politely between cases, at once (``now``) when a case may still be running."""
+        if not now and self._conn is not None and self._process is not None and self._process.is_alive():
             try:
                 self._conn.send(None)
                 self._process.join(10)

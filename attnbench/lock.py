@@ -42,7 +42,8 @@ class RunLock:
 
     def release(self) -> None:
         if self._handle is not None:
-            self.path.unlink(missing_ok=True)
+            # The file stays: unlinking it while locked would let a waiter lock the old inode and a newcomer a
+            # new one, two writers at once.
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
             self._handle.close()
             self._handle = None

@@ -39,10 +39,6 @@ class Measurement:
     def median_s(self) -> float:
         return self.summary.median
 
-    @property
-    def calls(self) -> int:
-        return len(self.samples_s) * self.calls_per_sample
-
     def to_dict(self) -> dict[str, object]:
         return {
             "samples_s": list(self.samples_s),

@@ -11,16 +11,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from attnbench import checks
 from attnbench.cases import Case, TimingPolicy
-from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES
+from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
 from attnbench.checks import FieldError
 from attnbench.errors import ResultsError
 from attnbench.measurement import Measurement
@@ -121,7 +121,6 @@ class Result:
 
 _RESULT_OPTIONAL = ("key", "reason", "measurement", "memory", "parameters", "started_utc", "duration_s", "extra")
 _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
-_CASE_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 def _case_from_dict(data: object) -> Case:
@@ -130,7 +129,7 @@ def _case_from_dict(data: object) -> Case:
     model = checks.choice(c["model"], "model", MODEL_NAMES, "model")
     checks.choice(c["mode"], "mode", MODES, "mode")
     checks.choice(c["dtype"], "dtype", DTYPES, "dtype")
-    if not _CASE_DEVICE.fullmatch(checks.text(c["device"], "device")):
+    if not RESOLVED_DEVICE.fullmatch(checks.text(c["device"], "device")):
         raise checks.expected("device", "cpu, cuda or cuda:N", c["device"])
     for name in ("batch", "seq_len", "d_model", "layers"):
         checks.integer(c[name], name)
@@ -234,10 +233,26 @@ def _timing_from_dict(data: object) -> TimingPolicy:
     return TimingPolicy.from_dict(t)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def utc_now() -> str:
+    """A row's timestamp: UTC, microseconds, ISO 8601."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file owner-only; results are meant to be read by others, as a plain open() would allow.
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -378,12 +393,18 @@ def _load_run_file(path: Path) -> Run:
 
 
 def _load_rows(path: Path) -> tuple[list[Result], list[str]]:
-    """One ``Result`` per line. A last line without its newline that does not parse is a write the sweep never
-    finished (kill -9, power cut): it is dropped with a warning. Anything else wrong is an error naming the line."""
+    rows, warnings = _parse_rows(path)
+    return [result for _, result in rows], warnings
+
+
+def _parse_rows(path: Path) -> tuple[list[tuple[bytes, Result]], list[str]]:
+    """One ``Result`` per line, with the line's bytes. A last line without its newline that does not parse is a
+    write the sweep never finished (kill -9, power cut): it is dropped with a warning. Anything else wrong is an
+    error naming the line."""
     if not path.exists():
         return [], []
     lines = _read(path).split(b"\n")
-    results: list[Result] = []
+    results: list[tuple[bytes, Result]] = []
     warnings: list[str] = []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -397,7 +418,7 @@ def _load_rows(path: Path) -> tuple[list[Result], list[str]]:
                 continue
             raise ResultsError(_message(path, exc, number), hint=ROWS_HINT) from None
         try:
-            results.append(Result.from_dict(data))
+            results.append((raw, Result.from_dict(data)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ResultsError(_message(path, exc, number, what="not a result row: "), hint=ROWS_HINT) from None
     return results, warnings
@@ -423,5 +444,10 @@ def load_run(folder: str | Path) -> StoredRun:
     return StoredRun(path, run, tuple(results), tuple(warnings))
 
 
-def finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
+def rewrite_rows(folder: Path, keep: Callable[[Result], bool]) -> None:
+    """Rewrite results.jsonl with the rows ``keep`` accepts, each byte for byte, every one ending in a newline,
+    and without a torn last line, so that appending after a resume starts on a fresh line. Atomic."""
+    path = Path(folder) / RESULTS_FILE
+    rows, _ = _parse_rows(path)
+    kept = b"".join(raw + b"\n" for raw, result in rows if keep(result))
+    write_atomic(path, kept.decode("utf-8"))

@@ -7,7 +7,7 @@ nothing of torch, files or the console: ``execute`` measures, ``on_result`` stor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from attnbench.cases import Case
 from attnbench.results import Result
@@ -15,14 +15,20 @@ from attnbench.results import Result
 
 class OomSkipper:
     """Once a model runs out of memory at length n, its longer lengths (same everything else) would too:
-    record them as ``oom`` without spending minutes, or a poisoned device, finding that out."""
+    record them as ``oom`` without spending minutes, or a poisoned device, finding that out.
 
-    def __init__(self) -> None:
+    With ``tied_batch`` (a constant-tokens grid, where batch shrinks as seq_len grows) batch is left out of
+    "everything else": batch × seq_len is fixed, so attention's score memory, ∝ batch · seq_len², still grows.
+    """
+
+    def __init__(self, *, tied_batch: bool = False, seen: Iterable[Result] = ()) -> None:
+        self.tied_batch = tied_batch
         self._smallest_oom: dict[Case, int] = {}
+        for result in seen:
+            self.record(result)
 
-    @staticmethod
-    def _family(case: Case) -> Case:
-        return dataclasses.replace(case, seq_len=0)
+    def _family(self, case: Case) -> Case:
+        return dataclasses.replace(case, seq_len=0, batch=0 if self.tied_batch else case.batch)
 
     def record(self, result: Result) -> None:
         if result.status == "oom" and not result.extra.get("skipped"):

@@ -66,10 +66,12 @@ class Summary:
 
     @property
     def ci_halfwidth_rel(self) -> float:
-        """Half the CI's width relative to the median: the quantity the stopping rule drives down."""
+        """The CI's wider side relative to the median: the quantity the stopping rule drives down. Timing
+        samples are skewed (a long upper tail), so averaging the two sides would let the upper one run past
+        the target."""
         if self.median <= 0 or not math.isfinite(self.ci_high - self.ci_low):
             return math.inf
-        return (self.ci_high - self.ci_low) / 2 / self.median
+        return max(self.median - self.ci_low, self.ci_high - self.median) / self.median
 
     @property
     def iqr_rel(self) -> float:

@@ -8,7 +8,6 @@ exits at once (the rows on disk are whole lines either way).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,10 +20,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import yaml
 from rich.console import Console
 
-from attnbench.config import Experiment, load_experiment, load_experiment_text
+from attnbench.cases import Case
+from attnbench.config import Experiment, load_experiment, load_experiment_text, resolved_text
 from attnbench.devices import device_slug, resolve_device
 from attnbench.environment import Environment
 from attnbench.errors import AttnbenchError, ResultsError
@@ -33,7 +32,17 @@ from attnbench.report.markdown import render_markdown
 from attnbench.report.progress import SweepDisplay
 from attnbench.report.summary import render_csv
 from attnbench.report.terminal import comparison_tables
-from attnbench.results import FAILED, RESULTS_FILE, Result, Run, RunWriter, StoredRun, load_run, write_atomic
+from attnbench.results import (
+    FAILED,
+    Result,
+    Run,
+    RunWriter,
+    StoredRun,
+    load_run,
+    rewrite_rows,
+    utc_now,
+    write_atomic,
+)
 from attnbench.runner import OomSkipper, run_sweep
 
 _SAFE = re.compile(r"[^a-z0-9._-]+")
@@ -65,16 +74,22 @@ class SweepOutcome:
 
 
 class _Interrupts:
-    """First SIGINT/SIGTERM: raise KeyboardInterrupt where the sweep is. Second: leave at once."""
+    """First SIGINT/SIGTERM: abandon the case in flight (KeyboardInterrupt while ``armed``), else just note it.
+    Second: leave at once, after killing a worker that may be running."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self.armed = False
+        self.on_second: list[Any] = []
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is not None:
+            for action in self.on_second:
+                action()
             os._exit(128 + signum)
         self.signal = signum
-        raise KeyboardInterrupt
+        if self.armed:
+            raise KeyboardInterrupt
 
     @contextmanager
     def installed(self) -> Iterator[_Interrupts]:
@@ -85,23 +100,42 @@ class _Interrupts:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
+    @contextmanager
+    def arming(self) -> Iterator[None]:
+        self.armed = True
+        try:
+            if self.signal is not None:
+                raise KeyboardInterrupt
+            yield
+        finally:
+            self.armed = False
 
-def _new_run_folder(out: Path, experiment: Experiment, device: str, now: datetime) -> Path:
-    # The name comes from the config: keep it to a safe slug so it cannot climb out of --out.
-    stem = f"{now:%Y%m%d-%H%M%S}-{_SAFE.sub('-', experiment.name.lower())}-{device_slug(device)}"
-    folder, n = out / stem, 1
-    while folder.exists():
-        n += 1
-        folder = out / f"{stem}-{n}"
-    return folder
+
+def _new_run_folder(out: Path, experiment: Experiment, device: str) -> Path:
+    """A fresh folder; the name comes from the config, kept to a slug so it cannot climb out of --out."""
+    stem = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{_SAFE.sub('-', experiment.name.lower())}-{device_slug(device)}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            folder = out / (stem if n == 1 else f"{stem}-{n}")
+            try:
+                folder.mkdir()  # exclusive: two sweeps started in the same second get two folders
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise AttnbenchError(
+            f"--out: cannot create a run folder in {out}: {exc.strerror}", hint="choose a writable folder with --out"
+        ) from None
+    raise AttnbenchError(f"--out: {out} already holds 999 runs named {stem}", hint="choose another --out")
 
 
-def _render_files(folder: Path) -> list[Path]:
+def _render_files(folder: Path) -> tuple[StoredRun, list[Path]]:
     stored = load_run(folder)
     paths = [folder / "summary.csv", folder / "summary.md"]
     write_atomic(paths[0], render_csv(stored.results))
     write_atomic(paths[1], render_markdown(stored.run, stored.results))
-    return paths
+    return stored, paths
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -123,7 +157,7 @@ def _differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
 def _resume_experiment(options: SweepOptions, stored: StoredRun) -> Experiment:
     """The stored run's own config, or the one given, which must resolve to the same thing."""
     if options.config is None:
-        text = yaml.safe_dump(dict(stored.run.config), sort_keys=False)
+        text = resolved_text(stored.run.config)
         experiment = load_experiment_text(text, stored.run.config_source, options.overrides, force=True)
     else:
         experiment = load_experiment(options.config, options.overrides, force=options.force)
@@ -138,95 +172,83 @@ def _resume_experiment(options: SweepOptions, stored: StoredRun) -> Experiment:
 
 
 def _check_same_environment(stored: StoredRun, environment: Environment) -> None:
-    then = Environment.from_dict(stored.run.environment).fingerprint_fields()
-    now = environment.fingerprint_fields()
+    try:
+        then = Environment.from_dict(stored.run.environment).resume_fields()
+    except TypeError as exc:
+        raise ResultsError(
+            f"{stored.folder}/run.json: the environment is incomplete ({exc})",
+            hint="this run cannot be resumed; start a new sweep",
+        ) from None
+    now = environment.resume_fields()
     if then != now:
         raise ResultsError(
-            f"--resume {stored.folder}: this machine differs from the one the run was started on "
+            f"--resume {stored.folder}: this machine or code differs from the one the run was started with "
             f"({'; '.join(_differences(then, now))})",
             hint="timings from different environments cannot share a run; start a new sweep here",
         )
-
-
-def _keep_rows(folder: Path, retry_failed: bool) -> None:
-    """Rewrite results.jsonl with its whole, kept rows (byte for byte): a torn last line is dropped so the
-    next append starts on a fresh line, and with --retry-failed the rows that did not end ok go too."""
-    path = folder / RESULTS_FILE
-    if not path.exists():
-        return
-    kept: list[bytes] = []
-    for line in path.read_bytes().splitlines(keepends=True):
-        try:
-            status = json.loads(line)["status"]
-        except (ValueError, KeyError, TypeError):
-            continue  # load_run has already accepted the file, so this is the torn last line
-        if not line.endswith(b"\n"):
-            continue
-        if status == "ok" or not retry_failed:
-            kept.append(line)
-    write_atomic(path, b"".join(kept).decode("utf-8"))
 
 
 def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> SweepOutcome:
     import torch
 
     from attnbench.environment import collect_environment
-    from attnbench.executor import utc_now
 
-    stored = load_run(options.resume) if options.resume is not None else None
-    if stored is not None:
-        experiment = _resume_experiment(options, stored)
-        device = resolve_device(options.device or str(stored.run.environment.get("device", "cpu")))
-    else:
-        device_type = resolve_device(options.device or "auto").split(":")[0] if options.config is None else "cpu"
-        experiment = load_experiment(options.config, options.overrides, device_type=device_type, force=options.force)
-        device = resolve_device(options.device or experiment.device)
-    if experiment.threads is not None:
-        torch.set_num_threads(experiment.threads)
-    cases = experiment.cases(device)
-    if options.dry_run:
-        for case in cases:
-            stdout.print(case.key, markup=False, highlight=False)
-        stdout.print(f"{len(cases)} cases on {device} (dry run: nothing measured)", markup=False)
-        return SweepOutcome(None, ())
+    lock: RunLock | None = None
+    stored: StoredRun | None = None
+    try:
+        if options.resume is not None:
+            # Lock first, then read: nobody may append between our reading the rows and adding ours.
+            if not options.dry_run:
+                lock = (
+                    RunLock(Path(options.resume)).acquire() if (Path(options.resume) / "run.json").is_file() else None
+                )
+            stored = load_run(options.resume)
+            for warning in stored.warnings:
+                stderr.print(f"warning: {warning}", markup=False)
+            experiment = _resume_experiment(options, stored)
+            device = resolve_device(options.device or str(stored.run.environment.get("device", "cpu")))
+        else:
+            device_type = resolve_device(options.device or "auto").split(":")[0] if options.config is None else "cpu"
+            experiment = load_experiment(
+                options.config, options.overrides, device_type=device_type, force=options.force
+            )
+            device = resolve_device(options.device or experiment.device)
+        if experiment.threads is not None:
+            torch.set_num_threads(experiment.threads)
+        done = {r.case.key for r in stored.results if r.ok or not options.retry_failed} if stored else set()
+        todo = [case for case in experiment.cases(device) if case.key not in done]
+        if options.dry_run:
+            for case in todo:
+                stdout.print(case.key, markup=False, highlight=False)
+            stdout.print(f"{len(todo)} cases on {device} (dry run: nothing measured)", markup=False)
+            return SweepOutcome(None, ())
 
-    environment = collect_environment(device)
-    if stored is not None:
-        _check_same_environment(stored, environment)
-        folder = stored.folder
-        done = {r.case.key for r in stored.results if r.ok or not options.retry_failed}
-        run = replace(stored.run, state="running", finished_utc="")
-    else:
-        folder = _new_run_folder(options.out, experiment, device, datetime.now(UTC))
-        done = set()
-        run = Run(
-            run_id=folder.name,
-            created_utc=utc_now(),
-            config_source=experiment.source,
-            config=experiment.resolved,
-            config_sha256=experiment.sha256,
-            timing=experiment.timing,
-            environment=environment.to_dict(),
-            command=tuple(sys.argv),
-        )
-    todo = [case for case in cases if case.key not in done]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(folder).acquire()
-    except OSError as exc:
-        raise AttnbenchError(
-            f"--out: cannot create {folder}: {exc.strerror}", hint="choose a writable folder with --out"
-        ) from None
-    isolate = options.isolate if options.isolate is not None else experiment.isolate_on(device)
-    try:
+        environment = collect_environment(device)
         if stored is not None:
-            _keep_rows(folder, options.retry_failed)
-        writer = RunWriter(folder, run)
+            _check_same_environment(stored, environment)
+            folder = stored.folder
+            run = replace(stored.run, state="running", finished_utc="")
+            rewrite_rows(folder, lambda r: r.ok or not options.retry_failed)
+        else:
+            folder = _new_run_folder(options.out, experiment, device)
+            lock = RunLock(folder).acquire()
+            run = Run(
+                run_id=folder.name,
+                created_utc=utc_now(),
+                config_source=experiment.source,
+                config=experiment.resolved,
+                config_sha256=experiment.sha256,
+                timing=experiment.timing,
+                environment=environment.to_dict(),
+                command=tuple(sys.argv),
+            )
+        isolate = options.isolate if options.isolate is not None else experiment.isolate_on(device)
         if not options.quiet:
+            total = len(experiment.cases(device))
             what = (
-                f"resuming {folder}: {len(todo)} of {len(cases)} cases left"
+                f"resuming {folder}: {len(todo)} of {total} cases left"
                 if stored
-                else (f"{len(cases)} cases from {experiment.source}")
+                else (f"{len(todo)} cases from {experiment.source}")
             )
             stdout.print(
                 f"attnbench: {what} on {device} ({environment.gpu_name or environment.cpu_model}, "
@@ -235,23 +257,36 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
                 markup=False,
                 highlight=False,
             )
-        return _sweep(options, experiment, device, todo, folder, writer, isolate, stdout, stderr)
+        if not isolate and experiment.case_timeout_s is not None:
+            stderr.print(
+                "warning: case_timeout_s applies only with isolation (--isolate); in-process cases are "
+                "bounded by timing.max_case_s alone",
+                markup=False,
+            )
+        seen = stored.results if stored else ()
+        skipper = (
+            OomSkipper(tied_batch=experiment.tokens is not None, seen=seen)
+            if (experiment.skip_larger_after_oom)
+            else None
+        )
+        return _sweep(options, experiment, device, todo, RunWriter(folder, run), isolate, skipper, stdout, stderr)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _sweep(
     options: SweepOptions,
     experiment: Experiment,
     device: str,
-    todo: list[Any],
-    folder: Path,
+    todo: list[Case],
     writer: RunWriter,
     isolate: bool,
+    skipper: OomSkipper | None,
     stdout: Console,
     stderr: Console,
 ) -> SweepOutcome:
-    from attnbench.executor import TorchExecutor, utc_now
+    from attnbench.executor import TorchExecutor
     from attnbench.isolation import IsolatedExecutor
 
     executor: TorchExecutor | IsolatedExecutor
@@ -261,32 +296,32 @@ def _sweep(
         )
     else:
         executor = TorchExecutor(device, experiment.timing, seed=experiment.seed)
-    results: list[Result] = []
+    folder = writer.folder
+    finished: list[Result] = []
 
     def on_result(index: int, result: Result) -> None:
         writer.append(result)
-        results.append(result)
+        finished.append(result)
         display.finished(index, result)
 
     interrupts = _Interrupts()
-    with interrupts.installed(), SweepDisplay(stdout, len(todo), quiet=options.quiet) as display:
+    if isinstance(executor, IsolatedExecutor):
+        interrupts.on_second.append(lambda: executor.close(now=True))
+    with interrupts.installed():
         try:
-            run_sweep(
-                todo,
-                executor.run,
-                on_result,
-                display.started,
-                OomSkipper() if experiment.skip_larger_after_oom else None,
-            )
+            with SweepDisplay(stdout, len(todo), quiet=options.quiet) as display, interrupts.arming():
+                run_sweep(todo, executor.run, on_result, display.started, skipper)
         except KeyboardInterrupt:
             interrupts.signal = interrupts.signal or signal.SIGINT
         finally:
+            # Whatever ended the loop (a signal, a full disk, a bug of ours), the run folder is closed and
+            # rendered from what was stored before anything propagates.
             if isinstance(executor, IsolatedExecutor):
-                executor.close()
-        stopped = interrupts.signal
-        writer.close("interrupted" if stopped else "complete", utc_now())
-        paths = _render_files(folder)
-        stored = load_run(folder)
+                executor.close(now=interrupts.signal is not None)
+            stopped = interrupts.signal
+            complete = stopped is None and len(finished) == len(todo)
+            writer.close("complete" if complete else "interrupted", utc_now())
+            stored, paths = _render_files(folder)
         if not options.quiet:
             # A terminal gets rich tables; a pipe or CI log gets the same tables as plain markdown.
             if stdout.is_terminal:
@@ -298,7 +333,7 @@ def _sweep(
         if stopped:
             name = signal.Signals(stopped).name
             stderr.print(
-                f"interrupted by {name}: {len(results)} of {len(todo)} cases finished and are saved in {folder}",
+                f"interrupted by {name}: {len(finished)} of {len(todo)} cases finished and are saved in {folder}",
                 markup=False,
             )
             stderr.print(f"resume with: attnbench sweep --resume {folder}", markup=False)

@@ -86,3 +86,12 @@ def test_pivot_groups_by_mode_and_dtype() -> None:
     a = fake("lstm", 64, 1e-3)
     b = Result(Case("lstm", "train", "float32", "cpu", 4, 64, 64, None, 1, True), "ok", measurement=a.measurement)
     assert [t.title.split(" · ")[0] for t in pivot_tables([a, b])] == ["forward", "train"]
+
+
+def test_speedups_compare_rows_of_the_same_batch() -> None:
+    results = [fake(model, 64, 1e-3 * b, batch=b) for model in ("lstm", "vanilla") for b in (4, 8)]
+    (table,) = pivot_tables(results)
+    rows = dict(table.rows)
+    assert set(rows) == {"lstm b=4", "lstm b=8", "vanilla b=4", "vanilla b=8"}
+    assert rows["vanilla b=8"][64].speedup == pytest.approx(1.0)  # against lstm b=8, not lstm b=4
+    assert rows["lstm b=8"][64].speedup is None  # a baseline row is not compared with itself or its twin

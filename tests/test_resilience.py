@@ -236,3 +236,29 @@ def test_cuda_oom_leaves_the_allocator_clean_for_the_next_case() -> None:
     assert torch.cuda.memory_allocated() == baseline
     small = Case("vanilla", "forward", "bfloat16", "cuda:0", 1, 256, 64, 4, 1, False)
     assert executor.run(small).ok
+
+
+def test_resume_keeps_a_whole_last_row_that_lost_its_newline(finished_run: Path) -> None:
+    path = finished_run / "results.jsonl"
+    text = path.read_text()
+    path.write_text(text.rstrip("\n"))  # e.g. an editor that strips the final newline
+    out = runner.invoke(app, ["sweep", "--resume", str(finished_run)])
+    assert out.exit_code == 0, out.output
+    assert path.read_text() == text  # nothing lost, nothing rerun, the newline restored
+    assert "0 of 4 cases left" in out.output
+
+
+def test_resume_reports_a_dropped_torn_line(finished_run: Path) -> None:
+    path = finished_run / "results.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:3]) + lines[3][:20])
+    out = runner.invoke(app, ["sweep", "--resume", str(finished_run), "--dry-run"])
+    assert out.exit_code == 0
+    assert "dropped a torn last line" in out.stderr
+    assert "1 cases on cpu (dry run" in out.stdout  # only the case whose row was torn is left
+
+
+def test_error_text_with_brackets_is_not_read_as_markup(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["report", str(tmp_path / "[red]run[/x]")])
+    assert out.exit_code == 2
+    assert "[red]run[/x]" in out.stderr and "Traceback" not in out.output

@@ -159,6 +159,8 @@ def _probe_tiny(case: Case, device: str) -> str | None:
         except torch.cuda.OutOfMemoryError:
             raise  # a full device is not an unsupported backend; the executor records it as oom
         except (RuntimeError, NotImplementedError, ImportError) as exc:
+            if "CUDA error" in str(exc):
+                raise  # a broken device or context, not a missing kernel: the executor records it as error
             shape = "" if case.head_dim is None else f", head_dim {case.head_dim}"
             what = f"{_label(case.model)}: no {case.mode} kernel for dtype {case.dtype}{shape} on {device}"
             details = dict.fromkeys(

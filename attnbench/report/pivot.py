@@ -58,11 +58,14 @@ def _row_label(result: Result, varying: set[str]) -> str:
     return " ".join(parts)
 
 
-def _crossovers(rows: Sequence[tuple[str, dict[int, Cell]]], baseline: str, seq_lens: Sequence[int]) -> list[str]:
-    """Where each row stops (or starts) being faster than the baseline, in words."""
+def _crossovers(
+    rows: Sequence[tuple[str, dict[int, Cell]]], reference: dict[str, str | None], seq_lens: Sequence[int]
+) -> list[str]:
+    """Where each row stops (or starts) being faster than its baseline row, in words."""
     lines = []
     for label, cells in rows:
-        if label == baseline:
+        baseline = reference.get(label)
+        if baseline is None or label == baseline:
             continue
         points = [(n, cells[n].speedup) for n in seq_lens if n in cells and cells[n].speedup is not None]
         if not points:
@@ -113,26 +116,26 @@ def pivot_tables(results: Sequence[Result], baseline_model: str | None = None) -
         elif len(distinct_batches) > 1:
             varying.add("batch")
         rows: dict[str, dict[int, Result]] = {}
+        batch_of: dict[str, int | None] = {}
         for r in members:
-            rows.setdefault(_row_label(r, varying), {})[r.case.seq_len] = r
-        base_label = next(
-            (label for label, cells in rows.items() if baseline_model and label.split()[0] == baseline_model), None
-        )
-        base = rows.get(base_label, {}) if base_label else {}
+            label = _row_label(r, varying)
+            rows.setdefault(label, {})[r.case.seq_len] = r
+            batch_of[label] = r.case.batch if "batch" in varying else None
+        # One baseline row per batch (when batch varies): a speed-up only compares like with like.
+        base_for_batch: dict[int | None, str] = {}
+        for label in rows:
+            if baseline_model and label.split()[0] == baseline_model:
+                base_for_batch.setdefault(batch_of[label], label)
+        reference = {label: base_for_batch.get(batch_of[label]) for label in rows}
         table_rows = []
         for label, cells in rows.items():
+            ref_label = reference[label]
+            base = rows[ref_label] if ref_label is not None and ref_label != label else {}
             out: dict[int, Cell] = {}
             for n, r in cells.items():
-                ref = None if label == base_label else base.get(n)
+                ref = base.get(n)
                 speedup = None
-                if (
-                    ref is not None
-                    and ref.ok
-                    and r.ok
-                    and ref.measurement
-                    and r.measurement
-                    and r.measurement.median_s > 0
-                ):
+                if ref is not None and ref.ok and r.ok and ref.measurement and r.measurement:
                     speedup = ref.measurement.median_s / r.measurement.median_s
                 out[n] = Cell(r, speedup)
             table_rows.append((label, out))
@@ -144,8 +147,8 @@ def pivot_tables(results: Sequence[Result], baseline_model: str | None = None) -
                 seq_lens=seq_lens,
                 batch_for_seq={n: next(iter(b)) for n, b in batches_by_seq.items()} if tied else None,
                 rows=tuple(table_rows),
-                baseline=base_label,
-                crossovers=tuple(_crossovers(table_rows, base_label, seq_lens)) if base_label else (),
+                baseline=baseline_model if base_for_batch else None,
+                crossovers=tuple(_crossovers(table_rows, reference, seq_lens)),
             )
         )
     return tables

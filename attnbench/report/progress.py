@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -64,7 +65,10 @@ class SweepDisplay:
             self._progress.advance(self._task)
             style = "green" if result.ok else ("yellow" if result.status in ("oom", "unsupported") else "red")
             self.console.print(
-                f"[dim]{prefix}[/] [{style}]{case_line(result)}[/]", markup=True, soft_wrap=True, highlight=False
+                f"[dim]{prefix}[/] [{style}]{escape(case_line(result))}[/]",
+                markup=True,
+                soft_wrap=True,
+                highlight=False,
             )
         elif not self.quiet:
             self.console.print(f"{prefix} {case_line(result)}", markup=False, soft_wrap=True, highlight=False)

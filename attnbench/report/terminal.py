@@ -42,7 +42,7 @@ def comparison_tables(results: Sequence[Result], baseline_model: str | None = No
             out.add_row(
                 label,
                 *(time_text(cells.get(n)) for n in table.seq_lens),
-                style="cyan" if label == table.baseline else None,
+                style="cyan" if label.split()[0] == table.baseline else None,
             )
         renderables.append(out)
         if memory:
