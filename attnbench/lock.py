@@ -42,8 +42,10 @@ class RunLock:
 
     def release(self) -> None:
         if self._handle is not None:
-            # The file stays: unlinking it while locked would let a waiter lock the old inode and a newcomer a
-            # new one, two writers at once.
+            # The file stays (empty): unlinking it while locked would let a waiter lock the old inode and a
+            # newcomer a new one, two writers at once.
+            self._handle.truncate(0)
+            self._handle.flush()
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
             self._handle.close()
             self._handle = None
