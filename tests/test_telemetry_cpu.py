@@ -1,0 +1,62 @@
+"""CPU telemetry for real: psutil on this process while torch multiplies matrices."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from attnbench.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary, open_telemetry
+
+
+def _busy(seconds: float) -> int:
+    a = torch.randn(192, 192)
+    calls, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)  # tanh keeps the values bounded over many calls
+        calls += 1
+    return calls
+
+
+def test_cpu_telemetry_during_matmuls() -> None:
+    tel = open_telemetry("cpu")
+    with tel:
+        calls = _busy(0.3)
+    s = tel.summary(calls=calls, tokens_per_call=192)
+
+    assert s.source == "psutil" and s.level == "basic"
+    assert 0.29 <= s.window_s < 1.0
+    assert s.samples >= 5 and s.reliable, s.note
+    cpu = s.metrics["cpu_util_pct"]
+    assert isinstance(cpu, float) and 0 < cpu <= 100 + 10  # slack: CPU time is counted in 10 ms ticks
+    per_core = s.metrics["cpu_util_per_core_mean_pct"]
+    assert isinstance(per_core, float) and 0 < per_core <= 100
+    rss, threads = s.metrics["rss_max_bytes"], s.metrics["threads_max"]
+    assert isinstance(rss, int) and rss > 0
+    assert isinstance(threads, int) and threads >= 1
+    assert set(s.metrics) == set(CPU_METRICS)
+    assert {m: s.unavailable[m] for m in GPU_METRICS + GPM_METRICS} == dict.fromkeys(
+        GPU_METRICS + GPM_METRICS, "CPU run"
+    )
+    assert set(s.metrics) | set(s.unavailable) == set(METRICS)
+    assert len(s.raw) == s.samples and all("rss_bytes" in row and "t_s" in row for row in s.raw)
+    assert TelemetrySummary.from_dict(s.to_dict(include_raw=True)) == s
+
+
+def test_sampler_thread_is_gone_after_exit() -> None:
+    tel = open_telemetry("cpu", interval_s=0.005)
+    with tel:
+        assert any(t.name == "attnbench-telemetry" and t.daemon for t in threading.enumerate())
+        _busy(0.05)
+    assert not any(t.name == "attnbench-telemetry" for t in threading.enumerate())
+    assert tel.summary(calls=1, tokens_per_call=1).samples >= 5
+
+
+def test_workload_error_propagates_and_the_thread_still_stops() -> None:
+    tel = open_telemetry("cpu")
+    with pytest.raises(ZeroDivisionError, match="the workload failed"), tel:
+        raise ZeroDivisionError("the workload failed")
+    assert not any(t.name == "attnbench-telemetry" for t in threading.enumerate())
+    assert tel.summary(calls=0, tokens_per_call=0).samples >= 2
