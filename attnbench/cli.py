@@ -106,6 +106,10 @@ def sweep(
     ] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: rerun non-ok cases.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Allow a grid above the 10000-case cap.")] = False,
+    telemetry: Annotated[
+        Literal["off", "basic", "full"] | None,
+        typer.Option("--telemetry", help="Hardware telemetry: off, basic, full (+ GPM).", show_default="config's"),
+    ] = None,
 ) -> None:
     """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
     from attnbench.sweep import SweepOptions, run_experiment
@@ -116,7 +120,8 @@ def sweep(
         config=config,
         device=device,
         out=out,
-        overrides=tuple(overrides or ()),
+        # --telemetry is shorthand for --set telemetry=…: part of the config, so resume checks it too.
+        overrides=(*(overrides or ()), *((f"telemetry={telemetry}",) if telemetry else ())),
         dry_run=dry_run,
         quiet=quiet,
         isolate=isolate,
@@ -141,6 +146,7 @@ def report(
         typer.Option("--baseline", help="Model the speed-ups are against.", show_default="first recurrent model"),
     ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="File to write, or - for stdout.")] = None,
+    telemetry: Annotated[bool, typer.Option("--telemetry", help="Show the per-case telemetry table.")] = False,
 ) -> None:
     """Render a stored run as a table, CSV, markdown or JSON (needs no torch)."""
     from attnbench.catalogue import MODEL_NAMES
@@ -154,6 +160,11 @@ def report(
     stored = load_run(run)
     for warning in stored.warnings:
         stderr.print(f"[yellow]warning:[/] {escape(warning)}")
+    if telemetry:
+        from attnbench.report.telemetry import render_telemetry_markdown
+
+        _write_or_print(render_telemetry_markdown(stored.results), output)
+        return
     if format == "table" and output in (None, "-"):
         from attnbench.report.terminal import comparison_tables
 
@@ -216,11 +227,15 @@ def env(device: DeviceOpt = None) -> None:
     """Print the environment a run here would record."""
     from attnbench.devices import resolve_device
     from attnbench.environment import collect_environment
+    from attnbench.telemetry import telemetry_status
 
-    environment = collect_environment(resolve_device(device or "auto"))
+    resolved = resolve_device(device or "auto")
+    environment = collect_environment(resolved)
     table = Table(show_header=False, box=None)
     for key, value in environment.to_dict().items():
-        table.add_row(key, "" if value is None else str(value))
+        table.add_row(key, "" if value is None else escape(str(value)))
+    for key, value in telemetry_status(resolved).items():
+        table.add_row(f"telemetry.{key}", escape(value))
     stdout.print(table)
 
 

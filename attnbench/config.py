@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -101,6 +101,11 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 def _as_list(value: Any) -> Any:
     """A scalar where a list is allowed means a one-element list."""
     return value if isinstance(value, list) else [value]
+
+
+def _yaml_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``off`` as false: ``telemetry: off`` means the word."""
+    return "off" if value is False else value
 
 
 Names = Annotated[list[str], BeforeValidator(_as_list), Field(min_length=1)]
@@ -186,6 +191,10 @@ class ConfigModel(_Strict):
     case_timeout_s: Seconds | None = None
     # Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them.
     skip_larger_after_oom: bool = True
+    # Hardware telemetry sampled in a background thread around each case's timed window: off, basic (NVML
+    # utilisation/memory/power/clocks on a GPU, psutil CPU use), or full (basic + NVML GPM counters on Hopper+).
+    telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(_yaml_off)] = "basic"
+    telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] = 0.02
 
 
 _SECTIONS: dict[Path_, type[BaseModel]] = {(): ConfigModel, ("grid",): GridModel, ("timing",): TimingModel}
@@ -209,6 +218,8 @@ class Experiment:
     isolate: bool | None = None  # None: decided by the device (on for CUDA)
     case_timeout_s: float | None = None
     skip_larger_after_oom: bool = True
+    telemetry: str = "basic"
+    telemetry_interval_s: float = 0.02
 
     def isolate_on(self, device: str) -> bool:
         return self.isolate if self.isolate is not None else device.startswith("cuda")
@@ -351,6 +362,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         "isolate": m.isolate,
         "case_timeout_s": m.case_timeout_s,
         "skip_larger_after_oom": m.skip_larger_after_oom,
+        "telemetry": m.telemetry,
+        "telemetry_interval_s": m.telemetry_interval_s,
     }
     resolved = json.loads(json.dumps(resolved))  # a deep, plain copy
     sha = hashlib.sha256(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -368,6 +381,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         isolate=m.isolate,
         case_timeout_s=m.case_timeout_s,
         skip_larger_after_oom=m.skip_larger_after_oom,
+        telemetry=m.telemetry,
+        telemetry_interval_s=m.telemetry_interval_s,
     )
     _check_size(experiment, ctx, force)
     return experiment

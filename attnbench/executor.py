@@ -21,6 +21,7 @@ from attnbench.clocks import clock_for
 from attnbench.memory import RssPeak
 from attnbench.models import build_model, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
 from attnbench.results import Memory, Result, utc_now
+from attnbench.telemetry import Level, open_telemetry
 from attnbench.timing import measure
 
 # How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
@@ -49,10 +50,20 @@ def _describe(exc: BaseException) -> str:
 class TorchExecutor:
     """Times cases on one device with one timing policy."""
 
-    def __init__(self, device: str, policy: TimingPolicy, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        device: str,
+        policy: TimingPolicy,
+        *,
+        seed: int = 0,
+        telemetry: Level = "basic",
+        telemetry_interval_s: float = 0.02,
+    ) -> None:
         self.device = torch.device(device)
         self.policy = policy
         self.seed = seed
+        self.telemetry: Level = telemetry
+        self.telemetry_interval_s = telemetry_interval_s
         self.clock = clock_for(self.device)
         self._host_memory: RssPeak | None = None
         self._host_memory_note = ""
@@ -112,12 +123,22 @@ class TorchExecutor:
                 return None
 
         with grad_mode():
-            measurement = measure(step, self.clock, self.policy)
+            # Telemetry brackets the timed window only; its sampling thread never runs inside a timed call's code.
+            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
+                measurement = measure(step, self.clock, self.policy)
+            calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
+            telemetry = sampler.summary(calls=calls, tokens_per_call=case.tokens)
             model.zero_grad(set_to_none=True)
             x.grad = None
             memory = self._peak_memory(step)
         return Result(
-            case, "ok", measurement=measurement, memory=memory, parameters=parameter_count(model), extra=extra
+            case,
+            "ok",
+            measurement=measurement,
+            memory=memory,
+            parameters=parameter_count(model),
+            extra=extra,
+            telemetry=telemetry,
         )
 
     def _peak_memory(self, step: Callable[[], object]) -> Memory:

@@ -51,6 +51,7 @@ def _worker(
     policy: dict[str, Any],
     seed: int,
     threads: int | None,
+    telemetry: tuple[str, float],
 ) -> None:
     # Ctrl-C, and a SIGTERM sent to the whole process group (a CI runner, Slurm), reach us too; what they mean
     # is the parent's decision. If the parent dies without killing us, the kernel does (Linux).
@@ -63,13 +64,20 @@ def _worker(
 
     if threads is not None:
         torch.set_num_threads(threads)
-    executor = TorchExecutor(device, TimingPolicy.from_dict(policy), seed=seed)
+    level, interval_s = telemetry
+    executor = TorchExecutor(
+        device,
+        TimingPolicy.from_dict(policy),
+        seed=seed,
+        telemetry=level,  # type: ignore[arg-type]
+        telemetry_interval_s=interval_s,
+    )
     conn.send(("ready", torch.get_num_threads()))
     while True:
         message = conn.recv()
         if message is None:
             return
-        conn.send(("result", executor.run(Case.from_dict(message)).to_dict()))
+        conn.send(("result", executor.run(Case.from_dict(message)).to_dict(include_raw=True)))
 
 
 def oom_kills() -> int | None:
@@ -95,8 +103,19 @@ def _signal_name(code: int) -> str:
 class IsolatedExecutor:
     """Same contract as ``TorchExecutor.run``, one worker process at a time."""
 
-    def __init__(self, device: str, policy: TimingPolicy, *, seed: int, threads: int | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        device: str,
+        policy: TimingPolicy,
+        *,
+        seed: int,
+        threads: int | None,
+        timeout_s: float,
+        telemetry: str = "basic",
+        telemetry_interval_s: float = 0.02,
+    ) -> None:
         self.device = device
+        self.telemetry = (telemetry, telemetry_interval_s)
         self.policy = policy
         self.seed = seed
         self.threads = threads
@@ -115,7 +134,7 @@ class IsolatedExecutor:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker,
-            args=(child, self.device, self.policy.to_dict(), self.seed, self.threads),
+            args=(child, self.device, self.policy.to_dict(), self.seed, self.threads, self.telemetry),
             name="attnbench-worker",
             daemon=True,
         )

@@ -24,10 +24,12 @@ from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEV
 from attnbench.checks import FieldError
 from attnbench.errors import ResultsError
 from attnbench.measurement import Measurement
+from attnbench.telemetry.summary import TelemetrySummary
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
+TELEMETRY_FILE = "telemetry.jsonl"  # raw telemetry samples, one line per case (key, started_utc, samples)
 
 Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed"]
 STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", "crashed")
@@ -73,6 +75,7 @@ class Result:
     started_utc: str = ""
     duration_s: float = 0.0
     extra: Extra = field(default_factory=dict)
+    telemetry: TelemetrySummary | None = None
 
     @property
     def ok(self) -> bool:
@@ -84,7 +87,9 @@ class Result:
             return None
         return self.case.tokens / self.measurement.median_s
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, include_raw: bool = False) -> dict[str, Any]:
+        """``include_raw`` keeps the raw telemetry samples (for a worker's pipe); results.jsonl leaves them to
+        the telemetry sidecar."""
         return {
             "case": self.case.to_dict(),
             "key": self.case.key,
@@ -96,6 +101,8 @@ class Result:
             "started_utc": self.started_utc,
             "duration_s": self.duration_s,
             "extra": dict(self.extra),
+            # Absent rather than null when there is none, so rows from before telemetry read back unchanged.
+            **({} if self.telemetry is None else {"telemetry": self.telemetry.to_dict(include_raw=include_raw)}),
         }
 
     @classmethod
@@ -106,6 +113,7 @@ class Result:
         if "key" in r:
             checks.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
         timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
+        telemetry = r.get("telemetry")
         return cls(
             case=case,
             status=checks.choice(r["status"], "status", STATUSES, "status"),  # type: ignore[arg-type]
@@ -116,10 +124,21 @@ class Result:
             started_utc=checks.text(r.get("started_utc", ""), "started_utc"),
             duration_s=checks.number(r.get("duration_s", 0.0), "duration_s"),
             extra=_extra(r.get("extra", {})),
+            telemetry=None if telemetry is None else checks.nested("telemetry", TelemetrySummary.from_dict, telemetry),
         )
 
 
-_RESULT_OPTIONAL = ("key", "reason", "measurement", "memory", "parameters", "started_utc", "duration_s", "extra")
+_RESULT_OPTIONAL = (
+    "key",
+    "reason",
+    "measurement",
+    "memory",
+    "parameters",
+    "started_utc",
+    "duration_s",
+    "extra",
+    "telemetry",
+)
 _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
 
 
@@ -281,8 +300,20 @@ class RunWriter:
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(folder / RUN_FILE, json.dumps(run.to_dict(), indent=2) + "\n")
         self._rows: TextIO = (folder / RESULTS_FILE).open("a", encoding="utf-8")
+        self._telemetry: TextIO | None = None
 
     def append(self, result: Result) -> None:
+        if result.telemetry is not None and result.telemetry.raw:
+            # Raw samples first, in their own file: the row that refers to them lands only after they do.
+            if self._telemetry is None:
+                self._telemetry = (self.folder / TELEMETRY_FILE).open("a", encoding="utf-8")
+            sidecar = {
+                "key": result.case.key,
+                "started_utc": result.started_utc,
+                "samples": [dict(s) for s in result.telemetry.raw],
+            }
+            self._telemetry.write(_dumps(sidecar) + "\n")
+            self._telemetry.flush()
         self._rows.write(_dumps(result.to_dict()) + "\n")
         self._rows.flush()
         # fsync per case: a power cut or kill -9 loses at most the case in flight.
@@ -290,6 +321,8 @@ class RunWriter:
 
     def close(self, state: Literal["complete", "interrupted"], finished_utc: str) -> None:
         self._rows.close()
+        if self._telemetry is not None:
+            self._telemetry.close()
         self.run = replace(self.run, state=state, finished_utc=finished_utc)
         write_atomic(self.folder / RUN_FILE, json.dumps(self.run.to_dict(), indent=2) + "\n")
 

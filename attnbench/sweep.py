@@ -292,10 +292,22 @@ def _sweep(
     executor: TorchExecutor | IsolatedExecutor
     if isolate:
         executor = IsolatedExecutor(
-            device, experiment.timing, seed=experiment.seed, threads=experiment.threads, timeout_s=experiment.timeout_s
+            device,
+            experiment.timing,
+            seed=experiment.seed,
+            threads=experiment.threads,
+            timeout_s=experiment.timeout_s,
+            telemetry=experiment.telemetry,
+            telemetry_interval_s=experiment.telemetry_interval_s,
         )
     else:
-        executor = TorchExecutor(device, experiment.timing, seed=experiment.seed)
+        executor = TorchExecutor(
+            device,
+            experiment.timing,
+            seed=experiment.seed,
+            telemetry=experiment.telemetry,  # type: ignore[arg-type]
+            telemetry_interval_s=experiment.telemetry_interval_s,
+        )
     folder = writer.folder
     finished: list[Result] = []
 

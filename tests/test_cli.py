@@ -225,3 +225,44 @@ def test_every_bad_config_is_an_error_a_hint_and_exit_2(path: Path) -> None:
     assert lines[0].startswith(f"error: {path}")  # names the file (and line/key where there is one)
     assert any(line.startswith("hint: ") for line in lines[1:])
     assert "Traceback" not in out.output
+
+
+def test_cpu_sweep_records_cpu_telemetry_and_says_why_gpu_columns_are_empty(tiny_run: tuple[Path, str]) -> None:
+    folder, _ = tiny_run
+    rows = [r for r in csv.DictReader((folder / "summary.csv").open()) if r["status"] == "ok"]
+    for row in rows:
+        assert 0 < float(row["cpu_util_pct"]) <= 110  # CPU time is counted in ticks: a little over 100 happens
+        assert int(row["rss_max_bytes"]) > 0 and int(row["threads_max"]) >= 1
+        assert row["gpu_util_pct"] == row["power_w"] == row["energy_j"] == ""
+        assert "all GPU metrics" in row["telemetry_note"] and "CPU run" in row["telemetry_note"]
+        assert row["telemetry_source"] == "psutil"
+    sidecar = [json.loads(line) for line in (folder / "telemetry.jsonl").read_text().splitlines()]
+    assert sorted(s["key"] for s in sidecar) == sorted(r["key"] for r in rows)
+    assert all(len(s["samples"]) >= 1 and "rss_bytes" in s["samples"][0] for s in sidecar)
+    rows_text = (folder / "results.jsonl").read_text()
+    assert "rss_bytes" not in rows_text  # raw samples live in the sidecar only
+
+
+def test_report_shows_the_telemetry_table(tiny_run: tuple[Path, str]) -> None:
+    folder, _ = tiny_run
+    out = runner.invoke(app, ["report", str(folder), "--telemetry"])
+    assert out.exit_code == 0
+    assert "# Telemetry per case" in out.stdout and "lstm forward float32 b=2 n=16 d=32" in out.stdout
+
+
+def test_telemetry_off_records_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    args = ["sweep", str(config), "--out", str(tmp_path), "--telemetry", "off", "--set", "models=[lstm]"]
+    out = runner.invoke(app, [*args, "--set", "modes=[forward]", "--set", "grid.seq_len=[8]"])
+    assert out.exit_code == 0, out.output
+    (folder,) = (p for p in tmp_path.iterdir() if p.is_dir())
+    (row,) = csv.DictReader((folder / "summary.csv").open())
+    assert row["cpu_util_pct"] == "" and row["telemetry_source"] == "off"
+    assert not (folder / "telemetry.jsonl").exists()
+    assert json.loads((folder / "run.json").read_text())["config"]["telemetry"] == "off"
+
+
+def test_env_says_whether_nvml_is_available() -> None:
+    out = runner.invoke(app, ["env", "--device", "cpu"])
+    assert out.exit_code == 0 and "telemetry.nvml" in out.stdout

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from attnbench.results import Result
+from attnbench.telemetry.summary import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
 from attnbench.units import MIB
 
 COLUMNS: tuple[str, ...] = (
@@ -43,6 +44,12 @@ COLUMNS: tuple[str, ...] = (
     "options",
     "warnings",
     "key",
+    # Telemetry (issue 4): every metric, then how far to trust them and why any is empty.
+    *METRICS,
+    "telemetry_source",
+    "telemetry_samples",
+    "telemetry_reliable",
+    "telemetry_note",
 )
 
 
@@ -92,7 +99,29 @@ def summary_row(result: Result) -> dict[str, Any]:
     row["parameters"] = result.parameters
     row["options"] = ";".join(f"{k}={v}" for k, v in case.options)
     row["key"] = case.key
+    t = result.telemetry
+    if t is not None:
+        row.update({name: t.metrics.get(name) for name in METRICS})
+        row.update(telemetry_source=t.source, telemetry_samples=t.samples, telemetry_reliable=t.reliable)
+        row["telemetry_note"] = telemetry_note(t)
     return {column: row.get(column) for column in COLUMNS}
+
+
+def telemetry_note(t: TelemetrySummary) -> str:
+    """The window note, then why each empty metric is empty, with metrics sharing a reason grouped."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in t.unavailable.items():
+        by_reason.setdefault(reason, []).append(name)
+    parts = [t.note] if t.note else []
+    for reason, names in by_reason.items():
+        if set(names) >= set(NVML_METRICS):
+            rest = [n for n in names if n not in NVML_METRICS]
+            parts.append(f"{', '.join(['all GPU metrics', *rest])}: {reason}")
+        elif set(names) == set(GPM_METRICS):
+            parts.append(f"GPM metrics: {reason}")
+        else:
+            parts.append(f"{', '.join(names)}: {reason}")
+    return "; ".join(parts)
 
 
 def summary_rows(results: Iterable[Result]) -> list[dict[str, Any]]:
@@ -104,6 +133,15 @@ def render_csv(results: Sequence[Result]) -> str:
     import pandas as pd
 
     frame = pd.DataFrame(summary_rows(results), columns=list(COLUMNS))
-    for column in ("heads", "samples", "calls_per_sample", "warmup_calls", "parameters"):
+    integers = [name for name in METRICS if METRIC_TYPES[name] is int]
+    for column in (
+        "heads",
+        "samples",
+        "calls_per_sample",
+        "warmup_calls",
+        "parameters",
+        "telemetry_samples",
+        *integers,
+    ):
         frame[column] = frame[column].astype("Int64")
     return str(frame.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
