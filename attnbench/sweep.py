@@ -298,7 +298,7 @@ def _sweep(
             threads=experiment.threads,
             timeout_s=experiment.timeout_s,
             telemetry=experiment.telemetry,
-            telemetry_interval_s=experiment.telemetry_interval_s,
+            telemetry_interval_s=experiment.interval_for(device),
         )
     else:
         executor = TorchExecutor(
@@ -306,7 +306,7 @@ def _sweep(
             experiment.timing,
             seed=experiment.seed,
             telemetry=experiment.telemetry,  # type: ignore[arg-type]
-            telemetry_interval_s=experiment.telemetry_interval_s,
+            telemetry_interval_s=experiment.interval_for(device),
         )
     folder = writer.folder
     finished: list[Result] = []

@@ -62,3 +62,9 @@ def test_bad_report_input_without_torch_is_a_clean_error(blocked_env: dict[str, 
     out = attnbench(blocked_env, "report", "tests")
     assert out.returncode == 2
     assert "error:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_report_telemetry_without_torch_or_pynvml(blocked_env: dict[str, str]) -> None:
+    out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--telemetry")
+    assert out.returncode == 0, out.stderr
+    assert "# Telemetry per case" in out.stdout
