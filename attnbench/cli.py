@@ -163,6 +163,12 @@ def report(
     if telemetry:
         from attnbench.report.telemetry import render_telemetry_markdown
 
+        if format not in ("table", "md"):
+            raise AttnbenchError(
+                f"--telemetry renders a markdown table, not {format}",
+                hint="the raw samples are in telemetry.jsonl; per-case figures are in the csv",
+            )
+
         _write_or_print(render_telemetry_markdown(stored.results), output)
         return
     if format == "table" and output in (None, "-"):

@@ -18,10 +18,11 @@ import torch
 
 from attnbench.cases import Case, TimingPolicy
 from attnbench.clocks import clock_for
+from attnbench.measurement import Measurement
 from attnbench.memory import RssPeak
 from attnbench.models import build_model, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
 from attnbench.results import Memory, Result, utc_now
-from attnbench.telemetry import Level, open_telemetry
+from attnbench.telemetry import Level, TelemetrySummary, open_telemetry
 from attnbench.timing import measure
 
 # How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
@@ -57,13 +58,14 @@ class TorchExecutor:
         *,
         seed: int = 0,
         telemetry: Level = "basic",
-        telemetry_interval_s: float = 0.02,
+        telemetry_interval_s: float | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.policy = policy
         self.seed = seed
         self.telemetry: Level = telemetry
-        self.telemetry_interval_s = telemetry_interval_s
+        # 20 ms on a GPU; 100 ms on a CPU, where the sampler shares the cores it measures (see config.py).
+        self.telemetry_interval_s = telemetry_interval_s or (0.02 if self.device.type == "cuda" else 0.1)
         self.clock = clock_for(self.device)
         self._host_memory: RssPeak | None = None
         self._host_memory_note = ""
@@ -123,11 +125,9 @@ class TorchExecutor:
                 return None
 
         with grad_mode():
-            # Telemetry brackets the timed window only; its sampling thread never runs inside a timed call's code.
-            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
-                measurement = measure(step, self.clock, self.policy)
-            calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
-            telemetry = sampler.summary(calls=calls, tokens_per_call=case.tokens)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
+            measurement, telemetry = self._timed_with_telemetry(step, case, extra)
             model.zero_grad(set_to_none=True)
             x.grad = None
             memory = self._peak_memory(step)
@@ -140,6 +140,23 @@ class TorchExecutor:
             extra=extra,
             telemetry=telemetry,
         )
+
+    def _timed_with_telemetry(
+        self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
+    ) -> tuple[Measurement, TelemetrySummary | None]:
+        """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls). A failure of
+        the telemetry itself costs the row its telemetry, never its measurement."""
+        measurement: Measurement | None = None
+        try:
+            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
+                measurement = measure(step, self.clock, self.policy)
+            calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
+            return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens)
+        except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed
+            if measurement is None:
+                raise
+            extra["telemetry_error"] = _describe(exc)
+            return measurement, None
 
     def _peak_memory(self, step: Callable[[], object]) -> Memory:
         """One extra call, outside the timed samples, with the device's peak counter reset before it."""

@@ -51,7 +51,7 @@ def _worker(
     policy: dict[str, Any],
     seed: int,
     threads: int | None,
-    telemetry: tuple[str, float],
+    telemetry: tuple[str, float | None],
 ) -> None:
     # Ctrl-C, and a SIGTERM sent to the whole process group (a CI runner, Slurm), reach us too; what they mean
     # is the parent's decision. If the parent dies without killing us, the kernel does (Linux).
@@ -112,7 +112,7 @@ class IsolatedExecutor:
         threads: int | None,
         timeout_s: float,
         telemetry: str = "basic",
-        telemetry_interval_s: float = 0.02,
+        telemetry_interval_s: float | None = None,
     ) -> None:
         self.device = device
         self.telemetry = (telemetry, telemetry_interval_s)
@@ -178,7 +178,10 @@ class IsolatedExecutor:
             self._conn.send(case.to_dict())
             if self._conn.poll(self.timeout_s):
                 _, payload = self._conn.recv()
-                result = Result.from_dict(payload)
+                try:
+                    result = Result.from_dict(payload)
+                except (ValueError, KeyError, TypeError) as exc:  # a bug of ours: one row, not the sweep
+                    return Result(case, "error", f"the worker sent a result that does not read back: {exc}")
                 if poisons_context(result):
                     self._kill()
                 return result

@@ -314,6 +314,7 @@ class RunWriter:
             }
             self._telemetry.write(_dumps(sidecar) + "\n")
             self._telemetry.flush()
+            os.fsync(self._telemetry.fileno())  # durable before the row: a row never points at lost samples
         self._rows.write(_dumps(result.to_dict()) + "\n")
         self._rows.flush()
         # fsync per case: a power cut or kill -9 loses at most the case in flight.

@@ -340,7 +340,8 @@ def _sweep(
                 stdout.print(comparison_tables(stored.results))
             else:
                 stdout.print(render_markdown(stored.run, stored.results), markup=False, highlight=False)
-        for path in (folder / "run.json", folder / "results.jsonl", *paths):
+        sidecar = [folder / "telemetry.jsonl"] if (folder / "telemetry.jsonl").exists() else []
+        for path in (folder / "run.json", folder / "results.jsonl", *sidecar, *paths):
             stdout.print(f"wrote {path}", markup=False, highlight=False)
         if stopped:
             name = signal.Signals(stopped).name

@@ -27,7 +27,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--interval", type=float, default=0.02, help="the sampler's polling interval (s)")
     args = parser.parse_args()
     policy = TimingPolicy(target_ci=0.01, min_samples=20, min_time_s=0.5, max_case_s=1.5, warmup_max_s=0.3)
     off = TorchExecutor(args.device, policy, telemetry="off")

@@ -262,3 +262,23 @@ def test_error_text_with_brackets_is_not_read_as_markup(tmp_path: Path) -> None:
     out = runner.invoke(app, ["report", str(tmp_path / "[red]run[/x]")])
     assert out.exit_code == 2
     assert "[red]run[/x]" in out.stderr and "Traceback" not in out.output
+
+
+def test_a_telemetry_failure_costs_the_row_its_telemetry_not_its_measurement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import attnbench.executor as executor_module
+    from attnbench.executor import TorchExecutor
+
+    class Broken:
+        def __enter__(self) -> Broken:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            raise ValueError("a bug in a telemetry reading")
+
+    monkeypatch.setattr(executor_module, "open_telemetry", lambda *args, **kwargs: Broken())
+    result = TorchExecutor("cpu", QUICK).run(case())
+    assert result.ok and result.measurement is not None
+    assert result.telemetry is None
+    assert result.extra["telemetry_error"] == "ValueError: a bug in a telemetry reading"

@@ -109,8 +109,10 @@ class _Session:
             if self._host is not None:
                 self._host_counters.append(self._host.read_counters())
             if self._gpu is not None:
-                self._gpu.stop(self._sampler)
-                self._gpu.close()
+                try:
+                    self._gpu.stop(self._sampler)
+                finally:
+                    self._gpu.close()  # nvmlShutdown and freeing GPM samples happen whatever stop() did
 
     def summary(self, *, calls: int, tokens_per_call: int) -> TelemetrySummary:
         if self._state != "done":
@@ -149,7 +151,7 @@ class _Session:
         reliable, why = reduce.reliability(window_s, len(samples), period)
         raw = [dict(s) for s in samples] + (self._gpu.util_rows() if self._gpu is not None else [])
         return TelemetrySummary(
-            source="nvml+psutil" if self._gpu is not None else "psutil",
+            source="nvml+psutil" if self._gpu is not None and not getattr(self._gpu, "fatal", False) else "psutil",
             level=self.level,
             interval_s=self.interval_s,
             window_s=window_s,
