@@ -33,7 +33,13 @@ class HostProcess:
             raise TelemetryUnavailable(f"psutil is not importable ({exc})") from None
         self._psutil = psutil
         self._process = psutil.Process(os.getpid())
-        self.logical_cores = psutil.cpu_count(logical=True) or os.cpu_count() or 1
+        # The cores this process may run on (taskset, a container's cpuset), not the whole machine's: a process
+        # pinned to 2 of 64 cores that keeps both busy is at 100 %, not 3 %.
+        try:
+            self._cores: list[int] | None = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self._cores = None
+        self.logical_cores = len(self._cores) if self._cores else psutil.cpu_count(logical=True) or os.cpu_count() or 1
         self.counter_failure = ""  # why read_counters returned None
 
     def classify(self, exc: Exception) -> Failure | None:
@@ -51,7 +57,10 @@ class HostProcess:
         try:
             at_s = time.perf_counter()
             times = self._process.cpu_times()
-            cores = [_core_times(t) for t in self._psutil.cpu_times(percpu=True)]
+            per_core = self._psutil.cpu_times(percpu=True)
+            if self._cores and all(i < len(per_core) for i in self._cores):
+                per_core = [per_core[i] for i in self._cores]
+            cores = [_core_times(t) for t in per_core]
         except (self._psutil.Error, OSError) as exc:
             self.counter_failure = f"{type(exc).__name__}: {exc}"
             return None

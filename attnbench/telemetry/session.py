@@ -28,6 +28,9 @@ NvmlLoader = Callable[[], Any]
 IdentityLookup = Callable[[str], GpuIdentity]
 
 
+_POWER_AVERAGING_S = 1.0
+
+
 class Telemetry(Protocol):
     """A single-use context around one measured window; ``summary`` after it has exited."""
 
@@ -148,6 +151,10 @@ class _Session:
             cpu_values, cpu_missing = cpu_metrics(cpu)
             metrics.update(cpu_values)
             unavailable.update(cpu_missing)
+        if "power_w" in metrics and window_s < _POWER_AVERAGING_S:
+            # nvmlDeviceGetPowerUsage is a ~1 s trailing average on Ampere and newer: a shorter window partly
+            # reads the previous case or idle time. The energy counter (energy_j) has no such lag.
+            notes.append(f"power_w averages over ~{_POWER_AVERAGING_S:g} s, longer than this {window_s:.2f} s window")
         reliable, why = reduce.reliability(window_s, len(samples), period)
         raw = [dict(s) for s in samples] + (self._gpu.util_rows() if self._gpu is not None else [])
         return TelemetrySummary(
