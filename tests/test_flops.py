@@ -1,0 +1,249 @@
+"""The analytic FLOP formulas: hand-computed numbers, the causal pair count, and torch's FlopCounterMode.
+
+FlopCounterMode counts matmul-like aten ops only, at 2 FLOPs per multiply-add, with each matmul's backward
+2× its forward. What it sees on CPU (torch 2.13), and so what these tests can hold equal:
+
+* vanilla, sdpa-math: the projections as ``addmm`` and the core as two ``bmm`` (the MATH backend decomposes
+  into aten ops) — forward matches the formula exactly. A causal mask is applied to the full S×S scores, so
+  the counter reports the unmasked 4·B·d·S² core where the formula counts the S(S+1)/2 pairs kept.
+* train (vanilla): backward projections match (2×); the core backward is 2 bmm-backwards, i.e. 2× forward,
+  where the formula follows FlashAttention's 2.5× (which counts the recomputation of QKᵀ).
+* sdpa-flash (and sdpa, which dispatches to it): the CPU flash kernel is one op the counter has no rule for,
+  so it counts 0 for the core; only the projections appear.
+* lstm: with oneDNN on (the default) the whole LSTM is one ``mkldnn_rnn_layer`` op the counter misses: 0.
+  With oneDNN off it decomposes into addmm/bmm and matches the formula exactly.
+* gru (no oneDNN path): forward exact. Both recurrent backwards come out a hair under 2× forward: autograd
+  skips the gradient for the zero initial state h₀, one step's hidden matmuls per layer and direction.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnbench.cases import Case, Mode
+from attnbench.flops import FlopCount, causal_pairs, count_flops
+from attnbench.models import build_model
+
+BIDIRECTIONAL = (("bidirectional", True),)
+
+
+def attention(
+    model: str = "vanilla",
+    mode: Mode = "forward",
+    *,
+    batch: int = 2,
+    seq_len: int = 4,
+    d_model: int = 8,
+    heads: int = 2,
+    layers: int = 1,
+    causal: bool = False,
+) -> Case:
+    return Case(model, mode, "float32", "cpu", batch, seq_len, d_model, heads, layers, causal)
+
+
+def recurrent(
+    model: str,
+    mode: Mode = "forward",
+    *,
+    batch: int = 2,
+    seq_len: int = 3,
+    d_model: int = 4,
+    layers: int = 1,
+    bidirectional: bool = False,
+) -> Case:
+    options = BIDIRECTIONAL if bidirectional else ()
+    return Case(model, mode, "float32", "cpu", batch, seq_len, d_model, None, layers, not bidirectional, options)
+
+
+# --- hand-computed numbers --------------------------------------------------------------------------------------
+# attention, B=2 S=4 d=8 H=2: projections 2·2·4·8²·4 = 4096; core 4·2·8·16 = 1024 (causal: 10 pairs → 640)
+# lstm, B=2 T=3 d=4: 8·2·3·4·(4+4) = 1536; bidirectional H=2: 2 directions × 8·2·3·2·(4+2) = 1152 per layer
+# gru: 6/8 of the lstm numbers: 1152; bidirectional 864 per layer
+HAND: list[tuple[Case, int, dict[str, int]]] = [
+    (attention(), 5120, {"projections": 4096, "core": 1024}),
+    (attention(causal=True), 4736, {"projections": 4096, "core": 640}),
+    (
+        attention(mode="train"),
+        15872,
+        {"projections": 4096, "core": 1024, "projections_backward": 8192, "core_backward": 2560},
+    ),
+    (
+        attention(mode="train", layers=2, causal=True),
+        29056,
+        {"projections": 8192, "core": 1280, "projections_backward": 16384, "core_backward": 3200},
+    ),
+    (attention("sdpa-flash", heads=4), 5120, {"projections": 4096, "core": 1024}),  # heads do not change H·D
+    (recurrent("lstm"), 1536, {"gates": 1536}),
+    (recurrent("lstm", "train"), 4608, {"gates": 1536, "gates_backward": 3072}),
+    (recurrent("lstm", layers=2, bidirectional=True), 2304, {"gates": 2304}),
+    (recurrent("lstm", "train", layers=2, bidirectional=True), 6912, {"gates": 2304, "gates_backward": 4608}),
+    (recurrent("gru"), 1152, {"gates": 1152}),
+    (recurrent("gru", "train", layers=2), 6912, {"gates": 2304, "gates_backward": 4608}),
+    (recurrent("gru", bidirectional=True), 864, {"gates": 864}),
+    (recurrent("gru", "train", layers=2, bidirectional=True), 5184, {"gates": 1728, "gates_backward": 3456}),
+]
+
+
+@pytest.mark.parametrize(("case", "flops", "detail"), HAND, ids=[case.key for case, _, _ in HAND])
+def test_hand_computed(case: Case, flops: int, detail: dict[str, int]) -> None:
+    count = count_flops(case)
+    assert count.flops == flops
+    assert dict(count.detail) == detail
+    assert count.flops == sum(count.detail.values())
+
+
+def test_formula_ids_are_stable() -> None:
+    assert count_flops(attention()).formula == "attention-v1"
+    assert count_flops(attention(mode="train", causal=True)).formula == "attention-v1"
+    assert count_flops(recurrent("lstm", bidirectional=True)).formula == "lstm-v1"
+    assert count_flops(recurrent("gru", "train")).formula == "gru-v1"
+
+
+def test_count_is_frozen() -> None:
+    count = count_flops(attention())
+    with pytest.raises(TypeError):
+        count.detail["core"] = 0  # type: ignore[index]
+    assert isinstance(count, FlopCount)
+
+
+def test_train_is_forward_plus_backward() -> None:
+    for forward in (attention(causal=True, layers=3), recurrent("lstm", layers=2), recurrent("gru")):
+        train = replace(forward, mode="train")
+        fwd, both = count_flops(forward), count_flops(train)
+        assert {k: v for k, v in both.detail.items() if not k.endswith("_backward")} == dict(fwd.detail)
+    assert count_flops(recurrent("lstm", "train")).flops == 3 * count_flops(recurrent("lstm")).flops
+
+
+def test_bad_shapes_raise() -> None:
+    with pytest.raises(ValueError, match="heads"):
+        count_flops(attention(d_model=10, heads=4))
+    with pytest.raises(ValueError, match="even d_model"):
+        count_flops(recurrent("lstm", d_model=5, bidirectional=True))
+
+
+# --- causal pairs -----------------------------------------------------------------------------------------------
+def brute_pairs(q_len: int, k_len: int) -> int:
+    """Count the kept entries of torch's is_causal mask (top-left aligned: tril of a q_len × k_len ones)."""
+    return sum(1 for i in range(q_len) for j in range(k_len) if j <= i)
+
+
+@pytest.mark.parametrize(("q_len", "k_len", "pairs"), [(5, 5, 15), (3, 5, 6), (5, 3, 12), (1, 1, 1), (0, 4, 0)])
+def test_causal_pairs_known(q_len: int, k_len: int, pairs: int) -> None:
+    assert causal_pairs(q_len, k_len) == pairs == brute_pairs(q_len, k_len)
+
+
+def test_causal_pairs_brute_force() -> None:
+    for q_len in range(12):
+        for k_len in range(12):
+            assert causal_pairs(q_len, k_len) == brute_pairs(q_len, k_len), (q_len, k_len)
+    ones = torch.ones(7, 4, dtype=torch.bool)
+    assert causal_pairs(7, 4) == int(ones.tril().sum())  # the mask F.scaled_dot_product_attention builds
+    with pytest.raises(ValueError):
+        causal_pairs(-1, 3)
+
+
+# --- against torch.utils.flop_counter.FlopCounterMode ------------------------------------------------------------
+def counted(case: Case) -> dict[str, int]:
+    """FLOPs FlopCounterMode sees for one call of ``case`` as the executor times it, by aten op name."""
+    torch.manual_seed(0)
+    model = build_model(case, "cpu", torch.float32)
+    x = torch.randn(case.batch, case.seq_len, case.d_model)
+    counter = FlopCounterMode(display=False)
+    if case.mode == "forward":
+        model.eval()
+        with counter, torch.inference_mode():
+            model(x)
+    else:
+        x.requires_grad_(True)  # as the executor: backward computes dX too
+        grad_out = torch.randn(case.batch, case.seq_len, case.d_model)
+        with counter:
+            model(x).backward(grad_out)
+    by_op = counter.get_flop_counts().get("Global", {})
+    return {str(op): int(flops) for op, flops in by_op.items()}
+
+
+@pytest.fixture
+def no_onednn() -> Iterator[None]:
+    with warnings.catch_warnings():
+        # Toggling the flags also sets oneDNN's TF32 switch, which warns on builds without Intel GPU support.
+        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+        with torch.backends.mkldnn.flags(enabled=False):
+            yield
+
+
+def sized(model: str, mode: Mode = "forward", *, causal: bool = False, bidirectional: bool = False) -> Case:
+    """A case big enough that every part is visible to the counter: B=2, S=8, d=32, H=4, 2 layers."""
+    if model in ("lstm", "gru"):
+        return recurrent(model, mode, batch=2, seq_len=8, d_model=32, layers=2, bidirectional=bidirectional)
+    return attention(model, mode, batch=2, seq_len=8, d_model=32, heads=4, layers=2, causal=causal)
+
+
+@pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
+def test_counter_attention_forward_exact(model: str) -> None:
+    case = sized(model)
+    ops, ours = counted(case), count_flops(case)
+    assert ops == {"aten.addmm": ours.detail["projections"], "aten.bmm": ours.detail["core"]}
+    assert sum(ops.values()) == ours.flops
+
+
+@pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
+def test_counter_causal_is_not_discounted(model: str) -> None:
+    """The mask is applied to full S×S scores, so the counter reports the unmasked core; we count kept pairs."""
+    case = sized(model, causal=True)
+    full = count_flops(sized(model))
+    ops, ours = counted(case), count_flops(case)
+    assert ops["aten.addmm"] == ours.detail["projections"]
+    assert ops["aten.bmm"] == full.detail["core"] > ours.detail["core"]
+    assert ours.detail["core"] * 64 == full.detail["core"] * causal_pairs(8, 8)
+
+
+def test_counter_vanilla_train() -> None:
+    """Projections match forward and backward; the counter's core backward is 2× (bmm rule), ours 2.5×."""
+    case = sized("vanilla", "train")
+    ops, ours = counted(case), count_flops(case)
+    assert ops["aten.addmm"] + ops["aten.mm"] == ours.detail["projections"] + ours.detail["projections_backward"]
+    assert ops["aten.bmm"] == 3 * ours.detail["core"]
+    assert ours.detail["core_backward"] * 2 == 5 * ours.detail["core"]
+
+
+@pytest.mark.parametrize("model", ["sdpa-flash", "sdpa"])
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_counter_misses_cpu_flash_core(model: str, mode: Mode) -> None:
+    """The CPU flash kernel is one op FlopCounterMode has no formula for: only the projections are counted."""
+    case = sized(model, mode)
+    ops, ours = counted(case), count_flops(case)
+    projections = ours.detail["projections"] + ours.detail.get("projections_backward", 0)
+    assert sum(ops.values()) in (projections, ours.flops)  # the latter should torch learn to count it
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_counter_lstm_with_onednn_counts_nothing(bidirectional: bool) -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    case = sized("lstm", bidirectional=bidirectional)
+    assert sum(counted(case).values()) in (0, count_flops(case).flops)  # 0: one mkldnn_rnn_layer op, uncounted
+
+
+def h0_correction(case: Case) -> int:
+    """FLOPs autograd skips at the first step: no gradient for h₀ = 0, per layer and direction."""
+    directions = 2 if case.option("bidirectional") else 1
+    hidden = case.d_model // directions
+    gates = {"lstm": 4, "gru": 3}[case.model]
+    return case.layers * directions * 2 * case.batch * gates * hidden * hidden
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.usefixtures("no_onednn")
+def test_counter_recurrent_decomposed(cell: str, bidirectional: bool) -> None:
+    forward = sized(cell, bidirectional=bidirectional)
+    train = sized(cell, "train", bidirectional=bidirectional)
+    assert sum(counted(forward).values()) == count_flops(forward).flops
+    # Backward ≈ 2× forward; exactly, short by the skipped dh₀ (a 1/T-sized difference).
+    assert sum(counted(train).values()) == count_flops(train).flops - h0_correction(train)
