@@ -18,6 +18,7 @@ import torch
 
 from attnbench.cases import Case, TimingPolicy
 from attnbench.clocks import clock_for
+from attnbench.flops import count_flops
 from attnbench.measurement import Measurement
 from attnbench.memory import RssPeak
 from attnbench.models import build_model, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
@@ -102,6 +103,9 @@ class TorchExecutor:
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         if case.model == "sdpa":
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
+        # Stored with the formula's id, so a later change of formula never silently changes an old row.
+        work = count_flops(case)
+        extra["flops"], extra["flops_formula"] = work.flops, work.formula
 
         if case.mode == "forward":
             model.eval()

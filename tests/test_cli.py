@@ -266,3 +266,20 @@ def test_telemetry_off_records_nothing(tmp_path: Path) -> None:
 def test_env_says_whether_nvml_is_available() -> None:
     out = runner.invoke(app, ["env", "--device", "cpu"])
     assert out.exit_code == 0 and "telemetry.nvml" in out.stdout
+
+
+def test_rows_carry_analytic_flops_with_their_formula(tiny_run: tuple[Path, str]) -> None:
+    from attnbench.cases import Case
+    from attnbench.flops import count_flops
+    from attnbench.results import load_run
+
+    folder, _ = tiny_run
+    rows = {r["key"]: r for r in csv.DictReader((folder / "summary.csv").open())}
+    for result in load_run(folder).results:
+        row = rows[result.case.key]
+        if not result.ok:
+            assert row["flops"] == ""
+            continue
+        expected = count_flops(Case.from_dict(result.case.to_dict()))
+        assert int(row["flops"]) == expected.flops and row["flops_formula"] == expected.formula
+        assert float(row["tflops"]) == pytest.approx(expected.flops / (float(row["median_ms"]) / 1e3) / 1e12, rel=1e-4)

@@ -50,6 +50,10 @@ COLUMNS: tuple[str, ...] = (
     "telemetry_samples",
     "telemetry_reliable",
     "telemetry_note",
+    # Analytic work per call (attnbench/flops.py) and the rate achieved at the median.
+    "flops",
+    "tflops",
+    "flops_formula",
 )
 
 
@@ -99,6 +103,12 @@ def summary_row(result: Result) -> dict[str, Any]:
     row["parameters"] = result.parameters
     row["options"] = ";".join(f"{k}={v}" for k, v in case.options)
     row["key"] = case.key
+    flops = result.extra.get("flops")
+    if isinstance(flops, int) and not isinstance(flops, bool):
+        row["flops"] = flops
+        row["flops_formula"] = result.extra.get("flops_formula")
+        if m is not None and m.median_s > 0:
+            row["tflops"] = flops / m.median_s / 1e12
     t = result.telemetry
     if t is not None:
         row.update({name: t.metrics.get(name) for name in METRICS})
@@ -141,6 +151,7 @@ def render_csv(results: Sequence[Result]) -> str:
         "warmup_calls",
         "parameters",
         "telemetry_samples",
+        "flops",
         *integers,
     ):
         frame[column] = frame[column].astype("Int64")
