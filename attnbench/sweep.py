@@ -9,7 +9,6 @@ exits at once (the rows on disk are whole lines either way).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -44,8 +43,6 @@ from attnbench.results import (
     write_atomic,
 )
 from attnbench.runner import OomSkipper, run_sweep
-
-_SAFE = re.compile(r"[^a-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -112,8 +109,9 @@ class _Interrupts:
 
 
 def _new_run_folder(out: Path, experiment: Experiment, device: str) -> Path:
-    """A fresh folder; the name comes from the config, kept to a slug so it cannot climb out of --out."""
-    stem = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{_SAFE.sub('-', experiment.name.lower())}-{device_slug(device)}"
+    """A fresh folder. The name comes from the config, which only admits a slug ([a-z0-9][a-z0-9._-]*), so it
+    cannot climb out of --out."""
+    stem = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{experiment.name}-{device_slug(device)}"
     try:
         out.mkdir(parents=True, exist_ok=True)
         for n in range(1, 1000):
@@ -216,7 +214,8 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
         if experiment.threads is not None:
             torch.set_num_threads(experiment.threads)
         done = {r.case.key for r in stored.results if r.ok or not options.retry_failed} if stored else set()
-        todo = [case for case in experiment.cases(device) if case.key not in done]
+        cases = experiment.cases(device)
+        todo = [case for case in cases if case.key not in done]
         if options.dry_run:
             for case in todo:
                 stdout.print(case.key, markup=False, highlight=False)
@@ -244,7 +243,7 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
             )
         isolate = options.isolate if options.isolate is not None else experiment.isolate_on(device)
         if not options.quiet:
-            total = len(experiment.cases(device))
+            total = len(cases)
             what = (
                 f"resuming {folder}: {len(todo)} of {total} cases left"
                 if stored

@@ -56,11 +56,6 @@ def describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _text(value: object) -> str:
-    # nvidia-ml-py returns str; older bindings returned bytes.
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def nvml_handle_for(uuid: str | None, pci_bus_id: str | None, nvml: Any) -> Any:
     """The NVML handle of the GPU with this UUID, else this PCI bus id. Never by index (see ``identity``)."""
     tried: list[str] = []
