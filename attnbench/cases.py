@@ -14,7 +14,7 @@ from typing import Literal
 
 from attnbench.catalogue import MODELS, is_recurrent
 
-Mode = Literal["forward", "train"]
+Mode = Literal["forward", "train", "backward"]
 OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 

@@ -95,7 +95,8 @@ MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 DEVICE_REQUEST = re.compile(r"auto|cpu|cuda|cuda:\d+")
 RESOLVED_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
-MODES: tuple[str, ...] = ("forward", "train")
+# backward = the backward pass alone (graph kept, grads cleared), so train can be checked against forward + backward.
+MODES: tuple[str, ...] = ("forward", "train", "backward")
 
 
 def is_recurrent(model: str) -> bool:

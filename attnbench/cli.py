@@ -249,3 +249,8 @@ def run() -> None:
     """Console-script entry point."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     app()
+
+
+# Commands that live in their own modules register themselves on ``app`` when imported. Imported last because
+# they use ``app``, ``handles_errors`` and ``fail`` from above; each keeps torch out of its module top level.
+from attnbench import cli_claims, cli_compare, cli_device  # noqa: E402, F401

@@ -174,7 +174,7 @@ class ConfigModel(_Strict):
     device: str = "auto"
     models: Names
     model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    modes: Names = Field(default_factory=lambda: list(MODES))
+    modes: Names = Field(default_factory=lambda: ["forward", "train"])
     dtype: Names = Field(default_factory=lambda: ["float32"])
     grid: GridModel
     d_model: DModels | None = None

@@ -21,7 +21,7 @@ from attnbench.clocks import clock_for
 from attnbench.flops import count_flops
 from attnbench.measurement import Measurement
 from attnbench.memory import RssPeak
-from attnbench.models import build_model, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
+from attnbench.models import build_model, make_input, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
 from attnbench.results import Memory, Result, utc_now
 from attnbench.telemetry import Level, TelemetrySummary, open_telemetry
 from attnbench.timing import measure
@@ -99,7 +99,7 @@ class TorchExecutor:
         torch.manual_seed(self.seed)
         dtype = torch_dtype(case.dtype)
         model = build_model(case, str(self.device), dtype)
-        x = torch.randn(case.batch, case.seq_len, case.d_model, device=self.device, dtype=dtype)
+        x = make_input(case, str(self.device), dtype)
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         if case.model == "sdpa":
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
@@ -113,10 +113,11 @@ class TorchExecutor:
 
             def step() -> object:
                 return model(x)
-        else:
+        elif case.mode == "train":
             model.train()
             # The input needs a gradient as a layer inside a network would: backward then computes dX too.
-            x.requires_grad_(True)
+            if x.is_floating_point():
+                x.requires_grad_(True)
             with torch.no_grad():
                 grad_out = torch.randn_like(model(x))
             grad_mode = contextlib.nullcontext
@@ -126,6 +127,21 @@ class TorchExecutor:
                 x.grad = None
                 out = model(x)
                 out.backward(grad_out)
+                return None
+        else:
+            # backward alone: one forward builds the graph outside the timed region; each call replays its
+            # backward (retain_graph keeps the saved tensors), with grads cleared as train clears them.
+            model.train()
+            if x.is_floating_point():
+                x.requires_grad_(True)
+            graph_out = model(x)
+            grad_out = torch.randn_like(graph_out)
+            grad_mode = contextlib.nullcontext
+
+            def step() -> object:
+                model.zero_grad(set_to_none=True)
+                x.grad = None
+                graph_out.backward(grad_out, retain_graph=True)
                 return None
 
         with grad_mode():

@@ -60,8 +60,9 @@ def count_flops(case: Case) -> FlopCount:
         formula, forward, backward = ATTENTION_FORMULA, *_attention(case)
     else:
         formula, forward, backward = _recurrent(case)
-    detail = dict(forward)
-    if case.mode == "train":
+    # forward counts the forward pass, backward the backward pass alone, train both.
+    detail = dict(forward) if case.mode != "backward" else {}
+    if case.mode != "forward":
         detail.update({f"{name}_backward": flops for name, flops in backward.items()})
     return FlopCount(flops=sum(detail.values()), formula=formula, detail=MappingProxyType(detail))
 

@@ -114,6 +114,11 @@ def build_model(case: Case, device: str, dtype: torch.dtype) -> nn.Module:
     return builder(case, device, dtype)
 
 
+def make_input(case: Case, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor one call of the case's model takes: activations (B, T, d_model) in the case's dtype."""
+    return torch.randn(case.batch, case.seq_len, case.d_model, device=device, dtype=dtype)
+
+
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -173,8 +178,8 @@ def _probe_tiny(case: Case, device: str) -> str | None:
 def _run_tiny(case: Case, device: str) -> None:
     dtype = torch_dtype(case.dtype)
     model = build_model(case, device, dtype)
-    x = torch.randn(case.batch, case.seq_len, case.d_model, device=device, dtype=dtype)
-    if case.mode == "train":
+    x = make_input(case, device, dtype)
+    if case.mode != "forward":  # train and backward both need the graph
         x.requires_grad_(True)
         model(x).sum().backward()
     else:
@@ -234,7 +239,7 @@ def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None or case.heads is None or case.head_dim is None:
         return None
-    train = case.mode == "train"
+    train = case.mode != "forward"  # backward mode dispatches as train does: a graph is kept
     try:
         with torch.set_grad_enabled(train):
             qkv = torch.empty(

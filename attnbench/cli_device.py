@@ -1,0 +1,1 @@
+"""Commands registered on attnbench.cli.app (filled in by the issue that adds them)."""
