@@ -120,6 +120,17 @@ class TimingPolicy:
     warmup_settle: float = 0.10
     # A sample shorter than this is built from several calls so clock resolution and call overhead vanish.
     min_sample_s: float = 1e-4
+    # Warm-up audit: the first ``warmup_audit`` timed samples must agree with the next as many (medians within
+    # ``warmup_agree``, beyond the noise); while they run slower they are moved into the warm-up. 0 = no audit.
+    warmup_audit: int = 10
+    warmup_agree: float = 0.02
+    # Between-process replicates: each case runs in this many fresh worker processes (isolation on), and the
+    # spread of their medians widens the case's CI. Drift between processes is larger than within one.
+    processes: int = 1
+    # GPU only. cold: flush exactly the device's L2 before each timed call (the flush is not timed); warm: not.
+    cache: Literal["warm", "cold"] = "warm"
+    # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
+    cuda_graph: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -110,6 +110,16 @@ def sweep(
         Literal["off", "basic", "full"] | None,
         typer.Option("--telemetry", help="Hardware telemetry: off, basic, full (+ GPM).", show_default="config's"),
     ] = None,
+    inject_slowdown: Annotated[
+        float,
+        typer.Option(
+            "--inject-slowdown",
+            min=0.0,
+            max=10.0,
+            hidden=True,  # a validation aid for `compare`, not a measurement option
+            help="CPU only: busy-wait this fraction of each call's warm-up time inside every timed call.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
     from attnbench.sweep import SweepOptions, run_experiment
@@ -128,6 +138,7 @@ def sweep(
         resume=resume,
         retry_failed=retry_failed,
         force=force,
+        inject_slowdown=inject_slowdown,
     )
     outcome = run_experiment(options, stdout, stderr)
     if outcome.interrupted_by is not None:

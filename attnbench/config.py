@@ -166,6 +166,11 @@ class TimingModel(_Strict):
     warmup_max_s: Seconds = _POLICY.warmup_max_s
     warmup_settle: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_settle
     min_sample_s: Seconds = _POLICY.min_sample_s
+    warmup_audit: Annotated[int, Field(ge=0, le=1000)] = _POLICY.warmup_audit
+    warmup_agree: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_agree
+    processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
+    cache: Literal["warm", "cold"] = _POLICY.cache
+    cuda_graph: bool = _POLICY.cuda_graph
 
 
 class ConfigModel(_Strict):

@@ -60,9 +60,11 @@ class TorchExecutor:
         seed: int = 0,
         telemetry: Level = "basic",
         telemetry_interval_s: float | None = None,
+        inject_slowdown: float = 0.0,
     ) -> None:
         self.device = torch.device(device)
         self.policy = policy
+        self.inject_slowdown = inject_slowdown
         self.seed = seed
         self.telemetry: Level = telemetry
         # 20 ms on a GPU; 100 ms on a CPU, where the sampler shares the cores it measures (see config.py).
@@ -169,7 +171,7 @@ class TorchExecutor:
         measurement: Measurement | None = None
         try:
             with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
-                measurement = measure(step, self.clock, self.policy)
+                measurement = measure(step, self.clock, self.policy, inject_slowdown=self.inject_slowdown)
             calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
             return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens)
         except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed

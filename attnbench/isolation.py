@@ -52,6 +52,7 @@ def _worker(
     seed: int,
     threads: int | None,
     telemetry: tuple[str, float | None],
+    inject_slowdown: float = 0.0,
 ) -> None:
     # Ctrl-C, and a SIGTERM sent to the whole process group (a CI runner, Slurm), reach us too; what they mean
     # is the parent's decision. If the parent dies without killing us, the kernel does (Linux).
@@ -71,6 +72,7 @@ def _worker(
         seed=seed,
         telemetry=level,  # type: ignore[arg-type]
         telemetry_interval_s=interval_s,
+        inject_slowdown=inject_slowdown,
     )
     conn.send(("ready", torch.get_num_threads()))
     while True:
@@ -113,8 +115,10 @@ class IsolatedExecutor:
         timeout_s: float,
         telemetry: str = "basic",
         telemetry_interval_s: float | None = None,
+        inject_slowdown: float = 0.0,
     ) -> None:
         self.device = device
+        self.inject_slowdown = inject_slowdown
         self.telemetry = (telemetry, telemetry_interval_s)
         self.policy = policy
         self.seed = seed
@@ -134,7 +138,15 @@ class IsolatedExecutor:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker,
-            args=(child, self.device, self.policy.to_dict(), self.seed, self.threads, self.telemetry),
+            args=(
+                child,
+                self.device,
+                self.policy.to_dict(),
+                self.seed,
+                self.threads,
+                self.telemetry,
+                self.inject_slowdown,
+            ),
             name="attnbench-worker",
             daemon=True,
         )

@@ -105,7 +105,7 @@ def test_axes_may_sit_under_grid_as_lists() -> None:
 def test_defaults_fill_in_what_is_left_out() -> None:
     experiment = load("name: tiny\nmodels: [gru]\ngrid: {batch: 1, seq_len: 8}\n")
     assert experiment.device == "auto"
-    assert experiment.axes.modes == tuple(MODES)
+    assert experiment.axes.modes == ("forward", "train")  # backward is opt-in: it exists to check train
     assert experiment.axes.d_model == (512,) and experiment.axes.layers == (1,)
     assert experiment.timing == TimingPolicy()
     assert experiment.threads is None and experiment.seed == 0
@@ -319,7 +319,7 @@ BAD_CASES: dict[str, tuple[str, str, int | None]] = {
     "heads-not-dividing.yaml": ("heads 6 does not divide d_model 64", "heads", 8),
     "unknown-model.yaml": ("unknown model 'lsmt'; valid: lstm, gru", "models[0]", 2),
     "duplicate-model.yaml": ("model 'lstm' is listed twice", "models[2]", 2),
-    "unknown-mode.yaml": ("unknown mode 'backward'; valid: forward, train", "modes[1]", 3),
+    "unknown-mode.yaml": ("unknown mode 'inference'; valid: forward, train, backward", "modes[1]", 3),
     "unknown-dtype.yaml": ("unknown dtype 'fp16'; valid: float32", "dtype", 9),
     "bad-device.yaml": ("device 'gpu' is not one of auto, cpu, cuda, cuda:N", "device", 9),
     "bad-name.yaml": ("name 'My Sweep!' is not allowed", "name", 1),

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 
 from attnbench.cases import TimingPolicy
+from attnbench.clocks import CpuClock
+from attnbench.measurement import Measurement
+from attnbench.stats import student_t_975
 from attnbench.timing import measure
 from tests.fakes import FakeClock, gaussian
 
@@ -79,3 +85,108 @@ def test_same_seed_same_measurement() -> None:
     a = measure(noop, FakeClock(gaussian(2e-3, 0.1), seed=8), policy)
     b = measure(noop, FakeClock(gaussian(2e-3, 0.1), seed=8), policy)
     assert a == b
+
+
+def test_warmup_audit_moves_slow_first_samples_into_the_warmup() -> None:
+    # Calls settle within 10 % quickly but keep speeding up for ~40 more calls (a cache or allocator still
+    # growing): the audit must see the first samples run slower than the next ones and move them.
+    def durations(i: int, rng: random.Random) -> float:
+        return 1e-3 * ((1.30 if i < 45 else 1.0) + rng.gauss(0, 0.003))
+
+    m = measure(noop, FakeClock(durations, seed=11), TimingPolicy(warmup_settle=0.1, min_sample_s=1e-4))
+    assert m.warmup_moved >= 30
+    assert m.warmup_calls == 3 + m.warmup_moved  # the settled window, then the moved samples
+    # Samples move a block at a time, so fewer than one block of slow ones may stay; the median is clean.
+    assert sum(x > 1.2e-3 for x in m.samples_s) < 10
+    assert m.median_s == pytest.approx(1e-3, rel=0.01)
+    assert not any("warm-up audit" in w for w in m.warnings)
+
+
+def test_warmup_audit_leaves_a_steady_workload_alone() -> None:
+    m = measure(noop, FakeClock(gaussian(1e-3, 0.05), seed=12), TimingPolicy())
+    assert m.warmup_moved == 0
+    assert len(m.samples_s) >= 20  # the audit needs its two blocks before the stopping rule may stop
+
+
+def test_warmup_audit_gives_up_within_its_budget_and_says_so() -> None:
+    # Forever speeding up: every block is slower than the next one, so the audit can never pass.
+    clock = FakeClock(lambda i, rng: 1e-3 * (1 + 2.0 / (1 + i / 10)), seed=13)
+    m = measure(noop, clock, TimingPolicy(warmup_settle=0.5, warmup_max_s=0.2, max_case_s=2.0))
+    assert m.warmup_moved > 0
+    assert m.warmup_s <= 0.2 + 0.05
+    assert any(w.startswith("warm-up audit: the first 10 samples still run") for w in m.warnings)
+
+
+def test_warmup_audit_can_be_switched_off() -> None:
+    def durations(i: int, rng: random.Random) -> float:
+        return 1e-3 * (1.3 if i < 45 else 1.0)
+
+    m = measure(noop, FakeClock(durations, seed=14), TimingPolicy(warmup_audit=0, warmup_settle=0.1, min_samples=10))
+    assert m.warmup_moved == 0
+
+
+def test_audit_skipped_when_the_budget_holds_too_few_samples() -> None:
+    m = measure(noop, FakeClock(gaussian(0.1, 0.01), seed=15), TimingPolicy(max_case_s=1.0, min_time_s=0.1))
+    assert len(m.samples_s) < 20
+    assert any(w.startswith("warm-up audit skipped") for w in m.warnings)
+
+
+def test_slow_first_sample_is_flagged_by_its_modified_z_score() -> None:
+    # One slow call right after warm-up (index 3 = the first timed sample with ungrouped 1 ms calls).
+    def durations(i: int, rng: random.Random) -> float:
+        return 5e-3 if i == 3 else 1e-3 * (1 + rng.gauss(0, 0.01))
+
+    m = measure(noop, FakeClock(durations, seed=16), TimingPolicy(warmup_min_calls=3, warmup_audit=0))
+    assert m.samples_s[0] == pytest.approx(5e-3)
+    assert m.first_sample_mz is not None and m.first_sample_mz > 3.5
+    assert any(w.startswith("slow first sample: modified z-score") for w in m.warnings)
+    calm = measure(noop, FakeClock(gaussian(1e-3, 0.01), seed=17), TimingPolicy())
+    assert not any(w.startswith("slow first sample") for w in calm.warnings)
+
+
+def test_injected_slowdown_is_a_fraction_of_the_warmup_time_and_is_recorded() -> None:
+    m = measure(noop, FakeClock(gaussian(1e-3, 0.0), seed=18), TimingPolicy(), inject_slowdown=0.1)
+    assert m.injected_delay_s == pytest.approx(1e-4)
+
+
+def test_injected_slowdown_really_slows_a_real_call() -> None:
+    # Real clock, ratio within one process: a 50 % busy-wait must show as a clearly slower median.
+    def work() -> float:
+        return sum(i * i for i in range(2000))
+
+    policy = TimingPolicy(max_case_s=1.0, min_time_s=0.1, target_ci=0.05)
+    base = measure(work, CpuClock(), policy)
+    slowed = measure(work, CpuClock(), policy, inject_slowdown=0.5)
+    assert 1.2 < slowed.median_s / base.median_s < 2.0
+    assert slowed.injected_delay_s > 0
+
+
+def test_replicates_widen_the_ci_to_the_between_process_spread() -> None:
+    within = Measurement(
+        samples_s=tuple(1e-3 * (1 + 0.001 * (i % 7)) for i in range(200)),
+        calls_per_sample=1,
+        warmup_calls=3,
+        warmup_s=0.01,
+        converged=True,
+        stop_reason="converged",
+        target_ci=0.01,
+    )
+    assert within.summary.ci_halfwidth_rel < 0.01
+    assert within.between_process_rel is None
+    replicated = replace(within, replicate_medians_s=(0.9e-3, 1.0e-3, 1.1e-3))
+    # t(2) = 4.303; sd = 1e-4; half-width = 4.303e-4 / sqrt(3) ≈ 2.48e-4 around the pooled median.
+    half = 4.303 * 1e-4 / 3**0.5
+    assert replicated.summary.ci_high == pytest.approx(replicated.within.median + half)
+    assert replicated.summary.ci_low == pytest.approx(replicated.within.median - half)
+    assert replicated.between_process_rel == pytest.approx(0.1)
+    assert Measurement.from_dict(replicated.to_dict()) == replicated
+    # Old rows, without the later fields, read back with their defaults.
+    assert "replicate_medians_s" not in within.to_dict()
+    assert Measurement.from_dict(within.to_dict()) == within
+
+
+def test_student_t_table_and_its_large_df_expansion() -> None:
+    assert student_t_975(1) == pytest.approx(12.706)
+    assert student_t_975(30) == pytest.approx(2.042)
+    assert student_t_975(40) == pytest.approx(2.021, abs=5e-4)
+    assert student_t_975(120) == pytest.approx(1.980, abs=5e-4)
