@@ -32,8 +32,10 @@ class CpuClock:
 class CudaClock:
     """CUDA events around each group of calls on ``device``'s current stream."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, flush: Callable[[], object] | None = None) -> None:
         self.device = device
+        # Queued before each sample's start event: its work is on the stream but outside the timed interval.
+        self.flush = flush
 
     def now(self) -> float:
         return time.perf_counter()
@@ -45,6 +47,8 @@ class CudaClock:
             # Drain earlier work so the first event does not absorb it.
             torch.cuda.synchronize()
             for start, end in zip(starts, ends, strict=True):
+                if self.flush is not None:
+                    self.flush()
                 start.record()
                 for _ in range(calls_per_sample):
                     fn()
@@ -54,5 +58,5 @@ class CudaClock:
         return [s.elapsed_time(e) / 1e3 / calls_per_sample for s, e in zip(starts, ends, strict=True)]
 
 
-def clock_for(device: torch.device) -> CpuClock | CudaClock:
-    return CudaClock(device) if device.type == "cuda" else CpuClock()
+def clock_for(device: torch.device, flush: Callable[[], object] | None = None) -> CpuClock | CudaClock:
+    return CudaClock(device, flush) if device.type == "cuda" else CpuClock()

@@ -19,6 +19,7 @@ import torch
 from attnbench.cases import Case, TimingPolicy
 from attnbench.clocks import clock_for
 from attnbench.flops import count_flops
+from attnbench.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels
 from attnbench.measurement import Measurement
 from attnbench.memory import RssPeak
 from attnbench.models import build_model, make_input, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
@@ -69,7 +70,9 @@ class TorchExecutor:
         self.telemetry: Level = telemetry
         # 20 ms on a GPU; 100 ms on a CPU, where the sampler shares the cores it measures (see config.py).
         self.telemetry_interval_s = telemetry_interval_s or (0.02 if self.device.type == "cuda" else 0.1)
-        self.clock = clock_for(self.device)
+        # A cold cache flushes exactly the device's L2 before every sample (a sample is one call then).
+        flush = l2_flusher(self.device) if self.device.type == "cuda" and policy.cache == "cold" else None
+        self.clock = clock_for(self.device, flush=flush)
         self._host_memory: RssPeak | None = None
         self._host_memory_note = ""
         if self.device.type == "cpu":
@@ -148,11 +151,19 @@ class TorchExecutor:
 
         with grad_mode():
             if self.device.type == "cuda":
+                if self.policy.cuda_graph:
+                    if case.mode != "forward":
+                        reason = "cuda_graph replays forward passes only; time train and backward without it"
+                        return Result(case, "unsupported", reason)
+                    step = graphed(step, self.device)
+                    extra["cuda_graph"] = True
                 torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
             measurement, telemetry = self._timed_with_telemetry(step, case, extra)
             model.zero_grad(set_to_none=True)
             x.grad = None
             memory = self._peak_memory(step)
+            if self.device.type == "cuda":
+                self._profile(step, measurement, extra)
         return Result(
             case,
             "ok",
@@ -179,6 +190,20 @@ class TorchExecutor:
                 raise
             extra["telemetry_error"] = _describe(exc)
             return measurement, None
+
+    def _profile(
+        self, step: Callable[[], object], measurement: Measurement, extra: dict[str, str | int | float | bool | None]
+    ) -> None:
+        """Kernels per call and launch-boundness, from one profiled call outside the timed samples. The profiler
+        is an aid: when it fails (CUPTI busy or missing) the row keeps its timing and says why."""
+        try:
+            kernels = profile_kernels(step, self.device)
+        except Exception as exc:
+            extra["profile_error"] = _describe(exc)
+            return
+        extra["kernels_per_call"] = kernels.kernels
+        extra["kernel_busy_s"] = kernels.busy_s
+        extra["launch_bound"] = launch_bound(measurement.median_s, kernels.busy_s)
 
     def _peak_memory(self, step: Callable[[], object]) -> Memory:
         """One extra call, outside the timed samples, with the device's peak counter reset before it."""
