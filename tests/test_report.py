@@ -59,7 +59,20 @@ def test_pivot_speedups_and_crossover() -> None:
     assert rows["lstm"][64].speedup is None  # the baseline row shows no ratio against itself
     assert rows["vanilla"][64].speedup == pytest.approx(1.0 / (1 / 16))
     assert rows["vanilla"][1024].speedup == pytest.approx(16 / 16)
-    assert table.crossovers == ("vanilla vs lstm: faster at n=64–256, slower at n=1024",)
+    # vanilla/lstm = n/1024: below 1 up to the last length and exactly 1 there, so no crossing inside the range.
+    assert table.crossovers == ("vanilla vs lstm: none in range n=64–1024: faster throughout (equal at n=1024)",)
+    (line,) = table.crossings
+    assert (line.a, line.b, line.crossings) == ("vanilla", "lstm", ())
+    assert [s.label for s in table.scaling] == ["lstm", "vanilla"]
+
+
+def test_pivot_crossover_is_interpolated_between_the_lengths_around_it() -> None:
+    results = [fake("lstm", n, 1e-3 * n / 64) for n in (64, 256, 1024)]
+    results += [fake("sdpa-flash", n, 1e-4 * (n / 64) ** 2) for n in (64, 256, 1024)]
+    (table,) = pivot_tables(results)
+    # sdpa-flash/lstm = n/640 on these lengths: it crosses 1 at n = 640, between the measured 256 and 1024.
+    assert table.crossovers == ("sdpa-flash becomes slower than lstm at n ≈ 640 (between 256 and 1024)",)
+    assert table.crossings[0].crossings[0].x == pytest.approx(640.0)
 
 
 def test_pivot_marks_failures_and_splits_varying_heads() -> None:

@@ -9,6 +9,12 @@ LEGEND = (
     "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "
     "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached)."
 )
+CROSSOVER_LEGEND = (
+    "Where the time curves cross (interpolated on log-log between the two measured lengths around the crossing):"
+)
+SCALING_LEGEND = (
+    "How cost grows with n (least-squares slope on log-log over the lengths that ran; 95 % CI from the t-distribution):"
+)
 
 
 def time_text(cell: Cell | None) -> str:

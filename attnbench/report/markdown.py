@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from attnbench.report.cells import LEGEND, column_headers, memory_text, time_text
+from attnbench.consistency import train_check_summary, train_checks
+from attnbench.report.cells import CROSSOVER_LEGEND, LEGEND, SCALING_LEGEND, column_headers, memory_text, time_text
 from attnbench.report.pivot import pivot_tables
 from attnbench.results import Result, Run
 
@@ -21,6 +22,19 @@ def _environment_line(run: Run) -> str:
         parts.append(f"CUDA {env['torch_cuda']}")
     parts.append(f"python {env.get('python', '?')}")
     return " · ".join(parts)
+
+
+def _checks(results: Sequence[Result]) -> list[str]:
+    """The run's self-consistency checks; nothing when no case was timed in all of forward, backward and train."""
+    checks = train_checks(results)
+    if not checks:
+        return []
+    flagged = [c for c in checks if c.flagged]
+    lines = ["", "## Checks", "", train_check_summary(checks) + (", flagged:" if flagged else ".")]
+    if flagged:
+        lines.append("")
+        lines += [f"- `{c.train.case.label}`: {c.ratio:.2f} ({c.parts_text}) — {c.reason}" for c in flagged]
+    return lines
 
 
 def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | None = None) -> str:
@@ -41,10 +55,13 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         time_rows = [[label, *(time_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
         lines.append(tabulate(time_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.crossovers:
-            lines += [""] + [f"- {line}" for line in table.crossovers]
+            lines += ["", CROSSOVER_LEGEND, ""] + [f"- {line}" for line in table.crossovers]
         lines += ["", "Peak memory of one call above the post-setup baseline (MiB):", ""]
         memory_rows = [[label, *(memory_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
+        if table.scaling:
+            lines += ["", SCALING_LEGEND, ""] + [f"- {line.text}" for line in table.scaling]
+    lines += _checks(results)
     failed = [r for r in results if not r.ok]
     if failed:
         lines += ["", "## Cases without a timing", ""]

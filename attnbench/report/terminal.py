@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from attnbench.consistency import train_check_summary, train_checks
 from attnbench.report.cells import column_headers, memory_text, time_text
 from attnbench.report.pivot import pivot_tables
 from attnbench.results import Result
@@ -55,4 +56,18 @@ def comparison_tables(results: Sequence[Result], baseline_model: str | None = No
             renderables.append(mem)
         for line in table.crossovers:
             renderables.append(Text(f"  {line}", style="italic"))
+        for scaling in table.scaling:
+            renderables.append(Text(f"  {scaling.text}", style="italic"))
+    renderables += _checks(results)
     return Group(*renderables)
+
+
+def _checks(results: Sequence[Result]) -> list[Text]:
+    """train / (forward + backward): one summary line, then each flagged case with its reason."""
+    checks = train_checks(results)
+    if not checks:
+        return []
+    flagged = [c for c in checks if c.flagged]
+    out = [Text(train_check_summary(checks) + (", flagged:" if flagged else "."), style="bold")]
+    out += [Text(f"  {c.text} — {c.reason}", style="yellow") for c in flagged]
+    return out

@@ -1,0 +1,407 @@
+"""Scaling laws, crossovers and the train / (forward + backward) check: the numbers, then how reports print them."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from rich.console import Console
+
+from attnbench.cases import Case, TimingPolicy
+from attnbench.consistency import train_checks
+from attnbench.measurement import Measurement
+from attnbench.report.markdown import render_markdown
+from attnbench.report.pivot import pivot_tables
+from attnbench.report.terminal import comparison_tables
+from attnbench.results import Memory, Result, Run
+from attnbench.scaling import (
+    FASTER,
+    SLOWER,
+    Crossover,
+    crossover_lines,
+    crossovers,
+    fit_power_law,
+    scaling_laws,
+)
+
+# --- fit_power_law ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("a", "b"), [(3e-6, 2.0), (0.5, 1.0), (7.0, -0.5), (1e-3, 0.0), (2.0, 1.37)])
+def test_exact_power_law_is_recovered_exactly(a: float, b: float) -> None:
+    xs = [64, 128, 256, 512, 1024, 2048]
+    fit = fit_power_law(xs, [a * x**b for x in xs])
+    assert fit is not None
+    assert fit.exponent == pytest.approx(b, abs=1e-9)
+    assert fit.exponent_low == pytest.approx(b, abs=1e-9) and fit.exponent_high == pytest.approx(b, abs=1e-9)
+    assert fit.prefactor == pytest.approx(a, rel=1e-9)
+    assert (fit.x_min, fit.x_max, fit.points) == (64, 2048, 6)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-12)
+
+
+def test_confidence_interval_covers_the_true_exponent() -> None:
+    rng = random.Random(20261202)
+    xs = [64, 128, 256, 512, 1024]
+    true_b, trials, hits, widths = 1.7, 200, 0, []
+    for _ in range(trials):
+        # Multiplicative noise, as timings have: Gaussian in log space, the model the t-interval assumes.
+        ys = [2e-6 * x**true_b * math.exp(rng.gauss(0.0, 0.1)) for x in xs]
+        fit = fit_power_law(xs, ys)
+        assert fit is not None and fit.exponent_low < fit.exponent < fit.exponent_high
+        hits += fit.exponent_low <= true_b <= fit.exponent_high
+        widths.append(fit.exponent_high - fit.exponent_low)
+    assert hits / trials >= 0.90
+    # ... and not by being uselessly wide: with σ = 0.1 over 4 octaves the 95 % half-width is about 0.1.
+    assert sorted(widths)[trials // 2] < 0.35
+
+
+def test_two_points_fit_exactly_with_no_interval() -> None:
+    fit = fit_power_law([100, 400], [1.0, 4.0])
+    assert fit is not None and fit.points == 2
+    assert fit.exponent == pytest.approx(1.0)
+    assert fit.exponent_low == fit.exponent == fit.exponent_high
+
+
+@pytest.mark.parametrize(
+    ("xs", "ys"),
+    [
+        ([], []),
+        ([64], [1.0]),  # one point
+        ([64, 256], [1.0, 0.0]),  # a zero leaves one usable point
+        ([64, 256], [1.0, math.nan]),
+        ([64, 256], [1.0, math.inf]),
+        ([0, 256], [1.0, 2.0]),
+        ([-64, 256], [1.0, 2.0]),
+        ([256, 256, 256], [1.0, 2.0, 3.0]),  # one x only: no slope
+    ],
+)
+def test_too_few_usable_points_give_no_fit(xs: list[float], ys: list[float]) -> None:
+    assert fit_power_law(xs, ys) is None
+
+
+def test_unusable_points_are_dropped_not_fitted() -> None:
+    fit = fit_power_law([64, 128, 256, 512], [64.0**2, math.nan, 0.0, 512.0**2])
+    assert fit is not None and fit.points == 2 and fit.exponent == pytest.approx(2.0)
+
+
+def test_order_does_not_matter_and_duplicates_count_as_points() -> None:
+    xs, ys = [64, 256, 1024, 128], [1.0, 4.1, 15.0, 2.2]
+    ordered = fit_power_law(sorted(xs), [y for _, y in sorted(zip(xs, ys, strict=True))])
+    assert fit_power_law(xs, ys) == ordered
+    repeated = fit_power_law([64, 64, 256, 256], [1.0, 1.2, 4.0, 4.8])
+    assert repeated is not None and repeated.points == 4
+    # Both pairs differ by the same factor, so the slope is exactly log(4)/log(4) and the residuals are the spread.
+    assert repeated.exponent == pytest.approx(1.0)
+    assert repeated.exponent_low < 1.0 < repeated.exponent_high
+
+
+def test_mismatched_lengths_are_a_bug() -> None:
+    with pytest.raises(ValueError):
+        fit_power_law([1, 2], [1.0])
+
+
+# --- crossovers ----------------------------------------------------------------------------------------------------
+
+XS = [64, 256, 1024]
+
+
+def test_no_crossover() -> None:
+    assert crossovers(XS, [1.0, 2.0, 3.0], [2.0, 4.0, 9.0]) == []
+
+
+def test_one_crossover_is_interpolated_on_log_log() -> None:
+    # a = n²/100, b = n: a/b = n/100 is a straight line in log-log, so the crossing is exactly n = 100.
+    (c,) = crossovers(XS, [x * x / 100 for x in XS], [float(x) for x in XS])
+    assert c.x == pytest.approx(100.0)
+    assert (c.low_x, c.high_x, c.direction) == (64, 256, SLOWER)
+
+
+def test_two_crossovers_in_both_directions() -> None:
+    ys_b = [1.0, 1.0, 1.0, 1.0]
+    found = crossovers([16, 64, 256, 1024], [0.5, 2.0, 2.0, 0.25], ys_b)
+    assert [(c.low_x, c.high_x, c.direction) for c in found] == [(16, 64, SLOWER), (256, 1024, FASTER)]
+    assert found[0].x == pytest.approx(32.0)  # log2 ratio -1 → +1 over 16 → 64: halfway in log n
+    assert found[1].x == pytest.approx(256 * 4 ** (1 / 3))  # +1 → -2 over 256 → 1024: a third of the way
+
+
+def test_exact_touch_at_a_measured_point() -> None:
+    # Equal at n=256 and crossing there: the crossover is the measured point itself.
+    assert crossovers(XS, [0.5, 1.0, 2.0], [1.0, 1.0, 1.0]) == [Crossover(256, 256, 256, SLOWER)]
+    # Equal at n=256 but turning back: a touch, not a crossing.
+    assert crossovers(XS, [0.5, 1.0, 0.5], [1.0, 1.0, 1.0]) == []
+    # Starting or ending at exactly equal is no sign change either.
+    assert crossovers(XS, [1.0, 2.0, 3.0], [1.0, 1.0, 1.0]) == []
+    assert crossovers(XS, [0.5, 0.7, 1.0], [1.0, 1.0, 1.0]) == []
+    # Equal over a run of measured points: bracketed by that run.
+    (c,) = crossovers([16, 64, 256, 1024], [2.0, 1.0, 1.0, 0.5], [1.0] * 4)
+    assert (c.low_x, c.high_x, c.direction) == (64, 256, FASTER) and c.x == pytest.approx(128.0)
+
+
+def test_crossovers_skip_unusable_points_and_sort() -> None:
+    found = crossovers([1024, 64, 256], [4.0, 0.5, math.nan], [1.0, 1.0, 1.0])
+    assert [(c.low_x, c.high_x) for c in found] == [(64, 1024)]
+    with pytest.raises(ValueError, match="twice"):
+        crossovers([64, 64], [1.0, 2.0], [1.0, 1.0])
+    with pytest.raises(ValueError):
+        crossovers([64, 128], [1.0], [1.0, 2.0])
+
+
+# --- a run: synthetic results with known laws -------------------------------------------------------------------
+
+
+def result(
+    model: str,
+    n: int,
+    median_s: float,
+    *,
+    mode: str = "forward",
+    batch: int = 4,
+    peak: int | None = None,
+    status: str = "ok",
+    spread: float = 0.0,
+    converged: bool = True,
+) -> Result:
+    recurrent = model in ("lstm", "gru")
+    case = Case(model, mode, "float32", "cpu", batch, n, 64, None if recurrent else 4, 1, recurrent)  # type: ignore[arg-type]
+    if status != "ok":
+        return Result(case, status, reason="why")  # type: ignore[arg-type]
+    samples = tuple(median_s * (1 + spread * (i - 5) / 5) for i in range(11))
+    stop = "converged" if converged else "budget"
+    m = Measurement(samples, 1, 3, 0.0, converged, stop, 0.01)  # type: ignore[arg-type]
+    memory = Memory(peak, "cuda-allocator") if peak is not None else None
+    return Result(case, "ok", measurement=m, memory=memory)
+
+
+NS = (64, 256, 1024)
+
+
+def laws_run() -> list[Result]:
+    """lstm: time ∝ n, memory ∝ n; vanilla: time ∝ n², memory ∝ n², and OOM at 4096; sdpa-flash: time ∝ n^1.5."""
+    out = [result("lstm", n, 1e-3 * n / 64, peak=1000 * n) for n in NS]
+    out += [result("vanilla", n, 1e-4 * (n / 64) ** 2, peak=10 * n * n) for n in NS]
+    out.append(result("vanilla", 4096, 0, status="oom"))
+    out += [result("sdpa-flash", n, 2e-4 * (n / 64) ** 1.5, peak=500 * n) for n in NS]
+    return out
+
+
+def test_scaling_laws_recover_the_exponents() -> None:
+    lines = {line.label: line for line in scaling_laws(laws_run())}
+    assert set(lines) == {"lstm", "vanilla", "sdpa-flash"}
+    for label, (time_b, memory_b) in {"lstm": (1, 1), "vanilla": (2, 2), "sdpa-flash": (1.5, 1)}.items():
+        line = lines[label]
+        assert line.time is not None and line.memory is not None
+        assert line.time.exponent == pytest.approx(time_b, abs=1e-9)
+        assert line.memory.exponent == pytest.approx(memory_b, abs=1e-9)
+        assert (line.time.x_min, line.time.x_max, line.time.points) == (64, 1024, 3)  # the OOM row is left out
+        assert (line.mode, line.batch, line.per_token) == ("forward", 4, False)
+    assert lines["vanilla"].text == (
+        "vanilla: time ∝ n^2.00 (95 % CI 2.00–2.00, n=64–1024, 3 points), memory ∝ n^2.00 (95 % CI 2.00–2.00)"
+    )
+
+
+def test_a_bending_curve_says_where_it_steepens() -> None:
+    # A fixed per-call cost hides the n² term at short lengths: the whole-range slope undersells it.
+    results = [result("vanilla", n, 1e-3 + 1e-8 * n * n) for n in (64, 256, 1024, 4096)]
+    (line,) = scaling_laws(results)
+    assert line.time is not None and line.time_top is not None
+    assert line.time.exponent < 1.5 and line.time_top.exponent > 1.8
+    assert "steepening to n^1.9" in line.text and "at n=1024–4096" in line.text
+
+
+def test_two_point_fits_are_marked_and_missing_fits_say_why() -> None:
+    results = [result("lstm", 64, 1e-3, peak=0), result("lstm", 256, 4e-3, peak=4096)]
+    results += [result("gru", 64, 1e-3), result("gru", 256, 0, status="oom")]
+    lines = {line.label: line for line in scaling_laws(results)}
+    assert lines["lstm"].time is not None and lines["lstm"].time.points == 2
+    assert lines["lstm"].text == (
+        "lstm: time ∝ n^1.00 (n=64–256, 2-point fit: no CI), "
+        "memory not fitted (1 nonzero peak; 0 at n=64: below what the method resolves)"
+    )
+    assert lines["gru"].text == "gru: time not fitted (1 length ran), memory not measured"
+
+
+def test_constant_token_grids_are_fitted_per_token() -> None:
+    # 16384 tokens per call: a call's time mixes batch and length, so the fit is per token.
+    results = [result("lstm", n, 1e-3, batch=16384 // n, peak=8 * 16384) for n in (256, 1024, 4096)]
+    results += [result("vanilla", n, 1e-4 * n / 256, batch=16384 // n) for n in (256, 1024, 4096)]
+    lines = {line.label: line for line in scaling_laws(results)}
+    assert lines["lstm"].per_token and lines["lstm"].batch is None
+    assert lines["lstm"].time is not None and lines["lstm"].time.exponent == pytest.approx(0.0, abs=1e-9)
+    assert lines["vanilla"].time is not None and lines["vanilla"].time.exponent == pytest.approx(1.0)
+    assert lines["lstm"].text.startswith("lstm: time per token ∝ n^0.00 (95 % CI")
+    assert "memory per token ∝ n^0.00" in lines["lstm"].text
+
+
+def test_crossover_lines_pair_attention_with_recurrent_models() -> None:
+    lines = crossover_lines(laws_run())
+    assert [(line.a, line.b) for line in lines] == [("vanilla", "lstm"), ("sdpa-flash", "lstm")]
+    vanilla, flash = lines
+    # vanilla/lstm = n/640: crosses at exactly n = 640, between the measured 256 and 1024.
+    (c,) = vanilla.crossings
+    assert c.x == pytest.approx(640.0) and (c.low_x, c.high_x) == (256, 1024)
+    assert vanilla.text == "vanilla becomes slower than lstm at n ≈ 640 (between 256 and 1024)"
+    assert vanilla.seq_lens == NS  # the OOM length is not one both ran
+    # sdpa-flash/lstm = 0.2·√(n/64): crosses at n = 1600, past the last length.
+    assert flash.crossings == ()
+    assert flash.text == "sdpa-flash vs lstm: none in range n=64–1024: faster throughout"
+
+
+def test_crossovers_compare_the_same_batch_only() -> None:
+    results = [result(model, n, 1e-3 * n / 64, batch=b) for model in ("lstm", "vanilla") for b in (4, 8) for n in NS]
+    lines = crossover_lines(results)
+    assert sorted((line.a, line.b) for line in lines) == [("vanilla b=4", "lstm b=4"), ("vanilla b=8", "lstm b=8")]
+
+
+def test_a_baseline_adds_its_own_pairs_without_repeating_any() -> None:
+    results = laws_run() + [result("gru", n, 2e-3 * n / 64) for n in NS]
+    pairs = [(line.a, line.b) for line in crossover_lines(results, baseline_model="vanilla")]
+    # attention × recurrent, then the rest against vanilla: lstm/gru vs vanilla are already there the other way.
+    assert pairs == [
+        ("vanilla", "lstm"),
+        ("vanilla", "gru"),
+        ("sdpa-flash", "lstm"),
+        ("sdpa-flash", "vanilla"),
+        ("sdpa-flash", "gru"),
+    ]
+    pairs = [(line.a, line.b) for line in crossover_lines(results, baseline_model="lstm")]
+    assert ("gru", "lstm") in pairs and ("lstm", "gru") not in pairs
+
+
+def test_crossover_text_for_touches_and_noise() -> None:
+    touch = [result("lstm", n, 1e-3) for n in NS]
+    touch += [result("vanilla", n, t) for n, t in zip(NS, (5e-4, 1e-3, 2e-3), strict=True)]
+    (line,) = crossover_lines(touch)
+    assert line.text == "vanilla becomes slower than lstm at n = 256 (measured)"
+    # ±20 % sample spread at n=1024, 5 % apart: the two medians' CIs overlap, so the crossing there is unclear.
+    noisy = [result("lstm", n, 1e-3, spread=0.2) for n in NS]
+    noisy += [result("vanilla", n, t, spread=0.2) for n, t in zip(NS, (1e-4, 5e-4, 0.95e-3), strict=True)]
+    (line,) = crossover_lines(noisy)
+    assert line.text == "vanilla vs lstm: none in range n=64–1024: faster throughout; within noise at n=1024"
+    one = [result("lstm", 64, 1e-3), result("vanilla", 64, 2e-3), result("vanilla", 256, 8e-3)]
+    (line,) = crossover_lines(one)
+    assert line.text == "vanilla vs lstm: slower at n=64, the only length both ran"
+
+
+# --- train / (forward + backward) --------------------------------------------------------------------------------
+
+
+def three_modes(train_s: float, forward_s: float = 1e-3, backward_s: float = 2e-3, **kw: object) -> list[Result]:
+    return [
+        result("lstm", 64, forward_s, mode="forward"),
+        result("lstm", 64, backward_s, mode="backward"),
+        result("lstm", 64, train_s, mode="train", **kw),  # type: ignore[arg-type]
+    ]
+
+
+def test_train_matching_its_parts_is_not_flagged() -> None:
+    (check,) = train_checks(three_modes(3.1e-3))
+    assert check.ratio == pytest.approx(3.1 / 3)
+    assert not check.flagged and check.reason == ""
+
+
+def test_train_far_from_its_parts_is_flagged_with_a_reason() -> None:
+    (above,) = train_checks(three_modes(4.5e-3))
+    assert above.flagged and above.ratio == pytest.approx(1.5)
+    assert above.reason.startswith("above 1.1: train costs more than its parts: its forward records the autograd")
+    assert above.text == "lstm train float32 b=4 n=64 d=64: 1.50 (train 4.5 ms; forward 1 ms + backward 2 ms)"
+    (below,) = train_checks(three_modes(2.4e-3))
+    assert below.flagged and below.reason.startswith("below 0.9: train costs less than its parts: forward + backward")
+
+
+def test_a_flag_the_noise_could_explain_says_so() -> None:
+    (check,) = train_checks(three_modes(3.4e-3, spread=0.3, converged=False))
+    assert check.flagged  # 1.13 by the medians...
+    assert "within noise: the medians' 95 % CIs allow" in check.reason  # ... but not beyond their CIs
+    assert check.reason.endswith("; train did not reach the CI target, so noise may explain it")
+
+
+def test_cases_missing_a_mode_or_a_timing_are_not_checked() -> None:
+    assert train_checks(three_modes(3e-3)[1:]) == []
+    failed = three_modes(3e-3)
+    failed[0] = result("lstm", 64, 0, mode="forward", status="oom")
+    assert train_checks(failed) == []
+    other_batch = [*three_modes(3e-3)[:2], result("lstm", 64, 3e-3, mode="train", batch=8)]
+    assert train_checks(other_batch) == []
+
+
+# --- rendering ------------------------------------------------------------------------------------------------------
+
+RUN = Run(
+    run_id="synthetic",
+    created_utc="2026-12-02T00:00:00Z",
+    config_source="test",
+    config={},
+    config_sha256="0" * 64,
+    timing=TimingPolicy(),
+    environment={"device": "cpu", "device_type": "cpu", "cpu_model": "test", "torch": "2.x", "python": "3.11"},
+    state="complete",
+)
+
+
+def report_run() -> list[Result]:
+    """forward, backward and train for lstm and vanilla at three lengths; vanilla's train at n=1024 is off."""
+    out = []
+    for mode, factor in (("forward", 1.0), ("backward", 2.0), ("train", 3.0)):
+        for n in NS:
+            out.append(result("lstm", n, factor * 1e-3 * n / 64, mode=mode, peak=1000 * n))
+            extra = 1.3 if (mode, n) == ("train", 1024) else 1.0
+            out.append(result("vanilla", n, extra * factor * 1e-4 * (n / 64) ** 2, mode=mode, peak=10 * n * n))
+    return out
+
+
+def section(text: str, start: str, end: str) -> list[str]:
+    """The lines from the one starting with ``start`` up to (not including) the next starting with ``end``."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(start))
+    last = next((i for i in range(first + 1, len(lines)) if lines[i].startswith(end)), len(lines))
+    return lines[first:last]
+
+
+def test_markdown_lines_golden() -> None:
+    text = render_markdown(RUN, report_run())
+    assert section(text, "Where the time curves cross", "Peak memory") == [
+        "Where the time curves cross (interpolated on log-log between the two measured lengths around the crossing):",
+        "",
+        "- vanilla becomes slower than lstm at n ≈ 640 (between 256 and 1024)",
+        "",
+    ]
+    assert section(text, "How cost grows", "## ") == [
+        "How cost grows with n (least-squares slope on log-log over the lengths that ran; 95 % CI from the "
+        "t-distribution):",
+        "",
+        "- lstm: time ∝ n^1.00 (95 % CI 1.00–1.00, n=64–1024, 3 points), memory ∝ n^1.00 (95 % CI 1.00–1.00)",
+        "- vanilla: time ∝ n^2.00 (95 % CI 2.00–2.00, n=64–1024, 3 points), memory ∝ n^2.00 (95 % CI 2.00–2.00)",
+        "",
+    ]
+    assert section(text, "## Checks", "## ") == [
+        "## Checks",
+        "",
+        "train / (forward + backward), expected 0.9–1.1: 5 of 6 cases inside (all: 1.00–1.30), flagged:",
+        "",
+        "- `vanilla train float32 b=4 n=1024 d=64 h=4`: 1.30 (train 99.8 ms; forward 25.6 ms + backward 51.2 ms) — "
+        "above 1.1: train costs more than its parts: its forward records the autograd graph and saves activations, "
+        "which the inference-mode forward skips, and it allocates that graph every call where backward alone "
+        "replays one",
+    ]
+
+
+def test_train_lines_differ_per_mode_and_pivot_carries_them() -> None:
+    tables = pivot_tables(report_run())
+    assert [t.title.split(" · ")[0] for t in tables] == ["forward", "backward", "train"]
+    train = tables[2]
+    assert train.crossovers == tuple(line.text for line in train.crossings)
+    assert [line.label for line in train.scaling] == ["lstm", "vanilla"]
+    vanilla = train.scaling[1]
+    assert vanilla.time is not None and vanilla.time.exponent > 2.0  # the slow n=1024 train row bends it up
+
+
+def test_terminal_shows_the_same_lines() -> None:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(comparison_tables(report_run()))
+    text = console.export_text()
+    markdown = render_markdown(RUN, report_run())
+    for line in ("vanilla becomes slower than lstm at n ≈ 640 (between 256 and 1024)", "lstm: time ∝ n^1.00"):
+        assert line in text and line in markdown
+    assert "train / (forward + backward), expected 0.9–1.1: 5 of 6 cases inside" in text
+    assert "vanilla train float32 b=4 n=1024 d=64 h=4: 1.30" in text
