@@ -9,14 +9,21 @@ MIB = 1024**2
 GIB = 1024**3
 
 
+def _digits(value: float) -> str:
+    """3 significant digits, but never exponent notation: 999.7 and 1023 (a value that rounds up past the
+    unit's range, or a count of GiB) print as integers rather than '1e+03'."""
+    text = f"{value:.3g}"
+    return f"{value:.0f}" if "e" in text else text
+
+
 def format_seconds(seconds: float) -> str:
     """Pick ns/µs/ms/s so the number has 3-4 significant digits."""
     if not math.isfinite(seconds):
         return "n/a"
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
+            return f"{_digits(seconds / scale)} {unit}"
+    return f"{_digits(seconds / 1e-9)} ns"
 
 
 def format_bytes(n_bytes: float) -> str:
@@ -24,7 +31,7 @@ def format_bytes(n_bytes: float) -> str:
         return "n/a"
     for scale, unit in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
         if abs(n_bytes) >= scale:
-            return f"{n_bytes / scale:.3g} {unit}"
+            return f"{_digits(n_bytes / scale)} {unit}"
     return f"{n_bytes:.0f} B"
 
 
@@ -34,5 +41,5 @@ def format_rate(per_second: float) -> str:
         return "n/a"
     for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(per_second) >= scale:
-            return f"{per_second / scale:.3g}{prefix}"
-    return f"{per_second:.3g}"
+            return f"{_digits(per_second / scale)}{prefix}"
+    return f"{_digits(per_second)}"

@@ -1,0 +1,20 @@
+"""Numbers become text in one place; it must never print exponent notation in a table cell."""
+
+from __future__ import annotations
+
+from attnbench.units import MIB, format_bytes, format_rate, format_seconds
+
+
+def test_three_significant_digits_in_the_right_unit() -> None:
+    assert format_seconds(1.234e-3) == "1.23 ms"
+    assert format_seconds(5e-7) == "500 ns"
+    assert format_bytes(1.5 * MIB) == "1.5 MiB"
+    assert format_rate(2.5e6) == "2.5M"
+
+
+def test_values_that_round_past_the_unit_print_as_integers() -> None:
+    assert format_seconds(0.9996) == "1000 ms"
+    assert format_seconds(1500.0) == "1500 s"
+    assert format_bytes(1023 * 1024) == "1023 KiB"
+    assert format_bytes(1000 * MIB) == "1000 MiB"
+    assert "e+" not in format_rate(999_600)
