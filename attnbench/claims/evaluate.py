@@ -1,0 +1,70 @@
+"""``evaluate_claims``: every claim of the article against one run, in the article's order, as a ``ClaimsReport``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnbench.claims.descriptive import claim_heads, claim_positional, claim_structure
+from attnbench.claims.flash import claim_flash
+from attnbench.claims.selection import latest_rows
+from attnbench.claims.sequential import claim_sequential
+from attnbench.claims.training import claim_training
+from attnbench.claims.utilisation import NVML_NOTE, claim_utilisation
+from attnbench.claims.verdicts import ClaimResult
+from attnbench.results import Result, Run
+
+ARTICLE_HARDWARE = "RTX 3090 (named for claim 4 only; the other claims name no hardware, a GPU implied)"
+INTERVALS_NOTE = (
+    "Ratios carry the conservative interval of the two medians' 95 % CIs; exponents the 95 % CI of a log-log "
+    "least-squares fit. The verdict rules are in the docstrings of attnbench/claims/."
+)
+
+
+@dataclass(frozen=True)
+class ClaimsReport:
+    """Every claim's rows for one run, with the hardware both sides used."""
+
+    run_id: str
+    device: str  # what this run measured on, in words
+    article_hardware: str
+    claims: tuple[ClaimResult, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "device": self.device,
+            "article_hardware": self.article_hardware,
+            "claims": [c.to_dict() for c in self.claims],
+            "notes": list(self.notes),
+        }
+
+
+def _device_words(run: Run) -> str:
+    env = run.environment
+    device = env.get("device") or "?"
+    name = env.get("gpu_name") or env.get("cpu_model") or "unknown hardware"
+    parts = [f"{device} ({name})"]
+    if env.get("device_type") == "cpu" and env.get("torch_threads"):
+        parts.append(f"{env['torch_threads']} threads")
+    if env.get("torch"):
+        parts.append(f"torch {env['torch']}")
+    return ", ".join(parts)
+
+
+def evaluate_claims(run: Run, results: Sequence[Result]) -> ClaimsReport:
+    """Every claim of the article against this run, in the article's order."""
+    results = latest_rows(results)
+    rows = [
+        *claim_sequential(run, results),
+        *claim_utilisation(run, results),
+        *claim_training(run, results),
+        *claim_flash(run, results),
+        claim_heads(results),
+        claim_positional(run, results),
+        *claim_structure(),
+    ]
+    notes = (NVML_NOTE, INTERVALS_NOTE)
+    return ClaimsReport(run.run_id, _device_words(run), ARTICLE_HARDWARE, tuple(rows), notes)

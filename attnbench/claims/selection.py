@@ -1,0 +1,111 @@
+"""Finding the rows a claim uses: which rows count, how they group into curves and variations, and the small
+readings of a row (its family, an option, its peak FLOP/s) every claim shares.
+
+Claim-specific choices (claim 1's batch, claim 2's representative case, claim 4's nearest length) live beside
+the verdict rules that name them, in each claim's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from attnbench import peak_use
+from attnbench.cases import Case, OptionValue
+from attnbench.catalogue import MODELS
+from attnbench.peak_use import Peak, PeakTable
+from attnbench.results import Result, Run
+
+K = TypeVar("K", int, str)  # what varies within a group of otherwise equal cases (heads, an option's value)
+
+
+def latest_rows(results: Iterable[Result]) -> list[Result]:
+    """One row per case: a later row for the same case (a rerun of a failed one) supersedes the earlier."""
+    return list({r.case: r for r in results}.values())
+
+
+def is_timed(r: Result) -> bool:
+    return r.ok and r.measurement is not None
+
+
+def median_s(r: Result) -> float:
+    assert r.measurement is not None
+    return r.measurement.median_s
+
+
+def family(model: str) -> str | None:
+    """The catalogue's family ("recurrent", "attention"), or None for a model this catalogue does not know."""
+    spec = MODELS.get(model)
+    return None if spec is None else spec.family
+
+
+def option(case: Case, name: str) -> OptionValue | None:
+    """A model option's value, or None where the model (or this catalogue) has no such option."""
+    try:
+        return case.option(name)
+    except KeyError:
+        return None
+
+
+def peak_of(run: Run, result: Result) -> Peak | None:
+    """The peak FLOP/s a row is held against (calibrated, else vendor; ``peak_use``), or None where unknown."""
+    return PeakTable.for_run(run).for_case(result.case)
+
+
+def pct_of_peak(run: Run, result: Result) -> float | None:
+    """Achieved FLOP/s (analytic ``extra["flops"]`` / median) as a percentage of the row's peak."""
+    return peak_use.pct_of_peak(result, peak_of(run, result)) if is_timed(result) else None
+
+
+def label(case: Case) -> str:
+    """Short, readable: 'lstm forward b=1 n=512 float32 d=768 h=12 scope=model'."""
+    parts = [case.model, case.mode, f"b={case.batch}", f"n={case.seq_len}", case.dtype, f"d={case.d_model}"]
+    if case.heads is not None:
+        parts.append(f"h={case.heads}")
+    if case.layers != 1:
+        parts.append(f"layers={case.layers}")
+    parts += [f"{k}={v}" for k, v in case.options]
+    return " ".join(parts)
+
+
+def variant(case: Case) -> str:
+    """Model and options; a scan mode always, since it decides whether the recurrence is sequential."""
+    options = dict(case.options)
+    scan = option(case, "scan")
+    if scan is not None:
+        options.setdefault("scan", scan)
+    return " ".join([case.model, *(f"{k}={v}" for k, v in sorted(options.items()))])
+
+
+@dataclass(frozen=True)
+class Series:
+    """Rows that differ only in seq_len: one curve."""
+
+    shape: Case  # the shared case, seq_len set to 0
+    points: tuple[Result, ...]  # timed rows, by seq_len
+
+    @property
+    def lengths(self) -> list[int]:
+        return [r.case.seq_len for r in self.points]
+
+
+def series(results: Iterable[Result]) -> list[Series]:
+    """Every curve in the timed rows of catalogue models."""
+    curves: dict[Case, list[Result]] = {}
+    for r in results:
+        if is_timed(r) and family(r.case.model) is not None:
+            curves.setdefault(replace(r.case, seq_len=0), []).append(r)
+    return [Series(shape, tuple(sorted(rows, key=lambda r: r.case.seq_len))) for shape, rows in curves.items()]
+
+
+def variation(
+    results: Sequence[Result], value: Callable[[Case], K | None], strip: Callable[[Case], Case]
+) -> dict[Case, dict[K, Result]]:
+    """Timed rows grouped by ``strip(case)``, keyed within a group by ``value(case)``; groups of ≥ 2 values."""
+    groups: dict[Case, dict[K, Result]] = {}
+    for r in results:
+        v = value(r.case)
+        if is_timed(r) and v is not None:
+            groups.setdefault(strip(r.case), {})[v] = r
+    return {k: g for k, g in groups.items() if len(g) >= 2}
