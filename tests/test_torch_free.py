@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,71 @@ def test_report_telemetry_without_torch_or_pynvml(blocked_env: dict[str, str]) -
     out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--telemetry")
     assert out.returncode == 0, out.stderr
     assert "# Telemetry per case" in out.stdout
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "json"])
+def test_claims_without_torch_or_pynvml(blocked_env: dict[str, str], fmt: str) -> None:
+    out = attnbench(blocked_env, "claims", str(FIXTURE_RUN), "--format", fmt)
+    assert out.returncode == 0, out.stderr
+    # The terminal table wraps prose cells; its verdict column does not.
+    assert ("not measurable here" if fmt == "table" else "CPU run; cpu_util_pct shown instead") in out.stdout
+    assert attnbench(blocked_env, "claims", "--help").returncode == 0
+
+
+# Issue 5: the new report formats and plots are torch-free too (layer 4).
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expect"),
+    [("html", "<!DOCTYPE html>"), ("gab", '"unit": "ms"'), ("bmf", '"latency"'), ("samples", '"seconds"')],
+)
+def test_new_report_formats_without_torch(blocked_env: dict[str, str], fmt: str, expect: str) -> None:
+    out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--format", fmt, "-o", "-")
+    assert out.returncode == 0, out.stderr
+    assert "sdpa-flash" in out.stdout and expect in out.stdout
+
+
+def test_report_plots_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--plots-dir", str(tmp_path), "-f", "csv", "-o", "-")
+    assert out.returncode == 0, out.stderr
+    assert len(list(tmp_path.glob("*.png"))) == 8
+
+
+def test_report_html_without_torch_or_matplotlib(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is blocked for this test')\n")
+    env = {**blocked_env, "PYTHONPATH": os.pathsep.join([str(tmp_path), blocked_env["PYTHONPATH"]])}
+    out = attnbench(env, "report", str(FIXTURE_RUN), "--format", "html", "--plots", "-o", "-")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "note: plots skipped: matplotlib is not installed (pip install 'attnbench[plots]')"
+    ]
+    assert "<img" not in out.stdout and "matplotlib is not installed" in out.stdout
+
+
+COMPARE = ROOT / "tests" / "data" / "compare"
+
+
+@pytest.mark.parametrize("fmt", ["md", "json", "table"])
+def test_compare_without_torch(blocked_env: dict[str, str], fmt: str) -> None:
+    out = attnbench(blocked_env, "compare", str(COMPARE / "base"), str(COMPARE / "current"), "--format", fmt)
+    assert out.returncode == 1, out.stderr  # the fixture holds two regressions
+    assert "regress" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_compare_exit_codes_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    import json
+
+    base = str(COMPARE / "base")
+    assert attnbench(blocked_env, "compare", base, base).returncode == 0
+    assert attnbench(blocked_env, "compare", str(tmp_path / "none"), base).returncode == 4
+    assert attnbench(blocked_env, "compare", base, base, "--fail-on", "mean:5%").returncode == 2
+    assert attnbench(blocked_env, "compare", "--help").returncode == 0
+    other = tmp_path / "other"
+    shutil.copytree(COMPARE / "base", other)
+    run = json.loads((other / "run.json").read_text())
+    run["environment"]["torch"] = "2.14.0"
+    (other / "run.json").write_text(json.dumps(run))
+    refused = attnbench(blocked_env, "compare", base, str(other))
+    assert refused.returncode == 3 and "torch: '2.13.0+cpu' (base) vs '2.14.0' (current)" in refused.stderr

@@ -1,0 +1,252 @@
+"""``--format html``: one self-contained page (inline CSS, plots as data URIs) to open, mail or attach to a CI run.
+
+Layer 4, torch-free. The tables are ``pivot_tables``'s, the same the markdown and terminal renderers draw, with
+the run header, every table's crossover and scaling lines, the plots of each table under it (when matplotlib
+drew them) and the cases without a timing. Nothing is fetched from anywhere: no scripts, fonts or stylesheets.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Sequence
+from html import escape
+
+from attnbench.consistency import train_check_summary, train_checks
+from attnbench.report.cells import CROSSOVER_LEGEND, LEGEND, SCALING_LEGEND, column_headers
+from attnbench.report.pivot import Cell, PivotTable, pivot_tables
+from attnbench.report.plots import Plot
+from attnbench.results import Result, Run
+from attnbench.units import format_bytes, format_seconds
+
+_CSS = """
+:root { color-scheme: light; --fg: #1d2329; --muted: #5b6670; --line: #d8dde2; --head: #f3f5f7;
+  --base: #eaf2fb; --noisy: #fff6df; --fail: #f6f6f6; --good: #1a7f37; --bad: #b42318; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg); }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 48px; }
+h1 { font-size: 1.6rem; margin: 0 0 4px; } h2 { font-size: 1.25rem; margin: 40px 0 8px;
+  padding-top: 12px; border-top: 2px solid var(--line); } h3 { font-size: 1rem; margin: 20px 0 6px; }
+code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.88em; }
+pre { background: var(--head); padding: 12px; overflow-x: auto; border-radius: 6px; }
+.muted, .legend { color: var(--muted); } .legend { font-size: 0.9rem; max-width: 70em; }
+nav ul { margin: 6px 0; padding-left: 1.2em; columns: 2; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; margin: 6px 0 10px; font-variant-numeric: tabular-nums; }
+th, td { border: 1px solid var(--line); padding: 4px 10px; white-space: nowrap; }
+thead th { background: var(--head); font-weight: 600; }
+td.num { text-align: right; } th.row { text-align: left; font-weight: 600; }
+tr.baseline th, tr.baseline td { background: var(--base); }
+td.noisy { background: var(--noisy); } td.fail { background: var(--fail); color: var(--muted); font-style: italic; }
+.speedup { font-size: 0.85em; margin-left: 4px; } .faster { color: var(--good); } .slower { color: var(--bad); }
+table.kv th { text-align: left; background: var(--head); font-weight: 500; } table.kv td { white-space: normal; }
+ul.lines { margin: 4px 0 10px; padding-left: 1.3em; } ul.lines li { margin: 2px 0; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px; margin-top: 12px; }
+figure { margin: 0; } figure img { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; }
+figcaption { font-size: 0.85rem; color: var(--muted); }
+details { margin: 8px 0; } summary { cursor: pointer; font-weight: 600; }
+footer { margin-top: 48px; font-size: 0.85rem; color: var(--muted); }
+@media print { .plots { grid-template-columns: 1fr; } main { max-width: none; } }
+""".strip()
+
+
+def _e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def _device_text(run: Run) -> str:
+    env = run.environment
+    device = env.get("gpu_name") or env.get("cpu_model") or "?"
+    parts = [f"device <code>{_e(env.get('device', '?'))}</code> ({_e(device)})", f"torch {_e(env.get('torch', '?'))}"]
+    if env.get("device_type") == "cpu":
+        parts.append(f"{_e(env.get('torch_threads', '?'))} threads")
+    if env.get("torch_cuda"):
+        parts.append(f"CUDA {_e(env['torch_cuda'])}")
+    if env.get("driver"):
+        parts.append(f"driver {_e(env['driver'])}")
+    parts.append(f"python {_e(env.get('python', '?'))}")
+    return " · ".join(parts)
+
+
+def _cell_title(cell: Cell) -> str:
+    """The tooltip: the numbers behind the cell, or why there are none."""
+    r = cell.result
+    if not r.ok or r.measurement is None:
+        return f"{r.status}: {r.reason}" if r.reason else r.status
+    m = r.measurement
+    s = m.summary
+    parts = [f"median {format_seconds(s.median)}"]
+    if s.ci_low > float("-inf") and s.ci_high < float("inf"):
+        parts.append(f"95% CI {format_seconds(s.ci_low)} to {format_seconds(s.ci_high)}")
+    samples = f"{s.n} sample{'s' if s.n != 1 else ''}"
+    parts.append(f"{samples} of {m.calls_per_sample} call{'s' if m.calls_per_sample != 1 else ''}")
+    parts.append(f"IQR {s.iqr_rel:.1%} of the median")
+    if not m.converged:
+        parts.append(f"CI target not reached ({m.stop_reason})")
+    return "; ".join(parts)
+
+
+def _time_cell(cell: Cell | None) -> str:
+    if cell is None:
+        return '<td class="num"></td>'
+    if cell.median_s is None:
+        return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
+    text = ("~" if cell.noisy else "") + format_seconds(cell.median_s)
+    if cell.speedup is not None:
+        side = "faster" if cell.speedup > 1 else "slower" if cell.speedup < 1 else ""
+        text = f'{_e(text)}<span class="speedup {side}">({cell.speedup:.2f}×)</span>'
+    else:
+        text = _e(text)
+    classes = "num noisy" if cell.noisy else "num"
+    return f'<td class="{classes}" title="{_e(_cell_title(cell))}">{text}</td>'
+
+
+def _memory_cell(cell: Cell | None) -> str:
+    if cell is None:
+        return '<td class="num"></td>'
+    r = cell.result
+    if not r.ok:
+        return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
+    if r.memory is None or r.memory.peak_bytes is None:
+        reason = r.memory.note if r.memory is not None and r.memory.note else "not measured"
+        return f'<td class="num" title="{_e(reason)}">?</td>'
+    title = f"{r.memory.peak_bytes} bytes ({r.memory.method})"
+    return f'<td class="num" title="{_e(title)}">{_e(format_bytes(r.memory.peak_bytes))}</td>'
+
+
+def _pivot(table: PivotTable, render: Callable[[Cell | None], str]) -> list[str]:
+    headers = "".join(f'<th scope="col">{_e(h)}</th>' for h in ["model", *column_headers(table)])
+    out = ['<div class="scroll"><table class="pivot">', f"<thead><tr>{headers}</tr></thead>", "<tbody>"]
+    for label, cells in table.rows:
+        is_baseline = bool(table.baseline) and label.split()[0] == table.baseline
+        row = "".join(render(cells.get(n)) for n in table.seq_lens)
+        attrs = ' class="baseline"' if is_baseline else ""
+        out.append(f'<tr{attrs}><th scope="row" class="row">{_e(label)}</th>{row}</tr>')
+    out += ["</tbody></table></div>"]
+    return out
+
+
+def _lines(legend: str, lines: Sequence[str]) -> list[str]:
+    if not lines:
+        return []
+    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    return [f'<p class="legend">{_e(legend)}</p>', f'<ul class="lines">{items}</ul>']
+
+
+def _figure(plot: Plot) -> str:
+    data = base64.b64encode(plot.png).decode("ascii")
+    return (
+        f'<figure><img alt="{_e(plot.title)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{_e(plot.title)}</figcaption></figure>"
+    )
+
+
+def _table_section(index: int, table: PivotTable, plots: Sequence[Plot]) -> list[str]:
+    out = [f'<section id="table-{index}">', f"<h2>{_e(table.title)}</h2>"]
+    if table.baseline:
+        out.append(f'<p class="legend">{_e(LEGEND.format(baseline=table.baseline))}</p>')
+    else:
+        out.append('<p class="legend">Median time per call; ~ marks a noisy cell. Hover a cell for its numbers.</p>')
+    out += _pivot(table, _time_cell)
+    out += _lines(CROSSOVER_LEGEND, table.crossovers)
+    out.append("<h3>Peak memory of one call above the post-setup baseline</h3>")
+    out += _pivot(table, _memory_cell)
+    out += _lines(SCALING_LEGEND, [line.text for line in table.scaling])
+    mine = [p for p in plots if p.group == table.title]
+    if mine:
+        out += ['<div class="plots">', *(_figure(p) for p in mine), "</div>"]
+    out.append("</section>")
+    return out
+
+
+def _checks_section(results: Sequence[Result]) -> list[str]:
+    """The run's self-consistency checks, as the markdown has them; nothing when no case ran in all three of
+    forward, backward and train."""
+    checks = train_checks(results)
+    if not checks:
+        return []
+    flagged = [c for c in checks if c.flagged]
+    out = ['<section id="checks">', "<h2>Checks</h2>"]
+    out.append(f"<p>{_e(train_check_summary(checks) + (', flagged:' if flagged else '.'))}</p>")
+    if flagged:
+        items = "".join(
+            f"<li><code>{_e(c.train.case.label)}</code>: {c.ratio:.2f} ({_e(c.parts_text)}) — {_e(c.reason)}</li>"
+            for c in flagged
+        )
+        out.append(f'<ul class="lines">{items}</ul>')
+    return [*out, "</section>"]
+
+
+def _key_values(rows: Sequence[tuple[str, object]]) -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e('' if v is None else v)}</td></tr>" for k, v in rows)
+    return f'<table class="kv"><tbody>{body}</tbody></table>'
+
+
+def render_html(
+    run: Run,
+    results: Sequence[Result],
+    baseline_model: str | None = None,
+    plots: Sequence[Plot] = (),
+    plots_note: str = "",
+) -> str:
+    """The page. ``plots`` (from ``render_plots``) are placed under their table; ``plots_note`` says why there
+    are none (matplotlib missing), and is shown instead."""
+    tables = pivot_tables(results, baseline_model)
+    ok = sum(r.ok for r in results)
+    body = [
+        "<header>",
+        f"<h1>attnbench run <code>{_e(run.run_id)}</code></h1>",
+        f"<p>{_device_text(run)}</p>",
+        f'<p class="muted">Config <code>{_e(run.config_source)}</code> (sha256 <code>{_e(run.config_sha256[:12])}'
+        f"</code>), created {_e(run.created_utc)}, state: {_e(run.state)}. {len(results)} cases, {ok} ok.</p>",
+        "</header>",
+    ]
+    if plots_note:
+        body.append(f'<p class="muted">{_e(plots_note)}</p>')
+    failed = [r for r in results if not r.ok]
+    if len(tables) > 1 or failed:
+        links = [f'<li><a href="#table-{i}">{_e(t.title)}</a></li>' for i, t in enumerate(tables, start=1)]
+        if failed:
+            links.append(f'<li><a href="#failed">Cases without a timing ({len(failed)})</a></li>')
+        body += ["<nav><strong>Contents</strong><ul>", *links, "</ul></nav>"]
+    for i, table in enumerate(tables, start=1):
+        body += _table_section(i, table, plots)
+    body += _checks_section(results)
+    if failed:
+        items = "".join(
+            f"<li><code>{_e(r.case.label)}</code>: <strong>{_e(r.status)}</strong> — {_e(r.reason)}</li>"
+            for r in failed
+        )
+        body += [
+            '<section id="failed">',
+            "<h2>Cases without a timing</h2>",
+            f'<ul class="lines">{items}</ul>',
+            "</section>",
+        ]
+    env = run.environment
+    body += [
+        "<h2>Run details</h2>",
+        f"<details><summary>Environment</summary>{_key_values(sorted(env.items()))}</details>",
+        f"<details><summary>Timing policy</summary>{_key_values(list(run.timing.to_dict().items()))}</details>",
+        f"<details><summary>Resolved config</summary><pre>{_e(json.dumps(dict(run.config), indent=2))}</pre></details>",
+        f"<details><summary>Command</summary><pre>{_e(' '.join(run.command))}</pre></details>",
+        "<footer>Rendered by attnbench from <code>run.json</code> and <code>results.jsonl</code>; "
+        "<code>attnbench report RUN --format csv</code> gives every number here and more.</footer>",
+    ]
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>attnbench · {_e(run.run_id)}</title>",
+            f"<style>\n{_CSS}\n</style>",
+            "</head>",
+            "<body><main>",
+            *body,
+            "</main></body>",
+            "</html>",
+            "",
+        ]
+    )

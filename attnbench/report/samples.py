@@ -1,0 +1,111 @@
+"""``--format samples``: every raw timing sample of a run in long form, one row per sample. Layer 4, torch-free.
+
+results.jsonl already keeps the raw samples, but nested in each row; this flattens them for pandas, R or a
+spreadsheet. Columns: the run id, the case key and its fields, the case's status, the sample's index, its
+``seconds`` (per call: a sample averages ``calls_per_sample`` back-to-back calls) and ``calls_per_sample``.
+
+Containers, chosen by the output file's name so that the same command always writes the same thing:
+- JSON lines (the default, and what ``-o -`` prints): one object per line, floats at full precision;
+- ``-o FILE.csv``: CSV with the same columns;
+- ``-o FILE.parquet``: Parquet, only where pandas and pyarrow are importable (neither is a dependency of
+  attnbench; without pyarrow this is an error with a hint, never a JSON file under a .parquet name).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import AttnbenchError
+from attnbench.results import Result, Run
+
+COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "key",
+    "model",
+    "mode",
+    "dtype",
+    "device",
+    "batch",
+    "seq_len",
+    "d_model",
+    "heads",
+    "layers",
+    "causal",
+    "options",
+    "status",
+    "sample",
+    "seconds",
+    "calls_per_sample",
+)
+
+
+def sample_rows(run: Run, results: Sequence[Result]) -> Iterator[dict[str, Any]]:
+    """One dict per raw sample, cases in run order, samples in the order they were taken (index from 0)."""
+    for r in results:
+        m = r.measurement
+        if m is None:
+            continue
+        c = r.case
+        fixed = {
+            "run_id": run.run_id,
+            "key": c.key,
+            "model": c.model,
+            "mode": c.mode,
+            "dtype": c.dtype,
+            "device": c.device,
+            "batch": c.batch,
+            "seq_len": c.seq_len,
+            "d_model": c.d_model,
+            "heads": c.heads,
+            "layers": c.layers,
+            "causal": c.causal,
+            "options": ";".join(f"{k}={v}" for k, v in c.options),
+            "status": r.status,
+        }
+        for index, seconds in enumerate(m.samples_s):
+            yield {**fixed, "sample": index, "seconds": seconds, "calls_per_sample": m.calls_per_sample}
+
+
+def render_samples_jsonl(run: Run, results: Sequence[Result]) -> str:
+    return "".join(json.dumps(row, allow_nan=False) + "\n" for row in sample_rows(run, results))
+
+
+def render_samples_csv(run: Run, results: Sequence[Result]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    # repr() of a float round-trips exactly, so a CSV reader gets back the very seconds that were measured.
+    writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in sample_rows(run, results))
+    return out.getvalue()
+
+
+def parquet_missing() -> str | None:
+    """Why Parquet cannot be written here, or None when it can."""
+    try:
+        import pandas  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        return f"writing Parquet needs pandas and pyarrow ({exc.name or exc} is not installed)"
+    return None
+
+
+def write_samples_parquet(run: Run, results: Sequence[Result], path: Path) -> None:
+    reason = parquet_missing()
+    if reason is not None:
+        raise AttnbenchError(
+            f"-o {path}: {reason}", hint="pip install pyarrow, or write JSON lines (-o FILE.jsonl) or CSV (-o FILE.csv)"
+        )
+    import pandas as pd
+
+    frame = pd.DataFrame(list(sample_rows(run, results)), columns=list(COLUMNS))
+    frame["heads"] = frame["heads"].astype("Int64")  # recurrent rows have none; keep the column integer
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(path, index=False)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path}: {exc.strerror or exc}", hint="choose another -o path") from None
