@@ -87,7 +87,9 @@ def measure(
             break
     warmup_s = clock.now() - start
     per_call = statistics.median(warm[-settle_window:])
-    injected = inject_slowdown * per_call
+    # The fastest warm-up call, not the window's median: a warm-up that never settled may hold one slow first
+    # call, and the injected cost must be a fraction of the steady-state call (recorded, so it is auditable).
+    injected = inject_slowdown * min(warm)
     if injected > 0:
         fn = _busy_wait(fn, injected)
 

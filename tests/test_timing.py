@@ -147,6 +147,10 @@ def test_slow_first_sample_is_flagged_by_its_modified_z_score() -> None:
 def test_injected_slowdown_is_a_fraction_of_the_warmup_time_and_is_recorded() -> None:
     m = measure(noop, FakeClock(gaussian(1e-3, 0.0), seed=18), TimingPolicy(), inject_slowdown=0.1)
     assert m.injected_delay_s == pytest.approx(1e-4)
+    # A warm-up cut short by its budget after one slow call: the delay follows the fastest call, not that one.
+    slow_first = FakeClock(lambda i, rng: 0.5 if i == 0 else 1e-3, seed=19)
+    m = measure(noop, slow_first, TimingPolicy(warmup_max_s=0.6), inject_slowdown=0.1)
+    assert m.injected_delay_s == pytest.approx(1e-4)
 
 
 def test_injected_slowdown_really_slows_a_real_call() -> None:
