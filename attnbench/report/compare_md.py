@@ -1,0 +1,216 @@
+"""``compare``'s renderers: GitHub-flavoured markdown (a PR comment, ``$GITHUB_STEP_SUMMARY``) and the terminal table.
+
+Both use the same cell texts, so they read the same. Pure: a ``Comparison`` in, text or a rich renderable out; rich
+is imported only by the terminal table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tabulate import tabulate
+
+from attnbench.compare import RESAMPLES, CaseComparison, Comparison, Side, Verdict
+from attnbench.units import format_seconds
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+# The order sections are shown in: what needs attention first.
+SECTIONS: tuple[Verdict, ...] = ("regressed", "improved", "noisy", "new", "missing", "same")
+HEADERS = ("case", "base", "current", "change", "95 % CI", "threshold", "evidence")
+
+
+def percent(fraction: float) -> str:
+    return f"{fraction * 100:.3g} %"
+
+
+def case_text(c: CaseComparison) -> str:
+    """The case's label, with its model options when it has any (the label leaves them out)."""
+    options = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in c.case.options)
+    return f"{c.case.label} {options}" if options else c.case.label
+
+
+def time_cell(seconds: float | None, status: str | None) -> str:
+    if status is None:
+        return "—"
+    if status != "ok" or seconds is None:
+        return status.upper()
+    return format_seconds(seconds)
+
+
+def change_cell(c: CaseComparison) -> str:
+    return "" if c.ratio is None else f"{(c.ratio - 1) * 100:+.1f} %"
+
+
+def interval_cell(c: CaseComparison) -> str:
+    if c.ci_low is None or c.ci_high is None:
+        return "n/a" if c.evidence == "samples" else ""
+    return f"{(c.ci_low - 1) * 100:+.1f} … {(c.ci_high - 1) * 100:+.1f} %"
+
+
+def evidence_cell(c: CaseComparison) -> str:
+    if c.evidence == "processes":
+        return f"{c.base_n}/{c.current_n} processes"
+    if c.evidence == "samples":
+        return f"{c.base_n}/{c.current_n} samples + floor"
+    return c.evidence if c.evidence == "status" else ""
+
+
+def row(c: CaseComparison) -> list[str]:
+    return [
+        case_text(c),
+        time_cell(c.base_s, c.base_status),
+        time_cell(c.current_s, c.current_status),
+        change_cell(c),
+        interval_cell(c),
+        percent(c.threshold),
+        evidence_cell(c),
+    ]
+
+
+def counts_line(comparison: Comparison) -> str:
+    counts = comparison.counts()
+    parts = [f"{counts[v]} {v}" for v in ("regressed", "improved", "same", "noisy", "new", "missing")]
+    if counts["regressed"]:
+        parts[0] = f"**{parts[0]}**"
+    return " · ".join(parts) + f" ({len(comparison.cases)} cases)"
+
+
+def title(comparison: Comparison) -> str:
+    n = comparison.counts()["regressed"]
+    return f"regression in {n} case{'s' if n != 1 else ''}" if n else "no regression"
+
+
+def _side_cells(side: Side) -> tuple[str, str, str]:
+    ids = ", ".join(f"`{run_id}`" for run_id in side.run_ids)
+    commits = ", ".join(f"`{c[:12]}`" for c in side.commits)
+    return ids, commits, str(len(side.runs))
+
+
+def environment_line(comparison: Comparison) -> str:
+    env = comparison.base.environment
+    device = env.get("gpu_name") or env.get("cpu_model") or "?"
+    parts = [f"{env.get('device_type', '?')} ({device})", f"torch {env.get('torch', '?')}"]
+    if env.get("torch_cuda"):
+        parts.append(f"CUDA {env['torch_cuda']}")
+    if env.get("device_type") == "cpu":
+        parts.append(f"{env.get('torch_threads', '?')} threads")
+    sha = comparison.base.runs[0].run.config_sha256
+    parts.append(f"config sha256 `{sha[:12]}`")
+    return " · ".join(parts)
+
+
+def method_text(comparison: Comparison) -> str:
+    """How the verdicts were reached, in words, including which evidence each case rests on."""
+    policy = comparison.policy
+    evidence = comparison.evidence()
+    lines = [
+        "Per case, the ratio current/base of the median time per call with a 95 % interval. A case **regressed** "
+        f"when the whole interval lies above 1 + threshold ({policy.thresholds.describe()}), **improved** when "
+        "it lies below 1 − threshold, is the **same** when it lies inside ±threshold, and **noisy** otherwise. "
+        "A status change decides first: ok → failed or out of memory is a regression.",
+    ]
+    if evidence.get("processes"):
+        lines.append(
+            f"Evidence for {evidence['processes']} cases: the spread between processes (one median per process, "
+            "Student t on the log medians, variance pooled over both sides)."
+        )
+    if evidence.get("samples"):
+        lines.append(
+            f"Evidence for {evidence['samples']} cases: one process per side, so the interval is a bootstrap of "
+            f"the median ratio over the raw samples ({RESAMPLES} resamples), widened by a ±"
+            f"{percent(policy.noise_floor)} noise floor for the variation between processes that samples from "
+            "one process cannot show. Measure that variation instead with `timing.processes` or by comparing "
+            "folders of repeated runs."
+        )
+    return " ".join(lines)
+
+
+def _table(cases: Sequence[CaseComparison]) -> str:
+    rows = [row(c) for c in cases]
+    return tabulate(
+        [[_escape(cell) for cell in r] for r in rows], headers=HEADERS, tablefmt="github", disable_numparse=True
+    )
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_compare_markdown(comparison: Comparison) -> str:
+    base_ids, base_commits, base_runs = _side_cells(comparison.base)
+    current_ids, current_commits, current_runs = _side_cells(comparison.current)
+    lines = [
+        f"## attnbench compare: {title(comparison)}",
+        "",
+        counts_line(comparison),
+        "",
+        "| | base | current |",
+        "| --- | --- | --- |",
+        f"| path | `{comparison.base.path}` | `{comparison.current.path}` |",
+        f"| runs | {base_ids} | {current_ids} |",
+        f"| commit | {base_commits} | {current_commits} |",
+        f"| processes (runs) | {base_runs} | {current_runs} |",
+        "",
+        f"Measured on {environment_line(comparison)}.",
+    ]
+    if comparison.allowed:
+        allowed = "; ".join(m.describe() for m in comparison.allowed)
+        lines += ["", f"**Compared despite differences** (`--allow-mismatch`): {_escape(allowed)}."]
+    lines += ["", method_text(comparison)]
+    for verdict in SECTIONS:
+        cases = comparison.of(verdict)
+        if not cases or verdict == "same":
+            continue
+        lines += ["", f"### {verdict.capitalize()} ({len(cases)})", ""]
+        if verdict in ("new", "missing"):
+            lines += [f"- `{case_text(c)}`" for c in cases]
+            continue
+        lines.append(_table(cases))
+        notes = [f"- `{case_text(c)}`: {_escape(c.note)}" for c in cases if c.note]
+        if notes:
+            lines += ["", *notes]
+    lines += [
+        "",
+        f"<details><summary>All {len(comparison.cases)} cases</summary>",
+        "",
+        tabulate(
+            [[_escape(cell) for cell in [row(c)[0], c.verdict, *row(c)[1:]]] for c in comparison.cases],
+            headers=(HEADERS[0], "verdict", *HEADERS[1:]),
+            tablefmt="github",
+            disable_numparse=True,
+        ),
+        "",
+        "</details>",
+    ]
+    if comparison.warnings:
+        lines += ["", "Warnings:", ""] + [f"- {_escape(w)}" for w in comparison.warnings]
+    return "\n".join(lines) + "\n"
+
+
+_STYLE: dict[str, str] = {"regressed": "bold red", "improved": "green", "noisy": "yellow", "new": "cyan"}
+
+
+def compare_table(comparison: Comparison) -> Group:
+    """The verdicts for a terminal: every case (attention first), then the counts and how they were decided."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"attnbench compare: {title(comparison)}", title_justify="left")
+    for header in (HEADERS[0], "verdict", *HEADERS[1:]):
+        table.add_column(header, justify="left" if header in ("case", "verdict", "evidence") else "right")
+    order = {verdict: i for i, verdict in enumerate(SECTIONS)}
+    for c in sorted(comparison.cases, key=lambda c: order[c.verdict]):
+        cells = row(c)
+        table.add_row(cells[0], Text(c.verdict, style=_STYLE.get(c.verdict, "")), *cells[1:])
+    lines: list[Table | Text] = [table, Text(counts_line(comparison).replace("**", ""))]
+    lines += [Text(f"  {case_text(c)}: {c.note}", style="italic") for c in comparison.cases if c.note]
+    if comparison.allowed:
+        lines.append(Text("compared despite: " + "; ".join(m.describe() for m in comparison.allowed), style="yellow"))
+    base, current = comparison.base, comparison.current
+    lines.append(Text(f"base {', '.join(base.run_ids)} → current {', '.join(current.run_ids)}"))
+    lines.append(Text(method_text(comparison).replace("**", "").replace("`", ""), style="dim"))
+    return Group(*lines)

@@ -1,0 +1,242 @@
+"""A/A check of ``attnbench compare``: unchanged code, measured again and again, must not be called a regression.
+
+    python scripts/bench_aa.py [--runs 10] [--config configs/aa-cpu.yaml] [--fail-on median:5% --fail-on median:3%]
+        [--noise-floor 3%] [--processes 1] [--set key=value ...] [--report results/compare-aa-cpu.md]
+
+Runs ``attnbench sweep CONFIG`` ``--runs`` times, each in its own process through the CLI, then compares each run
+with the next (``--runs`` − 1 comparisons) through ``attnbench compare --format json`` at every ``--fail-on``
+threshold, and writes a markdown report: the verdict counts per comparison, the total number of cases flagged
+regressed (target: at most 1 in all), and the spread of the same case between two processes on this machine, with
+the ``--noise-floor`` it suggests (the 95th percentile of |ratio − 1|). About 25 s per run of the default config on
+a 2-core CPU (sweep, start-up and plots), so 10 runs and the comparisons take about 5 minutes.
+
+``scripts/bench_power.py`` imports the helpers below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VERDICTS = ("regressed", "improved", "same", "noisy", "new", "missing")
+
+
+def attnbench(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process, from this checkout (installed or not)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    out = subprocess.run(
+        [sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, env=env, cwd=ROOT, check=False
+    )
+    if check and out.returncode not in (0, 1):
+        raise SystemExit(f"attnbench {shlex.join(args)} exited {out.returncode}:\n{out.stderr}")
+    return out
+
+
+@dataclass(frozen=True)
+class Sweep:
+    folder: Path
+    wall_s: float
+
+
+def sweep(config: Path, out: Path, sets: Sequence[str], extra: Sequence[str] = ()) -> Sweep:
+    """One ``attnbench sweep`` in its own process, into a fresh folder ``out``; returns its run folder."""
+    start = time.perf_counter()
+    attnbench("sweep", str(config), "--out", str(out), "-q", *(f"--set={s}" for s in sets), *extra)
+    wall = time.perf_counter() - start
+    (folder,) = (p for p in out.iterdir() if (p / "run.json").is_file())
+    return Sweep(folder, wall)
+
+
+def compare(base: Path, current: Path, fail_on: str, floor: str | None) -> dict[str, Any]:
+    """``attnbench compare --format json`` in its own process; checks that its exit code agrees with its verdicts."""
+    args = ["compare", str(base), str(current), "--fail-on", fail_on, "--format", "json", "-o", "-"]
+    out = attnbench(*args, *(("--noise-floor", floor) if floor else ()))
+    data: dict[str, Any] = json.loads(out.stdout)
+    if out.returncode != (1 if data["regressed"] else 0):
+        raise SystemExit(f"compare exited {out.returncode} but reports regressed={data['regressed']}")
+    return data
+
+
+def label(case: dict[str, Any]) -> str:
+    heads = f" h={case['heads']}" if case["heads"] is not None else ""
+    return f"{case['model']} {case['mode']} {case['dtype']} b={case['batch']} n={case['seq_len']}{heads}"
+
+
+def machine(folder: Path) -> str:
+    env = json.loads((folder / "run.json").read_text())["environment"]
+    device = env.get("gpu_name") or env.get("cpu_model")
+    return (
+        f"{device}, {env.get('cpu_logical')} logical CPUs, torch {env.get('torch')}, "
+        f"{env.get('torch_threads')} threads, python {env.get('python')}, host `{platform.node()}`"
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 1]."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:.1f} %"
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f} (1 min), {five:.2f} (5 min)"
+
+
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "aa-cpu.yaml")
+    parser.add_argument(
+        "--fail-on",
+        action="append",
+        help="threshold(s) to judge at (repeatable; default median:5%% and median:3%%)",
+    )
+    parser.add_argument("--noise-floor", default=None, help="compare's --noise-floor (default: compare's own)")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="timing.processes: fresh worker processes per case in each run"
+    )
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="config override for every sweep")
+    parser.add_argument("--work", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
+
+
+def sweep_sets(args: argparse.Namespace) -> list[str]:
+    return [*args.sets, *([f"timing.processes={args.processes}"] if args.processes != 1 else [])]
+
+
+def command_line() -> str:
+    return "python " + shlex.join([str(Path(sys.argv[0]).resolve().relative_to(ROOT)), *sys.argv[1:]])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_arguments(parser)
+    parser.add_argument("--runs", type=int, default=10, help="sweeps of the config (comparisons = runs - 1)")
+    parser.add_argument("--report", type=Path, default=ROOT / "results" / "compare-aa-cpu.md")
+    args = parser.parse_args()
+    if args.runs < 2:
+        parser.error("--runs must be at least 2")
+    thresholds = args.fail_on or ["median:5%", "median:3%"]
+    started, load_before, clock = datetime.now(UTC), load(), time.perf_counter()
+    work = args.work or Path(tempfile.mkdtemp(prefix="attnbench-aa-"))
+    runs: list[Sweep] = []
+    for i in range(args.runs):
+        runs.append(sweep(args.config, work / f"run-{i + 1:02d}", sweep_sets(args)))
+        print(f"run {i + 1}/{args.runs}: {runs[-1].folder} ({runs[-1].wall_s:.1f} s)", file=sys.stderr)
+    results = {
+        t: [compare(a.folder, b.folder, t, args.noise_floor) for a, b in itertools.pairwise(runs)] for t in thresholds
+    }
+    text = report(args, runs, results, started, load_before, time.perf_counter() - clock)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(text, encoding="utf-8")
+    print(text)
+    print(f"wrote {args.report}; run folders in {work}", file=sys.stderr)
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    runs: list[Sweep],
+    results: dict[str, list[dict[str, Any]]],
+    started: datetime,
+    load_before: str,
+    wall_s: float,
+) -> str:
+    first = next(iter(results.values()))
+    floor = first[0]["policy"]["noise_floor"]
+    cases = len(first[0]["cases"])
+    lines = [
+        f"# `attnbench compare` A/A check ({Path(args.config).stem})",
+        "",
+        f"`{command_line()}`, {started:%Y-%m-%d %H:%M} UTC: {len(runs)} sweeps of "
+        f"`{Path(args.config).relative_to(ROOT) if Path(args.config).is_relative_to(ROOT) else args.config}` "
+        f"({cases} cases{', overrides ' + ', '.join(sweep_sets(args)) if sweep_sets(args) else ''}), each in its "
+        f"own process, each compared with the next ({len(runs) - 1} comparisons) by `attnbench compare` with noise "
+        f"floor {pct(floor)} and {args.processes} process(es) per case.",
+        "",
+        f"Machine: {machine(runs[0].folder)}. Load average {load_before} before, {load()} after. "
+        f"Wall time {wall_s:.0f} s (sweeps {statistics.median(r.wall_s for r in runs):.1f} s median).",
+        "",
+        "## Verdicts",
+        "",
+        "| comparison | threshold | " + " | ".join(VERDICTS) + " | exit |",
+        "| --- | --- | " + " | ".join("---" for _ in VERDICTS) + " | --- |",
+    ]
+    totals: dict[str, dict[str, int]] = {}
+    for threshold, comparisons in results.items():
+        totals[threshold] = dict.fromkeys(VERDICTS, 0)
+        for i, data in enumerate(comparisons):
+            for verdict in VERDICTS:
+                totals[threshold][verdict] += data["counts"][verdict]
+            counts = " | ".join(str(data["counts"][v]) for v in VERDICTS)
+            lines.append(f"| run {i + 1} → {i + 2} | {threshold} | {counts} | {data['exit_code']} |")
+    lines += ["", "**Target: at most 1 case flagged regressed in all comparisons.**", ""]
+    for threshold, total in totals.items():
+        n = cases * (len(runs) - 1)
+        verdict = "PASS" if total["regressed"] <= 1 else "FAIL"
+        lines.append(
+            f"- {threshold}: {total['regressed']} regressed and {total['improved']} improved of {n} case "
+            f"comparisons ({total['same']} same, {total['noisy']} noisy) → **{verdict}**"
+        )
+    lines += noise_section(first)
+    return "\n".join(lines) + "\n"
+
+
+def noise_section(comparisons: list[dict[str, Any]]) -> list[str]:
+    """How far the same case moved between consecutive processes, and the noise floor that implies."""
+    moves: dict[str, list[float]] = {}
+    labels: dict[str, str] = {}
+    for data in comparisons:
+        for c in data["cases"]:
+            if c["ratio"] is not None:
+                moves.setdefault(c["key"], []).append(abs(math.log(c["ratio"])))
+                labels[c["key"]] = label(c["case"])
+    every = [m for values in moves.values() for m in values]
+    if not every:
+        return ["", "No case was timed on both sides of any comparison."]
+    lines = [
+        "",
+        "## The same case in two processes",
+        "",
+        "| case | median \\|Δ\\| | max \\|Δ\\| |",
+        "| --- | --- | --- |",
+    ]
+    for key, values in moves.items():
+        lines.append(
+            f"| {labels[key]} | {pct(math.expm1(statistics.median(values)))} | {pct(math.expm1(max(values)))} |"
+        )
+    q95 = math.expm1(percentile(every, 0.95))
+    lines += [
+        "",
+        f"Over all {len(every)} pairs: median |Δ| {pct(math.expm1(statistics.median(every)))}, 90th percentile "
+        f"{pct(math.expm1(percentile(every, 0.90)))}, 95th percentile {pct(q95)} — the `--noise-floor` this "
+        f"machine needs when a side has one process: **{math.ceil(q95 * 100)}%**.",
+    ]
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,485 @@
+"""``attnbench compare``: the statistics, the verdict rules, refusal, exit codes, and the golden markdown.
+
+Fixtures: ``tests/data/compare/base`` and ``current`` (built by ``tests/data/compare/derive.py`` from a real run,
+with known changes per case); folders of repeated runs and mismatched environments are derived from them here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import statistics
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cases import Case
+from attnbench.cli import app
+from attnbench.compare import (
+    DEFAULT_NOISE_FLOOR,
+    HARD_KEYS,
+    NoBaselineError,
+    NotComparableError,
+    Policy,
+    Thresholds,
+    _bootstrap_medians,
+    _widen,
+    bootstrap_ratio_ci,
+    compare_case,
+    compare_paths,
+    load_thresholds,
+    parse_fraction,
+    parse_threshold,
+    process_ratio_ci,
+)
+from attnbench.errors import AttnbenchError
+from attnbench.measurement import Measurement
+from attnbench.report.compare_md import render_compare_markdown
+from attnbench.results import Result
+from attnbench.stats import student_t_975
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "compare"
+BASE, CURRENT = DATA / "base", DATA / "current"
+GOLDEN = ROOT / "tests" / "data" / "golden"
+runner = CliRunner()
+
+
+def _derive_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("compare_derive", DATA / "derive.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+derive = _derive_module()
+
+
+def check_golden(name: str, text: str) -> None:
+    import os
+
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if that is intended"
+
+
+def verdicts(base: Path, current: Path, **policy: Any) -> dict[tuple[str, str, int], str]:
+    comparison = compare_paths(base, current, Policy(**policy))
+    return {(c.case.model, c.case.mode, c.case.seq_len): c.verdict for c in comparison.cases}
+
+
+def run_set(folder: Path, factors: list[float], commit: str = derive.BASE_COMMIT, **environment: Any) -> Path:
+    """A folder of runs: base's rows with every timing scaled by each factor in turn (one run per factor)."""
+    run, rows = derive.read_run(BASE)
+    for i, factor in enumerate(factors):
+        member = derive.with_run(run, f"20261202-15{commit[0]}00{i}-tiny-fixture-cpu", commit, **environment)
+        derive.write_run(folder / member["run_id"], member, [derive.scaled(r, factor) for r in rows])
+    return folder
+
+
+def edited(folder: Path, **environment: Any) -> Path:
+    """base, with some environment fields changed."""
+    run, rows = derive.read_run(BASE)
+    return derive.write_run(folder, derive.with_run(run, "edited", "e" * 40, **environment), rows)
+
+
+# ---------------------------------------------------------------------------------------------- thresholds
+
+
+@pytest.mark.parametrize(("text", "value"), [("median:5%", 0.05), ("5%", 0.05), (" median : 12.5 % ", 0.125)])
+def test_threshold_language(text: str, value: float) -> None:
+    assert parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["mean:5%", "median:0.001", "5", "0%", "median:100%", "median:-5%", ""])
+def test_threshold_language_refuses_what_it_cannot_judge(text: str) -> None:
+    with pytest.raises(AttnbenchError) as info:
+        parse_threshold(text)
+    assert "--fail-on" in info.value.message and info.value.hint
+
+
+def test_threshold_file_per_model(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("default: 4%\nlstm: 8%\ngru: 'median:6%'\n")
+    limits = load_thresholds(path)
+    assert (limits.for_model("lstm"), limits.for_model("gru"), limits.for_model("vanilla")) == pytest.approx(
+        (0.08, 0.06, 0.04)
+    )
+    assert limits.describe() == "4 %; gru 6 %; lstm 8 %"
+    assert load_thresholds(path, "median:3%").default == pytest.approx(0.03)  # the command line wins
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("lstmm: 5%\n", "unknown model 'lstmm'"), ("- 5%\n", "mapping"), ("lstm: 8\n", "percentage"), ("a: [\n", "YAML")],
+)
+def test_threshold_file_errors_name_the_file_and_key(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    with pytest.raises(AttnbenchError) as info:
+        load_thresholds(path)
+    assert says in info.value.message and str(path) in info.value.message
+
+
+def test_noise_floor_parsing() -> None:
+    assert parse_fraction("3%", "--noise-floor") == pytest.approx(0.03)
+    assert parse_fraction("0.1", "--noise-floor") == pytest.approx(0.1)
+    assert parse_fraction("0", "--noise-floor") == 0
+    for bad in ("x", "-1%", "100%"):
+        with pytest.raises(AttnbenchError):
+            parse_fraction(bad, "--noise-floor")
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("n", [7, 8])
+def test_exact_bootstrap_median_matches_resampling(n: int) -> None:
+    """The O(1) order-statistic draw has the distribution of the median of n draws with replacement."""
+    data = sorted(random.Random(1).lognormvariate(0, 0.3) for _ in range(n))
+    fast = _bootstrap_medians(data, random.Random(2), 40_000)
+    rng = random.Random(3)
+    slow = [statistics.median(rng.choices(data, k=n)) for _ in range(40_000)]
+    for q in (0.1, 0.25, 0.5, 0.75, 0.9):
+        a, b = sorted(fast)[int(q * len(fast))], sorted(slow)[int(q * len(slow))]
+        assert a == pytest.approx(b, rel=0.02), q
+    assert statistics.fmean(fast) == pytest.approx(statistics.fmean(slow), rel=0.005)
+
+
+def test_bootstrap_is_deterministic_per_case_key() -> None:
+    rng = random.Random(0)
+    b = [rng.gauss(1.0, 0.05) for _ in range(60)]
+    c = [rng.gauss(1.1, 0.05) for _ in range(60)]
+    first = bootstrap_ratio_ci(b, c, key="k", confidence=0.95, resamples=500)
+    assert first == bootstrap_ratio_ci(b, c, key="k", confidence=0.95, resamples=500)
+    assert first != bootstrap_ratio_ci(b, c, key="other", confidence=0.95, resamples=500)
+    assert first[0] < 1.1 < first[1]
+
+
+def test_bootstrap_interval_covers_the_true_ratio() -> None:
+    """Two skewed samples of medians 1 and 1.2: the 95 % interval covers 1.2 in about 95 % of trials."""
+    rng = random.Random(7)
+    hits = 0
+    for trial in range(150):
+        b = [math.exp(rng.gauss(0, 0.1)) for _ in range(41)]
+        c = [1.2 * math.exp(rng.gauss(0, 0.1)) for _ in range(41)]
+        lo, hi = bootstrap_ratio_ci(b, c, key=str(trial), confidence=0.95, resamples=400)
+        hits += lo <= 1.2 <= hi
+    assert 0.88 <= hits / 150 <= 0.995
+
+
+def test_process_interval_is_student_t_on_log_medians() -> None:
+    base, current = [1.0, 1.02, 0.98], [1.10, 1.12, 1.08]
+    ratio, lo, hi = process_ratio_ci(base, current)
+    lb, lc = [math.log(x) for x in base], [math.log(x) for x in current]
+    pooled = (statistics.variance(lb) + statistics.variance(lc)) / 2
+    half = student_t_975(4) * math.sqrt(pooled * (1 / 3 + 1 / 3))
+    diff = statistics.fmean(lc) - statistics.fmean(lb)
+    assert (ratio, lo, hi) == pytest.approx((math.exp(diff), math.exp(diff - half), math.exp(diff + half)))
+    # One side with a single process borrows the other side's spread.
+    ratio, lo, hi = process_ratio_ci([1.0], current)
+    assert lo < ratio < hi
+
+
+def test_noise_floor_adds_in_quadrature_on_the_log_scale() -> None:
+    lo, hi = _widen(1.0, math.exp(-0.03), math.exp(0.04), 0.0)
+    assert (lo, hi) == pytest.approx((math.exp(-0.03), math.exp(0.04)))
+    lo, hi = _widen(1.0, math.exp(-0.03), math.exp(0.04), math.exp(0.04) - 1)
+    assert (math.log(lo), math.log(hi)) == pytest.approx((-0.05, math.hypot(0.04, 0.04)))
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+
+
+def case(model: str = "lstm") -> Case:
+    return Case(model, "forward", "float32", "cpu", 2, 64, 32, None, 1, True)
+
+
+def row(status: str = "ok", median: float = 1e-3, n: int = 200, spread: float = 0.002, **fields: Any) -> Result:
+    if status != "ok":
+        return Result(case(), status, reason=f"{status} here")  # type: ignore[arg-type]
+    samples = tuple(median * (1 + spread * math.sin(i)) for i in range(n))
+    m = Measurement(samples, 1, 3, 0.0, True, "converged", 0.01, **fields)
+    return Result(case(), "ok", measurement=m)
+
+
+@pytest.mark.parametrize(
+    ("factor", "floor", "verdict"),
+    [
+        (1.00, 0.03, "same"),
+        (1.20, 0.03, "regressed"),
+        (0.80, 0.03, "improved"),
+        (1.04, 0.03, "noisy"),  # might be above 5 % once processes differ by up to 3 %
+        (1.04, 0.0, "same"),  # trusting the samples alone, 4 % is inside 5 %
+        (1.07, 0.03, "noisy"),  # beyond the threshold, but not beyond it and the floor
+        (1.07, 0.0, "regressed"),
+    ],
+)
+def test_effect_must_pass_the_threshold_and_be_significant(factor: float, floor: float, verdict: str) -> None:
+    got = compare_case("k", [row()], [row(median=1e-3 * factor)], Policy(noise_floor=floor))
+    assert (got.verdict, got.evidence) == (verdict, "samples")
+    assert got.ratio == pytest.approx(factor)
+    assert got.ci_low is not None and got.ci_high is not None and got.ratio is not None
+    assert got.ci_low < got.ratio < got.ci_high
+
+
+def test_per_model_threshold_applies() -> None:
+    policy = Policy(thresholds=Thresholds(0.05, {"lstm": 0.25}), noise_floor=0.0)
+    assert compare_case("k", [row()], [row(median=1.2e-3)], policy).verdict == "same"
+
+
+@pytest.mark.parametrize(
+    ("base", "current", "verdict"),
+    [
+        ("ok", "oom", "regressed"),
+        ("ok", "unsupported", "regressed"),
+        ("ok", "crashed", "regressed"),
+        ("oom", "ok", "improved"),
+        ("oom", "error", "regressed"),
+        ("unsupported", "timeout", "regressed"),
+        ("error", "crashed", "same"),
+        ("oom", "unsupported", "same"),
+        ("oom", "oom", "same"),
+    ],
+)
+def test_status_changes_decide_before_timings(base: str, current: str, verdict: str) -> None:
+    got = compare_case("k", [row(base)], [row(current)], Policy())
+    assert (got.verdict, got.evidence, got.base_status, got.current_status) == (verdict, "status", base, current)
+
+
+def test_new_missing_and_too_few_samples() -> None:
+    assert compare_case("k", [], [row()], Policy()).verdict == "new"
+    assert compare_case("k", [row()], [], Policy()).verdict == "missing"
+    few = compare_case("k", [row(n=3)], [row(n=3, median=2e-3)], Policy())
+    assert few.verdict == "noisy" and "fewer than 6 samples" in few.note and few.ci_low is None
+
+
+def test_replicate_medians_are_between_process_evidence() -> None:
+    base = row(replicate_medians_s=(1.00e-3, 1.01e-3, 0.99e-3))
+    slower = row(median=1.1e-3, replicate_medians_s=(1.10e-3, 1.11e-3, 1.09e-3))
+    got = compare_case("k", [base], [slower], Policy())
+    assert (got.evidence, got.base_n, got.current_n, got.verdict) == ("processes", 3, 3, "regressed")
+    # Processes that disagree by ±10 % cannot show a 10 % change: noisy, whatever the samples inside each say.
+    wide = row(replicate_medians_s=(0.9e-3, 1.0e-3, 1.1e-3))
+    assert compare_case("k", [wide], [slower], Policy()).verdict == "noisy"
+
+
+def test_a_flaky_replicate_is_the_sides_status() -> None:
+    got = compare_case("k", [row(), row()], [row(), row("crashed")], Policy())
+    assert (got.verdict, got.current_status) == ("regressed", "crashed")
+    assert "crashed in 1 of 2 runs" in got.note
+
+
+# ---------------------------------------------------------------------------------------------- the fixtures
+
+
+def test_fixture_verdicts() -> None:
+    got = verdicts(BASE, CURRENT)
+    assert got[("lstm", "forward", 64)] == "regressed"  # 25 % slower
+    assert got[("sdpa-flash", "train", 16)] == "regressed"  # ok → oom
+    assert got[("gru", "forward", 16)] == "improved"  # 25 % faster
+    assert got[("vanilla", "forward", 16)] == "noisy"  # 4 % slower: neither inside 5 % nor surely beyond
+    assert got[("lstm", "train", 16)] == "noisy"  # one sample
+    assert got[("lstm", "forward", 32)] == "new"
+    assert got[("sdpa-flash", "train", 64)] == "missing"
+    assert got[("sdpa-efficient", "forward", 16)] == "same"  # unsupported on both
+    assert got[("vanilla", "forward", 1048576)] == "same"  # oom on both
+    assert got[("gru", "forward", 64)] == "same"
+
+
+def test_a_run_against_itself_has_no_regression() -> None:
+    comparison = compare_paths(BASE, BASE, Policy())
+    assert not comparison.regressed and comparison.exit_code == 0
+    assert {c.verdict for c in comparison.cases} <= {"same", "noisy"}
+
+
+def test_golden_markdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the markdown names the paths as given
+    comparison = compare_paths(Path("tests/data/compare/base"), Path("tests/data/compare/current"), Policy())
+    check_golden("compare-base-current.md", render_compare_markdown(comparison))
+
+
+def test_golden_markdown_with_processes_and_allowed_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_set(tmp_path / "base", [0.99, 1.0, 1.01])
+    run_set(tmp_path / "head", [1.089, 1.1, 1.111], derive.CURRENT_COMMIT, torch="2.14.0+cpu")
+    policy = Policy(thresholds=Thresholds(0.05, {"lstm": 0.08}), allow_mismatch=frozenset({"torch"}))
+    comparison = compare_paths(Path("base"), Path("head"), policy)
+    assert {c.evidence for c in comparison.cases} == {"processes", "status"}
+    check_golden("compare-processes.md", render_compare_markdown(comparison))
+
+
+def test_folders_of_runs_are_processes(tmp_path: Path) -> None:
+    aa = verdicts(run_set(tmp_path / "a", [0.99, 1.0, 1.01]), run_set(tmp_path / "b", [1.005, 0.995, 1.0]))
+    timed = {k: v for k, v in aa.items() if k[2] != 1048576 and k[0] != "sdpa-efficient"}
+    assert set(timed.values()) == {"same"}
+    slower = verdicts(tmp_path / "a", run_set(tmp_path / "c", [1.09, 1.10, 1.11]))
+    assert slower[("lstm", "forward", 64)] == "regressed"
+
+
+def test_json_output_schema() -> None:
+    data = compare_paths(BASE, CURRENT, Policy()).to_dict()
+    assert data["schema"] == "attnbench.compare/1" and data["regressed"] is True and data["exit_code"] == 1
+    assert data["counts"] == {"regressed": 2, "improved": 1, "same": 5, "noisy": 3, "new": 1, "missing": 1}
+    assert data["policy"]["noise_floor"] == DEFAULT_NOISE_FLOOR
+    one = next(c for c in data["cases"] if c["verdict"] == "improved")
+    assert one["case"]["model"] == "gru" and one["ratio"] == pytest.approx(0.75)
+    assert one["ci_low"] < 0.75 < one["ci_high"] and one["evidence"] == "samples"
+    json.dumps(data, allow_nan=False)
+
+
+# ---------------------------------------------------------------------------------------------- refusal
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value"),
+    [
+        ("gpu_name", "gpu_name", "NVIDIA H100"),
+        ("driver_major", "driver", "560.35.03"),
+        ("torch", "torch", "2.14.0+cpu"),
+        ("torch_cuda", "torch_cuda", "12.4"),
+        ("cudnn", "cudnn", "90100"),
+        ("torch_threads", "torch_threads", 16),
+        ("cpu_model", "cpu_model", "Intel Xeon"),
+    ],
+)
+def test_fingerprint_mismatch_is_refused(tmp_path: Path, key: str, field: str, value: object) -> None:
+    other = edited(tmp_path / "other", **{field: value})
+    with pytest.raises(NotComparableError) as info:
+        compare_paths(BASE, other, Policy())
+    assert f"{key}: " in info.value.message and repr(value if field != "driver" else "560") in info.value.message
+    assert info.value.exit_code == 3 and f"--allow-mismatch {key}" in info.value.hint
+    allowed = compare_paths(BASE, other, Policy(allow_mismatch=frozenset({key})))
+    assert [m.key for m in allowed.allowed] == [key]
+
+
+def test_config_and_dtype_mismatch_is_refused(tmp_path: Path) -> None:
+    run, rows = derive.read_run(BASE)
+    run["config_sha256"] = "0" * 64
+    run["config"]["dtype"] = ["bfloat16"]
+    other = derive.write_run(tmp_path / "other", run, rows)
+    with pytest.raises(NotComparableError) as info:
+        compare_paths(BASE, other, Policy())
+    assert "dtypes: 'float32' (base) vs 'bfloat16' (current)" in info.value.message
+    assert "config_sha256" in info.value.message
+    assert {"dtypes", "config_sha256"} <= set(HARD_KEYS)
+
+
+def test_runs_of_one_side_must_agree(tmp_path: Path) -> None:
+    folder = run_set(tmp_path / "set", [1.0, 1.0])
+    first = sorted(folder.iterdir())[1]
+    run = json.loads((first / "run.json").read_text())
+    run["environment"]["torch"] = "2.14.0+cpu"
+    (first / "run.json").write_text(json.dumps(run))
+    with pytest.raises(NotComparableError, match="its runs differ from each other"):
+        compare_paths(folder, BASE, Policy())
+
+
+def test_missing_or_empty_base_is_no_baseline(tmp_path: Path) -> None:
+    with pytest.raises(NoBaselineError) as info:
+        compare_paths(tmp_path / "nothing", CURRENT, Policy())
+    assert info.value.exit_code == 4 and "results/baselines" in info.value.hint
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NoBaselineError, match="holds no run"):
+        compare_paths(tmp_path / "empty", CURRENT, Policy())
+    run, _ = derive.read_run(BASE)
+    with pytest.raises(NoBaselineError, match="no results"):
+        compare_paths(derive.write_run(tmp_path / "norows", run, []), CURRENT, Policy())
+
+
+def test_injected_slowdown_is_a_warning(tmp_path: Path) -> None:
+    run, rows = derive.read_run(BASE)
+    for r in rows:
+        if r["measurement"]:
+            r["measurement"]["injected_delay_s"] = 1e-5
+    slowed = derive.write_run(tmp_path / "slowed", run, rows)
+    comparison = compare_paths(BASE, slowed, Policy())
+    assert any("--inject-slowdown" in w for w in comparison.warnings)
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+
+def cli(*args: str) -> Any:
+    return runner.invoke(app, ["compare", *args])
+
+
+def test_cli_exit_0_without_regression() -> None:
+    result = cli(str(BASE), str(BASE), "--format", "md")
+    assert result.exit_code == 0, result.output
+    assert "## attnbench compare: no regression" in result.output
+
+
+def test_cli_exit_1_on_regression_after_writing_the_output(tmp_path: Path) -> None:
+    out = tmp_path / "compare.md"
+    result = cli(str(BASE), str(CURRENT), "--format", "md", "-o", str(out))
+    assert result.exit_code == 1
+    assert out.read_text().startswith("## attnbench compare: regression in 2 cases")
+
+
+def test_cli_thresholds_can_clear_a_regression(tmp_path: Path) -> None:
+    limits = tmp_path / "t.yaml"
+    limits.write_text("default: 5%\nlstm: 40%\n")
+    result = cli(str(BASE), str(CURRENT), "--thresholds", str(limits), "--format", "json")
+    data = json.loads(result.output)
+    lstm = next(c for c in data["cases"] if c["case"]["model"] == "lstm" and c["case"]["seq_len"] == 64)
+    assert lstm["verdict"] == "same" and lstm["threshold"] == pytest.approx(0.40)
+    assert result.exit_code == 1  # the oom is still a regression
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--fail-on", "mean:5%"],
+        ["--noise-floor", "lots"],
+        ["--allow-mismatch", "hostname"],
+        ["--thresholds", "no-such-file.yaml"],
+        ["--format", "html"],
+    ],
+)
+def test_cli_exit_2_on_bad_flags(args: list[str]) -> None:
+    result = cli(str(BASE), str(CURRENT), *args)
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+
+
+def test_cli_exit_2_on_a_bad_current(tmp_path: Path) -> None:
+    assert cli(str(BASE), str(tmp_path / "missing")).exit_code == 2
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "run.json").write_text("{")
+    result = cli(str(BASE), str(tmp_path / "broken"))
+    assert result.exit_code == 2 and "run.json" in result.output
+
+
+def test_cli_exit_3_refused_with_both_values(tmp_path: Path) -> None:
+    other = edited(tmp_path / "other", gpu_name="NVIDIA H100", torch="2.14.0+cpu")
+    result = cli(str(BASE), str(other))
+    assert result.exit_code == 3
+    assert "gpu_name: None (base) vs 'NVIDIA H100' (current)" in result.output
+    assert "torch: '2.13.0+cpu' (base) vs '2.14.0+cpu' (current)" in result.output
+    allowed = cli(str(BASE), str(other), "--allow-mismatch", "gpu_name", "--allow-mismatch", "torch", "-f", "md")
+    assert allowed.exit_code == 0, allowed.output
+    assert "**Compared despite differences** (`--allow-mismatch`)" in allowed.output
+
+
+def test_cli_exit_4_without_baseline(tmp_path: Path) -> None:
+    result = cli(str(tmp_path / "results" / "baselines" / "gpu"), str(CURRENT))
+    assert result.exit_code == 4
+    assert "no such run folder" in result.output and "hint:" in result.output
+
+
+def test_cli_table_and_noise_floor_default() -> None:
+    result = cli(str(BASE), str(CURRENT))
+    assert result.exit_code == 1
+    assert "attnbench compare: regression in 2 cases" in result.output
+    assert "2 regressed · 1 improved · 5 same · 3 noisy · 1 new · 1 missing (13 cases)" in result.output
+    help_text = " ".join(runner.invoke(app, ["compare", "--help"]).output.split())
+    assert f"[default: ({DEFAULT_NOISE_FLOOR:.0%})]" in help_text
+    assert all(key in help_text for key in HARD_KEYS)
