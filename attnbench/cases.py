@@ -85,6 +85,8 @@ class Case:
     def label(self) -> str:
         """Short human label for progress lines."""
         extra = "" if self.heads is None else f" h={self.heads}" + (" causal" if self.causal else "")
+        # Options tell variants apart (scope, positional, preset…): without them two rows would read the same.
+        extra += "".join(f" {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options)
         return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
 
     def to_dict(self) -> dict[str, object]:
@@ -155,19 +157,22 @@ class Axes:
     layers: tuple[int, ...]
     causal: tuple[bool, ...]
     device: str
-    model_options: Mapping[str, Options] = field(default_factory=dict)
+    # Per model, the option sets to cross it with (a config may list several values for an option); a model
+    # left out runs once, with every option at its default.
+    model_options: Mapping[str, tuple[Options, ...]] = field(default_factory=dict)
 
 
 def expand(axes: Axes) -> list[Case]:
     """Cross every axis into cases, in a stable order, dropping combinations that do not apply.
 
-    The order is model-major with seq_len innermost, so a sweep walks each model's length curve in turn and a
-    progress line reads naturally.
+    The order is model-major (then the model's option sets) with seq_len innermost, so a sweep walks each
+    model's length curve in turn and a progress line reads naturally.
     """
     seen: set[Case] = set()
     cases: list[Case] = []
-    for model, mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
-        axes.models,
+    variants = [(model, options) for model in axes.models for options in axes.model_options.get(model, ((),))]
+    for (model, options), mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
+        variants,
         axes.modes,
         axes.dtypes,
         axes.batch,
@@ -177,7 +182,6 @@ def expand(axes: Axes) -> list[Case]:
         axes.causal,
         axes.seq_len,
     ):
-        options = axes.model_options.get(model, ())
         if is_recurrent(model):
             bidirectional = bool(dict(options).get("bidirectional", False))
             case = Case(

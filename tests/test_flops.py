@@ -14,6 +14,10 @@ FlopCounterMode counts matmul-like aten ops only, at 2 FLOPs per multiply-add, w
   With oneDNN off it decomposes into addmm/bmm and matches the formula exactly.
 * gru (no oneDNN path): forward exact. Both recurrent backwards come out a hair under 2× forward: autograd
   skips the gradient for the zero initial state h₀, one step's hidden matmuls per layer and direction.
+* mingru, minlstm: their only matmul is the gate Linear (``addmm``); both scans are element-wise. Forward and
+  train exact, parallel and sequential alike (no h₀ matmul to skip).
+* block and model scope: the FFN's Linears are ``addmm`` like the projections; LayerNorm, GELU, the embedding
+  lookup (and its backward) and the positional encodings are not counted, nor are they in the formula.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnbench.cases import Case, Mode
-from attnbench.flops import FlopCount, causal_pairs, count_flops
-from attnbench.models import build_model
+from attnbench.cases import Case, Mode, Options
+from attnbench.flops import FlopCount, causal_pairs, count_flops, matched_hidden, recurrent_hidden
+from attnbench.models import build_model, make_input
 
 BIDIRECTIONAL = (("bidirectional", True),)
 
@@ -43,8 +47,9 @@ def attention(
     heads: int = 2,
     layers: int = 1,
     causal: bool = False,
+    options: Options = (),
 ) -> Case:
-    return Case(model, mode, "float32", "cpu", batch, seq_len, d_model, heads, layers, causal)
+    return Case(model, mode, "float32", "cpu", batch, seq_len, d_model, heads, layers, causal, options)
 
 
 def recurrent(
@@ -56,9 +61,15 @@ def recurrent(
     d_model: int = 4,
     layers: int = 1,
     bidirectional: bool = False,
+    options: Options = (),
 ) -> Case:
-    options = BIDIRECTIONAL if bidirectional else ()
+    options = tuple(sorted((*options, *(BIDIRECTIONAL if bidirectional else ()))))
     return Case(model, mode, "float32", "cpu", batch, seq_len, d_model, None, layers, not bidirectional, options)
+
+
+BLOCK: Options = (("scope", "block"),)
+MODEL: Options = (("scope", "model"), ("vocab", 50))
+MATCHED: Options = (("match", "params"), ("scope", "block"))
 
 
 # --- hand-computed numbers --------------------------------------------------------------------------------------
@@ -87,6 +98,35 @@ HAND: list[tuple[Case, int, dict[str, int]]] = [
     (recurrent("gru", "train", layers=2), 6912, {"gates": 2304, "gates_backward": 4608}),
     (recurrent("gru", bidirectional=True), 864, {"gates": 864}),
     (recurrent("gru", "train", layers=2, bidirectional=True), 5184, {"gates": 1728, "gates_backward": 3456}),
+    # block: + FFN 2·B·S·2·m·d² = 2·2·4·2·4·64 = 8192 per layer; the model scope adds no matmul
+    (attention(options=BLOCK), 13312, {"projections": 4096, "core": 1024, "ffn": 8192}),
+    (attention(options=MODEL), 13312, {"projections": 4096, "core": 1024, "ffn": 8192}),
+    (
+        attention(mode="train", options=BLOCK),
+        40448,
+        {"projections": 4096, "core": 1024, "ffn": 8192}
+        | {"projections_backward": 8192, "core_backward": 2560}
+        | {"ffn_backward": 16384},
+    ),
+    (
+        attention(layers=2, causal=True, options=(("ffn_mult", 2), ("scope", "block"))),
+        17664,
+        {"projections": 8192, "core": 1280, "ffn": 8192},
+    ),
+    # minGRU: 2 gates × 2·B·T·d·H = 2·2·6·4·4 = 384 per layer; minLSTM 3 gates: 576
+    (recurrent("mingru"), 384, {"gates": 384}),
+    (recurrent("mingru", "train", layers=2), 2304, {"gates": 768, "gates_backward": 1536}),
+    (recurrent("minlstm"), 576, {"gates": 576}),
+    (recurrent("minlstm", options=(("scan", "sequential"),)), 576, {"gates": 576}),  # the scan is not a matmul
+    # lstm block, hidden = d: as one core layer; layers stack with input d each time (H = d, so the same)
+    (recurrent("lstm", layers=2, options=BLOCK), 3072, {"gates": 3072}),
+    # lstm block matched at d = 64 (H = 78: 4H² + 328H + 192 = 50112 vs the attention block's 49984):
+    # gates 2·4·B·T·78·(64+78) = 177216 at B=1, T=2; projection back to 64: 2·B·T·78·64 = 19968
+    (
+        recurrent("lstm", batch=1, seq_len=2, d_model=64, options=MATCHED),
+        197184,
+        {"gates": 177216, "projection": 19968},
+    ),
 ]
 
 
@@ -103,6 +143,26 @@ def test_formula_ids_are_stable() -> None:
     assert count_flops(attention(mode="train", causal=True)).formula == "attention-v1"
     assert count_flops(recurrent("lstm", bidirectional=True)).formula == "lstm-v1"
     assert count_flops(recurrent("gru", "train")).formula == "gru-v1"
+    assert count_flops(recurrent("mingru")).formula == "mingru-v1"
+    assert count_flops(recurrent("minlstm")).formula == "minlstm-v1"
+    assert count_flops(attention(options=BLOCK)).formula == "attention-block-v1"
+    assert count_flops(attention(options=MODEL)).formula == "transformer-model-v1"
+    assert count_flops(recurrent("lstm", options=BLOCK)).formula == "lstm-block-v1"
+    assert count_flops(recurrent("lstm", options=(("scope", "model"),))).formula == "lstm-model-v1"
+    assert count_flops(recurrent("mingru", options=(("scope", "model"),))).formula == "mingru-model-v1"
+
+
+def test_matched_hidden_by_hand() -> None:
+    # d = 64: 78 is 0.26 % off; the multiples of 8 beside it (72, 80) are 11 % and 4 % off, so 78 it is.
+    assert matched_hidden("lstm", 64, 1, 4) == 78
+    # d = 768: 934 is closest (0.03 %), but 936 is a multiple of 8 (tensor-core friendly) and 0.29 % off.
+    assert matched_hidden("lstm", 768, 1, 4) == 936
+    assert matched_hidden("mingru", 768, 1, 4) == 3072
+    assert recurrent_hidden(recurrent("lstm", d_model=64, options=MATCHED)) == 78
+    assert recurrent_hidden(recurrent("lstm", d_model=64, options=BLOCK)) == 64
+    assert recurrent_hidden(recurrent("lstm", d_model=64, bidirectional=True)) == 32
+    with pytest.raises(ValueError, match="within 1%"):
+        recurrent_hidden(recurrent("lstm", d_model=4, options=MATCHED))
 
 
 def test_count_is_frozen() -> None:
@@ -153,14 +213,15 @@ def counted(case: Case) -> dict[str, int]:
     """FLOPs FlopCounterMode sees for one call of ``case`` as the executor times it, by aten op name."""
     torch.manual_seed(0)
     model = build_model(case, "cpu", torch.float32)
-    x = torch.randn(case.batch, case.seq_len, case.d_model)
+    x = make_input(case, "cpu", torch.float32)
     counter = FlopCounterMode(display=False)
     if case.mode == "forward":
         model.eval()
         with counter, torch.inference_mode():
             model(x)
     else:
-        x.requires_grad_(True)  # as the executor: backward computes dX too
+        if x.is_floating_point():  # as the executor: backward computes dX too (token ids take none)
+            x.requires_grad_(True)
         grad_out = torch.randn(case.batch, case.seq_len, case.d_model)
         with counter:
             model(x).backward(grad_out)
@@ -177,11 +238,15 @@ def no_onednn() -> Iterator[None]:
             yield
 
 
-def sized(model: str, mode: Mode = "forward", *, causal: bool = False, bidirectional: bool = False) -> Case:
+def sized(
+    model: str, mode: Mode = "forward", *, causal: bool = False, bidirectional: bool = False, options: Options = ()
+) -> Case:
     """A case big enough that every part is visible to the counter: B=2, S=8, d=32, H=4, 2 layers."""
-    if model in ("lstm", "gru"):
-        return recurrent(model, mode, batch=2, seq_len=8, d_model=32, layers=2, bidirectional=bidirectional)
-    return attention(model, mode, batch=2, seq_len=8, d_model=32, heads=4, layers=2, causal=causal)
+    if model in ("lstm", "gru", "mingru", "minlstm"):
+        return recurrent(
+            model, mode, batch=2, seq_len=8, d_model=32, layers=2, bidirectional=bidirectional, options=options
+        )
+    return attention(model, mode, batch=2, seq_len=8, d_model=32, heads=4, layers=2, causal=causal, options=options)
 
 
 @pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
@@ -233,7 +298,7 @@ def test_counter_lstm_with_onednn_counts_nothing(bidirectional: bool) -> None:
 def h0_correction(case: Case) -> int:
     """FLOPs autograd skips at the first step: no gradient for h₀ = 0, per layer and direction."""
     directions = 2 if case.option("bidirectional") else 1
-    hidden = case.d_model // directions
+    hidden = recurrent_hidden(case)
     gates = {"lstm": 4, "gru": 3}[case.model]
     return case.layers * directions * 2 * case.batch * gates * hidden * hidden
 
@@ -246,4 +311,46 @@ def test_counter_recurrent_decomposed(cell: str, bidirectional: bool) -> None:
     train = sized(cell, "train", bidirectional=bidirectional)
     assert sum(counted(forward).values()) == count_flops(forward).flops
     # Backward ≈ 2× forward; exactly, short by the skipped dh₀ (a 1/T-sized difference).
+    assert sum(counted(train).values()) == count_flops(train).flops - h0_correction(train)
+
+
+@pytest.mark.parametrize(
+    "options", [BLOCK, MODEL, (("positional", "rope"), ("scope", "block"))], ids=["block", "model", "rope"]
+)
+@pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
+def test_counter_attention_blocks_forward_exact(model: str, options: Options) -> None:
+    """The FFN joins the projections as addmm; LayerNorm, GELU, embedding and RoPE are not matmuls."""
+    case = sized(model, options=options)
+    ops, ours = counted(case), count_flops(case)
+    assert ops == {"aten.addmm": ours.detail["projections"] + ours.detail["ffn"], "aten.bmm": ours.detail["core"]}
+
+
+@pytest.mark.parametrize("options", [BLOCK, MODEL], ids=["block", "model"])
+def test_counter_attention_block_train(options: Options) -> None:
+    case = sized("vanilla", "train", options=options)
+    ops, ours = counted(case), count_flops(case)
+    linear = ours.detail["projections"] + ours.detail["ffn"]
+    assert ops["aten.addmm"] + ops["aten.mm"] == 3 * linear  # forward + dX + dW
+    assert ops["aten.bmm"] == 3 * ours.detail["core"]  # the counter's 2× bmm backward; ours is 2.5×
+
+
+@pytest.mark.parametrize("scan", ["parallel", "sequential"])
+@pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.parametrize("model", ["mingru", "minlstm"])
+def test_counter_min_rnn_exact(model: str, mode: Mode, scan: str) -> None:
+    options: Options = () if scan == "parallel" else (("scan", scan),)
+    for case in (sized(model, mode, options=options), sized(model, mode, options=(*options, ("scope", "block")))):
+        assert sum(counted(case).values()) == count_flops(case).flops, case.key
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize(
+    "options",
+    [BLOCK, MATCHED, (("match", "params"), ("scope", "model"), ("vocab", 50))],
+    ids=["block", "matched", "model"],
+)
+@pytest.mark.usefixtures("no_onednn")
+def test_counter_recurrent_blocks(cell: str, options: Options) -> None:
+    forward, train = sized(cell, options=options), sized(cell, "train", options=options)
+    assert sum(counted(forward).values()) == count_flops(forward).flops
     assert sum(counted(train).values()) == count_flops(train).flops - h0_correction(train)

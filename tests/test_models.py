@@ -48,7 +48,7 @@ def attention_case(
 
 
 def recurrent_case(model: str, *, bidirectional: bool = False, layers: int = 1, d_model: int = 16) -> Case:
-    options = (("bidirectional", bidirectional),)
+    options = (("bidirectional", bidirectional),) if model in ("lstm", "gru") else ()
     return Case(model, "forward", "float32", "cpu", 2, 7, d_model, None, layers, not bidirectional, options)
 
 
@@ -147,6 +147,14 @@ def test_recurrent_shapes(model: str, layers: int, bidirectional: bool) -> None:
     assert module(torch.randn(2, 7, 16)).shape == (2, 7, 16)
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("model", ["mingru", "minlstm"])
+def test_parallel_rnn_shapes(model: str, layers: int) -> None:
+    module = build_model(recurrent_case(model, layers=layers), "cpu", torch.float32)
+    assert module(torch.randn(2, 7, 16)).shape == (2, 7, 16)
+    assert len(next(iter(module.children()))) == layers  # one MinRNN per layer, stacked like nn.GRU(num_layers)
+
+
 def test_recurrent_bidirectional_needs_even_width() -> None:
     with pytest.raises(ValueError, match="even d_model"):
         build_model(recurrent_case("gru", bidirectional=True, d_model=15), "cpu", torch.float32)
@@ -177,8 +185,8 @@ def test_probe_reports_torch_refusal_when_a_kernel_is_tried() -> None:
 @pytest.mark.parametrize("mode", ["forward", "train"])
 @pytest.mark.parametrize(
     "case",
-    [recurrent_case("lstm"), attention_case("vanilla"), attention_case("sdpa-flash")],
-    ids=["lstm", "vanilla", "sdpa-flash"],
+    [recurrent_case("lstm"), recurrent_case("mingru"), attention_case("vanilla"), attention_case("sdpa-flash")],
+    ids=["lstm", "mingru", "vanilla", "sdpa-flash"],
 )
 def test_probe_passes_what_runs_on_cpu(case: Case, mode: Mode) -> None:
     assert probe(replace(case, mode=mode), "cpu") is None

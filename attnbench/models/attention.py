@@ -85,13 +85,24 @@ class FlashAttnCore(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """One multi-head self-attention layer around a parameter-free core. No FFN or norm (yet)."""
+    """One multi-head self-attention layer around a parameter-free core; the FFN and norms are the block's
+    (``attnbench.models.blocks``). ``rotary`` (RoPE, parameter-free too) rotates queries and keys per head."""
 
-    def __init__(self, d_model: int, heads: int, core: nn.Module, *, device: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        core: nn.Module,
+        *,
+        device: str,
+        dtype: torch.dtype,
+        rotary: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
         self.heads = heads
+        self.rotary = rotary
         # Created in this order for every core, so a given seed yields the same weights whatever the core.
         self.qkv = nn.Linear(d_model, 3 * d_model, device=device, dtype=dtype)
         self.core = core
@@ -102,6 +113,8 @@ class SelfAttention(nn.Module):
         head_dim = d_model // self.heads
         qkv = self.qkv(x).view(batch, seq_len, 3, self.heads, head_dim)  # (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, T, D), views, no copy
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)  # (B, H, T, D), rotated by position
         y = self.core(q, k, v)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(batch, seq_len, d_model)  # (B, T, H, D) -> (B, T, H·D)
         return self.out(y)

@@ -21,7 +21,11 @@ from torch.nn.attention import SDPBackend
 
 from attnbench.cases import Case
 from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS
+from attnbench.flops import positions, recurrent_hidden
 from attnbench.models.attention import AttentionStack, FlashAttnCore, SdpaCore, SelfAttention, VanillaCore
+from attnbench.models.blocks import Network, RecurrentBlock, TransformerBlock
+from attnbench.models.minrnn import MinCell, MinRNN, MinRNNStack, Scan
+from attnbench.models.positional import Rotary, input_encoding
 from attnbench.models.rnn import Cell, Recurrent
 
 Builder = Callable[[Case, str, torch.dtype], nn.Module]
@@ -48,8 +52,10 @@ _DEVICE_NOTES = {
 }
 # dtypes a model supports at all, where narrower than catalogue.DTYPES (flash_attn_func: fp16/bf16 only).
 _DTYPE_LIMITS = {"flash-attn": ("float16", "bfloat16")}
-# The probe's input: large enough to take the real kernels' paths, small enough to cost nothing.
-_PROBE_BATCH, _PROBE_SEQ_LEN = 1, 16
+# The probe's input: large enough to take the real kernels' paths, small enough to cost nothing. The probe's
+# model keeps the case's widths (the kernels depend on them) but one layer and a small vocabulary: building a
+# BERT-base just to ask whether its kernels run here would cost seconds per case.
+_PROBE_BATCH, _PROBE_SEQ_LEN, _PROBE_VOCAB = 1, 16, 64
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)")
 
 
@@ -76,27 +82,93 @@ _CORES: dict[str, Callable[[bool], nn.Module]] = {
 }
 
 
-def _build_recurrent(cell: Cell, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
-    return Recurrent(
-        cell, case.d_model, case.layers, bidirectional=bool(case.option("bidirectional")), device=device, dtype=dtype
-    )
+_ROPE_ON_RECURRENT = (
+    "{model}: positional rope rotates attention's queries and keys, and a recurrent model has none; "
+    "use sinusoidal or learned (added to the input), or none (a recurrence knows the order already)"
+)
+
+
+def _front(case: Case, device: str, dtype: torch.dtype) -> tuple[nn.Embedding | None, nn.Module | None]:
+    """The token embedding (scope model) and the input positions, made before any layer: the order in which
+    modules are made fixes which random numbers each weight gets, so it must not depend on the core."""
+    embedding = None
+    if case.option("scope") == "model":
+        embedding = nn.Embedding(int(case.option("vocab")), case.d_model, device=device, dtype=dtype)
+    kind = str(case.option("positional"))
+    return embedding, input_encoding(kind, case.d_model, positions(case), device=device, dtype=dtype)
+
+
+def _network(
+    case: Case, body: nn.Module, front: tuple[nn.Embedding | None, nn.Module | None], device: str, dtype: torch.dtype
+) -> nn.Module:
+    embedding, positional = front
+    if case.option("scope") != "model":
+        return body if positional is None else Network(body, positional=positional)
+    final_norm = nn.LayerNorm(case.d_model, device=device, dtype=dtype)
+    return Network(body, embedding=embedding, positional=positional, final_norm=final_norm)
+
+
+def _build_recurrent(cell: Cell | MinCell, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+    if case.option("positional") == "rope":
+        raise ValueError(_ROPE_ON_RECURRENT.format(model=case.model))
+    front = _front(case, device, dtype)
+    torch_cell = cell == "lstm" or cell == "gru"
+    bidirectional = torch_cell and bool(case.option("bidirectional"))
+    scan: Scan = "parallel" if torch_cell or case.option("scan") == "parallel" else "sequential"
+    if case.option("scope") == "core":
+        if cell == "lstm" or cell == "gru":
+            body: nn.Module = Recurrent(
+                cell, case.d_model, case.layers, bidirectional=bidirectional, device=device, dtype=dtype
+            )
+        else:
+            body = MinRNNStack(cell, case.d_model, case.layers, scan=scan, device=device, dtype=dtype)
+        return _network(case, body, front, device, dtype)
+    hidden = recurrent_hidden(case)  # d_model per direction, or matched to the attention block's parameters
+    directions = 2 if bidirectional else 1
+
+    def layer() -> nn.Module:
+        if cell == "lstm" or cell == "gru":
+            return Recurrent(
+                cell, case.d_model, 1, bidirectional=bidirectional, device=device, dtype=dtype, hidden=hidden
+            )
+        return MinRNN(cell, case.d_model, hidden, scan=scan, device=device, dtype=dtype)
+
+    blocks = [
+        RecurrentBlock(layer(), directions * hidden, case.d_model, device=device, dtype=dtype)
+        for _ in range(case.layers)
+    ]
+    return _network(case, nn.Sequential(*blocks), front, device, dtype)
 
 
 def _build_attention(model: str, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
-    if case.heads is None:
+    if case.heads is None or case.head_dim is None:
         raise ValueError(f"attention model {model!r} needs heads")
+    front = _front(case, device, dtype)
     make_core = _CORES[model]
-    return AttentionStack(
-        [
-            SelfAttention(case.d_model, case.heads, make_core(case.causal), device=device, dtype=dtype)
-            for _ in range(case.layers)
-        ]
-    )
+    rotary = None
+    if case.option("positional") == "rope":
+        # One table shared by every layer: it holds no parameters, only cos/sin of the positions.
+        rotary = Rotary(case.head_dim, case.seq_len, device=device, dtype=dtype)
+
+    def attention() -> SelfAttention:
+        return SelfAttention(
+            case.d_model, case.heads or 0, make_core(case.causal), device=device, dtype=dtype, rotary=rotary
+        )
+
+    if case.option("scope") == "core":
+        return _network(case, AttentionStack([attention() for _ in range(case.layers)]), front, device, dtype)
+    ffn_mult = int(case.option("ffn_mult"))
+    blocks = [
+        TransformerBlock(attention(), case.d_model, ffn_mult, device=device, dtype=dtype) for _ in range(case.layers)
+    ]
+    return _network(case, nn.Sequential(*blocks), front, device, dtype)
 
 
 BUILDERS: dict[str, Builder] = {
     "lstm": partial(_build_recurrent, "lstm"),
     "gru": partial(_build_recurrent, "gru"),
+    "mingru": partial(_build_recurrent, "mingru"),
+    "minlstm": partial(_build_recurrent, "minlstm"),
     **{model: partial(_build_attention, model) for model in _CORES},
 }
 
@@ -115,7 +187,10 @@ def build_model(case: Case, device: str, dtype: torch.dtype) -> nn.Module:
 
 
 def make_input(case: Case, device: str, dtype: torch.dtype) -> torch.Tensor:
-    """The tensor one call of the case's model takes: activations (B, T, d_model) in the case's dtype."""
+    """The tensor one call of the case's model takes: activations (B, T, d_model) in the case's dtype, or at
+    scope model int64 token ids (B, T), uniform over the vocabulary (they need, and get, no gradient)."""
+    if case.option("scope") == "model":
+        return torch.randint(0, int(case.option("vocab")), (case.batch, case.seq_len), device=device)
     return torch.randn(case.batch, case.seq_len, case.d_model, device=device, dtype=dtype)
 
 
@@ -151,11 +226,39 @@ def probe(case: Case, device: str) -> str | None:
     allowed = _DTYPE_LIMITS.get(case.model)
     if allowed is not None and case.dtype not in allowed:
         return f"{case.model}: supports only {' and '.join(allowed)}, not {case.dtype}"
+    problem = option_problem(case)
+    if problem is not None:
+        return problem
     return _probe_tiny(case, device)
 
 
+def option_problem(case: Case) -> str | None:
+    """Why the case's options describe no model that can be built (a config refuses these; a case made by hand
+    may still carry one), or None. Checked on the real case, before the probe shrinks it."""
+    positional = case.option("positional")
+    if positional == "rope":
+        if case.family == "recurrent":
+            return _ROPE_ON_RECURRENT.format(model=case.model)
+        if case.head_dim is not None and case.head_dim % 2:
+            return f"{case.model}: rope rotates pairs of features, so head_dim must be even, got {case.head_dim}"
+    max_len = int(case.option("max_len"))
+    if positional == "learned" and 0 < max_len < case.seq_len:
+        return f"{case.model}: learned positions cover max_len={max_len} tokens, fewer than seq_len {case.seq_len}"
+    if case.family == "recurrent":
+        try:
+            recurrent_hidden(case)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
 def _probe_tiny(case: Case, device: str) -> str | None:
-    tiny = replace(case, batch=_PROBE_BATCH, seq_len=_PROBE_SEQ_LEN)
+    options = dict(case.options)
+    if "vocab" in options or case.option("scope") == "model":
+        options["vocab"] = min(_PROBE_VOCAB, int(case.option("vocab")))
+    if int(case.option("max_len")):
+        options["max_len"] = _PROBE_SEQ_LEN
+    tiny = replace(case, batch=_PROBE_BATCH, seq_len=_PROBE_SEQ_LEN, layers=1, options=tuple(sorted(options.items())))
     with warnings.catch_warnings(record=True) as caught, _rng_untouched(device):
         # Torch explains why a fused kernel was skipped in UserWarnings; keep every one for the reason.
         warnings.simplefilter("always")
@@ -180,7 +283,8 @@ def _run_tiny(case: Case, device: str) -> None:
     model = build_model(case, device, dtype)
     x = make_input(case, device, dtype)
     if case.mode != "forward":  # train and backward both need the graph
-        x.requires_grad_(True)
+        if x.is_floating_point():  # token ids take no gradient
+            x.requires_grad_(True)
         model(x).sum().backward()
     else:
         with torch.inference_mode():  # as the executor times it: some kernels differ with grads off

@@ -1,0 +1,99 @@
+"""Full layers and whole models around the cores: the ``block`` and ``model`` scopes (issue 7).
+
+A Transformer block here is BERT's encoder layer in the pre-norm arrangement of GPT-2 and most models since
+(Xiong et al. 2020, arXiv:2002.04745): x + MHA(LN(x)), then x + FFN(LN(x)), FFN = Linear(d, m·d) → GELU →
+Linear(m·d, d). BERT itself normalises after each residual (post-norm); both have the same weights and
+operations per token, so the count and the time are the same. No dropout: it is random, which would break the
+equalities the tests hold, and it costs one element-wise pass per sub-layer.
+
+A recurrent block is the same skeleton with the LSTM/GRU/minGRU/minLSTM layer in the mixing slot:
+x + Proj(RNN(LN(x))), Proj = Linear(width, d) only where the recurrent width differs from d (``match: params``).
+It has no FFN on purpose: an LSTM layer mixes channels through its gates already, and an LSTM model of a given
+size (ELMo's, the article's 110 M one) keeps its parameters in the recurrence. Adding an FFN would move two
+thirds of them into a parallel matmul and so flatter the recurrent model on exactly the question asked.
+
+A model is token embedding → positions → ``layers`` blocks → final LayerNorm, fed int64 token ids (B, T).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FeedForward(nn.Module):
+    """Linear(d, m·d) → GELU (exact, erf; as BERT) → Linear(m·d, d)."""
+
+    def __init__(self, d_model: int, ffn_mult: int, *, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, ffn_mult * d_model, device=device, dtype=dtype)
+        self.act = nn.GELU()
+        self.down = nn.Linear(ffn_mult * d_model, d_model, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))  # (B, T, d) -> (B, T, m·d) -> (B, T, d)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm encoder block around an attention layer (any core): (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, attention: nn.Module, d_model: int, ffn_mult: int, *, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        # LayerNorm draws no random numbers, so the attention weights made before this block are the same
+        # whichever core the attention layer holds.
+        self.norm1 = nn.LayerNorm(d_model, device=device, dtype=dtype)
+        self.attention = attention
+        self.norm2 = nn.LayerNorm(d_model, device=device, dtype=dtype)
+        self.ffn = FeedForward(d_model, ffn_mult, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.ffn(self.norm2(x))
+
+
+class RecurrentBlock(nn.Module):
+    """Pre-norm block around a recurrent layer of output width ``width``: (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, recurrent: nn.Module, width: int, d_model: int, *, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
+        self.recurrent = recurrent
+        self.projection = nn.Linear(width, d_model, device=device, dtype=dtype) if width != d_model else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.recurrent(self.norm(x))  # (B, T, width)
+        if self.projection is not None:
+            y = self.projection(y)  # (B, T, width) -> (B, T, d)
+        return x + y
+
+
+class Network(nn.Module):
+    """What every scope builds: [embedding] → [input positions] → body → [final norm].
+
+    Scope core and block leave the embedding and final norm out and take (B, T, d) activations; scope model
+    has both and takes (B, T) token ids. The output is (B, T, d_model) hidden states at every scope.
+    """
+
+    def __init__(
+        self,
+        body: nn.Module,
+        *,
+        embedding: nn.Embedding | None = None,
+        positional: nn.Module | None = None,
+        final_norm: nn.LayerNorm | None = None,
+    ) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.positional = positional
+        self.body = body
+        self.final_norm = final_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embedding is not None:
+            x = self.embedding(x)  # (B, T) int64 -> (B, T, d)
+        if self.positional is not None:
+            x = self.positional(x)
+        x = self.body(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x
