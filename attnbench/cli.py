@@ -214,7 +214,7 @@ def report(
     if format == "table" and output in (None, "-"):
         from attnbench.report.terminal import comparison_tables
 
-        stdout.print(comparison_tables(stored.results, baseline, memory=True))
+        stdout.print(comparison_tables(stored.results, baseline, memory=True, run=stored.run))
         return
     if format in ("gab", "bmf") and left_out(stored.results):
         stderr.print(
@@ -230,7 +230,7 @@ def report(
             stderr.print(f"wrote {output}", markup=False)
             return
     renderers: dict[str, Callable[[], str]] = {
-        "csv": lambda: render_csv(stored.results),
+        "csv": lambda: render_csv(stored.results, stored.run),
         "md": lambda: render_markdown(stored.run, stored.results, baseline),
         "table": lambda: render_markdown(stored.run, stored.results, baseline),
         "json": lambda: render_json(stored.run, stored.results),

@@ -2,6 +2,9 @@
 
 Schema history (``SCHEMA_VERSION``):
   1 — first version: run.json (``Run``) + results.jsonl (one ``Result`` per line).
+      Keys added since, all optional and absent when empty, so older files read back unchanged: run.json
+      ``calibration``; measurement ``warmup_moved``, ``replicate_medians_s``, ``injected_delay_s``. A reader older
+      than a key refuses a file that carries it (unknown keys are errors), with the hint to upgrade.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``attnbench.checks``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from attnbench import checks
+from attnbench.calibration import Calibration
 from attnbench.cases import Case, TimingPolicy
 from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
 from attnbench.checks import FieldError
@@ -188,6 +192,9 @@ class Run:
     state: RunState = "running"
     finished_utc: str = ""
     schema_version: int = SCHEMA_VERSION
+    # The device's measured ceilings (attnbench calibrate), cached per machine when the sweep started; None when
+    # there was none. Optional and absent when None, so runs written before it read back unchanged.
+    calibration: Calibration | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -202,6 +209,7 @@ class Run:
             "config": dict(self.config),
             "timing": self.timing.to_dict(),
             "environment": dict(self.environment),
+            **({} if self.calibration is None else {"calibration": self.calibration.to_dict()}),
         }
 
     @classmethod
@@ -220,6 +228,7 @@ class Run:
         environment = d.get("environment", {})
         if not isinstance(environment, dict):
             raise checks.expected("environment", "an object", environment)
+        calibration = d.get("calibration")
         return cls(
             run_id=run_id,
             created_utc=checks.text(d["created_utc"], "created_utc"),
@@ -232,11 +241,14 @@ class Run:
             state=checks.choice(d.get("state", "running"), "state", RUN_STATES, "state"),  # type: ignore[arg-type]
             finished_utc=checks.text(d.get("finished_utc", ""), "finished_utc"),
             schema_version=version,
+            calibration=None
+            if calibration is None
+            else checks.nested("calibration", Calibration.from_dict, calibration),
         )
 
 
 _RUN_REQUIRED = ("schema_version", "run_id", "created_utc", "config_sha256", "config")
-_RUN_OPTIONAL = ("finished_utc", "state", "command", "config_source", "timing", "environment")
+_RUN_OPTIONAL = ("finished_utc", "state", "command", "config_source", "timing", "environment", "calibration")
 
 
 def _timing_from_dict(data: object) -> TimingPolicy:
@@ -245,7 +257,12 @@ def _timing_from_dict(data: object) -> TimingPolicy:
     names = list(TimingPolicy.__dataclass_fields__)
     t = checks.record(data, "", (), names)
     for name, value in t.items():
-        if isinstance(getattr(defaults, name), int):
+        default = getattr(defaults, name)
+        if isinstance(default, bool):
+            checks.flag(value, name)
+        elif isinstance(default, str):
+            checks.choice(value, name, ("warm", "cold"), "cache policy")
+        elif isinstance(default, int):
             checks.integer(value, name, minimum=0)
         else:
             checks.number(value, name)

@@ -57,6 +57,8 @@ class SweepOptions:
     resume: Path | None = None
     retry_failed: bool = False
     force: bool = False
+    # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
+    inject_slowdown: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -129,11 +131,18 @@ def _new_run_folder(out: Path, experiment: Experiment, device: str) -> Path:
 
 
 def _render_files(folder: Path) -> tuple[StoredRun, list[Path]]:
+    """The summaries, then the plots (``<run>/plots/*.png``). Plots come last and never raise: without matplotlib,
+    or when drawing fails, the sweep says so in one line on stderr and keeps its files and its exit code."""
+    from attnbench.report.plots import write_run_plots
+
     stored = load_run(folder)
     paths = [folder / "summary.csv", folder / "summary.md"]
-    write_atomic(paths[0], render_csv(stored.results))
+    write_atomic(paths[0], render_csv(stored.results, stored.run))
     write_atomic(paths[1], render_markdown(stored.run, stored.results))
-    return stored, paths
+    plots, problem = write_run_plots(stored.run, stored.results, folder / "plots")
+    if problem is not None:
+        print(problem, file=sys.stderr, flush=True)
+    return stored, [*paths, *plots]
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -211,6 +220,21 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
                 options.config, options.overrides, device_type=device_type, force=options.force
             )
             device = resolve_device(options.device or experiment.device)
+        if options.inject_slowdown and not device.startswith("cpu"):
+            raise AttnbenchError(
+                f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
+                hint="use it on --device cpu, where it exists to validate `attnbench compare`",
+            )
+        gpu_only = [
+            f"timing.{k}"
+            for k, on in (("cache", experiment.timing.cache == "cold"), ("cuda_graph", experiment.timing.cuda_graph))
+            if on
+        ]
+        if gpu_only and not device.startswith("cuda"):
+            raise AttnbenchError(
+                f"{' and '.join(gpu_only)} apply to CUDA devices; this sweep runs on {device}",
+                hint="set timing.cache: warm and timing.cuda_graph: false for CPU runs",
+            )
         if experiment.threads is not None:
             torch.set_num_threads(experiment.threads)
         done = {r.case.key for r in stored.results if r.ok or not options.retry_failed} if stored else set()
@@ -231,6 +255,15 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
         else:
             folder = _new_run_folder(options.out, experiment, device)
             lock = RunLock(folder).acquire()
+            from attnbench.calibration import load_cached
+
+            # The machine's cached ceilings, if 'attnbench calibrate' ran here: never measured implicitly (that
+            # takes a minute); without them pct_of_peak falls back to vendor peaks. A damaged cache costs a warning.
+            try:
+                calibration = load_cached(environment.fingerprint())
+            except ResultsError as exc:
+                stderr.print(f"warning: {exc.message}; pct_of_peak uses vendor peaks ({exc.hint})", markup=False)
+                calibration = None
             run = Run(
                 run_id=folder.name,
                 created_utc=utc_now(),
@@ -240,8 +273,17 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
                 timing=experiment.timing,
                 environment=environment.to_dict(),
                 command=tuple(sys.argv),
+                calibration=calibration,
             )
         isolate = options.isolate if options.isolate is not None else experiment.isolate_on(device)
+        if experiment.timing.processes > 1:
+            if options.isolate is False:
+                raise AttnbenchError(
+                    f"timing.processes = {experiment.timing.processes} runs each case in fresh worker "
+                    "processes, which --no-isolate forbids",
+                    hint="drop --no-isolate, or set timing.processes: 1",
+                )
+            isolate = True
         if not options.quiet:
             total = len(cases)
             what = (
@@ -287,10 +329,11 @@ def _sweep(
 ) -> SweepOutcome:
     from attnbench.executor import TorchExecutor
     from attnbench.isolation import IsolatedExecutor
+    from attnbench.replicates import ReplicatedExecutor
 
-    executor: TorchExecutor | IsolatedExecutor
+    executor: TorchExecutor | IsolatedExecutor | ReplicatedExecutor
     if isolate:
-        executor = IsolatedExecutor(
+        isolated = IsolatedExecutor(
             device,
             experiment.timing,
             seed=experiment.seed,
@@ -298,7 +341,10 @@ def _sweep(
             timeout_s=experiment.timeout_s,
             telemetry=experiment.telemetry,
             telemetry_interval_s=experiment.interval_for(device),
+            inject_slowdown=options.inject_slowdown,
         )
+        processes = experiment.timing.processes
+        executor = ReplicatedExecutor(isolated, processes) if processes > 1 else isolated
     else:
         executor = TorchExecutor(
             device,
@@ -306,6 +352,7 @@ def _sweep(
             seed=experiment.seed,
             telemetry=experiment.telemetry,  # type: ignore[arg-type]
             telemetry_interval_s=experiment.interval_for(device),
+            inject_slowdown=options.inject_slowdown,
         )
     folder = writer.folder
     finished: list[Result] = []
@@ -316,7 +363,7 @@ def _sweep(
         display.finished(index, result)
 
     interrupts = _Interrupts()
-    if isinstance(executor, IsolatedExecutor):
+    if isinstance(executor, IsolatedExecutor | ReplicatedExecutor):
         interrupts.on_second.append(lambda: executor.close(now=True))
     with interrupts.installed():
         try:
@@ -327,7 +374,7 @@ def _sweep(
         finally:
             # Whatever ended the loop (a signal, a full disk, a bug of ours), the run folder is closed and
             # rendered from what was stored before anything propagates.
-            if isinstance(executor, IsolatedExecutor):
+            if isinstance(executor, IsolatedExecutor | ReplicatedExecutor):
                 executor.close(now=interrupts.signal is not None)
             stopped = interrupts.signal
             complete = stopped is None and len(finished) == len(todo)
@@ -336,7 +383,7 @@ def _sweep(
         if not options.quiet:
             # A terminal gets rich tables; a pipe or CI log gets the same tables as plain markdown.
             if stdout.is_terminal:
-                stdout.print(comparison_tables(stored.results))
+                stdout.print(comparison_tables(stored.results, run=stored.run))
             else:
                 stdout.print(render_markdown(stored.run, stored.results), markup=False, highlight=False)
         sidecar = [folder / "telemetry.jsonl"] if (folder / "telemetry.jsonl").exists() else []

@@ -10,5 +10,5 @@ from attnbench.results import Result, Run
 
 
 def render_json(run: Run, results: Sequence[Result]) -> str:
-    payload = {"run": run.to_dict(), "rows": summary_rows(results)}
+    payload = {"run": run.to_dict(), "rows": summary_rows(results, run)}
     return json.dumps(payload, indent=2, allow_nan=False) + "\n"

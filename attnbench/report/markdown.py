@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from attnbench.consistency import train_check_summary, train_checks
+from attnbench.peak_use import peak_flags
 from attnbench.report.cells import CROSSOVER_LEGEND, LEGEND, SCALING_LEGEND, column_headers, memory_text, time_text
 from attnbench.report.pivot import pivot_tables
 from attnbench.results import Result, Run
@@ -24,16 +25,23 @@ def _environment_line(run: Run) -> str:
     return " · ".join(parts)
 
 
-def _checks(results: Sequence[Result]) -> list[str]:
-    """The run's self-consistency checks; nothing when no case was timed in all of forward, backward and train."""
+def _checks(run: Run, results: Sequence[Result]) -> list[str]:
+    """The run's self-consistency checks: train / (forward + backward) when all three modes ran, and any row
+    above 100 % of its peak FLOP/s (impossible: a formula, a timer or a calibration is wrong). Nothing if none."""
     checks = train_checks(results)
-    if not checks:
+    over_peak = peak_flags(run, results)
+    if not checks and not over_peak:
         return []
-    flagged = [c for c in checks if c.flagged]
-    lines = ["", "## Checks", "", train_check_summary(checks) + (", flagged:" if flagged else ".")]
-    if flagged:
-        lines.append("")
-        lines += [f"- `{c.train.case.label}`: {c.ratio:.2f} ({c.parts_text}) — {c.reason}" for c in flagged]
+    lines = ["", "## Checks"]
+    if checks:
+        flagged = [c for c in checks if c.flagged]
+        lines += ["", train_check_summary(checks) + (", flagged:" if flagged else ".")]
+        if flagged:
+            lines.append("")
+            lines += [f"- `{c.train.case.label}`: {c.ratio:.2f} ({c.parts_text}) — {c.reason}" for c in flagged]
+    if over_peak:
+        lines += ["", "**Above 100 % of peak** (impossible; do not trust these rows):", ""]
+        lines += [f"- {line}" for line in over_peak]
     return lines
 
 
@@ -61,7 +69,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.scaling:
             lines += ["", SCALING_LEGEND, ""] + [f"- {line.text}" for line in table.scaling]
-    lines += _checks(results)
+    lines += _checks(run, results)
     failed = [r for r in results if not r.ok]
     if failed:
         lines += ["", "## Cases without a timing", ""]

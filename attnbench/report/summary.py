@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from attnbench.results import Result
+from attnbench.peak_use import PeakTable, pct_of_peak
+from attnbench.results import Result, Run
 from attnbench.telemetry.summary import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
 from attnbench.units import MIB
 
@@ -54,6 +55,9 @@ COLUMNS: tuple[str, ...] = (
     "flops",
     "tflops",
     "flops_formula",
+    # Achieved FLOP/s as a percentage of the peak for the row's dtype, and which peak that was (peak_use.py).
+    "pct_of_peak",
+    "peak_source",
 )
 
 
@@ -62,7 +66,8 @@ def _ms(seconds: float) -> float | None:
     return seconds * 1e3 if seconds not in (float("inf"), float("-inf")) else None
 
 
-def summary_row(result: Result) -> dict[str, Any]:
+def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any]:
+    """One CSV row. ``peaks`` (from the run: its calibration, its GPU's vendor figures) fills pct_of_peak."""
     case = result.case
     row: dict[str, Any] = {
         "model": case.model,
@@ -109,6 +114,10 @@ def summary_row(result: Result) -> dict[str, Any]:
         row["flops_formula"] = result.extra.get("flops_formula")
         if m is not None and m.median_s > 0:
             row["tflops"] = flops / m.median_s / 1e12
+            used = peaks.for_case(case) if peaks is not None else None
+            if used is not None:
+                row["pct_of_peak"] = pct_of_peak(result, used)
+                row["peak_source"] = used.source
     t = result.telemetry
     if t is not None:
         row.update({name: t.metrics.get(name) for name in METRICS})
@@ -134,15 +143,18 @@ def telemetry_note(t: TelemetrySummary) -> str:
     return "; ".join(parts)
 
 
-def summary_rows(results: Iterable[Result]) -> list[dict[str, Any]]:
-    return [summary_row(r) for r in results]
+def summary_rows(results: Iterable[Result], run: Run | None = None) -> list[dict[str, Any]]:
+    """Rows for ``results``; with the ``run`` they came from, pct_of_peak and peak_source are filled in."""
+    peaks = PeakTable.for_run(run)
+    return [summary_row(r, peaks) for r in results]
 
 
-def render_csv(results: Sequence[Result]) -> str:
-    """The contract CSV. pandas does the quoting; floats keep 6 significant digits."""
+def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
+    """The contract CSV. pandas does the quoting; floats keep 6 significant digits. Without ``run`` there is no
+    peak to hold rows against, and pct_of_peak stays empty."""
     import pandas as pd
 
-    frame = pd.DataFrame(summary_rows(results), columns=list(COLUMNS))
+    frame = pd.DataFrame(summary_rows(results, run), columns=list(COLUMNS))
     integers = [name for name in METRICS if METRIC_TYPES[name] is int]
     for column in (
         "heads",

@@ -9,9 +9,10 @@ from rich.table import Table
 from rich.text import Text
 
 from attnbench.consistency import train_check_summary, train_checks
+from attnbench.peak_use import peak_flags
 from attnbench.report.cells import column_headers, memory_text, time_text
 from attnbench.report.pivot import pivot_tables
-from attnbench.results import Result
+from attnbench.results import Result, Run
 from attnbench.units import format_bytes, format_rate, format_seconds
 
 
@@ -31,7 +32,9 @@ def case_line(result: Result) -> str:
     return f"{head}: " + " · ".join(parts)
 
 
-def comparison_tables(results: Sequence[Result], baseline_model: str | None = None, memory: bool = False) -> Group:
+def comparison_tables(
+    results: Sequence[Result], baseline_model: str | None = None, memory: bool = False, run: Run | None = None
+) -> Group:
     renderables: list[Table | Text] = []
     for table in pivot_tables(results, baseline_model):
         caption = f"(speed-up vs {table.baseline}; ~ = noisy)" if table.baseline else "(~ = noisy)"
@@ -59,6 +62,7 @@ def comparison_tables(results: Sequence[Result], baseline_model: str | None = No
         for scaling in table.scaling:
             renderables.append(Text(f"  {scaling.text}", style="italic"))
     renderables += _checks(results)
+    renderables += [Text(f"above 100 % of peak: {line}", style="bold red") for line in peak_flags(run, results)]
     return Group(*renderables)
 
 

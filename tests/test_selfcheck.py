@@ -1,0 +1,184 @@
+"""selfcheck: the per-round ratio, the gate, the table and markdown, and a real quick run on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench import selfcheck
+from attnbench.cli import app
+from attnbench.selfcheck import (
+    DO_BENCH,
+    TIMER,
+    OpCheck,
+    Reference,
+    SelfcheckOp,
+    SelfcheckReport,
+    ops_for,
+    policy_for,
+    render_markdown,
+    summary_line,
+    table_rows,
+)
+
+runner = CliRunner()
+MATMUL = SelfcheckOp("matmul", "float32", size=512)
+
+
+def check(ours: tuple[float, ...], timer: tuple[float, ...], bench: tuple[float, ...] | None = None) -> OpCheck:
+    refs = [Reference(TIMER, timer, ours)]
+    if bench is not None:
+        refs.append(Reference(DO_BENCH, bench, ours))
+    return OpCheck(MATMUL, ours, tuple(refs))
+
+
+def report(*checks: OpCheck, timers: tuple[str, ...] = (TIMER,)) -> SelfcheckReport:
+    return SelfcheckReport("cpu", "Test CPU", "2.13.0", 2, 3, timers, checks, ("a note",))
+
+
+def test_ratio_is_the_median_of_per_round_ratios() -> None:
+    # Round 2 ran while the machine slowed both timers down 2×: per-round ratios cancel that drift, a ratio of
+    # medians would not.
+    ref = Reference(TIMER, medians_s=(1e-3, 2e-3, 1e-3), ours_s=(1.01e-3, 2.04e-3, 0.99e-3))
+    assert ref.ratios == pytest.approx((1.01, 1.02, 0.99))
+    assert ref.ratio == pytest.approx(1.01)
+    assert ref.median_s == pytest.approx(1e-3)
+    assert ref.gated and not ref.failed
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "gated", "failed"),
+    [
+        (1.049e-3, 1e-3, True, False),  # within ±5 %
+        (1.051e-3, 1e-3, True, True),
+        (0.949e-3, 1e-3, True, True),
+        (2e-5, 1e-5, False, False),  # 10 µs: shown, not gated, however far off
+        (1.2e-4, 1e-4, True, True),  # exactly 100 µs is gated
+    ],
+)
+def test_gate_against_torch_utils_benchmark(ours: float, theirs: float, gated: bool, failed: bool) -> None:
+    ref = Reference(TIMER, (theirs,) * 3, (ours,) * 3)
+    assert ref.gated is gated and ref.failed is failed
+
+
+def test_widely_spread_rounds_are_called_noisy() -> None:
+    calm = check((1.0e-3, 1.1e-3, 1.0e-3), (1e-3,) * 3)  # spread 10 %
+    loud = check((1.0e-3, 1.3e-3, 1.0e-3), (1e-3,) * 3)  # spread 30 %: still passes, but says why to rerun
+    assert not calm.references[0].noisy and loud.references[0].noisy and loud.verdict == "ok"
+    assert selfcheck.noise_note(report(calm)) is None
+    note = selfcheck.noise_note(report(calm, loud))
+    assert note is not None and note.startswith("noisy machine: per-round ratios spread by more than 20% for 1 gated")
+    assert "- " + note in render_markdown(report(loud))
+    small = check((1e-5, 3e-5, 1e-5), (1e-5,) * 3)  # not gated: its noise does not matter
+    assert selfcheck.noise_note(report(small)) is None
+
+
+def test_do_bench_gate_is_tighter() -> None:
+    ref = Reference(DO_BENCH, (1e-3,) * 3, (1.04e-3,) * 3)
+    assert ref.tolerance == 0.03 and ref.failed
+    assert not Reference(TIMER, (1e-3,) * 3, (1.04e-3,) * 3).failed
+
+
+def test_verdicts() -> None:
+    assert check((1e-3,) * 3, (1e-3,) * 3).verdict == "ok"
+    assert check((1e-5,) * 3, (2e-5,) * 3).verdict == "not gated (< 100 µs)"
+    failing = check((1e-3,) * 3, (1e-3,) * 3, bench=(0.95e-3,) * 3)
+    assert failing.verdict == "FAIL (triton do_bench +5.3% > ±3%)"
+    assert OpCheck(MATMUL, skipped="no kernel").verdict == "skipped: no kernel"
+
+
+def test_report_failures_and_summary_line() -> None:
+    good, bad, small = (
+        check((1e-3,) * 3, (1e-3,) * 3),
+        check((1.2e-3,) * 3, (1e-3,) * 3),
+        check((1e-5,) * 3, (3e-5,) * 3),
+    )
+    assert report(good, small).failures == []
+    assert summary_line(report(good, small)) == "selfcheck passed: 1 gated ops agree within tolerance"
+    assert report(good, bad, small).failures == [bad]
+    assert summary_line(report(good, bad)).startswith("selfcheck FAILED: 1 of 2 gated ops disagree (matmul 512×512")
+
+
+def test_table_and_markdown() -> None:
+    skipped = OpCheck(SelfcheckOp("sdpa-flash", "bfloat16"), skipped="FLASH_ATTENTION: no kernel | here")
+    r = report(check((1e-3, 1.1e-3, 1e-3), (1e-3, 1e-3, 1e-3), (1e-3,) * 3), skipped, timers=(TIMER, DO_BENCH))
+    header, rows = table_rows(r)
+    assert header == [
+        "op",
+        "shape",
+        "dtype",
+        "attnbench",
+        TIMER,
+        f"ratio vs {TIMER} (rounds min–max)",
+        DO_BENCH,
+        f"ratio vs {DO_BENCH} (rounds min–max)",
+        "verdict",
+    ]
+    assert rows[0] == [
+        "matmul",
+        "512×512 · 512×512",
+        "float32",
+        "1 ms",
+        "1 ms",
+        "1.000 (1.000–1.100)",
+        "1 ms",
+        "1.000 (1.000–1.100)",
+        "ok",
+    ]
+    assert rows[1][3:-1] == ["—"] * 5 and rows[1][-1].startswith("skipped: ")
+    text = render_markdown(r)
+    assert text.startswith("# attnbench selfcheck — cpu (Test CPU)\n")
+    assert "| " + " | ".join(header) + " |" in text
+    assert "no kernel \\| here" in text  # a pipe inside a cell is escaped
+    assert "- a note" in text and "**selfcheck passed: 1 gated ops agree within tolerance**" in text
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_op_list(device_type: str, quick: bool) -> None:
+    ops = ops_for(device_type, quick=quick)
+    names = {op.name for op in ops}
+    assert {"matmul", "sdpa-flash", "lstm"} <= names
+    if not quick:
+        assert names == {"matmul", "sdpa-flash", "vanilla", "lstm"}
+        assert all(sum(op.name == name for op in ops) >= 2 for name in names)  # a few sizes each
+    for op in ops:
+        assert (op.case is None) == (op.name == "matmul")
+        if op.case is not None:
+            assert op.case.mode == "forward" and op.case.dtype == op.dtype
+            assert op.case.device.startswith(device_type)
+
+
+def test_policies() -> None:
+    from attnbench.cases import TimingPolicy
+
+    assert policy_for(False) == TimingPolicy()
+    assert policy_for(True).max_case_s == 2.0
+
+
+def test_quick_selfcheck_on_cpu(tmp_path: Path) -> None:
+    # A real run. Whether it passes depends on how loaded the machine is, so only the structure is asserted.
+    out = tmp_path / "selfcheck.md"
+    result = runner.invoke(app, ["selfcheck", "--device", "cpu", "--quick", "-o", str(out)])
+    assert result.exit_code in (0, 1), result.output
+    for text in ("attnbench", TIMER, "verdict", "matmul", "sdpa-flash", "vanilla", "lstm", "2 interleaved rounds"):
+        assert text in result.output
+    assert ("selfcheck passed" in result.output) == (result.exit_code == 0)
+    text = out.read_text()
+    assert text.startswith("# attnbench selfcheck — cpu")
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 2 + len(ops_for("cpu", quick=True))  # header, rule, one row per op
+    assert DO_BENCH not in text  # no GPU here
+
+
+def test_a_disagreement_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    failing = report(check((1.2e-3,) * 3, (1e-3,) * 3))
+    monkeypatch.setattr(selfcheck, "run_selfcheck", lambda *args, **kwargs: failing)
+    result = runner.invoke(app, ["selfcheck", "--device", "cpu"])
+    assert result.exit_code == 1
+    assert "selfcheck FAILED: 1 of 1 gated ops disagree" in result.output
+    passing = report(check((1e-3,) * 3, (1e-3,) * 3))
+    monkeypatch.setattr(selfcheck, "run_selfcheck", lambda *args, **kwargs: passing)
+    assert runner.invoke(app, ["selfcheck", "--device", "cpu"]).exit_code == 0
