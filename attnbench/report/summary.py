@@ -58,6 +58,15 @@ COLUMNS: tuple[str, ...] = (
     # Achieved FLOP/s as a percentage of the peak for the row's dtype, and which peak that was (peak_use.py).
     "pct_of_peak",
     "peak_source",
+    # Timing fidelity (issue 3): the warm-up audit, between-process replicates, and on a GPU the profiled call.
+    "warmup_s",
+    "warmup_moved",
+    "first_sample_mz",
+    "replicates",
+    "within_process_rel",
+    "between_process_rel",
+    "kernels_per_call",
+    "launch_bound",
 )
 
 
@@ -100,6 +109,12 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
             calls_per_sample=m.calls_per_sample,
             warmup_calls=m.warmup_calls,
             warnings="; ".join(m.warnings),
+            warmup_s=m.warmup_s,
+            warmup_moved=m.warmup_moved,
+            first_sample_mz=m.first_sample_mz,
+            replicates=len(m.replicate_medians_s) or 1,
+            within_process_rel=m.within_process_rel,
+            between_process_rel=m.between_process_rel,
         )
     if result.memory is not None:
         peak = result.memory.peak_bytes
@@ -118,6 +133,8 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
             if used is not None:
                 row["pct_of_peak"] = pct_of_peak(result, used)
                 row["peak_source"] = used.source
+    for name in ("kernels_per_call", "launch_bound"):
+        row[name] = result.extra.get(name)
     t = result.telemetry
     if t is not None:
         row.update({name: t.metrics.get(name) for name in METRICS})
@@ -164,6 +181,9 @@ def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
         "parameters",
         "telemetry_samples",
         "flops",
+        "warmup_moved",
+        "replicates",
+        "kernels_per_call",
         *integers,
     ):
         frame[column] = frame[column].astype("Int64")
