@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from attnbench.report.pivot import Cell, PivotTable
+from attnbench.results import Run
 from attnbench.units import MIB, format_seconds
 
 LEGEND = (
@@ -43,3 +46,24 @@ def column_headers(table: PivotTable) -> list[str]:
     if table.batch_for_seq:
         return [f"n={n} (b={table.batch_for_seq[n]})" for n in table.seq_lens]
     return [f"n={n}" for n in table.seq_lens]
+
+
+def environment_line(
+    run: Run, code: Callable[[str], str] = lambda s: f"`{s}`", text: Callable[[str], str] = str
+) -> str:
+    """One line naming where a run was measured. ``code`` marks the device id, ``text`` escapes the rest: the
+    markdown and html headers share the facts and differ only in markup."""
+    env = run.environment
+    device = env.get("gpu_name") or env.get("cpu_model") or "?"
+    parts = [
+        f"device {code(str(env.get('device', '?')))} ({text(str(device))})",
+        f"torch {text(str(env.get('torch', '?')))}",
+    ]
+    if env.get("device_type") == "cpu":
+        parts.append(f"{text(str(env.get('torch_threads', '?')))} threads")
+    if env.get("torch_cuda"):
+        parts.append(f"CUDA {text(str(env['torch_cuda']))}")
+    if env.get("driver"):
+        parts.append(f"driver {text(str(env['driver']))}")
+    parts.append(f"python {text(str(env.get('python', '?')))}")
+    return " · ".join(parts)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from html import escape
 
 from attnbench.consistency import train_check_summary, train_checks
-from attnbench.report.cells import CROSSOVER_LEGEND, LEGEND, SCALING_LEGEND, column_headers
+from attnbench.report.cells import CROSSOVER_LEGEND, LEGEND, SCALING_LEGEND, column_headers, environment_line
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.plots import Plot
 from attnbench.results import Result, Run
@@ -55,17 +55,7 @@ def _e(value: object) -> str:
 
 
 def _device_text(run: Run) -> str:
-    env = run.environment
-    device = env.get("gpu_name") or env.get("cpu_model") or "?"
-    parts = [f"device <code>{_e(env.get('device', '?'))}</code> ({_e(device)})", f"torch {_e(env.get('torch', '?'))}"]
-    if env.get("device_type") == "cpu":
-        parts.append(f"{_e(env.get('torch_threads', '?'))} threads")
-    if env.get("torch_cuda"):
-        parts.append(f"CUDA {_e(env['torch_cuda'])}")
-    if env.get("driver"):
-        parts.append(f"driver {_e(env['driver'])}")
-    parts.append(f"python {_e(env.get('python', '?'))}")
-    return " · ".join(parts)
+    return environment_line(run, code=lambda v: f"<code>{_e(v)}</code>", text=_e)
 
 
 def _cell_title(cell: Cell) -> str:

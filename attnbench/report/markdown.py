@@ -8,21 +8,17 @@ from tabulate import tabulate
 
 from attnbench.consistency import train_check_summary, train_checks
 from attnbench.peak_use import peak_flags
-from attnbench.report.cells import CROSSOVER_LEGEND, LEGEND, SCALING_LEGEND, column_headers, memory_text, time_text
+from attnbench.report.cells import (
+    CROSSOVER_LEGEND,
+    LEGEND,
+    SCALING_LEGEND,
+    column_headers,
+    environment_line,
+    memory_text,
+    time_text,
+)
 from attnbench.report.pivot import pivot_tables
 from attnbench.results import Result, Run
-
-
-def _environment_line(run: Run) -> str:
-    env = run.environment
-    device = env.get("gpu_name") or env.get("cpu_model") or "?"
-    parts = [f"device `{env.get('device', '?')}` ({device})", f"torch {env.get('torch', '?')}"]
-    if env.get("device_type") == "cpu":
-        parts.append(f"{env.get('torch_threads', '?')} threads")
-    if env.get("torch_cuda"):
-        parts.append(f"CUDA {env['torch_cuda']}")
-    parts.append(f"python {env.get('python', '?')}")
-    return " · ".join(parts)
 
 
 def _checks(run: Run, results: Sequence[Result]) -> list[str]:
@@ -49,7 +45,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
     lines = [
         f"# attnbench run `{run.run_id}`",
         "",
-        _environment_line(run),
+        environment_line(run),
         "",
         f"Config `{run.config_source}` (sha256 `{run.config_sha256[:12]}`), created {run.created_utc}, "
         f"state: {run.state}. {len(results)} cases, "
