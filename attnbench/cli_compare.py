@@ -45,7 +45,7 @@ def compare(
             "--noise-floor",
             help="Between-process spread assumed when a side has one process: the 95 % half-width of the ratio "
             "between two processes of unchanged code (scripts/bench_aa.py measures it).",
-            show_default="3%",
+            show_default="4%",
         ),
     ] = None,
     allow_mismatch: Annotated[

@@ -1,7 +1,7 @@
 """A/A check of ``attnbench compare``: unchanged code, measured again and again, must not be called a regression.
 
     python scripts/bench_aa.py [--runs 10] [--config configs/aa-cpu.yaml] [--fail-on median:5% --fail-on median:3%]
-        [--noise-floor 3%] [--processes 1] [--set key=value ...] [--report results/compare-aa-cpu.md]
+        [--noise-floor 4%] [--processes 1] [--set key=value ...] [--report results/compare-aa-cpu.md]
 
 Runs ``attnbench sweep CONFIG`` ``--runs`` times, each in its own process through the CLI, then compares each run
 with the next (``--runs`` − 1 comparisons) through ``attnbench compare --format json`` at every ``--fail-on``

@@ -1,7 +1,7 @@
 """Power check of ``attnbench compare``: a known slowdown must be caught, a small one never called an improvement.
 
     python scripts/bench_power.py [--trials 20] [--slowdowns 0.10,0.03] [--config configs/aa-cpu.yaml]
-        [--fail-on median:5% --fail-on median:3%] [--noise-floor 3%] [--processes 1]
+        [--fail-on median:5% --fail-on median:3%] [--noise-floor 4%] [--processes 1]
         [--report results/compare-power-cpu.md]
 
 Each trial sweeps the config once as it is and once per slowdown F with ``attnbench sweep --inject-slowdown F``
