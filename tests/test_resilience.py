@@ -25,7 +25,9 @@ from attnbench.runner import OomSkipper, run_sweep
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 QUICK = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05)
-SLOW = TimingPolicy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=0.05, target_ci=1e-6)
+# A case that cannot end early: an unreachable CI target and a sample cap far above what 4 s holds (a tiny LSTM
+# fills the default 10 000 samples of 100 µs in about a second on a quiet machine, which beat the 1 s timeout).
+SLOW = TimingPolicy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=0.05, target_ci=1e-6, max_samples=10**7)
 
 
 def case(seq_len: int = 16, model: str = "lstm") -> Case:
