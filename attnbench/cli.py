@@ -29,8 +29,11 @@ app = typer.Typer(
 )
 
 # soft_wrap: lines are never folded at 80 columns in a pipe or CI log, so they stay parseable.
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+# A pipe or CI log has no width; rich would assume 80 columns and fold wide tables (calibrate, selfcheck) into
+# unreadable stacks. Such logs are read in wide viewers, so give them 160 unless COLUMNS says otherwise.
+_PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+stdout = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
 _state = {"debug": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
