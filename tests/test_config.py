@@ -341,6 +341,8 @@ BAD_CASES: dict[str, tuple[str, str, int | None]] = {
     "timing-out-of-range.yaml": ("strictly between 0 and 1", "timing.target_ci", 10),
     "timing-max-below-min.yaml": ("max_samples 20 is below min_samples 50", "timing.max_samples", 11),
     "timing-min-time-above-budget.yaml": ("min_time_s 5.0 is above max_case_s 1.0", "timing.min_time_s", 10),
+    "timing-cache-unknown.yaml": ("'warm' or 'cold'", "timing.cache", 8),
+    "timing-processes-zero.yaml": ("must be at least 1, got 0", "timing.processes", 8),
 }
 
 HINTS = {
