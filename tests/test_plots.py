@@ -7,6 +7,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,15 @@ def test_speedup_series_leave_the_baseline_out_and_match_the_table(stored: Store
         for p in s.values:
             assert p.value == rows[s.label][p.n].speedup
             assert p.low is not None and p.high is not None and p.low <= p.value <= p.high
+
+
+def test_speedup_intervals_survive_several_baseline_rows(stored: StoredRun) -> None:
+    # The same rows at twice the batch: each speed-up is against the lstm row of its own batch, and its
+    # interval must come from that row too (it used to vanish when the baseline had more than one row).
+    doubled = [*stored.results, *(replace(r, case=replace(r.case, batch=r.case.batch * 2)) for r in stored.results)]
+    forward = pivot_tables(doubled)[0]
+    points = [p for s in series(forward, "speedup") for p in s.values if p.value is not None]
+    assert points and all(p.low is not None and p.high is not None for p in points)
 
 
 def test_memory_series_are_the_peaks_in_bytes(stored: StoredRun) -> None:

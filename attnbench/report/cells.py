@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from attnbench.consistency import TrainCheck, train_check_summary, train_checks
+from attnbench.peak_use import peak_flags
 from attnbench.report.pivot import Cell, PivotTable
-from attnbench.results import Run
+from attnbench.results import Result, Run
 from attnbench.units import MIB, format_seconds
 
 LEGEND = (
@@ -67,3 +70,23 @@ def environment_line(
         parts.append(f"driver {text(str(env['driver']))}")
     parts.append(f"python {text(str(env.get('python', '?')))}")
     return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class RunChecks:
+    """The run's self-consistency checks, for every renderer to mark up alike: train / (forward + backward)
+    where a case ran all three modes, and rows above 100 % of their peak FLOP/s (impossible)."""
+
+    summary: str  # the train checks' one-line summary ("" when no case ran all three modes)
+    flagged: tuple[TrainCheck, ...]
+    over_peak: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.summary or self.over_peak)
+
+
+def run_checks(run: Run | None, results: Sequence[Result]) -> RunChecks:
+    checks = train_checks(results)
+    flagged = tuple(c for c in checks if c.flagged)
+    summary = train_check_summary(checks) + (", flagged:" if flagged else ".") if checks else ""
+    return RunChecks(summary, flagged, tuple(peak_flags(run, results)))

@@ -12,8 +12,14 @@ import json
 from collections.abc import Callable, Sequence
 from html import escape
 
-from attnbench.consistency import train_check_summary, train_checks
-from attnbench.report.cells import CROSSOVER_LEGEND, LEGEND, SCALING_LEGEND, column_headers, environment_line
+from attnbench.report.cells import (
+    CROSSOVER_LEGEND,
+    LEGEND,
+    SCALING_LEGEND,
+    column_headers,
+    environment_line,
+    run_checks,
+)
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.plots import Plot
 from attnbench.results import Result, Run
@@ -108,7 +114,7 @@ def _pivot(table: PivotTable, render: Callable[[Cell | None], str]) -> list[str]
     headers = "".join(f'<th scope="col">{_e(h)}</th>' for h in ["model", *column_headers(table)])
     out = ['<div class="scroll"><table class="pivot">', f"<thead><tr>{headers}</tr></thead>", "<tbody>"]
     for label, cells in table.rows:
-        is_baseline = bool(table.baseline) and label.split()[0] == table.baseline
+        is_baseline = table.is_baseline(label)
         row = "".join(render(cells.get(n)) for n in table.seq_lens)
         attrs = ' class="baseline"' if is_baseline else ""
         out.append(f'<tr{attrs}><th scope="row" class="row">{_e(label)}</th>{row}</tr>')
@@ -149,20 +155,23 @@ def _table_section(index: int, table: PivotTable, plots: Sequence[Plot]) -> list
     return out
 
 
-def _checks_section(results: Sequence[Result]) -> list[str]:
-    """The run's self-consistency checks, as the markdown has them; nothing when no case ran in all three of
-    forward, backward and train."""
-    checks = train_checks(results)
+def _checks_section(run: Run, results: Sequence[Result]) -> list[str]:
+    """The run's self-consistency checks, as the markdown has them; nothing when there is nothing to check."""
+    checks = run_checks(run, results)
     if not checks:
         return []
-    flagged = [c for c in checks if c.flagged]
     out = ['<section id="checks">', "<h2>Checks</h2>"]
-    out.append(f"<p>{_e(train_check_summary(checks) + (', flagged:' if flagged else '.'))}</p>")
-    if flagged:
+    if checks.summary:
+        out.append(f"<p>{_e(checks.summary)}</p>")
+    if checks.flagged:
         items = "".join(
             f"<li><code>{_e(c.train.case.label)}</code>: {c.ratio:.2f} ({_e(c.parts_text)}) — {_e(c.reason)}</li>"
-            for c in flagged
+            for c in checks.flagged
         )
+        out.append(f'<ul class="lines">{items}</ul>')
+    if checks.over_peak:
+        items = "".join(f"<li>{_e(line)}</li>" for line in checks.over_peak)
+        out += ["<p><strong>Above 100 % of peak</strong> (impossible; do not trust these rows):</p>"]
         out.append(f'<ul class="lines">{items}</ul>')
     return [*out, "</section>"]
 
@@ -201,7 +210,7 @@ def render_html(
         body += ["<nav><strong>Contents</strong><ul>", *links, "</ul></nav>"]
     for i, table in enumerate(tables, start=1):
         body += _table_section(i, table, plots)
-    body += _checks_section(results)
+    body += _checks_section(run, results)
     if failed:
         items = "".join(
             f"<li><code>{_e(r.case.label)}</code>: <strong>{_e(r.status)}</strong> — {_e(r.reason)}</li>"

@@ -6,8 +6,6 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from attnbench.consistency import train_check_summary, train_checks
-from attnbench.peak_use import peak_flags
 from attnbench.report.cells import (
     CROSSOVER_LEGEND,
     LEGEND,
@@ -15,6 +13,7 @@ from attnbench.report.cells import (
     column_headers,
     environment_line,
     memory_text,
+    run_checks,
     time_text,
 )
 from attnbench.report.pivot import pivot_tables
@@ -22,22 +21,19 @@ from attnbench.results import Result, Run
 
 
 def _checks(run: Run, results: Sequence[Result]) -> list[str]:
-    """The run's self-consistency checks: train / (forward + backward) when all three modes ran, and any row
-    above 100 % of its peak FLOP/s (impossible: a formula, a timer or a calibration is wrong). Nothing if none."""
-    checks = train_checks(results)
-    over_peak = peak_flags(run, results)
-    if not checks and not over_peak:
+    """The Checks section; nothing when there is nothing to check."""
+    checks = run_checks(run, results)
+    if not checks:
         return []
     lines = ["", "## Checks"]
-    if checks:
-        flagged = [c for c in checks if c.flagged]
-        lines += ["", train_check_summary(checks) + (", flagged:" if flagged else ".")]
-        if flagged:
+    if checks.summary:
+        lines += ["", checks.summary]
+        if checks.flagged:
             lines.append("")
-            lines += [f"- `{c.train.case.label}`: {c.ratio:.2f} ({c.parts_text}) — {c.reason}" for c in flagged]
-    if over_peak:
+            lines += [f"- `{c.train.case.label}`: {c.ratio:.2f} ({c.parts_text}) — {c.reason}" for c in checks.flagged]
+    if checks.over_peak:
         lines += ["", "**Above 100 % of peak** (impossible; do not trust these rows):", ""]
-        lines += [f"- {line}" for line in over_peak]
+        lines += [f"- {line}" for line in checks.over_peak]
     return lines
 
 

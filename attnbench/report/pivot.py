@@ -30,6 +30,7 @@ _STATUS_TEXT = {"oom": "OOM", "unsupported": "n/a", "error": "error", "timeout":
 class Cell:
     result: Result
     speedup: float | None  # baseline median / this median: > 1 means faster than the baseline
+    base: Result | None = None  # the baseline row's result this speed-up is against (same batch, same n)
 
     @property
     def median_s(self) -> float | None:
@@ -53,9 +54,17 @@ class PivotTable:
     batch_for_seq: dict[int, int] | None  # set when batch is tied to seq_len (a constant-tokens grid)
     rows: tuple[tuple[str, dict[int, Cell]], ...]
     baseline: str | None
-    crossovers: tuple[str, ...]  # where the rows' time curves cross, in words: the texts of ``crossings``
     crossings: tuple[CrossoverLine, ...] = ()  # attention vs recurrent, and every row vs the baseline
     scaling: tuple[ScalingLine, ...] = ()  # how each row's time and peak memory grow with seq_len
+
+    @property
+    def crossovers(self) -> tuple[str, ...]:
+        """Where the rows' time curves cross, in words."""
+        return tuple(line.text for line in self.crossings)
+
+    def is_baseline(self, label: str) -> bool:
+        """Whether a row (by its label, which starts with the model) is of the baseline model."""
+        return bool(self.baseline) and label.split()[0] == self.baseline
 
 
 def _speedups(group: CurveGroup, baseline_model: str | None) -> tuple[list[tuple[str, dict[int, Cell]]], bool]:
@@ -74,7 +83,7 @@ def _speedups(group: CurveGroup, baseline_model: str | None) -> tuple[list[tuple
             speedup = None
             if b is not None and b.ok and r.ok and b.measurement and r.measurement:
                 speedup = b.measurement.median_s / r.measurement.median_s
-            cells[n] = Cell(r, speedup)
+            cells[n] = Cell(r, speedup, b if speedup is not None else None)
         rows.append((curve.label, cells))
     return rows, bool(base_for_batch)
 
@@ -98,7 +107,6 @@ def pivot_tables(results: Sequence[Result], baseline_model: str | None = None) -
                 batch_for_seq=dict(group.batch_for_seq) if group.batch_for_seq is not None else None,
                 rows=tuple(rows),
                 baseline=baseline_model if has_baseline else None,
-                crossovers=tuple(line.text for line in crossings),
                 crossings=crossings,
                 scaling=tuple(group_scaling_laws(group)),
             )

@@ -108,7 +108,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _point(metric: Metric, n: int, cell: Cell, base: Cell | None) -> Point | None:
+def _point(metric: Metric, n: int, cell: Cell) -> Point | None:
     """What ``metric`` draws for one cell; None when there is nothing to draw and nothing to flag."""
     r = cell.result
     if not r.ok:
@@ -131,27 +131,21 @@ def _point(metric: Metric, n: int, cell: Cell, base: Cell | None) -> Point | Non
     if cell.speedup is None:
         return None
     low = high = None
-    if base is not None and base.result.measurement is not None:
-        b = base.result.measurement.summary
+    base = cell.base
+    if base is not None and base.measurement is not None:
+        b = base.measurement.summary
         if all(math.isfinite(x) and x > 0 for x in (b.ci_low, b.ci_high, s.ci_low, s.ci_high)):
             low, high = b.ci_low / s.ci_high, b.ci_high / s.ci_low
-    noisy = cell.noisy or (base is not None and base.noisy)
+    noisy = cell.noisy or (base is not None and Cell(base, None).noisy)
     return Point(n, cell.speedup, low, high, noisy=noisy)
-
-
-def _baseline_row(table: PivotTable) -> dict[int, Cell] | None:
-    """The baseline's cells, when exactly one row is the baseline (else speed-up intervals are left out)."""
-    rows = [cells for label, cells in table.rows if table.baseline and label.split()[0] == table.baseline]
-    return rows[0] if len(rows) == 1 else None
 
 
 def series(table: PivotTable, metric: Metric) -> list[Series]:
     """The lines ``metric`` draws for one table, one per row, in row order. The speed-up plot has no baseline
     line: the baseline is the 1× reference drawn across it."""
-    base = _baseline_row(table) if metric == "speedup" else None
     out = []
     for label, cells in table.rows:
-        is_baseline = bool(table.baseline) and label.split()[0] == table.baseline
+        is_baseline = table.is_baseline(label)
         if metric == "speedup" and is_baseline:
             continue
         points = []
@@ -159,7 +153,7 @@ def series(table: PivotTable, metric: Metric) -> list[Series]:
             cell = cells.get(n)
             if cell is None:
                 continue
-            point = _point(metric, n, cell, base.get(n) if base else None)
+            point = _point(metric, n, cell)
             if point is not None:
                 points.append(point)
         out.append(Series(label, is_baseline, tuple(points)))

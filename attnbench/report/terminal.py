@@ -8,9 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from attnbench.consistency import train_check_summary, train_checks
-from attnbench.peak_use import peak_flags
-from attnbench.report.cells import column_headers, memory_text, time_text
+from attnbench.report.cells import column_headers, memory_text, run_checks, time_text
 from attnbench.report.pivot import pivot_tables
 from attnbench.results import Result, Run
 from attnbench.units import format_bytes, format_rate, format_seconds
@@ -46,7 +44,7 @@ def comparison_tables(
             out.add_row(
                 label,
                 *(time_text(cells.get(n)) for n in table.seq_lens),
-                style="cyan" if label.split()[0] == table.baseline else None,
+                style="cyan" if table.is_baseline(label) else None,
             )
         renderables.append(out)
         if memory:
@@ -61,17 +59,14 @@ def comparison_tables(
             renderables.append(Text(f"  {line}", style="italic"))
         for scaling in table.scaling:
             renderables.append(Text(f"  {scaling.text}", style="italic"))
-    renderables += _checks(results)
-    renderables += [Text(f"above 100 % of peak: {line}", style="bold red") for line in peak_flags(run, results)]
+    renderables += _checks(run, results)
     return Group(*renderables)
 
 
-def _checks(results: Sequence[Result]) -> list[Text]:
-    """train / (forward + backward): one summary line, then each flagged case with its reason."""
-    checks = train_checks(results)
-    if not checks:
-        return []
-    flagged = [c for c in checks if c.flagged]
-    out = [Text(train_check_summary(checks) + (", flagged:" if flagged else "."), style="bold")]
-    out += [Text(f"  {c.text} — {c.reason}", style="yellow") for c in flagged]
-    return out
+def _checks(run: Run | None, results: Sequence[Result]) -> list[Text]:
+    """train / (forward + backward): one summary line, then each flagged case with its reason; then any row
+    above 100 % of its peak."""
+    checks = run_checks(run, results)
+    out = [Text(checks.summary, style="bold")] if checks.summary else []
+    out += [Text(f"  {c.text} — {c.reason}", style="yellow") for c in checks.flagged]
+    return out + [Text(f"above 100 % of peak: {line}", style="bold red") for line in checks.over_peak]
