@@ -256,6 +256,9 @@ class Experiment:
         return 0.02 if device.startswith("cuda") else 0.1
 
     def isolate_on(self, device: str) -> bool:
+        # Replicates are fresh worker processes, so they need isolation whatever `isolate` says.
+        if self.timing.processes > 1:
+            return True
         return self.isolate if self.isolate is not None else device.startswith("cuda")
 
     @property

@@ -88,13 +88,19 @@ class TorchExecutor:
     def run(self, case: Case) -> Result:
         started, t0 = utc_now(), time.perf_counter()
         try:
-            reason = probe(case, str(self.device))
+            reason = self._policy_problem(case) or probe(case, str(self.device))
             result = Result(case, "unsupported", reason) if reason is not None else self._measure(case)
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
             result = Result(case, "oom" if is_oom(exc) else "error", _describe(exc))
         finally:
             self._release()
         return replace(result, started_utc=started, duration_s=time.perf_counter() - t0)
+
+    def _policy_problem(self, case: Case) -> str | None:
+        """Why this timing policy cannot time the case, found before any model is built."""
+        if self.device.type == "cuda" and self.policy.cuda_graph and case.mode != "forward":
+            return "cuda_graph replays forward passes only; time train and backward without it"
+        return None
 
     def _release(self) -> None:
         # After an OOM the failed case's tensors are still referenced from the traceback frames until the
@@ -153,20 +159,19 @@ class TorchExecutor:
                 return None
 
         with grad_mode():
+            timed = step
             if self.device.type == "cuda":
-                if self.policy.cuda_graph:
-                    if case.mode != "forward":
-                        reason = "cuda_graph replays forward passes only; time train and backward without it"
-                        return Result(case, "unsupported", reason)
-                    step = graphed(step, self.device)
+                if self.policy.cuda_graph:  # forward only: run() refused the other modes before any setup
+                    timed = graphed(step, self.device)
                     extra["cuda_graph"] = True
                 torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
-            measurement, telemetry = self._timed_with_telemetry(step, case, extra)
+            measurement, telemetry = self._timed_with_telemetry(timed, case, extra)
             model.zero_grad(set_to_none=True)
             x.grad = None
+            # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
             memory = self._peak_memory(step)
             if self.device.type == "cuda":
-                self._profile(step, measurement, extra)
+                self._profile(timed, measurement, extra)
         return Result(
             case,
             "ok",

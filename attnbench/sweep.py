@@ -237,7 +237,9 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
             )
         if experiment.threads is not None:
             torch.set_num_threads(experiment.threads)
-        done = {r.case.key for r in stored.results if r.ok or not options.retry_failed} if stored else set()
+        # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
+        kept = [r for r in stored.results if r.ok or not options.retry_failed] if stored else []
+        done = {r.case.key for r in kept}
         cases = experiment.cases(device)
         todo = [case for case in cases if case.key not in done]
         if options.dry_run:
@@ -251,7 +253,7 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
             _check_same_environment(stored, environment)
             folder = stored.folder
             run = replace(stored.run, state="running", finished_utc="")
-            rewrite_rows(folder, lambda r: r.ok or not options.retry_failed)
+            rewrite_rows(folder, lambda r: r.ok or not options.retry_failed)  # the same rule as `kept`
         else:
             folder = _new_run_folder(options.out, experiment, device)
             lock = RunLock(folder).acquire()
@@ -275,15 +277,13 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
                 command=tuple(sys.argv),
                 calibration=calibration,
             )
+        if experiment.timing.processes > 1 and options.isolate is False:
+            raise AttnbenchError(
+                f"timing.processes = {experiment.timing.processes} runs each case in fresh worker "
+                "processes, which --no-isolate forbids",
+                hint="drop --no-isolate, or set timing.processes: 1",
+            )
         isolate = options.isolate if options.isolate is not None else experiment.isolate_on(device)
-        if experiment.timing.processes > 1:
-            if options.isolate is False:
-                raise AttnbenchError(
-                    f"timing.processes = {experiment.timing.processes} runs each case in fresh worker "
-                    "processes, which --no-isolate forbids",
-                    hint="drop --no-isolate, or set timing.processes: 1",
-                )
-            isolate = True
         if not options.quiet:
             total = len(cases)
             what = (
@@ -304,7 +304,8 @@ def run_experiment(options: SweepOptions, stdout: Console, stderr: Console) -> S
                 "bounded by timing.max_case_s alone",
                 markup=False,
             )
-        seen = stored.results if stored else ()
+        # Only kept rows may skip longer cases: an OOM about to be retried must not veto its longer lengths.
+        seen = kept
         skipper = (
             OomSkipper(tied_batch=experiment.tokens is not None, seen=seen)
             if (experiment.skip_larger_after_oom)

@@ -100,6 +100,7 @@ def measure(
 
     audit = policy.warmup_audit
     audited = audit == 0
+    gave_up = False  # the first block still runs slow and may not be moved: said once, not checked again
     moved = moves = 0
     samples: list[float] = []
     sampling_start = clock.now()
@@ -121,7 +122,7 @@ def measure(
         stop = stop and summary.ci_halfwidth_rel <= policy.target_ci
         # The audit looks once the first two blocks exist and again whenever the rule would stop: the first
         # block must agree with every sample after it, not just with its neighbour.
-        if audit and len(samples) >= 2 * audit and (not audited or stop):
+        if audit and not gave_up and len(samples) >= 2 * audit and (not audited or stop):
             first, later = samples[:audit], samples[audit:]
             moved_s = sum(first) * calls
             warming = _still_warming(first, later, policy.warmup_agree)
@@ -133,7 +134,8 @@ def measure(
                 sampling_start += moved_s
                 audited = False
                 continue
-            if warming and not audited:
+            if warming:
+                gave_up = True
                 slower = statistics.median(first) / statistics.median(later) - 1
                 warnings.append(
                     f"warm-up audit: the first {audit} samples still run {slower:.0%} slower than the "
