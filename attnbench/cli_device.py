@@ -78,6 +78,9 @@ def calibrate(
         calibration = cached
         origin = f"cached calibration of {cached.created_utc} ({cache_path(fingerprint)}); --refresh measures again"
     else:
+        if cached is not None:
+            # The cache is one file per machine: measure what it already holds too, or saving would drop it.
+            wanted = tuple(dict.fromkeys([*wanted, *(m.dtype for m in cached.matmul), *cached.skipped]))
         stderr.print(
             f"calibrating {resolved} ({environment.gpu_name or environment.cpu_model}, torch {environment.torch}, "
             f"{environment.torch_threads} threads): {', '.join(wanted)} matmul, then copy bandwidth",

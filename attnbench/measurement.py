@@ -87,6 +87,11 @@ class Measurement:
     def median_s(self) -> float:
         return self.summary.median
 
+    @property
+    def noisy(self) -> bool:
+        """The tables' "~": IQR above ``NOISY_IQR_REL`` of the median, or the CI target was not reached."""
+        return self.summary.iqr_rel > NOISY_IQR_REL or not self.converged
+
     def to_dict(self) -> dict[str, object]:
         return {
             "samples_s": list(self.samples_s),

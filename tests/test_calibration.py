@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -525,3 +526,22 @@ def test_peak_modules_import_without_torch(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr
+
+
+def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The cache is one file per machine: `calibrate --dtype float16` after a float32 calibration must not
+    # leave a file that holds float16 alone (sweeps would lose their float32 peak).
+    import attnbench.calibrate
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
+    asked: list[tuple[str, ...]] = []
+
+    def fake(device: str, wanted: tuple[str, ...], environment: Any, **_: Any) -> Calibration:
+        asked.append(tuple(wanted))
+        matmul = tuple(MatmulCeiling(d, 1e11, 256, ((256, 1e11),)) for d in wanted)
+        return Calibration(environment.fingerprint(), device, "cpu", "2026-12-02T00:00:00Z", None, None, matmul)
+
+    monkeypatch.setattr(attnbench.calibrate, "calibrate", fake)
+    assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float32"]).exit_code == 0
+    assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float16"]).exit_code == 0
+    assert asked == [("float32",), ("float16", "float32")]

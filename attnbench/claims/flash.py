@@ -88,9 +88,10 @@ def _compared_where(run: Run, pairs: Sequence[tuple[Result, Result]], n: int) ->
     """Why this pair is not quite the article's setting: another length, another GPU ("" when it is)."""
     notes = []
     if n != FLASH_SEQ_LEN:
-        lost = [b for b, _ in pairs if b.case.seq_len == FLASH_SEQ_LEN and not is_timed(b)]
+        # Either side may be the one that failed at the article's length (vanilla OOM, or the flash kernel).
+        lost = [x for pair in pairs if pair[0].case.seq_len == FLASH_SEQ_LEN for x in pair if not is_timed(x)]
         notes.append(
-            f"vanilla {lost[0].status} at n={FLASH_SEQ_LEN}, so compared at n={n}"
+            f"{lost[0].case.model} {lost[0].status} at n={FLASH_SEQ_LEN}, so compared at n={n}"
             if lost
             else f"n={FLASH_SEQ_LEN} not in this run: nearest n={n}"
         )

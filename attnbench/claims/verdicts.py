@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from attnbench.claims.selection import label
-from attnbench.measurement import NOISY_IQR_REL
 from attnbench.results import Result, Run
 from attnbench.units import MIB
 
@@ -133,8 +132,7 @@ def format_signed_pct(fraction: float) -> str:
 
 def noisy(r: Result) -> bool:
     """The pivot tables' "~": IQR above 10 % of the median, or the CI target was not reached."""
-    m = r.measurement
-    return m is not None and (m.summary.iqr_rel > NOISY_IQR_REL or not m.converged)
+    return r.measurement is not None and r.measurement.noisy
 
 
 def thin_cells(rows: Iterable[Result]) -> str:

@@ -27,9 +27,8 @@ def percent(fraction: float) -> str:
 
 
 def case_text(c: CaseComparison) -> str:
-    """The case's label, with its model options when it has any (the label leaves them out)."""
-    options = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in c.case.options)
-    return f"{c.case.label} {options}" if options else c.case.label
+    """The case's label (which names its model options too)."""
+    return c.case.label
 
 
 def time_cell(seconds: float | None, status: str | None) -> str:

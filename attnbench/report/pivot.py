@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attnbench.catalogue import is_recurrent
-from attnbench.measurement import NOISY_IQR_REL
 from attnbench.results import Result
 from attnbench.scaling import (
     CrossoverLine,
@@ -40,7 +39,7 @@ class Cell:
     @property
     def noisy(self) -> bool:
         m = self.result.measurement
-        return m is not None and (m.summary.iqr_rel > NOISY_IQR_REL or not m.converged)
+        return m is not None and m.noisy
 
     @property
     def status_text(self) -> str:

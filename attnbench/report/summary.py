@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from attnbench.peak_use import PeakTable, pct_of_peak
+from attnbench.peak_use import PeakTable, achieved_flops_per_s, pct_of_peak
 from attnbench.results import Result, Run
 from attnbench.telemetry.summary import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
 from attnbench.units import MIB
@@ -127,8 +127,9 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     if isinstance(flops, int) and not isinstance(flops, bool):
         row["flops"] = flops
         row["flops_formula"] = result.extra.get("flops_formula")
-        if m is not None and m.median_s > 0:
-            row["tflops"] = flops / m.median_s / 1e12
+        achieved = achieved_flops_per_s(result)
+        if achieved is not None:
+            row["tflops"] = achieved / 1e12
             used = peaks.for_case(case) if peaks is not None else None
             if used is not None:
                 row["pct_of_peak"] = pct_of_peak(result, used)
