@@ -19,6 +19,11 @@ OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 
 
+def option_text(name: str, value: OptionValue) -> str:
+    """``name=value`` as keys and labels write it: booleans lower-case, like YAML."""
+    return f"{name}={str(value).lower() if isinstance(value, bool) else value}"
+
+
 @dataclass(frozen=True)
 class Case:
     """One measured configuration. All models map (batch, seq_len, d_model) to the same shape.
@@ -78,7 +83,7 @@ class Case:
             f"layers={self.layers}",
             f"causal={str(self.causal).lower()}",
         ]
-        parts += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options]
+        parts += [option_text(k, v) for k, v in self.options]
         return "|".join(parts)
 
     @property
@@ -86,7 +91,7 @@ class Case:
         """Short human label for progress lines."""
         extra = "" if self.heads is None else f" h={self.heads}" + (" causal" if self.causal else "")
         # Options tell variants apart (scope, positional, preset…): without them two rows would read the same.
-        extra += "".join(f" {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options)
+        extra += "".join(f" {option_text(k, v)}" for k, v in self.options)
         return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
 
     def to_dict(self) -> dict[str, object]:

@@ -58,6 +58,7 @@ from attnbench.config_source import (
     read_file,
 )
 from attnbench.errors import ConfigError
+from attnbench.telemetry.summary import default_interval_s
 
 __all__ = [
     "AXIS_NAMES",
@@ -253,7 +254,7 @@ class Experiment:
         """The telemetry sampler's polling interval on ``device`` (see ConfigModel.telemetry_interval_s)."""
         if self.telemetry_interval_s is not None:
             return self.telemetry_interval_s
-        return 0.02 if device.startswith("cuda") else 0.1
+        return default_interval_s(device)
 
     def isolate_on(self, device: str) -> bool:
         # Replicates are fresh worker processes, so they need isolation whatever `isolate` says.

@@ -25,6 +25,7 @@ from attnbench.memory import RssPeak
 from attnbench.models import build_model, make_input, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
 from attnbench.results import Memory, Result, utc_now
 from attnbench.telemetry import Level, TelemetrySummary, open_telemetry
+from attnbench.telemetry.summary import default_interval_s
 from attnbench.timing import measure
 
 # How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
@@ -69,7 +70,7 @@ class TorchExecutor:
         self.seed = seed
         self.telemetry: Level = telemetry
         # 20 ms on a GPU; 100 ms on a CPU, where the sampler shares the cores it measures (see config.py).
-        self.telemetry_interval_s = telemetry_interval_s or (0.02 if self.device.type == "cuda" else 0.1)
+        self.telemetry_interval_s = telemetry_interval_s or default_interval_s(self.device.type)
         # A cold cache flushes exactly the device's L2 before every sample (a sample is one call then).
         flush = l2_flusher(self.device) if self.device.type == "cuda" and policy.cache == "cold" else None
         self.clock = clock_for(self.device, flush=flush)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from attnbench.compare import RESAMPLES, CaseComparison, Comparison, Side, Verdict
+from attnbench.compare import CaseComparison, Comparison, Side, Verdict
 from attnbench.units import format_seconds
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def method_text(comparison: Comparison) -> str:
     if evidence.get("samples"):
         lines.append(
             f"Evidence for {evidence['samples']} cases: one process per side, so the interval is a bootstrap of "
-            f"the median ratio over the raw samples ({RESAMPLES} resamples), widened by a ±"
+            f"the median ratio over the raw samples ({policy.resamples} resamples), widened by a ±"
             f"{percent(policy.noise_floor)} noise floor for the variation between processes that samples from "
             "one process cannot show. Measure that variation instead with `timing.processes` or by comparing "
             "folders of repeated runs."

@@ -21,21 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
+from attnbench.report.summary import CASE_COLUMNS, case_columns, options_text
 from attnbench.results import Result, Run
 
 COLUMNS: tuple[str, ...] = (
     "run_id",
     "key",
-    "model",
-    "mode",
-    "dtype",
-    "device",
-    "batch",
-    "seq_len",
-    "d_model",
-    "heads",
-    "layers",
-    "causal",
+    *CASE_COLUMNS,
     "options",
     "status",
     "sample",
@@ -54,17 +46,8 @@ def sample_rows(run: Run, results: Sequence[Result]) -> Iterator[dict[str, Any]]
         fixed = {
             "run_id": run.run_id,
             "key": c.key,
-            "model": c.model,
-            "mode": c.mode,
-            "dtype": c.dtype,
-            "device": c.device,
-            "batch": c.batch,
-            "seq_len": c.seq_len,
-            "d_model": c.d_model,
-            "heads": c.heads,
-            "layers": c.layers,
-            "causal": c.causal,
-            "options": ";".join(f"{k}={v}" for k, v in c.options),
+            **case_columns(c),
+            "options": options_text(c),
             "status": r.status,
         }
         for index, seconds in enumerate(m.samples_s):

@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from attnbench.cases import Case
 from attnbench.peak_use import PeakTable, achieved_flops_per_s, pct_of_peak
 from attnbench.results import Result, Run
 from attnbench.telemetry.summary import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
 from attnbench.units import MIB
 
-COLUMNS: tuple[str, ...] = (
+# What a case is, as every long-form export names it: the Case fields in their order.
+CASE_COLUMNS: tuple[str, ...] = (
     "model",
     "mode",
     "dtype",
@@ -24,6 +26,10 @@ COLUMNS: tuple[str, ...] = (
     "heads",
     "layers",
     "causal",
+)
+
+COLUMNS: tuple[str, ...] = (
+    *CASE_COLUMNS,
     "status",
     "reason",
     "median_ms",
@@ -75,20 +81,19 @@ def _ms(seconds: float) -> float | None:
     return seconds * 1e3 if seconds not in (float("inf"), float("-inf")) else None
 
 
+def case_columns(case: Case) -> dict[str, Any]:
+    return {name: getattr(case, name) for name in CASE_COLUMNS}
+
+
+def options_text(case: Case) -> str:
+    return ";".join(f"{k}={v}" for k, v in case.options)
+
+
 def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any]:
     """One CSV row. ``peaks`` (from the run: its calibration, its GPU's vendor figures) fills pct_of_peak."""
     case = result.case
     row: dict[str, Any] = {
-        "model": case.model,
-        "mode": case.mode,
-        "dtype": case.dtype,
-        "device": case.device,
-        "batch": case.batch,
-        "seq_len": case.seq_len,
-        "d_model": case.d_model,
-        "heads": case.heads,
-        "layers": case.layers,
-        "causal": case.causal,
+        **case_columns(case),
         "status": result.status,
         "reason": result.reason,
     }
@@ -121,7 +126,7 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row["peak_mem_mib"] = None if peak is None else peak / MIB
         row["mem_method"] = result.memory.method
     row["parameters"] = result.parameters
-    row["options"] = ";".join(f"{k}={v}" for k, v in case.options)
+    row["options"] = options_text(case)
     row["key"] = case.key
     flops = result.extra.get("flops")
     if isinstance(flops, int) and not isinstance(flops, bool):
