@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnbench.results import Result, load_run
+from attnbench.results.records import Result
+from attnbench.results.store import load_run
 
 
 def _parse_utc(text: str) -> datetime:

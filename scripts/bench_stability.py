@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnbench.results import load_run
+from attnbench.results.store import load_run
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -13,8 +13,9 @@ import argparse
 import statistics
 import sys
 
-from attnbench.cases import Case, TimingPolicy
-from attnbench.executor import TorchExecutor
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.measure.executor import ExecutorSettings
+from attnbench.measure.torch_executor import TorchExecutor
 
 CASES = (
     Case("lstm", "forward", "float32", "cpu", 4, 256, 256, None, 1, True),
@@ -30,8 +31,8 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=0.02, help="the sampler's polling interval (s)")
     args = parser.parse_args()
     policy = TimingPolicy(target_ci=0.01, min_samples=20, min_time_s=0.5, max_case_s=1.5, warmup_max_s=0.3)
-    off = TorchExecutor(args.device, policy, telemetry="off")
-    on = TorchExecutor(args.device, policy, telemetry="basic", telemetry_interval_s=args.interval)
+    off = TorchExecutor(ExecutorSettings(args.device, policy, telemetry="off"))
+    on = TorchExecutor(ExecutorSettings(args.device, policy, telemetry="basic", telemetry_interval_s=args.interval))
     print(f"# Telemetry sampler overhead ({args.device}, interval {args.interval * 1e3:g} ms, {args.rounds} rounds)\n")
     print("| case | median off | median on | on/off (median of rounds) | rounds on > off | samples per case |")
     print("| --- | --- | --- | --- | --- | --- |")

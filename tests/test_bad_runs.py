@@ -16,8 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.errors import EXIT_BAD_INPUT, ResultsError
-from attnbench.results import Result, Run, load_run
+from attnbench.core.errors import EXIT_BAD_INPUT, ResultsError
+from attnbench.results.records import Result, Run
+from attnbench.results.store import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from attnbench.cases import Case, Mode, TimingPolicy
-from attnbench.catalogue import MODELS, PRESETS
-from attnbench.config import load_experiment_text
-from attnbench.errors import ConfigError
-from attnbench.flops import attention_block_parameters, count_parameters, matched_hidden
-from attnbench.models import build_model, make_input, parameter_count, probe, registry
-from attnbench.models.blocks import RecurrentBlock, TransformerBlock
+from attnbench.config.experiment import load_experiment_text
+from attnbench.core.cases import Case, Mode, TimingPolicy
+from attnbench.core.catalogue import MODELS, PRESETS
+from attnbench.core.errors import ConfigError
+from attnbench.core.flops import attention_block_parameters, count_parameters, matched_hidden
+from attnbench.measure.models import build_model, make_input, parameter_count, probe, registry
+from attnbench.measure.models.blocks import RecurrentBlock, TransformerBlock
 
 F64 = torch.float64
 CPU_ATTENTION = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
@@ -258,11 +258,12 @@ def test_probe_refuses_an_unreachable_match() -> None:
 @pytest.mark.parametrize("model", ["sdpa-flash", "lstm"])
 @pytest.mark.parametrize("mode", ["forward", "train"])
 def test_executor_runs_token_id_models(model: str, mode: Mode) -> None:
-    from attnbench.executor import TorchExecutor
+    from attnbench.measure.executor import ExecutorSettings
+    from attnbench.measure.torch_executor import TorchExecutor
 
     policy = TimingPolicy(min_samples=3, max_samples=5, min_time_s=0.001, max_case_s=0.5, warmup_max_s=0.05)
     this = replace(case(model, "model", mode=mode, dtype="float32", layers=1), batch=1, seq_len=8)
-    result = TorchExecutor("cpu", policy, telemetry="off").run(this)
+    result = TorchExecutor(ExecutorSettings("cpu", policy, telemetry="off")).run(this)
     assert result.status == "ok", result.reason
     assert result.parameters == count_parameters(this)
     assert result.extra["flops_formula"] == ("transformer-model-v1" if model == "sdpa-flash" else "lstm-model-v1")

@@ -15,27 +15,34 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.calibration import (
+from attnbench.analysis.efficiency import (
+    PeakTable,
+    achieved_flops_per_s,
+    ceiling_rows,
+    pct_of_peak,
+    peak_flags,
+    vendor_line,
+)
+from attnbench.cli import app
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.errors import ResultsError
+from attnbench.core.peaks import PEAK_DTYPES, VENDOR_PEAKS, vendor_peak
+from attnbench.core.units import format_bandwidth, format_flops
+from attnbench.report.rows import COLUMNS, render_csv, summary_rows
+from attnbench.results.calibration import (
     CACHE_ENV,
     Calibration,
     CopyBandwidth,
     MatmulCeiling,
     cache_dir,
     cache_path,
-    format_bandwidth,
-    format_flops,
     load_cached,
     save,
 )
-from attnbench.cases import Case, TimingPolicy
-from attnbench.checks import FieldError
-from attnbench.cli import app
-from attnbench.errors import ResultsError
-from attnbench.measurement import Measurement
-from attnbench.peak_use import PeakTable, achieved_flops_per_s, ceiling_rows, pct_of_peak, peak_flags, vendor_line
-from attnbench.peaks import PEAK_DTYPES, VENDOR_PEAKS, vendor_peak
-from attnbench.report.summary import COLUMNS, render_csv, summary_rows
-from attnbench.results import Result, Run, load_run
+from attnbench.results.fields import FieldError
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Result, Run
+from attnbench.results.store import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "runs" / "tiny-cpu"
@@ -410,8 +417,8 @@ def test_ceiling_rows_beside_a_vendor_peak() -> None:
 def test_calibrate_measures_every_dtype_or_says_why_not() -> None:
     import torch
 
-    from attnbench.calibrate import calibrate, plan_for
-    from attnbench.environment import collect_environment
+    from attnbench.measure.ceilings import calibrate, plan_for
+    from attnbench.measure.environment import collect_environment
 
     plan = replace(plan_for(torch.device("cpu"), quick=True), sizes=(32, 64), copy_bytes=2**22)
     env = collect_environment("cpu")
@@ -441,7 +448,7 @@ def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
 
 
 def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
-    from attnbench.environment import collect_environment
+    from attnbench.measure.environment import collect_environment
 
     fingerprint = collect_environment("cpu").fingerprint()
     save(calibration(fingerprint, skipped={"float16": "skipped in this test"}))
@@ -485,7 +492,7 @@ def _sweep(tmp_path: Path) -> tuple[Path, str]:
 
 
 def test_sweep_records_the_cached_calibration(tmp_path: Path) -> None:
-    from attnbench.environment import collect_environment
+    from attnbench.measure.environment import collect_environment
 
     save(calibration(collect_environment("cpu").fingerprint()))
     folder, _ = _sweep(tmp_path)
@@ -502,7 +509,7 @@ def test_sweep_without_a_cache_records_none(tmp_path: Path) -> None:
 
 
 def test_sweep_with_a_damaged_cache_warns_and_goes_on(tmp_path: Path) -> None:
-    from attnbench.environment import collect_environment
+    from attnbench.measure.environment import collect_environment
 
     path = cache_path(collect_environment("cpu").fingerprint())
     path.parent.mkdir(parents=True)
@@ -521,8 +528,8 @@ def test_peak_modules_import_without_torch(tmp_path: Path) -> None:
     (blocker / "__init__.py").write_text("raise ImportError('torch is blocked for this test')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker.parent), str(ROOT)])}
     code = (
-        "import attnbench.calibration, attnbench.peaks, attnbench.peak_use, attnbench.selfcheck, "
-        "attnbench.report.summary, attnbench.cli_device"
+        "import attnbench.results.calibration, attnbench.core.peaks, attnbench.analysis.efficiency, "
+        "attnbench.analysis.selfcheck, attnbench.report.rows, attnbench.cli.device"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr
@@ -531,7 +538,7 @@ def test_peak_modules_import_without_torch(tmp_path: Path) -> None:
 def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # The cache is one file per machine: `calibrate --dtype float16` after a float32 calibration must not
     # leave a file that holds float16 alone (sweeps would lose their float32 peak).
-    import attnbench.calibrate
+    import attnbench.measure.ceilings
 
     monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
     asked: list[tuple[str, ...]] = []
@@ -541,7 +548,7 @@ def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.Mo
         matmul = tuple(MatmulCeiling(d, 1e11, 256, ((256, 1e11),)) for d in wanted)
         return Calibration(environment.fingerprint(), device, "cpu", "2026-12-02T00:00:00Z", None, None, matmul)
 
-    monkeypatch.setattr(attnbench.calibrate, "calibrate", fake)
+    monkeypatch.setattr(attnbench.measure.ceilings, "calibrate", fake)
     assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float32"]).exit_code == 0
     assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float16"]).exit_code == 0
     assert asked == [("float32",), ("float16", "float32")]

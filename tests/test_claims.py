@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cases import Case, TimingPolicy
 from attnbench.claims import ClaimResult, ClaimsReport, evaluate_claims, ratio
 from attnbench.cli import app
-from attnbench.measurement import Measurement
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.units import MIB
 from attnbench.report.claims_md import claims_table, render_claims_json, render_claims_markdown
-from attnbench.results import Memory, Result, Run
-from attnbench.telemetry.summary import TelemetrySummary
-from attnbench.units import MIB
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Memory, Result, Run
+from attnbench.results.telemetry import TelemetrySummary
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "runs" / "tiny-cpu"

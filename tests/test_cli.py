@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.report.summary import COLUMNS
+from attnbench.report.rows import COLUMNS
 
 runner = CliRunner()
 
@@ -160,7 +160,7 @@ def test_env_prints_the_environment() -> None:
 
 
 def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import attnbench.executor as executor
+    import attnbench.measure.torch_executor as executor
 
     def broken(*args: object, **kwargs: object) -> object:
         raise ValueError("a bug in a model")
@@ -190,7 +190,7 @@ def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_ctrl_c_keeps_finished_rows_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.executor import TorchExecutor
+    from attnbench.measure.torch_executor import TorchExecutor
 
     real_run = TorchExecutor.run
     calls = {"n": 0}
@@ -269,9 +269,9 @@ def test_env_says_whether_nvml_is_available() -> None:
 
 
 def test_rows_carry_analytic_flops_with_their_formula(tiny_run: tuple[Path, str]) -> None:
-    from attnbench.cases import Case
-    from attnbench.flops import count_flops
-    from attnbench.results import load_run
+    from attnbench.core.cases import Case
+    from attnbench.core.flops import count_flops
+    from attnbench.results.store import load_run
 
     folder, _ = tiny_run
     rows = {r["key"]: r for r in csv.DictReader((folder / "summary.csv").open())}

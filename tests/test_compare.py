@@ -18,30 +18,27 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cases import Case
-from attnbench.cli import app
-from attnbench.compare import (
+from attnbench.analysis.compare import (
     DEFAULT_NOISE_FLOOR,
     HARD_KEYS,
     NoBaselineError,
     NotComparableError,
     Policy,
-    Thresholds,
     _bootstrap_medians,
     _widen,
     bootstrap_ratio_ci,
     compare_case,
     compare_paths,
-    load_thresholds,
-    parse_fraction,
-    parse_threshold,
     process_ratio_ci,
 )
-from attnbench.errors import AttnbenchError
-from attnbench.measurement import Measurement
+from attnbench.analysis.thresholds import Thresholds, load_thresholds, parse_fraction, parse_threshold
+from attnbench.cli import app
+from attnbench.core.cases import Case
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.stats import student_t_975
 from attnbench.report.compare_md import render_compare_markdown
-from attnbench.results import Result
-from attnbench.stats import student_t_975
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "compare"

@@ -1,4 +1,4 @@
-"""attnbench.config: YAML → Experiment, and every way a config can be wrong. No torch anywhere here."""
+"""attnbench.config.experiment: YAML → Experiment, and every way a config can be wrong. No torch anywhere here."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnbench.cases import TimingPolicy
-from attnbench.catalogue import MODEL_NAMES, MODES
-from attnbench.config import (
+from attnbench.config.experiment import (
     Experiment,
     TimingModel,
     builtin_config_text,
@@ -25,11 +23,13 @@ from attnbench.config import (
     load_experiment_text,
     parse_override,
 )
-from attnbench.errors import ConfigError
+from attnbench.core.cases import TimingPolicy
+from attnbench.core.catalogue import MODEL_NAMES, MODES
+from attnbench.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = Path(__file__).parent / "data" / "bad_configs"
-BUILTIN = ROOT / "attnbench" / "builtin"
+BUILTIN = ROOT / "attnbench" / "config" / "builtin"
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 BASE = """\
@@ -273,7 +273,7 @@ def test_gpu_seq_sweep_moves_16k_tokens_per_call() -> None:
 
 def test_config_does_not_import_torch() -> None:
     code = (
-        "import sys, attnbench.config as c; c.load_experiment(None); "
+        "import sys, attnbench.config.experiment as c; c.load_experiment(None); "
         "sys.exit('torch' in sys.modules or 'pynvml' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -538,7 +538,7 @@ def test_the_valid_document_behind_the_mutations_is_valid() -> None:
 
 
 def test_override_too_deep_or_too_long_is_a_config_error() -> None:
-    from attnbench.errors import ConfigError
+    from attnbench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cap is 10000"):
         load_experiment(None, ["grid.seq_len=" + "[" * 6000 + "]" * 6000])

@@ -35,7 +35,7 @@ from attnbench.report.exports import (
     render_gab,
 )
 from attnbench.report.samples import COLUMNS, render_samples_csv, render_samples_jsonl, sample_rows
-from attnbench.results import StoredRun, load_run
+from attnbench.results.store import StoredRun, load_run
 from tests.test_report import FIXTURE, check_golden
 
 runner = CliRunner()

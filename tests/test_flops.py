@@ -30,9 +30,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnbench.cases import Case, Mode, Options
-from attnbench.flops import FlopCount, causal_pairs, count_flops, matched_hidden, recurrent_hidden
-from attnbench.models import build_model, make_input
+from attnbench.core.cases import Case, Mode, Options
+from attnbench.core.flops import FlopCount, causal_pairs, count_flops, matched_hidden, recurrent_hidden
+from attnbench.measure.models import build_model, make_input
 
 BIDIRECTIONAL = (("bidirectional", True),)
 

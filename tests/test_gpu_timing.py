@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnbench.cases import Case, TimingPolicy
 from attnbench.cli import app
-from attnbench.gpu_timing import busy_time, launch_bound
-from attnbench.results import load_run
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.measure.gpu_timing import busy_time, launch_bound
+from attnbench.results.store import load_run
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -49,10 +49,11 @@ class TestOnCuda:
     CASE = Case("vanilla", "forward", "bfloat16", "cuda", 2, 256, 256, 4, 1, False)
 
     def _run(self, case: Case, **policy: object):  # type: ignore[no-untyped-def]
-        from attnbench.executor import TorchExecutor
+        from attnbench.measure.executor import ExecutorSettings
+        from attnbench.measure.torch_executor import TorchExecutor
 
         timing = replace(TimingPolicy(max_case_s=1.0, min_time_s=0.05), **policy)  # type: ignore[arg-type]
-        return TorchExecutor("cuda", timing, telemetry="off").run(case)
+        return TorchExecutor(ExecutorSettings("cuda", timing, telemetry="off")).run(case)
 
     def test_profile_counts_kernels_and_classifies_launch_bound(self) -> None:
         result = self._run(self.CASE)

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cases import Case
 from attnbench.cli import app
-from attnbench.measurement import Measurement
+from attnbench.core.cases import Case
 from attnbench.report.html import render_html
 from attnbench.report.pivot import pivot_tables
 from attnbench.report.plots import Plot, render_plots
-from attnbench.results import Result, StoredRun, load_run
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Result
+from attnbench.results.store import StoredRun, load_run
 from tests.test_report import FIXTURE, check_golden
 
 runner = CliRunner()

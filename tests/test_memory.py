@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.cases import Case, TimingPolicy
-from attnbench.memory import RssPeak
-from attnbench.units import MIB
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.units import MIB
+from attnbench.measure.memory import RssPeak
 
 pytestmark = pytest.mark.skipif(not RssPeak.probe().available, reason=RssPeak.probe().reason or "no procfs")
 
@@ -35,12 +35,13 @@ def test_rss_peak_resets_between_measurements() -> None:
 
 def test_vanilla_materialises_scores_and_flash_does_not() -> None:
     """At n=1024, vanilla's peak exceeds one n×n score matrix per head×batch; sdpa-flash stays well below."""
-    from attnbench.executor import TorchExecutor
+    from attnbench.measure.executor import ExecutorSettings
+    from attnbench.measure.torch_executor import TorchExecutor
 
     batch, heads, n = 2, 4, 1024
     scores_bytes = batch * heads * n * n * 4  # float32
     policy = TimingPolicy(min_samples=3, max_case_s=0.5, min_time_s=0.0, warmup_max_s=0.1)
-    executor = TorchExecutor("cpu", policy)
+    executor = TorchExecutor(ExecutorSettings("cpu", policy))
     peaks = {}
     for model in ("vanilla", "sdpa-flash"):
         case = Case(model, "forward", "float32", "cpu", batch, n, 64, heads, 1, False)

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from attnbench.cases import Case, Mode
-from attnbench.flops import count_parameters
-from attnbench.models import build_model, make_input, parameter_count, probe
-from attnbench.models.minrnn import MinRNN, g, log_g, parallel_scan_log, sequential_scan
+from attnbench.core.cases import Case, Mode
+from attnbench.core.flops import count_parameters
+from attnbench.measure.models import build_model, make_input, parameter_count, probe
+from attnbench.measure.models.minrnn import MinRNN, g, log_g, parallel_scan_log, sequential_scan
 
 F64, F32 = torch.float64, torch.float32
 CELLS = ("mingru", "minlstm")

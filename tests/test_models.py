@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnbench.cases import Case, Mode
-from attnbench.catalogue import DTYPES, MODEL_NAMES, MODELS
-from attnbench.models import (
+from attnbench.core.cases import Case, Mode
+from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS
+from attnbench.measure.models import (
     BUILDERS,
     availability,
     build_model,
@@ -22,7 +22,7 @@ from attnbench.models import (
     sdpa_kernel_chosen,
     torch_dtype,
 )
-from attnbench.models.registry import _probe_tiny
+from attnbench.measure.models.registry import _probe_tiny
 
 CPU_CORES = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
 GPU_CORES = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flash-attn")

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench import sweep
 from attnbench.cli import app
 from attnbench.report import plots as plots_module
 from attnbench.report.pivot import pivot_tables
@@ -30,7 +29,8 @@ from attnbench.report.plots import (
     write_plots,
     write_run_plots,
 )
-from attnbench.results import StoredRun, load_run
+from attnbench.report.run_files import write_run_files
+from attnbench.results.store import StoredRun, load_run
 from tests.test_report import FIXTURE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +178,7 @@ def test_no_speedup_plot_without_a_baseline(stored: StoredRun) -> None:
 def test_drawing_uses_agg_and_never_pyplot() -> None:
     # In a fresh interpreter: pyplot (which picks a GUI backend and can open windows) must never be imported.
     code = (
-        "import sys; from attnbench.results import load_run; from attnbench.report.plots import render_plots; "
+        "import sys; from attnbench.results.store import load_run; from attnbench.report.plots import render_plots; "
         f"s = load_run({str(FIXTURE)!r}); assert render_plots(s.run, s.results); "
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'; print('ok')"
     )
@@ -243,9 +243,10 @@ def test_sweep_render_without_matplotlib_keeps_the_summaries(
     block_matplotlib(monkeypatch)
     for name in ("summary.csv", "summary.md"):
         (run_copy / name).unlink()
-    _, paths = sweep._render_files(run_copy)
+    _, paths, problem = write_run_files(run_copy)
     assert [p.name for p in paths] == ["summary.csv", "summary.md"] and all(p.exists() for p in paths)
-    assert capsys.readouterr().err.strip() == f"note: {MISSING_NOTICE}"
+    assert problem == f"note: {MISSING_NOTICE}"
+    assert capsys.readouterr().err == ""  # the library says it; only the CLI prints
 
 
 def test_a_plotting_failure_is_one_warning_line(
@@ -255,17 +256,17 @@ def test_a_plotting_failure_is_one_warning_line(
         raise RuntimeError("a font went missing")
 
     monkeypatch.setattr(plots_module, "render_plots", broken)
-    _, paths = sweep._render_files(run_copy)
+    _, paths, problem = write_run_files(run_copy)
     assert [p.name for p in paths] == ["summary.csv", "summary.md"]
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("warning: plots not drawn (RuntimeError: a font went missing)")
+    assert problem is not None and problem.startswith("warning: plots not drawn (RuntimeError: a font went missing)")
+    assert capsys.readouterr().err == ""
     written, problem = write_run_plots(load_run(run_copy).run, (), run_copy / "plots")
     assert written == [] and problem is not None and problem.startswith("warning:")
 
 
 @needs_matplotlib
 def test_sweep_render_writes_the_plots(run_copy: Path) -> None:
-    _, paths = sweep._render_files(run_copy)
+    _, paths, _ = write_run_files(run_copy)
     pngs = [p for p in paths if p.suffix == ".png"]
     assert len(pngs) == 8 and all(p.parent == run_copy / "plots" and p.read_bytes()[:8] == PNG_SIGNATURE for p in pngs)
 

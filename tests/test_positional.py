@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from attnbench.cases import Case
-from attnbench.config import load_experiment_text
-from attnbench.errors import ConfigError
-from attnbench.flops import count_parameters
-from attnbench.models import build_model, make_input, parameter_count, probe
-from attnbench.models.positional import Learned, Rotary, Sinusoidal, rotary_angles, sinusoid_table
+from attnbench.config.experiment import load_experiment_text
+from attnbench.core.cases import Case
+from attnbench.core.errors import ConfigError
+from attnbench.core.flops import count_parameters
+from attnbench.measure.models import build_model, make_input, parameter_count, probe
+from attnbench.measure.models.positional import Learned, Rotary, Sinusoidal, rotary_angles, sinusoid_table
 
 F64 = torch.float64
 

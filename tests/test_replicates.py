@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cases import Case
 from attnbench.cli import app
-from attnbench.measurement import Measurement
-from attnbench.replicates import ReplicatedExecutor, merge_replicates
-from attnbench.results import Memory, Result, load_run
+from attnbench.core.cases import Case
+from attnbench.measure.replicates import ReplicatedExecutor, merge_replicates
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Memory, Result
+from attnbench.results.store import load_run
 
 CASE = Case("lstm", "forward", "float32", "cpu", 2, 16, 32, None, 1, True)
 

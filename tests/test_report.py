@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.cases import Case
-from attnbench.measurement import Measurement
+from attnbench.core.cases import Case
 from attnbench.report.jsonfmt import render_json
 from attnbench.report.markdown import render_markdown
 from attnbench.report.pivot import pivot_tables
-from attnbench.report.summary import render_csv
-from attnbench.results import Result, load_run
+from attnbench.report.rows import render_csv
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Result
+from attnbench.results.store import load_run
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "runs" / "tiny-cpu"

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cases import Case, TimingPolicy
 from attnbench.cli import app
-from attnbench.errors import ResultsError
-from attnbench.isolation import IsolatedExecutor
-from attnbench.lock import RunLock
-from attnbench.results import Result
-from attnbench.runner import OomSkipper, run_sweep
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.errors import ResultsError
+from attnbench.measure.executor import ExecutorSettings
+from attnbench.measure.isolation import IsolatedExecutor
+from attnbench.measure.loop import OomSkipper, run_cases
+from attnbench.results.lock import RunLock
+from attnbench.results.records import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -37,7 +38,7 @@ def case(seq_len: int = 16, model: str = "lstm") -> Case:
 
 @pytest.fixture(scope="module")
 def worker() -> IsolatedExecutor:
-    executor = IsolatedExecutor("cpu", QUICK, seed=0, threads=1, timeout_s=30)
+    executor = IsolatedExecutor(ExecutorSettings("cpu", QUICK, seed=0, threads=1, timeout_s=30))
     yield executor
     executor.close()
 
@@ -52,7 +53,7 @@ def kill_soon(executor: IsolatedExecutor, sig: int, after_s: float) -> threading
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_a_worker_killed_mid_case_is_a_crashed_row_and_the_next_case_runs(sig: int) -> None:
-    executor = IsolatedExecutor("cpu", SLOW, seed=0, threads=1, timeout_s=30)
+    executor = IsolatedExecutor(ExecutorSettings("cpu", SLOW, seed=0, threads=1, timeout_s=30))
     try:
         executor.start()
         thread = kill_soon(executor, sig, 0.5)
@@ -68,7 +69,7 @@ def test_a_worker_killed_mid_case_is_a_crashed_row_and_the_next_case_runs(sig: i
 
 
 def test_a_case_past_its_timeout_is_killed_and_recorded() -> None:
-    executor = IsolatedExecutor("cpu", SLOW, seed=0, threads=1, timeout_s=1.0)
+    executor = IsolatedExecutor(ExecutorSettings("cpu", SLOW, seed=0, threads=1, timeout_s=1.0))
     try:
         executor.start()  # the worker's start-up is not part of a case's time
         result = executor.run(case())
@@ -93,7 +94,7 @@ def test_oom_skipper_skips_longer_lengths_of_the_same_family() -> None:
 
     cases = [case(n) for n in (16, 64, 256, 1024)] + [case(1024, "gru")]
     seen: list[Result] = []
-    run_sweep(cases, execute, lambda i, r: seen.append(r), skipper=OomSkipper())
+    run_cases(cases, execute, lambda i, r: seen.append(r), skipper=OomSkipper())
     assert [r.status for r in seen] == ["ok", "oom", "oom", "oom", "oom"]
     assert "skipped after a smaller case ran out of memory (seq_len 64)" == seen[2].reason == seen[3].reason
     assert "skipped" not in seen[4].reason  # another model is its own family
@@ -215,9 +216,9 @@ def test_retry_failed_reruns_only_failed_rows_once(finished_run: Path) -> None:
 
 
 def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
-    from attnbench.executor import TorchExecutor
+    from attnbench.measure.torch_executor import TorchExecutor
 
-    executor = TorchExecutor("cpu", QUICK)
+    executor = TorchExecutor(ExecutorSettings("cpu", QUICK))
     huge = Case("vanilla", "forward", "float32", "cpu", 1, 2**22, 16, 2, 1, False)  # 128 TiB of scores
     result = executor.run(huge)
     assert result.status == "oom" and "allocate" in result.reason
@@ -229,9 +230,9 @@ def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
 def test_cuda_oom_leaves_the_allocator_clean_for_the_next_case() -> None:
     import torch
 
-    from attnbench.executor import TorchExecutor
+    from attnbench.measure.torch_executor import TorchExecutor
 
-    executor = TorchExecutor("cuda:0", QUICK)
+    executor = TorchExecutor(ExecutorSettings("cuda:0", QUICK))
     baseline = torch.cuda.memory_allocated()
     huge = Case("vanilla", "forward", "bfloat16", "cuda:0", 64, 2**17, 1024, 16, 1, False)  # petabytes of scores
     assert executor.run(huge).status == "oom"
@@ -269,8 +270,8 @@ def test_error_text_with_brackets_is_not_read_as_markup(tmp_path: Path) -> None:
 def test_a_telemetry_failure_costs_the_row_its_telemetry_not_its_measurement(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import attnbench.executor as executor_module
-    from attnbench.executor import TorchExecutor
+    import attnbench.measure.torch_executor as executor_module
+    from attnbench.measure.torch_executor import TorchExecutor
 
     class Broken:
         def __enter__(self) -> Broken:
@@ -280,7 +281,7 @@ def test_a_telemetry_failure_costs_the_row_its_telemetry_not_its_measurement(
             raise ValueError("a bug in a telemetry reading")
 
     monkeypatch.setattr(executor_module, "open_telemetry", lambda *args, **kwargs: Broken())
-    result = TorchExecutor("cpu", QUICK).run(case())
+    result = TorchExecutor(ExecutorSettings("cpu", QUICK)).run(case())
     assert result.ok and result.measurement is not None
     assert result.telemetry is None
     assert result.extra["telemetry_error"] == "ValueError: a bug in a telemetry reading"

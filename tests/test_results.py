@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.cases import Case, TimingPolicy
-from attnbench.errors import ResultsError
-from attnbench.measurement import Measurement
-from attnbench.results import Memory, Result, Run, RunWriter, load_run
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.errors import ResultsError
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Memory, Result, Run
+from attnbench.results.store import RunWriter, load_run
 
 
 def make_run(run_id: str = "20260101-000000-test-cpu") -> Run:

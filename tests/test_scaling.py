@@ -8,14 +8,8 @@ import random
 import pytest
 from rich.console import Console
 
-from attnbench.cases import Case, TimingPolicy
-from attnbench.consistency import train_checks
-from attnbench.measurement import Measurement
-from attnbench.report.markdown import render_markdown
-from attnbench.report.pivot import pivot_tables
-from attnbench.report.terminal import comparison_tables
-from attnbench.results import Memory, Result, Run
-from attnbench.scaling import (
+from attnbench.analysis.consistency import train_checks
+from attnbench.analysis.scaling import (
     FASTER,
     SLOWER,
     Crossover,
@@ -24,6 +18,12 @@ from attnbench.scaling import (
     fit_power_law,
     scaling_laws,
 )
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.report.markdown import render_markdown
+from attnbench.report.pivot import pivot_tables
+from attnbench.report.terminal import comparison_tables
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Memory, Result, Run
 
 # --- fit_power_law ---------------------------------------------------------------------------------------------
 

@@ -7,21 +7,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench import selfcheck
+from attnbench.analysis import selfcheck
+from attnbench.analysis.selfcheck import DO_BENCH, TIMER, OpCheck, Reference, SelfcheckOp, SelfcheckReport, summary_line
 from attnbench.cli import app
-from attnbench.selfcheck import (
-    DO_BENCH,
-    TIMER,
-    OpCheck,
-    Reference,
-    SelfcheckOp,
-    SelfcheckReport,
-    ops_for,
-    policy_for,
-    render_markdown,
-    summary_line,
-    table_rows,
-)
+from attnbench.measure import selfcheck as measure_selfcheck
+from attnbench.measure.selfcheck import ops_for, policy_for
+from attnbench.report.selfcheck_md import render_markdown, table_rows
 
 runner = CliRunner()
 MATMUL = SelfcheckOp("matmul", "float32", size=512)
@@ -152,7 +143,7 @@ def test_the_op_list(device_type: str, quick: bool) -> None:
 
 
 def test_policies() -> None:
-    from attnbench.cases import TimingPolicy
+    from attnbench.core.cases import TimingPolicy
 
     assert policy_for(False) == TimingPolicy()
     assert policy_for(True).max_case_s == 2.0
@@ -175,10 +166,10 @@ def test_quick_selfcheck_on_cpu(tmp_path: Path) -> None:
 
 def test_a_disagreement_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     failing = report(check((1.2e-3,) * 3, (1e-3,) * 3))
-    monkeypatch.setattr(selfcheck, "run_selfcheck", lambda *args, **kwargs: failing)
+    monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: failing)
     result = runner.invoke(app, ["selfcheck", "--device", "cpu"])
     assert result.exit_code == 1
     assert "selfcheck FAILED: 1 of 1 gated ops disagree" in result.output
     passing = report(check((1e-3,) * 3, (1e-3,) * 3))
-    monkeypatch.setattr(selfcheck, "run_selfcheck", lambda *args, **kwargs: passing)
+    monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: passing)
     assert runner.invoke(app, ["selfcheck", "--device", "cpu"]).exit_code == 0

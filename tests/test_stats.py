@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from attnbench.stats import median_ci_ranks, summarize
+from attnbench.core.stats import median_ci_ranks, summarize
 
 
 @pytest.mark.parametrize(

@@ -13,21 +13,13 @@ from typing import Any
 
 import pytest
 
-from attnbench.telemetry import (
-    CPU_METRICS,
-    GPM_METRICS,
-    GPU_METRICS,
-    METRICS,
-    TelemetrySummary,
-    open_telemetry,
-    reduce,
-    telemetry_status,
-)
-from attnbench.telemetry.assemble import CpuWindow, GpuWindow, HostCounters, cpu_metrics, gpu_metrics
-from attnbench.telemetry.errors import TelemetryUnavailable
-from attnbench.telemetry.identity import GpuIdentity, nvml_uuid, pci_bus_id
-from attnbench.telemetry.nvml import nvml_handle_for
-from attnbench.telemetry.sampler import Channel, Failure, Sampler
+from attnbench.measure.telemetry import open_telemetry, reduce, telemetry_status
+from attnbench.measure.telemetry.assemble import CpuWindow, GpuWindow, HostCounters, cpu_metrics, gpu_metrics
+from attnbench.measure.telemetry.errors import TelemetryUnavailable
+from attnbench.measure.telemetry.identity import GpuIdentity, nvml_uuid, pci_bus_id
+from attnbench.measure.telemetry.nvml import nvml_handle_for
+from attnbench.measure.telemetry.sampler import Channel, Failure, Sampler
+from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
@@ -597,6 +589,6 @@ def test_fake_matches_real_pynvml() -> None:
 
 
 def test_importing_telemetry_needs_no_torch_psutil_or_pynvml() -> None:
-    code = "import attnbench.telemetry, sys; print(sorted({'torch', 'pynvml', 'psutil'} & set(sys.modules)))"
+    code = "import attnbench.measure.telemetry, sys; print(sorted({'torch', 'pynvml', 'psutil'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from attnbench.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary, open_telemetry
+from attnbench.measure.telemetry import open_telemetry
+from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary
 
 
 def _busy(seconds: float) -> int:

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from attnbench.cases import TimingPolicy
-from attnbench.clocks import CpuClock
-from attnbench.measurement import Measurement
-from attnbench.stats import student_t_975
-from attnbench.timing import measure
+from attnbench.core.cases import TimingPolicy
+from attnbench.core.stats import student_t_975
+from attnbench.measure.clocks import CpuClock
+from attnbench.measure.timing import measure
+from attnbench.results.measurement import Measurement
 from tests.fakes import FakeClock, gaussian
 
 
@@ -161,8 +161,13 @@ def test_injected_slowdown_really_slows_a_real_call() -> None:
     policy = TimingPolicy(max_case_s=1.0, min_time_s=0.1, target_ci=0.05)
     base = measure(work, CpuClock(), policy)
     slowed = measure(work, CpuClock(), policy, inject_slowdown=0.5)
-    assert 1.2 < slowed.median_s / base.median_s < 2.0
-    assert slowed.injected_delay_s > 0
+    delay = slowed.injected_delay_s
+    # The delay is half the fastest warm-up call, and it is paid inside every timed call. Minimums, not medians:
+    # other load on a shared machine only ever adds time, so the fastest samples of two measurements taken one
+    # after the other agree where their medians need not.
+    assert 0.25 * min(base.samples_s) < delay < 1.0 * max(base.samples_s)
+    assert min(slowed.samples_s) > delay
+    assert min(slowed.samples_s) > 0.9 * (min(base.samples_s) + delay)
 
 
 def test_replicates_widen_the_ci_to_the_between_process_spread() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnbench.units import MIB, format_bytes, format_rate, format_seconds
+from attnbench.core.units import MIB, format_bytes, format_rate, format_seconds
 
 
 def test_three_significant_digits_in_the_right_unit() -> None:

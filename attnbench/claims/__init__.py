@@ -1,6 +1,6 @@
 """The article's claims (``shared/seed``: "Self-Attention的并行计算革命"), each checked against one stored run.
 
-Layer 3: reads stored results only, never torch. ``evaluate_claims`` turns a run into ``ClaimResult`` rows; the
+Reads stored results only, never torch. ``evaluate_claims`` turns a run into ``ClaimResult`` rows; the
 renderers (``attnbench.report.claims_md``) only lay them out.
 
 One module per job; each claim's verdict rules are in its module's docstring:

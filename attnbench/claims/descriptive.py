@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from attnbench.cases import Case
 from attnbench.claims.selection import K, family, label, option, variation
 from attnbench.claims.verdicts import (
     ClaimResult,
@@ -22,7 +21,8 @@ from attnbench.claims.verdicts import (
     ratio,
     thin_cells,
 )
-from attnbench.results import Result, Run
+from attnbench.core.cases import Case
+from attnbench.results.records import Result, Run
 
 
 def _cost(x: Interval) -> str:

@@ -13,7 +13,7 @@ from attnbench.claims.sequential import claim_sequential
 from attnbench.claims.training import claim_training
 from attnbench.claims.utilisation import NVML_NOTE, claim_utilisation
 from attnbench.claims.verdicts import ClaimResult
-from attnbench.results import Result, Run
+from attnbench.results.records import Result, Run
 
 ARTICLE_HARDWARE = "RTX 3090 (named for claim 4 only; the other claims name no hardware, a GPU implied)"
 INTERVALS_NOTE = (

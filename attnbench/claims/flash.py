@@ -27,8 +27,8 @@ from attnbench.claims.verdicts import (
     ratio,
     speedup_verdict,
 )
-from attnbench.results import Result, Run
-from attnbench.units import format_bytes, format_seconds
+from attnbench.core.units import format_bytes, format_seconds
+from attnbench.results.records import Result, Run
 
 FLASH_MODELS = ("sdpa-flash", "flash-attn")
 FLASH_SEQ_LEN = 2048

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from attnbench import peak_use
-from attnbench.cases import Case, OptionValue
-from attnbench.catalogue import MODELS
-from attnbench.peak_use import Peak, PeakTable
-from attnbench.results import Result, Run
+from attnbench.analysis import efficiency as peak_use
+from attnbench.analysis.efficiency import Peak, PeakTable
+from attnbench.core.cases import Case, OptionValue
+from attnbench.core.catalogue import MODELS
+from attnbench.results.records import Result, Run
 
 K = TypeVar("K", int, str)  # what varies within a group of otherwise equal cases (heads, an option's value)
 

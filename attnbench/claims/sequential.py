@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnbench.cases import OptionValue
-from attnbench.catalogue import MODELS
+from attnbench.analysis.scaling import PowerLaw, fit_power_law
 from attnbench.claims.selection import Series, family, median_s, option, pct_of_peak, series, variant
 from attnbench.claims.verdicts import (
     GPU_CONFIG,
@@ -34,9 +33,10 @@ from attnbench.claims.verdicts import (
     not_measurable,
     undecided,
 )
-from attnbench.results import Result, Run
-from attnbench.scaling import PowerLaw, fit_power_law
-from attnbench.units import format_bytes, format_seconds
+from attnbench.core.cases import OptionValue
+from attnbench.core.catalogue import MODELS
+from attnbench.core.units import format_bytes, format_seconds
+from attnbench.results.records import Result, Run
 
 SEQUENTIAL_MIN = 0.8
 PARALLEL_MAX = 0.5

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnbench.cases import Case
 from attnbench.claims.selection import family, is_timed, median_s, option
 from attnbench.claims.verdicts import (
     ClaimResult,
@@ -22,8 +21,9 @@ from attnbench.claims.verdicts import (
     ratio,
     speedup_verdict,
 )
-from attnbench.results import Result, Run
-from attnbench.units import format_seconds
+from attnbench.core.cases import Case
+from attnbench.core.units import format_seconds
+from attnbench.results.records import Result, Run
 
 TRAIN_SPEEDUP = (5.0, 8.0)
 SAME_SIZE = 0.10

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from attnbench.claims.selection import family, is_timed, label, median_s, pct_of_peak, peak_of
 from attnbench.claims.verdicts import GPU_CONFIG, ClaimResult, Verdict, not_measurable
-from attnbench.results import Result, Run
+from attnbench.results.records import Result, Run
 
 RNN_UTIL = (30.0, 40.0)
 ATTENTION_UTIL = (70.0, 90.0)

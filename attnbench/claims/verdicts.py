@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from attnbench.claims.selection import label
-from attnbench.results import Result, Run
-from attnbench.units import MIB
+from attnbench.core.units import MIB
+from attnbench.results.records import Result, Run
 
 Verdict = Literal["supported", "contradicted", "inconclusive", "not measurable", "not a performance claim"]
 VERDICTS: tuple[Verdict, ...] = (

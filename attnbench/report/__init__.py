@@ -1,1 +1,1 @@
-"""Renderers: stored results in, text out (DESIGN layer 4). Pure functions; the CLI decides where bytes go."""
+"""Renderers: stored results in, text out (the report room). Pure functions; the CLI decides where bytes go."""

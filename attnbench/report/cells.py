@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from attnbench.consistency import TrainCheck, train_check_summary, train_checks
-from attnbench.peak_use import peak_flags
+from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
+from attnbench.analysis.efficiency import peak_flags
+from attnbench.core.units import MIB, format_seconds
 from attnbench.report.pivot import Cell, PivotTable
-from attnbench.results import Result, Run
-from attnbench.units import MIB, format_seconds
+from attnbench.results.records import Result, Run
 
 LEGEND = (
     "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from attnbench.compare import CaseComparison, Comparison, Side, Verdict
-from attnbench.units import format_seconds
+from attnbench.analysis.compare import CaseComparison, Comparison, Side, Verdict
+from attnbench.core.units import format_percent, format_seconds
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -20,10 +20,6 @@ if TYPE_CHECKING:
 # The order sections are shown in: what needs attention first.
 SECTIONS: tuple[Verdict, ...] = ("regressed", "improved", "noisy", "new", "missing", "same")
 HEADERS = ("case", "base", "current", "change", "95 % CI", "threshold", "evidence")
-
-
-def percent(fraction: float) -> str:
-    return f"{fraction * 100:.3g} %"
 
 
 def case_text(c: CaseComparison) -> str:
@@ -64,7 +60,7 @@ def row(c: CaseComparison) -> list[str]:
         time_cell(c.current_s, c.current_status),
         change_cell(c),
         interval_cell(c),
-        percent(c.threshold),
+        format_percent(c.threshold),
         evidence_cell(c),
     ]
 
@@ -120,7 +116,7 @@ def method_text(comparison: Comparison) -> str:
         lines.append(
             f"Evidence for {evidence['samples']} cases: one process per side, so the interval is a bootstrap of "
             f"the median ratio over the raw samples ({policy.resamples} resamples), widened by a ±"
-            f"{percent(policy.noise_floor)} noise floor for the variation between processes that samples from "
+            f"{format_percent(policy.noise_floor)} noise floor for the variation between processes that samples from "
             "one process cannot show. Measure that variation instead with `timing.processes` or by comparing "
             "folders of repeated runs."
         )

@@ -1,4 +1,4 @@
-"""Exports for the dashboards teams already run: github-action-benchmark and Bencher. Layer 4, torch-free.
+"""Exports for the dashboards teams already run: github-action-benchmark and Bencher. Torch-free.
 
 Both name a benchmark by ``Case.key``, the id that matches rows across runs, so a dashboard's history follows
 a case from run to run and never mixes two. Only cases with a timing are exported: an OOM or an unsupported
@@ -25,9 +25,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from attnbench.core.units import MIB, format_rate
 from attnbench.report.pivot import Cell
-from attnbench.results import Result
-from attnbench.units import MIB, format_rate
+from attnbench.results.records import Result
 
 GAB_TOOL = "customSmallerIsBetter"
 BMF_LATENCY = "latency"  # built-in: nanoseconds

@@ -1,6 +1,6 @@
 """``--format html``: one self-contained page (inline CSS, plots as data URIs) to open, mail or attach to a CI run.
 
-Layer 4, torch-free. The tables are ``pivot_tables``'s, the same the markdown and terminal renderers draw, with
+Torch-free. The tables are ``pivot_tables``'s, the same the markdown and terminal renderers draw, with
 the run header, every table's crossover and scaling lines, the plots of each table under it (when matplotlib
 drew them) and the cases without a timing. Nothing is fetched from anywhere: no scripts, fonts or stylesheets.
 """
@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from html import escape
 
+from attnbench.core.units import format_bytes, format_seconds
 from attnbench.report.cells import (
     CROSSOVER_LEGEND,
     LEGEND,
@@ -22,8 +23,7 @@ from attnbench.report.cells import (
 )
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.plots import Plot
-from attnbench.results import Result, Run
-from attnbench.units import format_bytes, format_seconds
+from attnbench.results.records import Result, Run
 
 _CSS = """
 :root { color-scheme: light; --fg: #1d2329; --muted: #5b6670; --line: #d8dde2; --head: #f3f5f7;

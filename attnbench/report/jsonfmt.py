@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from attnbench.report.summary import summary_rows
-from attnbench.results import Result, Run
+from attnbench.report.rows import summary_rows
+from attnbench.results.records import Result, Run
 
 
 def render_json(run: Run, results: Sequence[Result]) -> str:

@@ -17,7 +17,7 @@ from attnbench.report.cells import (
     time_text,
 )
 from attnbench.report.pivot import pivot_tables
-from attnbench.results import Result, Run
+from attnbench.results.records import Result, Run
 
 
 def _checks(run: Run, results: Sequence[Result]) -> list[str]:

@@ -1,7 +1,7 @@
 """The comparison table people read: rows = model, columns = seq_len, one table per mode/dtype/shape.
 
 Pure Python. Both the markdown and the terminal renderers draw from ``pivot_tables``, so they always agree. Which
-results form a row is ``attnbench.scaling.group_curves``'s call, so every fitted line and crossover describes
+results form a row is ``attnbench.analysis.scaling.group_curves``'s call, so every fitted line and crossover describes
 exactly one row of one table.
 """
 
@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from attnbench.catalogue import is_recurrent
-from attnbench.results import Result
-from attnbench.scaling import (
+from attnbench.analysis.scaling import (
     CrossoverLine,
     Curve,
     CurveGroup,
@@ -21,6 +19,8 @@ from attnbench.scaling import (
     group_curves,
     group_scaling_laws,
 )
+from attnbench.core.catalogue import is_recurrent
+from attnbench.results.records import Result
 
 _STATUS_TEXT = {"oom": "OOM", "unsupported": "n/a", "error": "error", "timeout": "timeout", "crashed": "crashed"}
 

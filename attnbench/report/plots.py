@@ -1,6 +1,6 @@
 """PNG plots of a stored run: latency, peak memory, tokens/s and speed-up against sequence length.
 
-Layer 4 and torch-free. One PNG per metric per pivot table (``pivot_tables`` decides the grouping, so a plot
+Torch-free. One PNG per metric per pivot table (``pivot_tables`` decides the grouping, so a plot
 always shows exactly the rows of one table). matplotlib is an optional extra (``pip install 'attnbench[plots]'``)
 imported only inside the drawing functions; figures are drawn on an Agg canvas directly, without pyplot, so no
 GUI backend is ever chosen, no window can open and no global figure state leaks between calls.
@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
-from attnbench.results import Result, Run
-from attnbench.units import format_bytes, format_rate, format_seconds
+from attnbench.results.files import write_atomic
+from attnbench.results.records import Result, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -562,15 +561,7 @@ def write_plots(plots: Sequence[Plot], folder: Path) -> list[Path]:
         paths = []
         for plot in plots:
             path = folder / plot.filename
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{plot.filename}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(plot.png)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(path, plot.png)
             paths.append(path)
     except OSError as exc:
         raise AttnbenchError(

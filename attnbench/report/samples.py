@@ -1,4 +1,4 @@
-"""``--format samples``: every raw timing sample of a run in long form, one row per sample. Layer 4, torch-free.
+"""``--format samples``: every raw timing sample of a run in long form, one row per sample. Torch-free.
 
 results.jsonl already keeps the raw samples, but nested in each row; this flattens them for pandas, R or a
 spreadsheet. Columns: the run id, the case key and its fields, the case's status, the sample's index, its
@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnbench.errors import AttnbenchError
-from attnbench.report.summary import CASE_COLUMNS, case_columns, options_text
-from attnbench.results import Result, Run
+from attnbench.core.errors import AttnbenchError
+from attnbench.report.rows import CASE_COLUMNS, case_columns, options_text
+from attnbench.results.records import Result, Run
 
 COLUMNS: tuple[str, ...] = (
     "run_id",

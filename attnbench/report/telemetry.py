@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from attnbench.report.summary import telemetry_note
-from attnbench.results import Result
-from attnbench.units import MIB
+from attnbench.core.units import MIB
+from attnbench.report.rows import telemetry_note
+from attnbench.results.records import Result
 
 _HEADERS = [
     "case",

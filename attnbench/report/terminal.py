@@ -8,10 +8,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.cells import column_headers, memory_text, run_checks, time_text
 from attnbench.report.pivot import pivot_tables
-from attnbench.results import Result, Run
-from attnbench.units import format_bytes, format_rate, format_seconds
+from attnbench.results.records import Result, Run
 
 
 def case_line(result: Result) -> str:

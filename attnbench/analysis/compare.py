@@ -1,0 +1,530 @@
+"""``compare``: a noise-aware regression verdict per case between two stored runs. Torch-free.
+
+Per case (matched by ``Case.key``) the estimate is the ratio current/base of the median time per call, with a
+confidence interval from one of two kinds of evidence:
+
+* **processes** — when a side holds several per-process medians (a folder of runs of the same config, e.g. base
+  and head swept in alternation, or ``Measurement.replicate_medians_s``): a Student t interval of the difference
+  of mean log medians, with the variance pooled over both sides (the same machine measured both). This is the
+  variation that matters, because two processes of unchanged code differ by far more than the samples inside one
+  process suggest (memory layout, thread placement, clocks, other load).
+* **samples** — one process per side: a bootstrap of the ratio of medians over the raw samples (seeded by the
+  case key, so deterministic), widened by a **noise floor** for the between-process variation that samples from
+  one process cannot show. The floor is the half-width of a 95 % interval of the ratio between two processes of
+  unchanged code on the machine (``scripts/bench_aa.py`` measures it); it is combined with the bootstrap interval
+  in quadrature on the log scale, since the two errors are independent.
+
+Verdict, with threshold t for the case's model: ``regressed`` when the interval lies entirely above 1 + t,
+``improved`` entirely below 1 − t, ``same`` inside [1 − t, 1 + t], ``noisy`` otherwise. A change must be both
+larger than the threshold *and* significant to regress, so noise alone cannot fail a build. Statuses decide before
+timings: ok → anything else (oom, unsupported, error, timeout, crashed) is ``regressed``, a non-ok case that now
+runs is ``improved``, a case that newly ends error/timeout/crashed is ``regressed``, two non-ok ends are ``same``;
+``new`` and ``missing`` cases have no counterpart and never fail.
+
+Runs are compared only when their environments agree on the hard keys (``HARD_KEYS``); otherwise ``compare``
+refuses (exit 3) and lists the differences, unless ``allow_mismatch`` names them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from attnbench.analysis.thresholds import Thresholds
+from attnbench.core.cases import Case
+from attnbench.core.errors import (
+    EXIT_CASE_FAILED,
+    EXIT_NO_BASELINE,
+    EXIT_NOT_COMPARABLE,
+    EXIT_OK,
+    AttnbenchError,
+    ResultsError,
+)
+from attnbench.core.stats import student_t_975
+from attnbench.results.environment import FINGERPRINT_KEYS, Environment
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import FAILED, Result
+from attnbench.results.store import RUN_FILE, StoredRun, load_run
+
+Verdict = Literal["regressed", "improved", "same", "noisy", "new", "missing"]
+
+VERDICTS: tuple[Verdict, ...] = ("regressed", "improved", "same", "noisy", "new", "missing")
+
+Evidence = Literal["processes", "samples", "status", "none"]
+
+Role = Literal["base", "current"]
+
+# The environment keys that must match (environment.FINGERPRINT_KEYS) plus what was measured: the dtypes and the
+# resolved config. A different torch or GPU makes a timing difference meaningless as a regression signal.
+HARD_KEYS: tuple[str, ...] = (*FINGERPRINT_KEYS, "dtypes", "config_sha256")
+
+# Half-width of a 95 % interval of the ratio between two processes of unchanged code, assumed when a side has one
+# process; added in quadrature to the bootstrap's. Chosen from A/A and injected-slowdown runs on a quiet 2-vCPU VM
+# (results/compare-aa-cpu.md, compare-power-cpu.md: the same case moved a median 2.7 % between processes): at 3 %
+# a true 3 % slowdown was once called "improved", at 5 % a 10 % one went unflagged in 1 trial of 10, 4 % kept
+# both targets, and a second, independent set of runs checked it. It is no measurement of every machine:
+# scripts/bench_aa.py prints the figure for the one it runs on (a loaded 2-core box needed ~70 %). Where it is
+# large, several processes per side (folders of runs, timing.processes) measure the spread instead.
+DEFAULT_NOISE_FLOOR = 0.04
+
+CONFIDENCE = 0.95  # of every interval (the bootstrap's, and stats.student_t_975's for processes)
+
+RESAMPLES = 2000
+
+MIN_SAMPLES = 6  # below this there is no distribution-free 95 % interval of one median (stats.median_ci_ranks)
+
+BASELINE_HINT = (
+    "sweep the base commit on this machine (attnbench sweep CONFIG --out DIR) and pass DIR, or keep a committed "
+    "baseline: attnbench sweep CONFIG --out results/baselines/<name> (see results/baselines/README.md)"
+)
+
+
+class NotComparableError(AttnbenchError):
+    """The two runs were measured on different hardware or software, or of different configs."""
+
+    exit_code = EXIT_NOT_COMPARABLE
+
+
+class NoBaselineError(ResultsError):
+    """The base path holds no run to compare against."""
+
+    exit_code = EXIT_NO_BASELINE
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How verdicts are reached; everything the reader of a verdict needs to know to trust it."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    noise_floor: float = DEFAULT_NOISE_FLOOR
+    resamples: int = RESAMPLES
+    allow_mismatch: frozenset[str] = frozenset()
+
+
+# ---------------------------------------------------------------------------------------------------- the runs
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: a run, or a folder of runs of the same config (one process each)."""
+
+    path: Path
+    runs: tuple[StoredRun, ...]
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        return tuple(stored.run.run_id for stored in self.runs)
+
+    @property
+    def environment(self) -> Mapping[str, Any]:
+        return self.runs[0].run.environment
+
+    @property
+    def commits(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(str(s.run.environment.get("git_commit") or "?") for s in self.runs))
+
+    def rows(self) -> dict[str, list[Result]]:
+        """Every run's row for each case key, in run order."""
+        rows: dict[str, list[Result]] = {}
+        for stored in self.runs:
+            for result in stored.results:
+                rows.setdefault(result.case.key, []).append(result)
+        return rows
+
+
+def load_side(path: Path, role: Role) -> Side:
+    """A run folder, or a folder holding run folders (replicate processes of one side). A base that does not exist
+    or holds no rows is ``NoBaselineError`` (exit 4); anything unreadable is the loader's ``ResultsError``."""
+    missing: type[ResultsError] = NoBaselineError if role == "base" else ResultsError
+    hint = BASELINE_HINT if role == "base" else "pass a folder written by 'attnbench sweep'"
+    if not path.exists():
+        raise missing(f"{role} {path}: no such run folder", hint=hint)
+    if path.is_dir() and not (path / RUN_FILE).exists():
+        members = sorted(p for p in path.iterdir() if p.is_dir() and (p / RUN_FILE).is_file())
+        if not members:
+            raise missing(f"{role} {path}: holds no run (no {RUN_FILE}, no run folders inside)", hint=hint)
+        runs = tuple(load_run(p) for p in members)
+    else:
+        runs = (load_run(path),)
+    if not any(stored.results for stored in runs):
+        what = "the run has no results" if len(runs) == 1 else f"none of its {len(runs)} runs has results"
+        raise missing(f"{role} {path}: {what} (the sweep stopped before its first case)", hint=hint)
+    return Side(path, runs)
+
+
+def hard_fields(stored: StoredRun) -> dict[str, Any]:
+    """The values of ``HARD_KEYS`` for one run."""
+    env = stored.run.environment
+    try:
+        fields = Environment.from_dict(env).fingerprint_fields()
+    except TypeError:  # an environment from an older or damaged run.json: read what is there
+        driver = env.get("driver")
+        fields = {key: env.get(key) for key in FINGERPRINT_KEYS}
+        fields["driver_major"] = str(driver).split(".", 1)[0] if driver else None
+    dtypes = stored.run.config.get("dtype")
+    if not (isinstance(dtypes, list) and all(isinstance(d, str) for d in dtypes)):
+        dtypes = [r.case.dtype for r in stored.results]
+    fields["dtypes"] = ",".join(sorted(set(dtypes)))
+    fields["config_sha256"] = stored.run.config_sha256
+    return fields
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    key: str
+    base: Any
+    current: Any
+
+    def describe(self, left: str = "base", right: str = "current") -> str:
+        return f"{self.key}: {self.base!r} ({left}) vs {self.current!r} ({right})"
+
+
+def mismatches(a: StoredRun, b: StoredRun) -> tuple[Mismatch, ...]:
+    fa, fb = hard_fields(a), hard_fields(b)
+    return tuple(Mismatch(key, fa[key], fb[key]) for key in HARD_KEYS if fa[key] != fb[key])
+
+
+def check_comparable(base: Side, current: Side, allow: Iterable[str] = ()) -> tuple[Mismatch, ...]:
+    """The differences that ``allow`` lets through; any other difference raises ``NotComparableError``."""
+    allowed = frozenset(allow)
+    unknown = sorted(allowed - set(HARD_KEYS))
+    if unknown:
+        raise AttnbenchError(
+            f"--allow-mismatch: unknown key {', '.join(repr(k) for k in unknown)}",
+            hint=f"one of: {', '.join(HARD_KEYS)}",
+        )
+    for side, role in ((base, "base"), (current, "current")):
+        for stored in side.runs[1:]:
+            inner = [m for m in mismatches(side.runs[0], stored) if m.key not in allowed]
+            if inner:
+                raise NotComparableError(
+                    f"{role} {side.path}: its runs differ from each other: "
+                    + "; ".join(m.describe(side.runs[0].run.run_id, stored.run.run_id) for m in inner),
+                    hint="a folder of runs must hold repeats of one config on one machine",
+                )
+    found = mismatches(base.runs[0], current.runs[0])
+    refused = [m for m in found if m.key not in allowed]
+    if refused:
+        raise NotComparableError(
+            "the runs are not comparable: " + "; ".join(m.describe() for m in refused),
+            hint="compare runs of the same config on the same machine and software; to compare anyway, "
+            + " ".join(f"--allow-mismatch {m.key}" for m in refused),
+        )
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+
+
+def _seed(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
+def _bootstrap_medians(ordered: Sequence[float], rng: random.Random, resamples: int) -> list[float]:
+    """Medians of ``resamples`` bootstrap resamples of ``ordered`` (sorted), drawn exactly but in O(1) each.
+
+    Resampling with replacement from sorted x is x[⌊n·U⌋] for uniform U, monotone in U, so the k-th smallest of
+    a resample is x[⌊n·U₍ₖ₎⌋] with U₍ₖ₎ ~ Beta(k, n − k + 1); given U₍ₖ₎ = u, the next order statistic is
+    u + (1 − u)·Beta(1, n − k). The same distribution as sorting n random draws, without the sort.
+    """
+    n = len(ordered)
+    k = (n + 1) // 2  # the (lower) middle rank, 1-based
+    last = n - 1
+    out: list[float] = []
+    for _ in range(resamples):
+        u = rng.betavariate(k, n - k + 1)
+        low = ordered[min(last, int(u * n))]
+        if n % 2:
+            out.append(low)
+        else:
+            u2 = u + (1 - u) * rng.betavariate(1, n - k)
+            out.append((low + ordered[min(last, int(u2 * n))]) / 2)
+    return out
+
+
+def bootstrap_ratio_ci(
+    base: Sequence[float], current: Sequence[float], *, key: str, confidence: float, resamples: int
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(current) / median(base), both resampled; seeded by ``key``."""
+    rng = random.Random(_seed(key))
+    b = _bootstrap_medians(sorted(base), rng, resamples)
+    c = _bootstrap_medians(sorted(current), rng, resamples)
+    ratios = sorted(ci / bi for bi, ci in zip(b, c, strict=True))
+    alpha = 1 - confidence
+    lo = ratios[max(0, math.floor(alpha / 2 * resamples))]
+    hi = ratios[min(resamples - 1, math.ceil((1 - alpha / 2) * resamples) - 1)]
+    return lo, hi
+
+
+def _widen(ratio: float, lo: float, hi: float, floor: float) -> tuple[float, float]:
+    """Add the between-process floor to a within-process interval, in quadrature on the log scale."""
+    spread = math.log1p(floor)
+    below = math.hypot(max(0.0, math.log(ratio / lo)), spread)
+    above = math.hypot(max(0.0, math.log(hi / ratio)), spread)
+    return ratio * math.exp(-below), ratio * math.exp(above)
+
+
+def process_ratio_ci(base: Sequence[float], current: Sequence[float]) -> tuple[float, float, float]:
+    """(ratio, lo, hi) from per-process medians: a 95 % Student t interval of the difference of mean log medians,
+    the variance pooled over both sides (one machine measured both, so one between-process spread).
+
+    Needs at least three medians in all, two on one side. The ratio is of geometric means.
+    """
+    lb, lc = [math.log(x) for x in base], [math.log(x) for x in current]
+    mb, mc = statistics.fmean(lb), statistics.fmean(lc)
+    df = len(lb) + len(lc) - 2
+    ss = sum((x - mb) ** 2 for x in lb) + sum((x - mc) ** 2 for x in lc)
+    se = math.sqrt(ss / df * (1 / len(lb) + 1 / len(lc)))
+    half = student_t_975(df) * se
+    diff = mc - mb
+    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+
+
+# ---------------------------------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class CaseComparison:
+    """One case's verdict and the numbers behind it. Ratios are current/base; times are seconds per call."""
+
+    key: str
+    case: Case
+    verdict: Verdict
+    evidence: Evidence
+    threshold: float
+    base_status: str | None = None  # None: the side has no row for the case
+    current_status: str | None = None
+    base_s: float | None = None
+    current_s: float | None = None
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    base_n: int = 0  # processes (evidence "processes") or samples (evidence "samples")
+    current_n: int = 0
+    note: str = ""
+
+
+def process_medians(measurement: Measurement) -> tuple[float, ...]:
+    """Per-process medians the measurement carries (between-process replicates), or its own median."""
+    return measurement.replicate_medians_s or (measurement.median_s,)
+
+
+_SEVERITY = ("crashed", "error", "timeout", "oom", "unsupported")
+
+
+def _side_status(rows: Sequence[Result]) -> tuple[str, str]:
+    """A side's status for a case over its runs: ok only if every run was; else the worst, and its reason."""
+    bad = [r for r in rows if not r.ok or r.measurement is None]
+    if not bad:
+        return "ok", ""
+    worst = min(bad, key=lambda r: _SEVERITY.index(r.status) if r.status in _SEVERITY else len(_SEVERITY))
+    status = worst.status if worst.status != "ok" else "error"  # "ok" without a measurement: a damaged row
+    share = f" in {len(bad)} of {len(rows)} runs" if len(rows) > 1 else ""
+    return status, _clip(f"{status}{share}: {worst.reason}" if worst.reason else f"{status}{share}")
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """Reasons can hold a whole exception message; a verdict table needs its first line, and not all of it."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _by_status(key: str, case: Case, threshold: float, base: str, current: str, note: str) -> CaseComparison:
+    if base == "ok":
+        verdict: Verdict = "regressed"
+    elif current == "ok":
+        verdict = "improved"
+    elif current in FAILED and base not in FAILED:
+        verdict = "regressed"
+    else:
+        verdict = "same"
+    return CaseComparison(key, case, verdict, "status", threshold, base, current, note=note)
+
+
+def _centre(rows: Sequence[Result]) -> float | None:
+    """A side's time per call for a case it alone has: the geometric mean of its per-process medians."""
+    if _side_status(rows)[0] != "ok":
+        return None
+    return statistics.geometric_mean([x for r in rows if r.measurement for x in process_medians(r.measurement)])
+
+
+def _verdict(lo: float, hi: float, threshold: float) -> Verdict:
+    if lo > 1 + threshold:
+        return "regressed"
+    if hi < 1 - threshold:
+        return "improved"
+    if lo >= 1 - threshold and hi <= 1 + threshold:
+        return "same"
+    return "noisy"
+
+
+def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:
+    """The verdict for one case key from its rows on each side (one row per run; either side may be empty)."""
+    case = (current or base)[0].case
+    threshold = policy.thresholds.for_model(case.model)
+    if not base:
+        status = _side_status(current)[0]
+        return CaseComparison(key, case, "new", "none", threshold, current_status=status, current_s=_centre(current))
+    if not current:
+        status = _side_status(base)[0]
+        return CaseComparison(key, case, "missing", "none", threshold, base_status=status, base_s=_centre(base))
+    base_status, base_note = _side_status(base)
+    current_status, current_note = _side_status(current)
+    if base_status != "ok" or current_status != "ok":
+        if base_note == current_note:
+            note = f"both {base_note}"
+        else:
+            note = "; ".join(
+                f"{side} {text}" for side, text in (("base", base_note), ("current", current_note)) if text
+            )
+        decided = _by_status(key, case, threshold, base_status, current_status, note)
+        return replace(decided, base_s=_centre(base), current_s=_centre(current))
+    base_m = [r.measurement for r in base if r.measurement is not None]
+    current_m = [r.measurement for r in current if r.measurement is not None]
+    ok = CaseComparison(key, case, "noisy", "samples", threshold, "ok", "ok")
+    pb = [x for m in base_m for x in process_medians(m)]
+    pc = [x for m in current_m for x in process_medians(m)]
+    if len(pb) + len(pc) >= 3:
+        ratio, lo, hi = process_ratio_ci(pb, pc)
+        return replace(
+            ok,
+            verdict=_verdict(lo, hi, threshold),
+            evidence="processes",
+            base_s=statistics.geometric_mean(pb),
+            current_s=statistics.geometric_mean(pc),
+            ratio=ratio,
+            ci_low=lo,
+            ci_high=hi,
+            base_n=len(pb),
+            current_n=len(pc),
+        )
+    b, c = base_m[0], current_m[0]
+    ratio = c.median_s / b.median_s
+    timed = replace(
+        ok, base_s=b.median_s, current_s=c.median_s, ratio=ratio, base_n=len(b.samples_s), current_n=len(c.samples_s)
+    )
+    if min(len(b.samples_s), len(c.samples_s)) < MIN_SAMPLES:
+        return replace(timed, note=f"fewer than {MIN_SAMPLES} samples on one side: no interval")
+    lo, hi = bootstrap_ratio_ci(b.samples_s, c.samples_s, key=key, confidence=CONFIDENCE, resamples=policy.resamples)
+    lo, hi = _widen(ratio, lo, hi, policy.noise_floor)
+    return replace(timed, verdict=_verdict(lo, hi, threshold), ci_low=lo, ci_high=hi)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every case's verdict, with what was compared and how."""
+
+    base: Side
+    current: Side
+    policy: Policy
+    cases: tuple[CaseComparison, ...]
+    allowed: tuple[Mismatch, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def counts(self) -> dict[Verdict, int]:
+        counts: dict[Verdict, int] = dict.fromkeys(VERDICTS, 0)
+        for c in self.cases:
+            counts[c.verdict] += 1
+        return counts
+
+    def of(self, verdict: Verdict) -> tuple[CaseComparison, ...]:
+        return tuple(c for c in self.cases if c.verdict == verdict)
+
+    @property
+    def regressed(self) -> bool:
+        return any(c.verdict == "regressed" for c in self.cases)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CASE_FAILED if self.regressed else EXIT_OK
+
+    def evidence(self) -> dict[Evidence, int]:
+        counts: dict[Evidence, int] = {}
+        for c in self.cases:
+            counts[c.evidence] = counts.get(c.evidence, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        """``compare --format json``. Schema ``attnbench.compare/1``; seconds per call, ratios current/base."""
+        return {
+            "schema": "attnbench.compare/1",
+            "regressed": self.regressed,
+            "exit_code": self.exit_code,
+            "counts": self.counts(),
+            "policy": {
+                "threshold": self.policy.thresholds.default,
+                "thresholds_per_model": dict(self.policy.thresholds.per_model),
+                "noise_floor": self.policy.noise_floor,
+                "confidence": CONFIDENCE,
+                "resamples": self.policy.resamples,
+            },
+            "base": _side_dict(self.base),
+            "current": _side_dict(self.current),
+            "allowed_mismatches": [vars(m).copy() for m in self.allowed],
+            "warnings": list(self.warnings),
+            "cases": [_case_dict(c) for c in self.cases],
+        }
+
+
+def _side_dict(side: Side) -> dict[str, Any]:
+    return {"path": str(side.path), "run_ids": list(side.run_ids), "commits": list(side.commits)}
+
+
+def _case_dict(c: CaseComparison) -> dict[str, Any]:
+    return {
+        "key": c.key,
+        "case": c.case.to_dict(),
+        "verdict": c.verdict,
+        "evidence": c.evidence,
+        "threshold": c.threshold,
+        "base_status": c.base_status,
+        "current_status": c.current_status,
+        "base_median_s": c.base_s,
+        "current_median_s": c.current_s,
+        "ratio": c.ratio,
+        "ci_low": c.ci_low,
+        "ci_high": c.ci_high,
+        "base_n": c.base_n,
+        "current_n": c.current_n,
+        "note": c.note,
+    }
+
+
+def _side_warnings(side: Side, role: Role) -> list[str]:
+    out = [f"{role} {s.folder}: {w}" for s in side.runs for w in s.warnings]
+    out += [
+        f"{role} run {s.run.run_id} is {s.run.state}: cases it did not reach show as missing or new"
+        for s in side.runs
+        if s.run.state != "complete"
+    ]
+    if len(side.commits) > 1:
+        out.append(f"{role} {side.path}: its runs come from different commits ({', '.join(side.commits)})")
+    for stored in side.runs:
+        slowed = [r for r in stored.results if r.measurement is not None and r.measurement.injected_delay_s > 0]
+        if slowed:
+            out.append(
+                f"{role} run {stored.run.run_id}: {len(slowed)} of {len(stored.results)} cases carry a busy-wait "
+                "added on purpose (--inject-slowdown, a test of this gate)"
+            )
+    return out
+
+
+def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
+    """Check the sides are comparable (raises ``NotComparableError``), then judge every case key."""
+    allowed = check_comparable(base, current, policy.allow_mismatch)
+    base_rows, current_rows = base.rows(), current.rows()
+    keys = list(base_rows) + [k for k in current_rows if k not in base_rows]
+    cases = tuple(compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys)
+    warnings = _side_warnings(base, "base") + _side_warnings(current, "current")
+    return Comparison(base, current, policy, cases, allowed, tuple(warnings))
+
+
+def compare_paths(base: Path, current: Path, policy: Policy) -> Comparison:
+    """Load both sides (a missing base is ``NoBaselineError``) and compare them."""
+    return compare_sides(load_side(base, "base"), load_side(current, "current"), policy)

@@ -1,0 +1,197 @@
+"""Which peak a row is measured against, its ``pct_of_peak``, and the rows that claim the impossible.
+
+Torch-free: ``report`` computes these from a stored run. A row's peak is, for its dtype, the run's stored
+calibration (``attnbench calibrate``) when it has that dtype, else the vendor's dense figure for the run's GPU
+(``attnbench.core.peaks``), else none (an empty cell). The source is always named beside the number.
+
+float32 recurrent models on CUDA are held against the TF32 peak first: cuDNN runs float32 RNNs on TF32 tensor
+cores by default (torch.backends.cudnn.rnn.fp32_precision == "tf32", i.e. allow_tf32 for RNNs), so the FP32
+figure would put a healthy LSTM above 100 %. float32 matmuls elsewhere stay on the FP32 peak: torch's default
+float32 matmul precision is "highest" (no TF32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from attnbench.core.cases import Case
+from attnbench.core.peaks import SHORT_NAMES, VendorPeak, vendor_peak
+from attnbench.core.units import format_bandwidth, format_flops
+from attnbench.results.calibration import Calibration
+from attnbench.results.records import Result, Run
+
+_TF32_NOTE = " (float32 RNN on cuDNN: TF32)"
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops_per_s: float
+    source: str  # "calibrated matmul float32", "vendor NVIDIA H200 SXM bf16 dense"
+
+
+def _tf32_rnn(case: Case) -> bool:
+    return case.dtype == "float32" and case.family == "recurrent" and case.device.startswith("cuda")
+
+
+class PeakTable:
+    """The peaks one run's rows are held against."""
+
+    def __init__(self, calibration: Calibration | None, vendor: VendorPeak | None) -> None:
+        # A quick calibration measured reduced sizes: no ceiling to hold anything against.
+        self.calibration = calibration if calibration is not None and not calibration.quick else None
+        self.vendor = vendor
+
+    @classmethod
+    def for_run(cls, run: Run | None) -> PeakTable:
+        if run is None:
+            return cls(None, None)
+        gpu = run.environment.get("gpu_name")
+        return cls(run.calibration, vendor_peak(gpu if isinstance(gpu, str) else None))
+
+    def for_dtype(self, dtype: str) -> Peak | None:
+        """The calibrated figure for ``dtype``, else the vendor's, else None."""
+        measured = self.calibration.matmul_for(dtype) if self.calibration else None
+        if measured is not None:
+            return Peak(measured.flops_per_s, f"calibrated matmul {dtype}")
+        flops = self.vendor.flops(dtype) if self.vendor else None
+        if self.vendor is not None and flops is not None:
+            return Peak(flops, self.vendor.describe(dtype))
+        return None
+
+    def for_case(self, case: Case) -> Peak | None:
+        if _tf32_rnn(case):
+            tf32 = self.for_dtype("tf32")
+            if tf32 is not None:
+                return Peak(tf32.flops_per_s, tf32.source + _TF32_NOTE)
+        return self.for_dtype(case.dtype)
+
+
+def achieved_flops_per_s(result: Result) -> float | None:
+    """The row's analytic FLOPs per call over its median seconds per call, or None when either is missing."""
+    flops = result.extra.get("flops")
+    m = result.measurement
+    if not isinstance(flops, int) or isinstance(flops, bool) or m is None or m.median_s <= 0:
+        return None
+    return flops / m.median_s
+
+
+def pct_of_peak(result: Result, peak: Peak | None) -> float | None:
+    """Achieved FLOP/s as a percentage of ``peak`` (100 = at the peak)."""
+    achieved = achieved_flops_per_s(result)
+    if achieved is None or peak is None:
+        return None
+    return 100.0 * achieved / peak.flops_per_s
+
+
+def peak_flags(run: Run | None, results: Iterable[Result]) -> list[str]:
+    """One line per row above 100 % of its peak: physically impossible, so a FLOP formula, a timer or a
+    calibration is wrong, and the report must say so rather than print the number as if it were fine."""
+    table = PeakTable.for_run(run)
+    lines: list[str] = []
+    for result in results:
+        peak = table.for_case(result.case)
+        pct = pct_of_peak(result, peak)
+        if pct is None or peak is None or pct <= 100.0:
+            continue
+        achieved = achieved_flops_per_s(result)
+        assert achieved is not None  # pct_of_peak returned a number
+        formula = result.extra.get("flops_formula") or "unknown formula"
+        if peak.source.startswith("calibrated"):
+            cause = (
+                "the FLOP count, the timing, or a calibration measured on a loaded machine is wrong "
+                "(re-measure with 'attnbench calibrate --refresh')"
+            )
+        else:
+            cause = "the FLOP count or the timing is wrong"
+        lines.append(
+            f"{result.case.key}: {pct:.0f}% of peak ({format_flops(achieved)} achieved, peak "
+            f"{format_flops(peak.flops_per_s)} from {peak.source}; FLOPs by {formula}): above 100 % is "
+            f"impossible, so {cause}"
+        )
+    return lines
+
+
+@dataclass(frozen=True)
+class CeilingRow:
+    """One line of ``attnbench calibrate``'s table, as text."""
+
+    what: str  # "matmul bfloat16", "copy"
+    measured: str
+    at: str  # the size that gave it
+    vendor: str  # the vendor figure, or why there is none
+    ratio: str  # measured / vendor
+    used: str  # what pct_of_peak holds rows against for this dtype
+
+
+def ceiling_rows(calibration: Calibration, vendor: VendorPeak | None) -> list[CeilingRow]:
+    """The calibrate table: each measured ceiling beside the vendor's, and which one rows are held against."""
+    table = PeakTable(calibration, vendor)
+    rows: list[CeilingRow] = []
+    for m in calibration.matmul:
+        figure = vendor.flops(m.dtype) if vendor else None
+        used = table.for_dtype(m.dtype)
+        rows.append(
+            CeilingRow(
+                what=f"matmul {m.dtype}",
+                measured=format_flops(m.flops_per_s) + _median_text(m.median_flops_per_s, format_flops, m.converged),
+                at=f"n={m.size}",
+                vendor=_vendor_text(vendor, figure, m.dtype),
+                ratio="—" if not figure else f"{m.flops_per_s / figure:.0%}",
+                used="— (quick run)" if used is None else used.source,
+            )
+        )
+    for dtype, reason in calibration.skipped.items():
+        vendor_figure = vendor.flops(dtype) if vendor else None
+        used = table.for_dtype(dtype)
+        rows.append(
+            CeilingRow(
+                what=f"matmul {dtype}",
+                measured=f"not measured: {reason}",
+                at="",
+                vendor=_vendor_text(vendor, vendor_figure, dtype),
+                ratio="—",
+                used="none (empty pct_of_peak)" if used is None else used.source,
+            )
+        )
+    copy = calibration.copy
+    if copy is not None:
+        bandwidth = vendor.bandwidth_bytes_per_s if vendor else None
+        rows.append(
+            CeilingRow(
+                what="copy (read + write)",
+                measured=format_bandwidth(copy.bytes_per_s)
+                + _median_text(copy.median_bytes_per_s, format_bandwidth, copy.converged),
+                at=f"2 × {copy.buffer_bytes / 2**20:.0f} MiB",
+                vendor=format_bandwidth(bandwidth) if bandwidth else _no_vendor(vendor),
+                ratio="—" if not bandwidth else f"{copy.bytes_per_s / bandwidth:.0%}",
+                used="—",
+            )
+        )
+    return rows
+
+
+def _median_text(median: float | None, fmt: Callable[[float], str], converged: bool) -> str:
+    parts = ([] if median is None else [f"median {fmt(median)}"]) + ([] if converged else ["not converged"])
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _no_vendor(vendor: VendorPeak | None) -> str:
+    return "— (no vendor entry)" if vendor is None else "—"
+
+
+def _vendor_text(vendor: VendorPeak | None, figure: float | None, dtype: str) -> str:
+    if vendor is None:
+        return _no_vendor(None)
+    if figure is None:
+        return f"— (no {SHORT_NAMES.get(dtype, dtype)} figure)"
+    return format_flops(figure)
+
+
+def vendor_line(device_name: str, vendor: VendorPeak | None, device_type: str) -> str:
+    """Which vendor entry was matched, and from where; or why none was."""
+    if vendor is not None:
+        return f"vendor peaks: {vendor.name} (matched {device_name!r}); source: {vendor.source}"
+    if device_type == "cpu":
+        return f"vendor peaks: none for CPUs ({device_name}): the calibrated figures are the peaks pct_of_peak uses"
+    return f"vendor peaks: no entry matches {device_name!r}: the calibrated figures are the peaks pct_of_peak uses"

@@ -1,0 +1,523 @@
+"""How each model's cost grows with sequence length, and where two models' curves cross.
+
+Pure Python, stdlib only at run time (results are only read through their attributes), so claims, reports and
+anything else may import it without torch or numpy. Three parts:
+
+- ``fit_power_law``: least squares of log y on log x, with a t-distribution CI of the slope;
+- ``crossovers``: where the ratio of two cost curves crosses 1, interpolated on log-log;
+- ``group_curves`` / ``scaling_laws`` / ``crossover_lines``: the same applied to a run, one curve per pivot row.
+
+``group_curves`` is the one definition of "which rows form one curve along seq_len"; the pivot tables are laid
+out from it, so a fitted line always describes exactly one table row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from attnbench.core.catalogue import is_recurrent
+from attnbench.core.stats import student_t_975
+
+if TYPE_CHECKING:
+    from attnbench.results.records import Result
+
+# ---------------------------------------------------------------------------------------------------------------
+# Power laws
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """y = prefactor · x^exponent, fitted by least squares on (log x, log y)."""
+
+    exponent: float  # b in y = a·x^b
+    exponent_low: float  # 95 % CI of b (t-distribution on the slope's standard error; = exponent when points == 2)
+    exponent_high: float
+    prefactor: float  # a
+    x_min: float
+    x_max: float
+    points: int
+    r2: float
+
+
+def _usable(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def fit_power_law(xs: Sequence[float], ys: Sequence[float]) -> PowerLaw | None:
+    """Fit y = a·x^b through the points whose x and y are both positive and finite (any order, duplicates
+    allowed). None with fewer than 2 such points, or when they all share one x (no slope to speak of)."""
+    if len(xs) != len(ys):
+        raise ValueError(f"fit_power_law: {len(xs)} xs but {len(ys)} ys")
+    kept = [(x, y) for x, y in zip(xs, ys, strict=True) if _usable(x) and _usable(y)]
+    points = [(math.log(x), math.log(y)) for x, y in kept]
+    n = len(points)
+    if n < 2:
+        return None
+    mean_x = math.fsum(u for u, _ in points) / n
+    mean_y = math.fsum(v for _, v in points) / n
+    sxx = math.fsum((u - mean_x) ** 2 for u, _ in points)
+    if sxx == 0:
+        return None
+    slope = math.fsum((u - mean_x) * (v - mean_y) for u, v in points) / sxx
+    intercept = mean_y - slope * mean_x
+    sse = math.fsum((v - intercept - slope * u) ** 2 for u, v in points)
+    syy = math.fsum((v - mean_y) ** 2 for _, v in points)
+    # Two points fix the line exactly: there are no residuals to estimate the slope's error from.
+    half = student_t_975(n - 2) * math.sqrt(sse / (n - 2) / sxx) if n > 2 else 0.0
+    return PowerLaw(
+        exponent=slope,
+        exponent_low=slope - half,
+        exponent_high=slope + half,
+        prefactor=math.exp(intercept),
+        x_min=float(min(x for x, _ in kept)),
+        x_max=float(max(x for x, _ in kept)),
+        points=n,
+        r2=1 - sse / syy if syy > 0 else 1.0,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Crossovers
+
+Direction = Literal["a becomes slower than b", "a becomes faster than b"]
+SLOWER: Direction = "a becomes slower than b"
+FASTER: Direction = "a becomes faster than b"
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where the cost ratio a/b crosses 1. ``x`` is interpolated linearly in (log x, log ratio) between the
+    bracketing measured points ``low_x``/``high_x``; when the ratio is exactly 1 at measured points, those are
+    the bracket (and ``x`` their geometric mean: the point itself when there is one)."""
+
+    x: float
+    low_x: float
+    high_x: float
+    direction: Direction
+
+
+def _log_ratios(xs: Sequence[float], ys_a: Sequence[float], ys_b: Sequence[float]) -> list[tuple[float, float]]:
+    """(x, log(a/b)) sorted by x, over the points where x, a and b are all positive and finite."""
+    if not len(xs) == len(ys_a) == len(ys_b):
+        raise ValueError(f"crossovers: {len(xs)} xs, {len(ys_a)} ys_a, {len(ys_b)} ys_b")
+    points = sorted(
+        (x, math.log(a) - math.log(b))
+        for x, a, b in zip(xs, ys_a, ys_b, strict=True)
+        if _usable(x) and _usable(a) and _usable(b)
+    )
+    for (x0, _), (x1, _) in itertools.pairwise(points):
+        if x0 == x1:
+            raise ValueError(f"crossovers: x={x0:g} appears twice; a curve has one value per x")
+    return points
+
+
+def crossovers(xs: Sequence[float], ys_a: Sequence[float], ys_b: Sequence[float]) -> list[Crossover]:
+    """Every sign change of log(ys_a/ys_b) over the xs where both curves have a usable (positive, finite)
+    value. ys are costs: a rising ratio means a *becomes slower*. A ratio that touches 1 and turns back is no
+    crossover; neither is one that starts or ends at exactly 1."""
+    found: list[Crossover] = []
+    last: tuple[float, float] | None = None  # the last point whose ratio was not exactly 1
+    ties: list[float] = []  # xs since then where it was
+    for x, d in _log_ratios(xs, ys_a, ys_b):
+        if d == 0:
+            if last is not None:
+                ties.append(x)
+            continue
+        if last is not None and (last[1] < 0) != (d < 0):
+            direction = SLOWER if d > 0 else FASTER
+            if ties:
+                low, high = ties[0], ties[-1]
+                at = math.sqrt(low * high)
+            else:
+                low, high = last[0], x
+                # log-ratio is linear in log x between the two points when both curves are (log-log lines).
+                share = last[1] / (last[1] - d)
+                at = min(high, max(low, math.exp(math.log(low) + share * (math.log(high) - math.log(low)))))
+            found.append(Crossover(at, low, high, direction))
+        ties = []
+        last = (x, d)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Curves of a run: one per pivot row
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One model configuration's results along seq_len (one pivot row)."""
+
+    label: str  # model plus whatever else varies within its group ("vanilla h=8 causal", "lstm b=4")
+    model: str
+    batch: int | None  # None when batch is tied to seq_len (a constant-tokens grid)
+    results: Mapping[int, Result]  # by seq_len
+
+
+@dataclass(frozen=True)
+class CurveGroup:
+    """Curves that share mode, dtype, device, d_model and layers (one pivot table)."""
+
+    mode: str
+    dtype: str
+    device: str
+    d_model: int
+    layers: int
+    seq_lens: tuple[int, ...]
+    batches: tuple[int, ...]  # distinct, ascending
+    batch_for_seq: Mapping[int, int] | None  # set when batch is tied to seq_len (a constant-tokens grid)
+    curves: tuple[Curve, ...]
+
+    @property
+    def tied(self) -> bool:
+        return self.batch_for_seq is not None
+
+
+def _row_label(result: Result, varying: set[str]) -> str:
+    case = result.case
+    parts = [case.model]
+    if "heads" in varying and case.heads is not None:
+        parts.append(f"h={case.heads}")
+    if "causal" in varying and not is_recurrent(case.model):
+        parts.append("causal" if case.causal else "full")
+    if "batch" in varying:
+        parts.append(f"b={case.batch}")
+    parts += [f"{k}={v}" for k, v in case.options]
+    return " ".join(parts)
+
+
+def group_curves(results: Sequence[Result]) -> list[CurveGroup]:
+    """Group by mode/dtype/device/d_model/layers, then one curve per model (with what else varies), in the
+    order the results first name them."""
+    groups: dict[tuple[str, str, str, int, int], list[Result]] = {}
+    for r in results:
+        c = r.case
+        groups.setdefault((c.mode, c.dtype, c.device, c.d_model, c.layers), []).append(r)
+    out = []
+    for (mode, dtype, device, d_model, layers), members in groups.items():
+        batches_by_seq: dict[int, set[int]] = {}
+        for r in members:
+            batches_by_seq.setdefault(r.case.seq_len, set()).add(r.case.batch)
+        distinct = set().union(*batches_by_seq.values())
+        tied = len(distinct) > 1 and all(len(b) == 1 for b in batches_by_seq.values())
+        varying = {
+            name
+            for name in ("heads", "causal", "batch")
+            if len({getattr(r.case, name) for r in members if not is_recurrent(r.case.model)}) > 1
+        }
+        if tied:
+            varying.discard("batch")
+        elif len(distinct) > 1:
+            varying.add("batch")
+        rows: dict[str, dict[int, Result]] = {}
+        models: dict[str, str] = {}
+        for r in members:
+            label = _row_label(r, varying)
+            rows.setdefault(label, {})[r.case.seq_len] = r
+            models[label] = r.case.model
+        curves = tuple(
+            Curve(label, models[label], None if tied else next(iter(cells.values())).case.batch, cells)
+            for label, cells in rows.items()
+        )
+        out.append(
+            CurveGroup(
+                mode=mode,
+                dtype=dtype,
+                device=device,
+                d_model=d_model,
+                layers=layers,
+                seq_lens=tuple(sorted(batches_by_seq)),
+                batches=tuple(sorted(distinct)),
+                batch_for_seq={n: next(iter(b)) for n, b in batches_by_seq.items()} if tied else None,
+                curves=curves,
+            )
+        )
+    return out
+
+
+def _timed(curve: Curve) -> list[tuple[int, Result]]:
+    """The curve's ok, timed points in seq_len order."""
+    return sorted(((n, r) for n, r in curve.results.items() if r.ok and r.measurement is not None), key=lambda p: p[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scaling laws of a run
+
+# A top-of-range slope this far from the whole-range one is worth a mention: the curve bends (fixed per-call
+# cost at short lengths, or the n² term taking over), so the whole-range exponent undersells the asymptote.
+BEND = 0.2
+
+
+@dataclass(frozen=True)
+class ScalingLine:
+    """How one curve's time and peak memory grow with seq_len."""
+
+    label: str
+    model: str
+    mode: str
+    dtype: str
+    device: str
+    d_model: int
+    layers: int
+    batch: int | None  # None: batch tied to seq_len, so the fits are per token
+    time: PowerLaw | None
+    memory: PowerLaw | None
+    time_top: PowerLaw | None = None  # the two longest lengths alone, when the whole fit has ≥ 3 points
+    memory_top: PowerLaw | None = None
+    notes: tuple[str, ...] = ()  # why a fit is missing
+
+    @property
+    def per_token(self) -> bool:
+        return self.batch is None
+
+    @property
+    def text(self) -> str:
+        """'vanilla: time ∝ n^1.93 (95 % CI 1.85–2.01, n=64–1024, 4 points), memory ∝ n^2.00 (…)'."""
+        unit = " per token" if self.per_token else ""
+        parts = []
+        if self.time is not None:
+            parts.append(_law_text(f"time{unit}", self.time, self.time_top, None))
+        if self.memory is not None:
+            parts.append(_law_text(f"memory{unit}", self.memory, self.memory_top, self.time))
+        return f"{self.label}: " + ", ".join(parts + list(self.notes))
+
+
+def _num(x: float) -> str:
+    return f"{x:.2f}".replace("-0.00", "0.00")
+
+
+def _n(x: float) -> str:
+    return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.3g}"
+
+
+def _law_text(name: str, fit: PowerLaw, top: PowerLaw | None, like: PowerLaw | None) -> str:
+    details = []
+    if fit.points > 2:
+        low, high = _num(fit.exponent_low), _num(fit.exponent_high)
+        details.append(f"95 % CI {low} to {high}" if fit.exponent_low < 0 else f"95 % CI {low}–{high}")
+    span = f"n={_n(fit.x_min)}–{_n(fit.x_max)}"
+    if like is None or (like.x_min, like.x_max, like.points) != (fit.x_min, fit.x_max, fit.points):
+        details.append(f"{span}, {fit.points} points" if fit.points > 2 else f"{span}, 2-point fit: no CI")
+    elif fit.points == 2:
+        details.append("2-point fit: no CI")
+    text = f"{name} ∝ n^{_num(fit.exponent)} (" + ", ".join(details)
+    if top is not None and abs(top.exponent - fit.exponent) >= BEND:
+        bend = "steepening" if top.exponent > fit.exponent else "flattening"
+        text += f"; {bend} to n^{_num(top.exponent)} at n={_n(top.x_min)}–{_n(top.x_max)}"
+    return text + ")"
+
+
+def _fits(xs: list[int], ys: list[float]) -> tuple[PowerLaw | None, PowerLaw | None]:
+    """The whole-range fit, and with ≥ 3 usable points the two longest lengths' own slope."""
+    usable = [(x, y) for x, y in zip(xs, ys, strict=True) if _usable(y)]
+    whole = fit_power_law([x for x, _ in usable], [y for _, y in usable])
+    top = None
+    if whole is not None and whole.points >= 3:
+        top = fit_power_law([x for x, _ in usable[-2:]], [y for _, y in usable[-2:]])
+    return whole, top
+
+
+def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
+    """Fit one curve: median time per call (per token when batch is tied to seq_len) and peak memory, over its
+    ok lengths."""
+    timed = _timed(curve)
+    # With batch tied to seq_len a call's time mixes two effects; per token, only the length's remains.
+    scale = [1 / r.case.tokens if group.tied else 1.0 for _, r in timed]
+    xs = [n for n, _ in timed]
+    time, time_top = _fits(xs, [_median(r) * s for (_, r), s in zip(timed, scale, strict=True)])
+    measured = [
+        (n, r.memory.peak_bytes * s)
+        for (n, r), s in zip(timed, scale, strict=True)
+        if r.memory is not None and r.memory.peak_bytes is not None
+    ]
+    memory, memory_top = _fits([n for n, _ in measured], [b for _, b in measured])
+    notes = []
+    if time is None:
+        notes.append(f"time not fitted ({_count(len(xs), 'length')} ran)")
+    if memory is None:
+        notes.append(_memory_note(measured))
+    return ScalingLine(
+        label=curve.label,
+        model=curve.model,
+        mode=group.mode,
+        dtype=group.dtype,
+        device=group.device,
+        d_model=group.d_model,
+        layers=group.layers,
+        batch=curve.batch,
+        time=time,
+        memory=memory,
+        time_top=time_top,
+        memory_top=memory_top,
+        notes=tuple(notes),
+    )
+
+
+def _memory_note(measured: list[tuple[int, float]]) -> str:
+    if not measured:
+        return "memory not measured"
+    zero = [str(n) for n, peak in measured if peak <= 0]
+    text = f"memory not fitted ({_count(len(measured) - len(zero), 'nonzero peak')}"
+    if zero:
+        # rss-hwm grows in pages and allocator chunks: a small case can stay inside what is already resident.
+        text += f"; 0 at n={', '.join(zero)}: below what the method resolves"
+    return text + ")"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{'no' if n == 0 else n} {what}{'' if n == 1 else 's'}"
+
+
+def group_scaling_laws(group: CurveGroup) -> list[ScalingLine]:
+    """One line per curve that has at least one timed length."""
+    return [scaling_line(group, c) for c in group.curves if _timed(c)]
+
+
+def scaling_laws(results: Sequence[Result]) -> list[ScalingLine]:
+    """Time and peak-memory exponents of every curve in the run (ok rows only), group by group."""
+    return [line for group in group_curves(results) for line in group_scaling_laws(group)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Crossovers of a run
+
+
+@dataclass(frozen=True)
+class CrossoverLine:
+    """Where curve ``a`` crosses curve ``b`` (same group, same batch) in time per call."""
+
+    a: str  # row labels
+    b: str
+    mode: str
+    dtype: str
+    device: str
+    d_model: int
+    layers: int
+    batch: int | None
+    seq_lens: tuple[int, ...]  # lengths both ran
+    ratios: tuple[float, ...]  # a's median / b's median at those lengths: > 1 means a is slower
+    crossings: tuple[Crossover, ...]
+    # Lengths where the ratio's bounds from the two medians' 95 % CIs include 1: which is faster there is noise.
+    unclear: tuple[int, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """'sdpa-flash becomes slower than lstm at n ≈ 190 (between 64 and 256)', or what holds throughout."""
+        if self.crossings:
+            parts = []
+            for i, c in enumerate(self.crossings):
+                word = "slower" if c.direction == SLOWER else "faster"
+                head = f"{self.a} becomes {word} than {self.b}" if i == 0 else f"then {word}"
+                parts.append(f"{head} at {self._where(c)}")
+            brackets = {x for c in self.crossings for x in (c.low_x, c.high_x)}
+            return ", ".join(parts) + self._noise(brackets)
+        if len(self.seq_lens) == 1:
+            verdict = _verdict(self.ratios[0])
+            text = f"{self.a} vs {self.b}: {verdict} at n={self.seq_lens[0]}, the only length both ran"
+            return text + self._noise(set(self.seq_lens))
+        # No crossing over ≥ 2 lengths: every ratio that is not exactly 1 lies on the same side.
+        verdicts = {_verdict(r) for r in self.ratios if r != 1}
+        verdict = verdicts.pop() if verdicts else "as fast"
+        span = f"n={self.seq_lens[0]}–{self.seq_lens[-1]}"
+        text = f"{self.a} vs {self.b}: none in range {span}: {verdict} throughout"
+        ties = [str(n) for n, r in zip(self.seq_lens, self.ratios, strict=True) if r == 1]
+        if ties and verdict != "as fast":
+            text += f" (equal at n={', '.join(ties)})"
+        return text + self._noise(set(self.seq_lens))
+
+    def _noise(self, lengths: set[float]) -> str:
+        ties = {n for n, r in zip(self.seq_lens, self.ratios, strict=True) if r == 1}  # already said: equal
+        unclear = [str(n) for n in self.unclear if n in lengths and n not in ties]
+        return f"; within noise at n={', '.join(unclear)}" if unclear else ""
+
+    def _where(self, c: Crossover) -> str:
+        if c.low_x == c.high_x:
+            return f"n = {_n(c.x)} (measured)"
+        ratio = dict(zip(self.seq_lens, self.ratios, strict=True))
+        if ratio.get(int(c.low_x)) == 1:
+            return f"n ≈ {_approx(c.x)} (equal from {_n(c.low_x)} to {_n(c.high_x)})"
+        return f"n ≈ {_approx(c.x)} (between {_n(c.low_x)} and {_n(c.high_x)})"
+
+
+def _verdict(ratio: float) -> str:
+    return "slower" if ratio > 1 else "faster" if ratio < 1 else "as fast"
+
+
+def _approx(x: float) -> str:
+    """Two significant figures: an interpolated length is no more precise than that."""
+    if x < 100:
+        return f"{x:.0f}"
+    return f"{round(x, 1 - math.floor(math.log10(x))):.0f}"
+
+
+def _pairs(group: CurveGroup, baseline_model: str | None) -> list[tuple[Curve, Curve]]:
+    """Each attention curve against each recurrent one; with a baseline model, also every other curve against
+    the baseline's (the pair the table's speed-ups show), unless that pair is already there the other way."""
+    pairs = []
+    for a in group.curves:
+        for b in group.curves:
+            if a is b or a.batch != b.batch:
+                continue
+            attention_vs_recurrent = not is_recurrent(a.model) and is_recurrent(b.model)
+            vs_baseline = (
+                baseline_model is not None
+                and b.model == baseline_model
+                and a.model != baseline_model
+                and not (is_recurrent(a.model) and not is_recurrent(b.model))
+            )
+            if attention_vs_recurrent or vs_baseline:
+                pairs.append((a, b))
+    return pairs
+
+
+def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | None:
+    """Where ``a``'s time per call crosses ``b``'s; None when no length has both timed."""
+    timed_b = dict(_timed(b))
+    common = [(n, r, timed_b[n]) for n, r in _timed(a) if n in timed_b]
+    if not common:
+        return None
+    xs = [n for n, _, _ in common]
+    ya = [_median(r) for _, r, _ in common]
+    yb = [_median(r) for _, _, r in common]
+    return CrossoverLine(
+        a=a.label,
+        b=b.label,
+        mode=group.mode,
+        dtype=group.dtype,
+        device=group.device,
+        d_model=group.d_model,
+        layers=group.layers,
+        batch=a.batch,
+        seq_lens=tuple(xs),
+        ratios=tuple(x / y for x, y in zip(ya, yb, strict=True)),
+        crossings=tuple(crossovers(xs, ya, yb)),
+        unclear=tuple(n for n, ra, rb in common if _overlaps(ra, rb)),
+    )
+
+
+def _median(result: Result) -> float:
+    assert result.measurement is not None  # only timed rows reach here (_timed)
+    return result.measurement.median_s
+
+
+def _overlaps(a: Result, b: Result) -> bool:
+    """Whether the 95 % CIs of the two medians overlap, i.e. the ratio's bounds include 1. A CI needs ≥ 6
+    samples; without one on either side there is nothing to say, so False."""
+    sa, sb = a.measurement.summary, b.measurement.summary  # type: ignore[union-attr]
+    finite = all(math.isfinite(v) for v in (sa.ci_low, sa.ci_high, sb.ci_low, sb.ci_high))
+    return finite and sa.ci_low <= sb.ci_high and sb.ci_low <= sa.ci_high
+
+
+def group_crossover_lines(group: CurveGroup, baseline_model: str | None = None) -> list[CrossoverLine]:
+    """``crossover_lines`` for one group (one pivot table), in row order."""
+    lines = (crossover_line(group, a, b) for a, b in _pairs(group, baseline_model))
+    return [line for line in lines if line is not None]
+
+
+def crossover_lines(results: Sequence[Result], baseline_model: str | None = None) -> list[CrossoverLine]:
+    """Where each attention variant becomes slower (or faster) than each recurrent model of the same batch,
+    interpolated between measured lengths; ``baseline_model`` adds every other model against it."""
+    return [line for group in group_curves(results) for line in group_crossover_lines(group, baseline_model)]

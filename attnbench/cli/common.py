@@ -1,0 +1,99 @@
+"""What every command shares: the consoles, the one error path, writing output, warnings, and the options
+declared once. The CLI is the only room that prints, exits or handles signals."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from attnbench.core.errors import AttnbenchError
+
+# soft_wrap: lines are never folded at 80 columns in a pipe or CI log, so they stay parseable.
+# A pipe or CI log has no width; rich would assume 80 columns and fold wide tables (calibrate, selfcheck) into
+# unreadable stacks. Such logs are read in wide viewers, so give them 160 unless COLUMNS says otherwise.
+_PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+stdout = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
+state = {"debug": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# ------------------------------------------------------------------------------------------ options, declared once
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="YAML experiment; omit for the built-in default.", show_default=False)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a config key: key.path=value (YAML value).", show_default=False),
+]
+# A sweep's device defaults to its config's; every other command, which has no config, resolves "auto".
+SweepDeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (default: the config's).", show_default=False)
+]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N.", show_default="auto")]
+RunArg = Annotated[Path, typer.Argument(help="A run folder written by 'attnbench sweep'.")]
+OutputOpt = Annotated[str | None, typer.Option("-o", "--output", help="File to write, or - for stdout.")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--threads", min=1, help="torch threads (match a sweep's 'threads').", show_default="torch's"),
+]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="Tiny sizes: a smoke test, not a measurement to keep.")]
+
+
+# ------------------------------------------------------------------------------------------------- the error path
+def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
+    """The one way errors reach the user: a red 'error:' line, a 'hint:' line, an exit code."""
+    # User text (paths, keys, values) may hold brackets: escape it so rich never reads it as markup.
+    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
+    if hint:
+        stderr.print(f"[yellow]hint:[/] {escape(hint)}", markup=True, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handles_errors(command: F) -> F:
+    """Turn the project's own errors into ``fail``; anything else is a bug of ours and keeps its traceback."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except AttnbenchError as exc:
+            if state["debug"]:
+                raise
+            raise fail(exc.message, exc.hint, exc.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------------- output, warnings
+def write_or_print(text: str, output: str | None) -> None:
+    """``text`` to stdout (no ``-o``, or ``-o -``) or to the file ``output``, saying where it went."""
+    if output in (None, "-"):
+        sys.stdout.write(text)
+        return
+    path = Path(output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path}: {exc.strerror}", hint="choose another -o path") from None
+    stderr.print(f"wrote {path}", markup=False)
+
+
+def print_warnings(warnings: Iterable[str]) -> None:
+    """Warnings are data about the runs; they go to stderr, after the result, one 'warning:' line each."""
+    for warning in warnings:
+        stderr.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+def print_wrote(paths: Iterable[Path]) -> None:
+    for path in paths:
+        stdout.print(f"wrote {path}", markup=False, highlight=False)

@@ -1,0 +1,88 @@
+"""``attnbench compare BASE CURRENT``: a noise-aware regression verdict per case (needs no torch).
+
+Exit codes: 0 no regression, 1 a regression, 2 bad input, 3 refused (runs not comparable), 4 no baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from attnbench.cli.common import OutputOpt, handles_errors, print_warnings, stdout, write_or_print
+
+BaseArg = Annotated[
+    Path, typer.Argument(help="Base run folder, or a folder of repeated runs (one process each).", show_default=False)
+]
+CurrentArg = Annotated[
+    Path, typer.Argument(help="Current run folder, or a folder of repeated runs.", show_default=False)
+]
+
+
+@handles_errors
+def compare(
+    base: BaseArg,
+    current: CurrentArg,
+    fail_on: Annotated[
+        str | None,
+        typer.Option(
+            "--fail-on",
+            help="Slowdown a case may show before it can regress: median:P%.",
+            show_default="median:5%, or the --thresholds file's default",
+        ),
+    ] = None,
+    thresholds: Annotated[
+        Path | None,
+        typer.Option("--thresholds", help="YAML of per-model thresholds: {default: 5%, lstm: 8%}.", show_default=False),
+    ] = None,
+    noise_floor: Annotated[
+        str | None,
+        typer.Option(
+            "--noise-floor",
+            help="Between-process spread assumed when a side has one process: the 95 % half-width of the ratio "
+            "between two processes of unchanged code (scripts/bench_aa.py measures it).",
+            show_default="4%",
+        ),
+    ] = None,
+    allow_mismatch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-mismatch",
+            help="Compare although this key differs (repeatable): device_type, cpu_model, gpu_name, driver_major, "
+            "torch, torch_cuda, cudnn, torch_threads, dtypes, config_sha256.",
+            show_default=False,
+        ),
+    ] = None,
+    format: Annotated[Literal["table", "md", "json"], typer.Option("--format", "-f")] = "table",
+    output: OutputOpt = None,
+) -> None:
+    """Judge each case of CURRENT against BASE: regressed, improved, same, noisy, new or missing (needs no torch).
+
+    Exit 1 on a regression, 3 when the runs are not comparable, 4 when BASE holds no run.
+    """
+    from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR, Policy, compare_paths
+    from attnbench.analysis.thresholds import Thresholds, load_thresholds, parse_fraction, parse_threshold
+    from attnbench.report.compare_md import compare_table, render_compare_markdown
+
+    if thresholds is not None:
+        limits = load_thresholds(thresholds, fail_on)
+    else:
+        limits = Thresholds(parse_threshold(fail_on) if fail_on is not None else Thresholds().default)
+    policy = Policy(
+        thresholds=limits,
+        noise_floor=DEFAULT_NOISE_FLOOR if noise_floor is None else parse_fraction(noise_floor, "--noise-floor"),
+        allow_mismatch=frozenset(allow_mismatch or ()),
+    )
+    comparison = compare_paths(base, current, policy)
+    if format == "table" and output in (None, "-"):
+        stdout.print(compare_table(comparison))
+    elif format == "json":
+        write_or_print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False) + "\n", output)
+    else:  # md, or a table written to a file (the markdown one, as with `report`)
+        write_or_print(render_compare_markdown(comparison), output)
+    # Warnings after the result, on stderr: they are data about the runs, not part of the verdict table.
+    print_warnings(comparison.warnings)
+    if comparison.regressed:
+        raise typer.Exit(comparison.exit_code)

@@ -1,0 +1,164 @@
+"""``calibrate`` and ``selfcheck``: what the device can do, and whether our timer agrees with the field's.
+
+Both need torch, imported inside the commands so that ``--help`` works without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from attnbench.cli.common import (
+    DeviceOpt,
+    QuickOpt,
+    ThreadsOpt,
+    handles_errors,
+    stderr,
+    stdout,
+    write_or_print,
+)
+from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
+from attnbench.core.peaks import PEAK_DTYPES
+
+if TYPE_CHECKING:
+    from attnbench.core.peaks import VendorPeak
+    from attnbench.results.calibration import Calibration
+
+DtypeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--dtype",
+        help=f"Matmul dtype to calibrate, repeatable or comma-separated: {', '.join(PEAK_DTYPES)}.",
+        show_default="float32, tf32 (GPU), bfloat16, float16",
+    ),
+]
+
+
+def _dtypes(given: list[str] | None, device_type: str) -> tuple[str, ...]:
+    from attnbench.measure.ceilings import DEFAULT_DTYPES
+
+    if not given:
+        return DEFAULT_DTYPES[device_type]
+    names = [name.strip() for item in given for name in item.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PEAK_DTYPES]
+    if unknown:
+        raise AttnbenchError(f"--dtype: unknown dtype {unknown[0]!r}", hint=f"one of: {', '.join(PEAK_DTYPES)}")
+    return tuple(dict.fromkeys(names))
+
+
+@handles_errors
+def calibrate(
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Measure again even if this machine has a cache.")] = False,
+    quick: QuickOpt = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) once per machine, and show them
+    beside the vendor's peaks."""
+    import torch
+
+    from attnbench.core.peaks import vendor_peak
+    from attnbench.measure.ceilings import calibrate as measure_ceilings
+    from attnbench.measure.devices import resolve_device
+    from attnbench.measure.environment import collect_environment
+    from attnbench.results.calibration import cache_path, load_cached, save
+
+    resolved = resolve_device(device or "auto")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    environment = collect_environment(resolved)
+    device_type = environment.device_type
+    wanted = _dtypes(dtype, device_type)
+    fingerprint = environment.fingerprint()
+    cached = None if (refresh or quick) else load_cached(fingerprint)
+    if cached is not None and all(d in {m.dtype for m in cached.matmul} | set(cached.skipped) for d in wanted):
+        calibration = cached
+        origin = f"cached calibration of {cached.created_utc} ({cache_path(fingerprint)}); --refresh measures again"
+    else:
+        if cached is not None:
+            # The cache is one file per machine: measure what it already holds too, or saving would drop it.
+            wanted = tuple(dict.fromkeys([*wanted, *(m.dtype for m in cached.matmul), *cached.skipped]))
+        stderr.print(
+            f"calibrating {resolved} ({environment.gpu_name or environment.cpu_model}, torch {environment.torch}, "
+            f"{environment.torch_threads} threads): {', '.join(wanted)} matmul, then copy bandwidth",
+            markup=False,
+        )
+        calibration = measure_ceilings(
+            resolved, wanted, environment, quick=quick, progress=lambda line: stderr.print(f"  {line}", markup=False)
+        )
+        if quick:
+            origin = "measured now (--quick: not cached, not used by sweeps)"
+        else:
+            origin = f"measured now; cached in {save(calibration)} for sweeps on this machine"
+    vendor = vendor_peak(environment.gpu_name)
+    _print_calibration(calibration, vendor, device_type, origin)
+
+
+def _print_calibration(calibration: Calibration, vendor: VendorPeak | None, device_type: str, origin: str) -> None:
+    from attnbench.analysis.efficiency import ceiling_rows, vendor_line
+
+    table = Table(
+        title=f"ceilings of {calibration.device} ({calibration.device_name}), machine {calibration.fingerprint}",
+        title_justify="left",
+    )
+    for column in ("ceiling", "measured", "at", "vendor peak", "measured / vendor", "pct_of_peak uses"):
+        table.add_column(column)
+    for row in ceiling_rows(calibration, vendor):
+        table.add_row(*(escape(cell) for cell in (row.what, row.measured, row.at, row.vendor, row.ratio, row.used)))
+    stdout.print(table)
+    stdout.print(vendor_line(calibration.device_name, vendor, device_type), markup=False)
+    for note in calibration.notes:
+        stdout.print(f"note: {note}", markup=False)
+    stdout.print(origin, markup=False)
+
+
+@handles_errors
+def selfcheck(
+    device: DeviceOpt = None,
+    quick: QuickOpt = False,
+    rounds: Annotated[
+        int | None, typer.Option("--rounds", min=1, help="Interleaved rounds per op.", show_default="7, quick 2")
+    ] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the table as markdown.")] = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Time a fixed list of ops with attnbench and with torch.utils.benchmark (and triton's do_bench on a GPU),
+    interleaved; exit 1 if an op of ≥ 100 µs disagrees beyond ±5 % (±3 % against do_bench)."""
+    import torch
+
+    from attnbench.analysis.selfcheck import noise_note, summary_line
+    from attnbench.measure.devices import resolve_device
+    from attnbench.measure.selfcheck import run_selfcheck
+    from attnbench.report.selfcheck_md import render_markdown, table_rows
+
+    resolved = resolve_device(device or "auto")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    report = run_selfcheck(
+        resolved, quick=quick, rounds=rounds, progress=lambda line: stderr.print(f"selfcheck {line}", markup=False)
+    )
+    header, rows = table_rows(report)
+    table = Table(
+        title=(
+            f"selfcheck on {report.device} ({report.device_name}), torch {report.torch}, {report.threads} threads, "
+            f"{report.rounds} interleaved rounds; ratio = attnbench / reference (median of per-round ratios)"
+        ),
+        title_justify="left",
+    )
+    for column in header:
+        table.add_column(escape(column))
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    stdout.print(table)
+    noise = noise_note(report)
+    for note in [*report.notes, *([noise] if noise else [])]:
+        stdout.print(f"note: {note}", markup=False)
+    stdout.print(summary_line(report), markup=False)
+    if output is not None:
+        write_or_print(render_markdown(report), output)
+    if report.failures:
+        raise typer.Exit(EXIT_CASE_FAILED)

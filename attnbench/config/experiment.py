@@ -1,0 +1,523 @@
+"""Experiment configuration: a YAML file in, a validated, frozen ``Experiment`` out.
+
+Stdlib, yaml, pydantic and ``core`` only. One way through: read the file → parse it
+with ``yaml.safe_load`` → apply ``--set`` overrides → pydantic checks keys, types and ranges → plain code
+checks what spans fields (heads divide d_model, grid size, model options) → ``Experiment``. Every problem on
+the way is one ``ConfigError`` naming the file and line, the key path, what was wrong and what is allowed; no
+yaml or pydantic exception leaves these modules.
+
+This module is the schema and the public API. Reading the source (file, YAML, line index, ``--set``) lives in
+``config.source``; pydantic's errors in plain words, and where each error points, in ``config.messages``; the
+``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, cast
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from attnbench.config.messages import (
+    MAX_BATCH,
+    MAX_D_MODEL,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SAMPLES,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TOKENS,
+    OVERRIDE,
+    Context,
+    Path_,
+    describe,
+    did_you_mean,
+    from_validation,
+)
+from attnbench.config.options import check_model_options, check_names, check_presets, check_unique, preset_names
+from attnbench.config.source import (
+    BUILTIN,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_NODES,
+    apply_override,
+    builtin_config_text,
+    builtin_source,
+    parse_override,
+    parse_yaml,
+    read_file,
+)
+from attnbench.core.cases import Axes, Case, Mode, TimingPolicy, default_interval_s, expand
+from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODES, is_recurrent
+from attnbench.core.errors import ConfigError
+
+__all__ = [
+    "AXIS_NAMES",
+    "BUILTIN",
+    "DEFAULT_AXES",
+    "MAX_BATCH",
+    "MAX_CASES",
+    "MAX_DEPTH",
+    "MAX_D_MODEL",
+    "MAX_FILE_BYTES",
+    "MAX_HEADS",
+    "MAX_LAYERS",
+    "MAX_NAME_LEN",
+    "MAX_NODES",
+    "MAX_SAMPLES",
+    "MAX_SEQ_LEN",
+    "MAX_THREADS",
+    "MAX_TOKENS",
+    "OVERRIDE",
+    "ConfigModel",
+    "Experiment",
+    "GridModel",
+    "Path_",
+    "TimingModel",
+    "builtin_config_text",
+    "load_experiment",
+    "load_experiment_text",
+    "parse_override",
+]
+
+# The caps checked here; those the schema's ranges use sit in config.messages (which quotes them), those on
+# the source (file bytes, nodes, depth) in config.source. All are importable from this module.
+MAX_CASES = 10_000
+MAX_NAME_LEN = 64
+
+DEFAULT_AXES: dict[str, list[Any]] = {"d_model": [512], "heads": [8], "layers": [1], "causal": [False]}
+AXIS_NAMES = ("d_model", "heads", "layers", "causal")  # may sit at the top level or under grid, not both
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+# ---------------------------------------------------------------------------------------------------- schema
+def _as_list(value: Any) -> Any:
+    """A scalar where a list is allowed means a one-element list."""
+    return value if isinstance(value, list) else [value]
+
+
+def _yaml_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``off`` as false: ``telemetry: off`` means the word."""
+    return "off" if value is False else value
+
+
+Names = Annotated[list[str], BeforeValidator(_as_list), Field(min_length=1)]
+Flags = Annotated[list[bool], BeforeValidator(_as_list), Field(min_length=1)]
+Batches = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_BATCH)]],
+    BeforeValidator(_as_list),
+    Field(min_length=1),
+]
+SeqLens = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]],
+    BeforeValidator(_as_list),
+    Field(min_length=1),
+]
+DModels = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_D_MODEL)]],
+    BeforeValidator(_as_list),
+    Field(min_length=1),
+]
+HeadCounts = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_HEADS)]],
+    BeforeValidator(_as_list),
+    Field(min_length=1),
+]
+LayerCounts = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_LAYERS)]],
+    BeforeValidator(_as_list),
+    Field(min_length=1),
+]
+Seconds = Annotated[float, Field(gt=0)]
+_POLICY = TimingPolicy()
+
+
+class _Strict(BaseModel):
+    # strict: no "128" → 128, no true → 1, no 1.5 → 1; an int is still accepted where a float is asked for.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class GridModel(_Strict):
+    batch: Batches | None = None
+    tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
+    seq_len: SeqLens
+    d_model: DModels | None = None
+    heads: HeadCounts | None = None
+    layers: LayerCounts | None = None
+    causal: Flags | None = None
+
+
+class PresetsModel(_Strict):
+    """Fixed-size models (``catalogue.PRESETS``) cased beside the grid; batch and seq_len default to the grid's."""
+
+    names: Names
+    core: Names = Field(default_factory=lambda: ["sdpa"])  # the attention model(s) attention presets run on
+    modes: Names | None = None
+    batch: Batches | None = None
+    seq_len: SeqLens | None = None
+
+
+class TimingModel(_Strict):
+    """``TimingPolicy``'s fields with their ranges; the defaults are the policy's own (a test holds them)."""
+
+    target_ci: Annotated[float, Field(gt=0, lt=1)] = _POLICY.target_ci
+    min_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.min_samples
+    max_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.max_samples
+    min_time_s: Seconds = _POLICY.min_time_s
+    max_case_s: Seconds = _POLICY.max_case_s
+    warmup_min_calls: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = _POLICY.warmup_min_calls
+    warmup_max_s: Seconds = _POLICY.warmup_max_s
+    warmup_settle: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_settle
+    min_sample_s: Seconds = _POLICY.min_sample_s
+    warmup_audit: Annotated[int, Field(ge=0, le=1000)] = _POLICY.warmup_audit
+    warmup_agree: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_agree
+    processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
+    cache: Literal["warm", "cold"] = _POLICY.cache
+    cuda_graph: bool = _POLICY.cuda_graph
+
+
+class ConfigModel(_Strict):
+    name: str
+    description: str = ""
+    device: str = "auto"
+    models: Names
+    model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    modes: Names = Field(default_factory=lambda: ["forward", "train"])
+    dtype: Names = Field(default_factory=lambda: ["float32"])
+    grid: GridModel
+    # Published-size models (bert-base, lstm-110m, …) beside the grid, at their own batch and seq_len; a bare
+    # list of names is short for {names: [...]}.
+    presets: Annotated[PresetsModel | None, BeforeValidator(preset_names)] = None
+    d_model: DModels | None = None
+    heads: HeadCounts | None = None
+    layers: LayerCounts | None = None
+    causal: Flags | None = None
+    threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    timing: TimingModel = Field(default_factory=TimingModel)
+    # Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
+    # sweep. null = on for CUDA devices (where those failures happen), off on CPU.
+    isolate: bool | None = None
+    # A case still running after this long is killed and recorded as `timeout`. null = 60 s + 10 × max_case_s.
+    case_timeout_s: Seconds | None = None
+    # Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them.
+    skip_larger_after_oom: bool = True
+    # Hardware telemetry sampled in a background thread around each case's timed window: off, basic (NVML
+    # utilisation/memory/power/clocks on a GPU, psutil CPU use), or full (basic + NVML GPM counters on Hopper+).
+    telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(_yaml_off)] = "basic"
+    # null = 20 ms on a GPU; 100 ms on a CPU, where the sampler shares the cores being measured (at 20 ms it cost
+    # 1.4 % there, at 100 ms under 1 %: results/telemetry-overhead-cpu.md).
+    telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
+
+
+_SECTIONS: dict[Path_, type[BaseModel]] = {
+    (): ConfigModel,
+    ("grid",): GridModel,
+    ("timing",): TimingModel,
+    ("presets",): PresetsModel,
+}
+
+
+# ---------------------------------------------------------------------------------------------------- result
+@dataclass(frozen=True)
+class Experiment:
+    """A validated experiment: the axes to cross, how to time each case, and the config that said so."""
+
+    name: str
+    source: str  # the file path as given, or "builtin:default-cpu" / "builtin:default-cuda"
+    device: str  # as written: auto | cpu | cuda | cuda:N
+    axes: Axes  # with tokens set, axes.batch lists the derived batch sizes; cases() is the authority
+    timing: TimingPolicy
+    threads: int | None
+    seed: int
+    resolved: dict[str, Any]
+    sha256: str
+    tokens: int | None = None  # grid.tokens: batch = tokens // seq_len for each seq_len
+    isolate: bool | None = None  # None: decided by the device (on for CUDA)
+    case_timeout_s: float | None = None
+    skip_larger_after_oom: bool = True
+    telemetry: str = "basic"
+    telemetry_interval_s: float | None = None
+    presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets, cased after the grid
+
+    def interval_for(self, device: str) -> float:
+        """The telemetry sampler's polling interval on ``device`` (see ConfigModel.telemetry_interval_s)."""
+        if self.telemetry_interval_s is not None:
+            return self.telemetry_interval_s
+        return default_interval_s(device)
+
+    def isolate_on(self, device: str) -> bool:
+        # Replicates are fresh worker processes, so they need isolation whatever `isolate` says.
+        if self.timing.processes > 1:
+            return True
+        return self.isolate if self.isolate is not None else device.startswith("cuda")
+
+    @property
+    def timeout_s(self) -> float:
+        """Wall-clock limit for one case in a worker: warm-up, sampling, memory pass and start-up."""
+        return self.case_timeout_s if self.case_timeout_s is not None else 60.0 + 10.0 * self.timing.max_case_s
+
+    def cases(self, device: str) -> list[Case]:
+        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the presets'
+        cases follow the grid's."""
+        presets = [case for axes in self.presets for case in expand(dataclasses.replace(axes, device=device))]
+        if self.tokens is None:
+            grid = expand(dataclasses.replace(self.axes, device=device))
+        else:
+            # batch is a function of seq_len: cross with one placeholder batch, then fill it in. The order and
+            # the de-duplication are exactly expand()'s, because batch adds no freedom of its own.
+            tokens = self.tokens
+            crossed = expand(dataclasses.replace(self.axes, device=device, batch=(1,)))
+            grid = [dataclasses.replace(case, batch=tokens // case.seq_len) for case in crossed]
+        return list(dict.fromkeys([*grid, *presets]))
+
+
+# ---------------------------------------------------------------------------------------------------- public
+def load_experiment(
+    path: str | Path | None,
+    overrides: Sequence[str] = (),
+    *,
+    device_type: str = "cpu",
+    force: bool = False,
+) -> Experiment:
+    """Load and validate an experiment; ``path=None`` means the built-in default for ``device_type``.
+    ``force`` lifts the cap on the number of cases (``--force``)."""
+    if path is None:
+        text, source = builtin_config_text(device_type), builtin_source(device_type)
+    else:
+        text, source = read_file(Path(path), str(path)), str(path)
+    return load_experiment_text(text, source, overrides, force=force)
+
+
+def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), *, force: bool = False) -> Experiment:
+    """Validate YAML text; ``source`` names it in errors (a path, or ``builtin:…``)."""
+    data, lines = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"{describe(data)}, not a mapping of keys to values"
+        raise ConfigError(
+            f"the top level is {what}",
+            where=source,
+            hint="start from configs/default.yaml: name, models, modes, dtype, grid, …",
+        )
+    touched: list[Path_] = []
+    for text_ in overrides:
+        keys, value = parse_override(text_)
+        apply_override(data, keys, value, touched)
+    ctx = Context(source, lines, data, touched)
+    try:
+        model = ConfigModel.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(exc, ctx, _SECTIONS) from None
+    return _build(model, ctx, force)
+
+
+def resolved_text(resolved: Mapping[str, Any]) -> str:
+    """A stored run's resolved config as YAML that ``load_experiment_text`` reads back to the same sha256."""
+    return yaml.safe_dump(dict(resolved), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
+    """Checks that span fields, then the Experiment."""
+    _check_name(m.name, ctx)
+    if not DEVICE_REQUEST.fullmatch(m.device):
+        raise ctx.error(
+            f"device {m.device!r} is not one of auto, cpu, cuda, cuda:N",
+            ("device",),
+            hint=did_you_mean(m.device, ["auto", "cpu", "cuda", "cuda:0"]),
+        )
+    check_names(m.models, MODEL_NAMES, "model", ("models",), ctx)
+    check_names(m.modes, MODES, "mode", ("modes",), ctx)
+    check_names(m.dtype, DTYPES, "dtype", ("dtype",), ctx)
+
+    axes: dict[str, list[Any]] = {}
+    paths: dict[str, Path_ | None] = {}
+    for axis in AXIS_NAMES:
+        top, under = getattr(m, axis), getattr(m.grid, axis)
+        if top is not None and under is not None:
+            raise ctx.error(f"{axis} is given both at the top level and under grid; keep one", ("grid", axis))
+        axes[axis] = top or under or DEFAULT_AXES[axis]
+        paths[axis] = (axis,) if top is not None else ("grid", axis) if under is not None else None
+    if m.grid.batch is not None and m.grid.tokens is not None:
+        raise ctx.error(
+            "grid.batch and grid.tokens exclude each other: give one",
+            ("grid", "tokens"),
+            hint="tokens fixes batch × seq_len; batch crosses every seq_len",
+        )
+    if m.grid.batch is None and m.grid.tokens is None:
+        raise ctx.error(
+            "grid needs batch (batch sizes to cross) or tokens (batch = tokens // seq_len)",
+            ("grid",),
+        )
+    axes["seq_len"], paths["seq_len"] = m.grid.seq_len, ("grid", "seq_len")
+    axes["batch"], paths["batch"] = m.grid.batch or [], ("grid", "batch")
+    for axis, values in axes.items():
+        check_unique(values, axis, paths[axis], ctx)
+
+    if m.grid.tokens is not None:
+        axes["batch"] = _tied_batches(m.grid.tokens, m.grid.seq_len, ctx)
+    if any(not is_recurrent(model) for model in m.models):
+        _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
+    options, written_options = check_model_options(m, axes, ctx)
+    presets, written_presets = check_presets(m, ctx)
+    _check_timing(m.timing, ctx)
+
+    timing = TimingPolicy(**m.timing.model_dump())
+    axes_value = Axes(
+        models=tuple(m.models),
+        modes=tuple(cast(list[Mode], m.modes)),
+        dtypes=tuple(m.dtype),
+        batch=tuple(axes["batch"]),
+        seq_len=tuple(m.grid.seq_len),
+        d_model=tuple(axes["d_model"]),
+        heads=tuple(axes["heads"]),
+        layers=tuple(axes["layers"]),
+        causal=tuple(axes["causal"]),
+        device=m.device,
+        model_options=options,
+    )
+    grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
+    grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
+    # The axes all sit under grid here, wherever they were written, so that equal experiments hash equal;
+    # the result is itself a valid config.
+    resolved: dict[str, Any] = {
+        "name": m.name,
+        "description": m.description,
+        "device": m.device,
+        "models": m.models,
+        "model_options": written_options,
+        # Only when given, so that configs without presets keep the sha256 they always had.
+        **({"presets": written_presets} if written_presets is not None else {}),
+        "modes": m.modes,
+        "dtype": m.dtype,
+        "grid": grid,
+        "threads": m.threads,
+        "seed": m.seed,
+        "timing": m.timing.model_dump(),
+        "isolate": m.isolate,
+        "case_timeout_s": m.case_timeout_s,
+        "skip_larger_after_oom": m.skip_larger_after_oom,
+        "telemetry": m.telemetry,
+        "telemetry_interval_s": m.telemetry_interval_s,
+    }
+    resolved = json.loads(json.dumps(resolved))  # a deep, plain copy
+    sha = hashlib.sha256(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    experiment = Experiment(
+        name=m.name,
+        source=ctx.source,
+        device=m.device,
+        axes=axes_value,
+        timing=timing,
+        threads=m.threads,
+        seed=m.seed,
+        resolved=resolved,
+        sha256=sha,
+        tokens=m.grid.tokens,
+        isolate=m.isolate,
+        case_timeout_s=m.case_timeout_s,
+        skip_larger_after_oom=m.skip_larger_after_oom,
+        telemetry=m.telemetry,
+        telemetry_interval_s=m.telemetry_interval_s,
+        presets=presets,
+    )
+    _check_size(experiment, ctx, force)
+    return experiment
+
+
+def _check_name(name: str, ctx: Context) -> None:
+    if _NAME.fullmatch(name) and len(name) <= MAX_NAME_LEN:
+        return
+    slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")[:MAX_NAME_LEN]
+    raise ctx.error(
+        f"name {name!r} is not allowed: it becomes part of a folder name, so use lower-case "
+        f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most "
+        f"{MAX_NAME_LEN} characters",
+        ("name",),
+        hint=f"e.g. {slug!r}" if slug else "",
+    )
+
+
+def _tied_batches(tokens: int, seq_lens: list[int], ctx: Context) -> list[int]:
+    """grid.tokens: one batch per seq_len, so that every case moves the same number of tokens."""
+    batches: list[int] = []
+    for i, n in enumerate(seq_lens):
+        path = ctx.item(("grid", "seq_len"), i)
+        if tokens % n:
+            raise ctx.error(
+                f"seq_len {n} does not divide grid.tokens {tokens} (batch = tokens // seq_len must be whole)",
+                path,
+                hint="use seq_len values that divide tokens, e.g. powers of 2",
+            )
+        if tokens // n > MAX_BATCH:
+            raise ctx.error(
+                f"grid.tokens {tokens} / seq_len {n} = batch {tokens // n}, above the cap of {MAX_BATCH}",
+                path,
+            )
+        batches.append(tokens // n)
+    return list(dict.fromkeys(batches))
+
+
+def _check_heads(heads: list[int], d_models: list[int], path: Path_ | None, ctx: Context) -> None:
+    for i, h in enumerate(heads):
+        for d in d_models:
+            if d % h:
+                divisors = [str(k) for k in range(1, min(d, 128) + 1) if d % k == 0]
+                raise ctx.error(
+                    f"heads {h} does not divide d_model {d}: each head gets d_model / heads "
+                    f"features, which must be whole",
+                    ctx.item(path, i) if path else ("heads",),
+                    hint=f"heads that divide {d}: {', '.join(divisors)}" + (", …" if d > 128 else ""),
+                )
+
+
+def _check_timing(t: TimingModel, ctx: Context) -> None:
+    if t.max_samples < t.min_samples:
+        raise ctx.error(
+            f"max_samples {t.max_samples} is below min_samples {t.min_samples}",
+            ("timing", "max_samples"),
+            hint="max_samples must be at least min_samples",
+        )
+    if t.min_time_s > t.max_case_s:
+        raise ctx.error(
+            f"min_time_s {t.min_time_s} is above max_case_s {t.max_case_s}",
+            ("timing", "min_time_s"),
+            hint="min_time_s must be at most max_case_s, the whole budget of a case",
+        )
+
+
+def _check_size(experiment: Experiment, ctx: Context, force: bool = False) -> None:
+    axes = experiment.axes
+    batches = (1,) if experiment.tokens else axes.batch
+    crossed = math.prod(
+        len(v)
+        for v in (
+            axes.models,
+            axes.modes,
+            axes.dtypes,
+            batches,
+            axes.seq_len,
+            axes.d_model,
+            axes.heads,
+            axes.layers,
+            axes.causal,
+        )
+    )
+    # Expanding is cheap, but not for a typo that crosses millions: refuse those before counting exactly.
+    count = crossed if crossed > 100 * MAX_CASES else len(experiment.cases(experiment.device))
+    cap = 100 * MAX_CASES if force else MAX_CASES
+    if count > cap:
+        raise ctx.error(
+            f"the grid expands to {count} cases; the cap is {cap}" + (" even with --force" if force else ""),
+            ("grid",),
+            hint="narrow an axis, or split the sweep into several configs"
+            + ("" if force else "; --force allows up to 100 times more"),
+        )

@@ -1,0 +1,210 @@
+"""Plain words for what is wrong in a config: where an error points, and pydantic's errors restated.
+
+The lowest of the config modules (``experiment`` ← ``options``, ``source`` ← this): stdlib, pydantic and
+``core.errors`` only. ``Context`` turns a key path into ``file:line`` (or ``--set``) and builds the ``ConfigError``;
+``from_validation`` turns the first of pydantic's errors into one such error, saying what is allowed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from attnbench.core.errors import ConfigError
+
+# Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero
+# or two) before it turns into an hour of allocator failures. They are defined here, beside the words in
+# _ALLOWED that quote them, because this module is imported by the schema and not the other way round;
+# attnbench.config.experiment re-exports them.
+MAX_SEQ_LEN = 2**22
+MAX_BATCH = 65_536
+MAX_D_MODEL = 65_536
+MAX_HEADS = 65_536
+MAX_LAYERS = 256
+MAX_TOKENS = 2**32
+MAX_THREADS = 4_096
+MAX_SAMPLES = 10_000_000
+
+OVERRIDE = "--set"  # where an error points when the value came from a --set override
+
+Path_ = tuple[str | int, ...]  # a key path: mapping keys as str, list indices as int
+
+
+# ---------------------------------------------------------------------------------------------------- where
+@dataclass(frozen=True)
+class Context:
+    """What an error needs to say where it is: the source, its line index, the data, the overridden paths."""
+
+    source: str
+    lines: dict[Path_, int]
+    data: dict[Any, Any]
+    touched: list[Path_]
+
+    def error(self, message: str, path: Path_, hint: str = "") -> ConfigError:
+        """The error for ``path``, pointing at its line (or at ``--set``)."""
+        return ConfigError(message, where=self.where(path), key=dotted(path), hint=hint)
+
+    def where(self, path: Path_) -> str:
+        """``--set`` if an override wrote the path, else ``file:line`` of its nearest key, else the file."""
+        if any(path[: len(t)] == t for t in self.touched):
+            return OVERRIDE
+        for end in range(len(path), 0, -1):  # the key itself, else the nearest enclosing key that exists
+            if path[:end] in self.lines:
+                return f"{self.source}:{self.lines[path[:end]]}"
+        return self.source
+
+    def item(self, path: Path_, index: int) -> Path_:
+        """The path of item ``index`` of a list-valued key; the key itself where a scalar was written."""
+        return (*path, index) if isinstance(self.value(path), list) else path
+
+    def value(self, path: Path_) -> Any:
+        node: Any = self.data
+        for part in path:
+            in_dict = isinstance(node, dict) and part in node
+            in_list = isinstance(node, list) and isinstance(part, int) and part < len(node)
+            if not (in_dict or in_list):
+                return None
+            node = node[part]
+        return node
+
+    def normalise(self, loc: tuple[str | int, ...]) -> tuple[Path_, bool]:
+        """pydantic's loc → a key path into the data as written; True if the error is about a mapping key."""
+        path: list[str | int] = []
+        node: Any = self.data
+        for part in loc:
+            if part == "[key]":
+                return tuple(path), True
+            if isinstance(node, list) and isinstance(part, int):
+                path.append(part)
+                node = node[part] if part < len(node) else None
+            elif isinstance(node, dict) and (isinstance(part, str) or part in node):
+                path.append(str(part))
+                node = node.get(part)
+            else:
+                break  # an index pydantic added to a value it wrapped into a list
+        return tuple(path), False
+
+
+# ---------------------------------------------------------------------------------------------------- words
+_RANGE_KINDS = {
+    "greater_than": "greater than",
+    "greater_than_equal": "at least",
+    "less_than": "less than",
+    "less_than_equal": "at most",
+}
+_POSITIVE_SECONDS = "a positive number of seconds"
+# What each ranged key allows, for the message when a value falls outside it.
+_ALLOWED = {
+    "batch": f"a positive integer, at most {MAX_BATCH} (the cap)",
+    "tokens": f"a positive integer, at most {MAX_TOKENS} (the cap)",
+    "seq_len": f"a positive integer, at most {MAX_SEQ_LEN} = 2**22 (the cap)",
+    "d_model": f"a positive integer, at most {MAX_D_MODEL} (the cap)",
+    "heads": f"a positive integer, at most {MAX_HEADS} (the cap)",
+    "layers": f"a positive integer, at most {MAX_LAYERS} (the cap)",
+    "threads": f"a positive integer, at most {MAX_THREADS}, or null for torch's default",
+    "seed": "an integer from 0 to 2**63 - 1",
+    "target_ci": "a fraction strictly between 0 and 1 (0.01 = stop at ±1 %)",
+    "warmup_settle": "a fraction strictly between 0 and 1",
+    "min_samples": f"an integer from 3 to {MAX_SAMPLES}",
+    "max_samples": f"an integer from 3 to {MAX_SAMPLES}",
+    "warmup_min_calls": f"an integer from 1 to {MAX_SAMPLES}",
+    "min_time_s": _POSITIVE_SECONDS,
+    "max_case_s": _POSITIVE_SECONDS,
+    "warmup_max_s": _POSITIVE_SECONDS,
+    "min_sample_s": _POSITIVE_SECONDS,
+}
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "float_type": "a number",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+}
+
+
+def from_validation(exc: ValidationError, ctx: Context, sections: Mapping[Path_, type[BaseModel]]) -> ConfigError:
+    """The first of pydantic's errors, in plain words, with the key path and line; ``sections`` maps the path
+    of each mapping in the schema to its model, whose fields are the keys allowed there."""
+    errors = exc.errors(include_url=False)
+    # An unknown key usually explains a missing one (`modells:` leaves `models` unset): report it first.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    kind, value, limits = err["type"], err.get("input"), err.get("ctx") or {}
+    path, about_key = ctx.normalise(tuple(err["loc"]))
+    if about_key or kind == "invalid_key":
+        return ctx.error(f"keys must be strings, got {describe(value)}", path)
+    if kind in ("extra_forbidden", "missing"):
+        allowed = list(sections[path[:-1]].model_fields) if path[:-1] in sections else []
+        name = str(path[-1]) if path else ""
+        if kind == "missing":
+            return ctx.error(
+                f"required key {name!r} is missing",
+                path,
+                hint=f"keys here: {', '.join(allowed)}",
+            )
+        return ctx.error(
+            f"unknown key {name!r}; allowed keys here: {', '.join(allowed)}",
+            path,
+            hint=did_you_mean(name, allowed),
+        )
+    field = next((str(p) for p in reversed(path) if isinstance(p, str)), "")
+    if kind in _TYPE_WORDS:
+        message = f"must be {_TYPE_WORDS[kind]}, got {describe(value)}"
+    elif kind in _RANGE_KINDS and field in _ALLOWED:
+        message = f"must be {_ALLOWED[field]}, got {value!r}"
+    elif kind in _RANGE_KINDS:
+        bound = next(iter(limits.values()), "?")
+        message = f"must be {_RANGE_KINDS[kind]} {bound}, got {value!r}"
+    elif kind == "too_short":
+        message = "must not be empty: give at least one value"
+    elif kind == "finite_number":
+        message = f"must be a finite number, got {value!r}"
+    else:
+        message = str(err["msg"])
+    return ctx.error(message, path)
+
+
+def describe(value: Any) -> str:
+    """A value as a message names it: its type in words, and the value itself where it is short."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, int):
+        text = repr(value)
+        return f"{text if len(text) <= 24 else text[:20] + '…'} (an integer)"
+    if isinstance(value, float):
+        return f"{value!r} (a number)"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}" + ("…" if len(value) > 40 else "")
+    if isinstance(value, list):
+        return f"a list of {len(value)} item{'' if len(value) == 1 else 's'}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, datetime.date):
+        return f"a date ({value}; quote it to make it a string)"
+    if isinstance(value, bytes):
+        return "binary data"
+    return "a set" if isinstance(value, set) else type(value).__name__
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """A hint naming the closest of ``choices``, or "" when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def dotted(path: Path_) -> str:
+    """A key path as written in messages: ``("grid", "seq_len", 0)`` → ``grid.seq_len[0]``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text

@@ -1,0 +1,206 @@
+"""What is measured (``Case``) and how (``TimingPolicy``): the frozen values the rest of the flow passes on.
+
+Pure Python. The policy is kept beside the cases, not inside them, so that changing how carefully we
+time something never changes which thing it is: ``Case.key`` matches rows across runs (baseline vs current,
+resume) and depends on case fields alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from attnbench.core.catalogue import MODELS, is_recurrent
+
+Mode = Literal["forward", "train", "backward"]
+OptionValue = bool | int | float | str
+Options = tuple[tuple[str, OptionValue], ...]
+
+
+def option_text(name: str, value: OptionValue) -> str:
+    """``name=value`` as keys and labels write it: booleans lower-case, like YAML."""
+    return f"{name}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration. All models map (batch, seq_len, d_model) to the same shape.
+
+    ``heads`` is ``None`` for recurrent models. ``causal`` says whether position t sees only ≤ t: a flag for
+    attention, and a property of the architecture for a recurrent model (unidirectional ⇒ causal), so that a
+    ``causal: [true, false]`` grid does not time the same LSTM twice.
+    """
+
+    model: str
+    mode: Mode
+    dtype: str
+    device: str
+    batch: int
+    seq_len: int
+    d_model: int
+    heads: int | None
+    layers: int
+    causal: bool
+    options: Options = ()
+
+    @property
+    def family(self) -> str:
+        return MODELS[self.model].family
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def head_dim(self) -> int | None:
+        return None if self.heads is None else self.d_model // self.heads
+
+    def option(self, name: str) -> OptionValue:
+        """The case's value for a model option, or the catalogue default."""
+        for key, value in self.options:
+            if key == name:
+                return value
+        spec = MODELS[self.model].option(name)
+        if spec is None:
+            raise KeyError(f"model {self.model!r} has no option {name!r}")
+        return spec.default
+
+    @property
+    def key(self) -> str:
+        """Stable, readable identity. The device index is left out so cuda:0 and cuda:1 runs match."""
+        device_type = self.device.split(":", 1)[0]
+        parts = [
+            f"model={self.model}",
+            f"mode={self.mode}",
+            f"dtype={self.dtype}",
+            f"device={device_type}",
+            f"batch={self.batch}",
+            f"seq_len={self.seq_len}",
+            f"d_model={self.d_model}",
+            f"heads={'-' if self.heads is None else self.heads}",
+            f"layers={self.layers}",
+            f"causal={str(self.causal).lower()}",
+        ]
+        parts += [option_text(k, v) for k, v in self.options]
+        return "|".join(parts)
+
+    @property
+    def label(self) -> str:
+        """Short human label for progress lines."""
+        extra = "" if self.heads is None else f" h={self.heads}" + (" causal" if self.causal else "")
+        # Options tell variants apart (scope, positional, preset…): without them two rows would read the same.
+        extra += "".join(f" {option_text(k, v)}" for k, v in self.options)
+        return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["options"] = {k: v for k, v in self.options}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Case:
+        raw = dict(data)
+        options = raw.pop("options", {}) or {}
+        assert isinstance(options, Mapping)
+        return cls(options=tuple(sorted(options.items())), **raw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How carefully each case is timed. Seconds throughout.
+
+    The stopping rule: sample until the distribution-free 95 % CI of the median is within ±``target_ci``
+    (relative), after at least ``min_samples`` samples and ``min_time_s`` of sampling; give up at
+    ``max_case_s`` (warm-up included) or ``max_samples`` and record ``converged=False``.
+    """
+
+    target_ci: float = 0.01
+    min_samples: int = 10
+    max_samples: int = 10_000
+    min_time_s: float = 0.2
+    max_case_s: float = 10.0
+    warmup_min_calls: int = 3
+    warmup_max_s: float = 2.0
+    # Timings within this relative band of their median count as settled at the end of warm-up.
+    warmup_settle: float = 0.10
+    # A sample shorter than this is built from several calls so clock resolution and call overhead vanish.
+    min_sample_s: float = 1e-4
+    # Warm-up audit: the first ``warmup_audit`` timed samples must agree with the next as many (medians within
+    # ``warmup_agree``, beyond the noise); while they run slower they are moved into the warm-up. 0 = no audit.
+    warmup_audit: int = 10
+    warmup_agree: float = 0.02
+    # Between-process replicates: each case runs in this many fresh worker processes (isolation on), and the
+    # spread of their medians widens the case's CI. Drift between processes is larger than within one.
+    processes: int = 1
+    # GPU only. cold: flush exactly the device's L2 before each timed call (the flush is not timed); warm: not.
+    cache: Literal["warm", "cold"] = "warm"
+    # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
+    cuda_graph: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> TimingPolicy:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Axes:
+    """The value lists one experiment crosses. Every combination is a case (after de-duplication)."""
+
+    models: tuple[str, ...]
+    modes: tuple[Mode, ...]
+    dtypes: tuple[str, ...]
+    batch: tuple[int, ...]
+    seq_len: tuple[int, ...]
+    d_model: tuple[int, ...]
+    heads: tuple[int, ...]
+    layers: tuple[int, ...]
+    causal: tuple[bool, ...]
+    device: str
+    # Per model, the option sets to cross it with (a config may list several values for an option); a model
+    # left out runs once, with every option at its default.
+    model_options: Mapping[str, tuple[Options, ...]] = field(default_factory=dict)
+
+
+def expand(axes: Axes) -> list[Case]:
+    """Cross every axis into cases, in a stable order, dropping combinations that do not apply.
+
+    The order is model-major (then the model's option sets) with seq_len innermost, so a sweep walks each
+    model's length curve in turn and a progress line reads naturally.
+    """
+    seen: set[Case] = set()
+    cases: list[Case] = []
+    variants = [(model, options) for model in axes.models for options in axes.model_options.get(model, ((),))]
+    for (model, options), mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
+        variants,
+        axes.modes,
+        axes.dtypes,
+        axes.batch,
+        axes.d_model,
+        axes.heads,
+        axes.layers,
+        axes.causal,
+        axes.seq_len,
+    ):
+        if is_recurrent(model):
+            bidirectional = bool(dict(options).get("bidirectional", False))
+            case = Case(
+                model, mode, dtype, axes.device, batch, seq_len, d_model, None, layers, not bidirectional, options
+            )
+        else:
+            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
+        if case not in seen:
+            seen.add(case)
+            cases.append(case)
+    return cases
+
+
+def default_interval_s(device: str) -> float:
+    """The sampler's polling interval when the config leaves it null: 20 ms on a GPU; 100 ms on a CPU, where
+    the sampler shares the cores it measures (at 20 ms it cost 1.4 % there: results/telemetry-overhead-cpu.md)."""
+    return 0.02 if device.startswith("cuda") else 0.1

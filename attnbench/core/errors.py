@@ -1,0 +1,47 @@
+"""The project's own errors and the exit codes the CLI maps them to.
+
+Stdlib only. Library code raises these; only ``cli`` turns them into a red line and an exit code.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CASE_FAILED = 1  # a case ended error/crashed/timeout (or compare found a regression)
+EXIT_BAD_INPUT = 2
+EXIT_NOT_COMPARABLE = 3
+EXIT_NO_BASELINE = 4
+# Interrupted sweeps exit with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention.
+
+
+class AttnbenchError(Exception):
+    """A failure a user can act on: what went wrong and a hint for what to do."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigError(AttnbenchError):
+    """Bad experiment configuration. ``where`` is ``file[:line]`` and ``key`` a dotted key path."""
+
+    def __init__(self, message: str, *, where: str = "", key: str = "", hint: str = "") -> None:
+        location = ", ".join(part for part in (where, f"key '{key}'" if key else "") if part)
+        if not hint:
+            hint = (
+                "every key is explained in the commented configs/default.yaml; "
+                "'attnbench validate FILE' re-checks a config without running it"
+            )
+        super().__init__(f"{location}: {message}" if location else message, hint)
+        self.where = where
+        self.key = key
+
+
+class ResultsError(AttnbenchError):
+    """A results folder or file that is missing, corrupt or of a foreign schema."""
+
+
+class DeviceError(AttnbenchError):
+    """A device was asked for that this machine does not have."""

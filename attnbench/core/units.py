@@ -1,0 +1,66 @@
+"""Unit constants and the only place numbers become human text (everything inside is SI)."""
+
+from __future__ import annotations
+
+import math
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+
+
+def _digits(value: float) -> str:
+    """3 significant digits, but never exponent notation: 999.7 and 1023 (a value that rounds up past the
+    unit's range, or a count of GiB) print as integers rather than '1e+03'."""
+    text = f"{value:.3g}"
+    return f"{value:.0f}" if "e" in text else text
+
+
+def format_seconds(seconds: float) -> str:
+    """Pick ns/µs/ms/s so the number has 3-4 significant digits."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= scale:
+            return f"{_digits(seconds / scale)} {unit}"
+    return f"{_digits(seconds / 1e-9)} ns"
+
+
+def format_bytes(n_bytes: float) -> str:
+    if not math.isfinite(n_bytes):
+        return "n/a"
+    for scale, unit in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+        if abs(n_bytes) >= scale:
+            return f"{_digits(n_bytes / scale)} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def format_rate(per_second: float) -> str:
+    """Tokens per second with a k/M/G prefix."""
+    if not math.isfinite(per_second):
+        return "n/a"
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(per_second) >= scale:
+            return f"{_digits(per_second / scale)}{prefix}"
+    return f"{_digits(per_second)}"
+
+
+def format_flops(flops_per_s: float) -> str:
+    """``"780 TFLOP/s"``: decimal prefixes, as vendors print them."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.3g} {prefix}FLOP/s"
+    return f"{flops_per_s:.3g} FLOP/s"
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    """``"4.3 TB/s"``: decimal prefixes, as vendors print them."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.3g} {prefix}B/s"
+    return f"{bytes_per_s:.3g} B/s"
+
+
+def format_percent(fraction: float) -> str:
+    """``0.05`` → ``"5 %"``: a threshold, a noise floor or a change, 3 significant digits."""
+    return f"{fraction * 100:.3g} %"

@@ -1,0 +1,126 @@
+"""Reading the machine and software stack into an ``Environment`` (the value lives in ``results.environment``).
+
+torch, psutil and pynvml are imported inside the functions and their absence is tolerated.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnbench.results.environment import Environment
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    """The commit of the attnbench checkout doing the measuring, when it runs from one."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    # Only our own checkout counts: a venv inside some other repository would report that repository's HEAD.
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != here.parent:
+        return None
+    return lines[1]
+
+
+def nvml_status() -> tuple[str, str | None]:
+    """("available", driver) or ("unavailable: why", None). Lazily imports pynvml (nvidia-ml-py)."""
+    try:
+        import pynvml
+    except ImportError:
+        return "unavailable: the nvidia-ml-py package (module pynvml) is not installed", None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return f"unavailable: {exc}", None
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return "available", driver if isinstance(driver, str) else driver.decode()
+    except pynvml.NVMLError as exc:
+        return f"available (driver version unknown: {exc})", None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def collect_environment(device: str = "cpu") -> Environment:
+    """Read the machine and software stack. ``device`` is a resolved device string ("cpu", "cuda:0")."""
+    try:
+        import psutil
+
+        logical, physical = psutil.cpu_count(logical=True), psutil.cpu_count(logical=False)
+        memory = int(psutil.virtual_memory().total)
+    except ImportError:
+        logical, physical, memory = os.cpu_count(), None, None
+    torch_version = torch_cuda = cudnn = None
+    threads = None
+    gpu: dict[str, Any] = {}
+    try:
+        import torch
+
+        torch_version = torch.__version__
+        torch_cuda = torch.version.cuda
+        cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        cudnn = None if cudnn_v is None else str(cudnn_v)
+        threads = torch.get_num_threads()
+        if device.startswith("cuda") and torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.device(device))
+            gpu = {
+                "gpu_name": props.name,
+                "gpu_capability": f"{props.major}.{props.minor}",
+                "gpu_sm_count": props.multi_processor_count,
+                "gpu_memory_bytes": props.total_memory,
+            }
+    except ImportError:
+        pass
+    nvml, driver = nvml_status() if device.startswith("cuda") else ("not used on CPU runs", None)
+    return Environment(
+        attnbench=_version("attnbench") or "unknown",
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        hostname=platform.node(),
+        cpu_model=_cpu_model(),
+        cpu_logical=logical,
+        cpu_physical=physical,
+        memory_bytes=memory,
+        torch=torch_version,
+        torch_cuda=torch_cuda,
+        cudnn=cudnn,
+        flash_attn=_version("flash-attn") or _version("flash_attn"),
+        torch_threads=threads,
+        device=device,
+        device_type=device.split(":", 1)[0],
+        driver=driver,
+        nvml=nvml,
+        git_commit=_git_commit(),
+        **gpu,
+    )

@@ -1,0 +1,61 @@
+"""The executor seam: what turns one ``Case`` into one ``Result``, and the settings every executor shares.
+
+Three executors keep this contract: ``TorchExecutor`` (in this process), ``IsolatedExecutor`` (each case in a
+worker process, so a segfault or a hang costs one row) and ``ReplicatedExecutor`` (each case in several fresh
+workers, merged into one row). The sweep loop sees only ``Executor``; ``make_executor`` picks the one a sweep
+asked for. Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from attnbench.core.cases import Case, TimingPolicy, default_interval_s
+from attnbench.results.records import Result
+from attnbench.results.telemetry import Level
+
+
+class Executor(Protocol):
+    def run(self, case: Case) -> Result:
+        """Measure one case; every failure of the work is a row, never an exception (Ctrl-C aside)."""
+        ...
+
+    def close(self, *, now: bool = False) -> None:
+        """Release workers and devices: politely between cases, at once (``now``) when a case may be running."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """How every case of a sweep is measured, in one value that crosses into a worker process unchanged."""
+
+    device: str  # resolved: "cpu", "cuda:0"
+    timing: TimingPolicy = field(default_factory=TimingPolicy)
+    seed: int = 0
+    threads: int | None = None  # torch's intra-op threads; None leaves torch's default
+    timeout_s: float = 600.0  # a case in a worker process still running after this is killed (``timeout``)
+    telemetry: Level = "basic"
+    telemetry_interval_s: float | None = None  # None: ``default_interval_s`` of the device
+    # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
+    inject_slowdown: float = 0.0
+
+    @property
+    def interval_s(self) -> float:
+        return self.telemetry_interval_s or default_interval_s(self.device)
+
+
+def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:
+    """The executor a sweep runs: in-process, or isolated (and replicated when ``timing.processes`` > 1)."""
+    if isolate:
+        from attnbench.measure.isolation import IsolatedExecutor
+        from attnbench.measure.replicates import ReplicatedExecutor
+
+        isolated = IsolatedExecutor(settings)
+        processes = settings.timing.processes
+        return ReplicatedExecutor(isolated, processes) if processes > 1 else isolated
+    if settings.timing.processes > 1:
+        raise ValueError("timing.processes > 1 needs isolated workers")
+    from attnbench.measure.torch_executor import TorchExecutor
+
+    return TorchExecutor(settings)

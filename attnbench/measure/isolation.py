@@ -1,0 +1,196 @@
+"""Each case in a worker process, so a segfault, a hang or an OOM kill costs one row, not the sweep.
+
+The worker is a spawned Python (fork after torch or CUDA initialised is unsafe) that imports torch once and
+then runs cases sent over a pipe until it dies; the next case gets a fresh one. The parent only sees a result,
+an end-of-file (the worker died: ``crashed``, or ``oom`` when the kernel's OOM killer fired) or silence past
+the case's timeout (``timeout``; the worker is killed). A result that says the CUDA context is broken retires
+the worker too, so one illegal memory access does not turn every later case into an error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import multiprocessing as mp
+import multiprocessing.connection
+import signal
+import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from attnbench.core.cases import Case
+from attnbench.measure.executor import ExecutorSettings
+from attnbench.results.records import Result
+
+_PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+_START_TIMEOUT_S = 300.0  # importing torch on a cold, busy machine can take a minute
+_CGROUP_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
+# Failures after which every later kernel in the same process fails too.
+_CONTEXT_POISON_MARKERS = ("CUDA error", "device-side assert", "illegal memory access")
+
+
+class WorkerStartError(Exception):
+    """The worker process could not be started; the case it was for becomes a ``crashed`` row."""
+
+
+def poisons_context(result: Result) -> bool:
+    return result.status == "error" and any(marker in result.reason for marker in _CONTEXT_POISON_MARKERS)
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's close() still kills us on every path it controls
+
+
+def _worker(conn: multiprocessing.connection.Connection, settings: ExecutorSettings) -> None:
+    # Ctrl-C, and a SIGTERM sent to the whole process group (a CI runner, Slurm), reach us too; what they mean
+    # is the parent's decision. If the parent dies without killing us, the kernel does (Linux).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    import torch
+
+    from attnbench.measure.torch_executor import TorchExecutor
+
+    executor = TorchExecutor(settings)  # sets torch's threads from the settings before anything runs
+    conn.send(("ready", torch.get_num_threads()))
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        conn.send(("result", executor.run(Case.from_dict(message)).to_dict(include_raw=True)))
+
+
+def oom_kills() -> int | None:
+    """The cgroup's count of OOM kills so far, or None where the kernel does not say."""
+    for path in _CGROUP_EVENTS:
+        try:
+            for line in path.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class IsolatedExecutor:
+    """Same contract as ``TorchExecutor.run``, one worker process at a time."""
+
+    def __init__(self, settings: ExecutorSettings) -> None:
+        self.settings = settings
+        self.timeout_s = settings.timeout_s
+        self._context = mp.get_context("spawn")
+        self._process: BaseProcess | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self.workers_started = 0
+
+    @property
+    def worker_pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def start(self) -> None:
+        """Start a worker now (``run`` starts one when there is none). Raises WorkerStartError."""
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker,
+            args=(
+                child,
+                self.settings,
+            ),
+            name="attnbench-worker",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        self._process, self._conn = process, parent
+        self.workers_started += 1
+        if not parent.poll(_START_TIMEOUT_S):
+            self._kill()
+            raise WorkerStartError(f"the worker process did not start within {_START_TIMEOUT_S:.0f} s")
+        try:
+            parent.recv()
+        except EOFError:
+            process.join(5)
+            code = process.exitcode
+            self._kill()
+            raise WorkerStartError(
+                f"the worker process died while starting (exit code {code}); --no-isolate shows why"
+            ) from None
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._process, self._conn = None, None
+
+    def run(self, case: Case) -> Result:
+        if self._process is None or not self._process.is_alive():
+            self._kill()
+            try:
+                self.start()
+            except WorkerStartError as exc:
+                return Result(case, "crashed", str(exc))
+        assert self._conn is not None and self._process is not None
+        kills_before = oom_kills()
+        t0 = time.perf_counter()
+        try:
+            self._conn.send(case.to_dict())
+            if self._conn.poll(self.timeout_s):
+                _, payload = self._conn.recv()
+                try:
+                    result = Result.from_dict(payload)
+                except (ValueError, KeyError, TypeError) as exc:  # a bug of ours: one row, not the sweep
+                    return Result(case, "error", f"the worker sent a result that does not read back: {exc}")
+                if poisons_context(result):
+                    self._kill()
+                return result
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            return self._died(case, kills_before, time.perf_counter() - t0)
+        self._kill()
+        return Result(
+            case,
+            "timeout",
+            f"still running after {self.timeout_s:g} s (case_timeout_s); the worker was killed",
+            duration_s=time.perf_counter() - t0,
+        )
+
+    def _died(self, case: Case, kills_before: int | None, elapsed: float) -> Result:
+        assert self._process is not None
+        self._process.join(5)
+        code = self._process.exitcode
+        self._kill()
+        kills_after = oom_kills()
+        if kills_before is not None and kills_after is not None and kills_after > kills_before:
+            reason = (
+                f"the worker was killed by the kernel's OOM killer (cgroup oom_kill {kills_before} → {kills_after})"
+            )
+            return Result(case, "oom", reason, duration_s=elapsed)
+        if code is not None and code < 0:
+            name = _signal_name(code)
+            hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
+            return Result(case, "crashed", f"the worker was killed by {name}{hint}", duration_s=elapsed)
+        return Result(case, "crashed", f"the worker exited with code {code}", duration_s=elapsed)
+
+    def close(self, *, now: bool = False) -> None:
+        """Stop the worker: politely between cases, at once (``now``) when a case may still be running."""
+        if not now and self._conn is not None and self._process is not None and self._process.is_alive():
+            try:
+                self._conn.send(None)
+                self._process.join(10)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()

@@ -1,0 +1,302 @@
+"""A sweep, start to finish: config → cases → executor → rows in a run folder (ARCHITECTURE.md, "The flow").
+
+``plan_sweep`` reads and checks everything a sweep needs (config, stored run, device, options) before anything
+is written, so a refusal never leaves a folder behind. ``open_sweep`` then locks or creates the run folder and
+writes run.json; ``Sweep.run`` measures the cases left, appending each row the moment it exists, and closes the
+folder as ``complete`` or ``interrupted`` whatever ended the loop.
+
+Nothing here prints, exits or installs a signal handler: progress and warnings go to a ``SweepListener``, and a
+Ctrl-C arrives as the ``KeyboardInterrupt`` the CLI raises; ``Sweep.abort`` stops a worker at once for a second
+signal. Rendering the summaries from the stored rows is the report layer's job.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from attnbench.config.experiment import Experiment, load_experiment, load_experiment_text, resolved_text
+from attnbench.core.cases import Case
+from attnbench.core.errors import AttnbenchError, ResultsError
+from attnbench.measure.devices import device_slug, resolve_device
+from attnbench.measure.events import SweepListener
+from attnbench.measure.executor import Executor, ExecutorSettings, make_executor
+from attnbench.measure.loop import OomSkipper, run_cases
+from attnbench.results.calibration import Calibration, load_cached
+from attnbench.results.environment import Environment
+from attnbench.results.files import utc_now
+from attnbench.results.lock import RunLock
+from attnbench.results.records import Result, Run
+from attnbench.results.store import RUN_FILE, RunWriter, StoredRun, load_run, rewrite_rows
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """What the user asked for: the ``sweep`` command's options, before anything is read."""
+
+    config: Path | None
+    device: str | None
+    out: Path
+    overrides: tuple[str, ...] = ()
+    isolate: bool | None = None
+    resume: Path | None = None
+    retry_failed: bool = False
+    force: bool = False
+    # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
+    inject_slowdown: float = 0.0
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Everything checked and resolved, nothing written: what ``--dry-run`` lists and ``open_sweep`` runs."""
+
+    request: SweepRequest
+    experiment: Experiment
+    device: str
+    cases: tuple[Case, ...]  # every case of the config
+    todo: tuple[Case, ...]  # the ones this sweep measures (a resume skips the rows it keeps)
+    stored: StoredRun | None  # the run being resumed
+    kept: tuple[Result, ...]  # the stored rows a resume keeps
+    isolate: bool
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def settings(self) -> ExecutorSettings:
+        e = self.experiment
+        return ExecutorSettings(
+            device=self.device,
+            timing=e.timing,
+            seed=e.seed,
+            threads=e.threads,
+            timeout_s=e.timeout_s,
+            telemetry=e.telemetry,  # type: ignore[arg-type]  # the config admits only Level's words
+            telemetry_interval_s=e.interval_for(self.device),
+            inject_slowdown=self.request.inject_slowdown,
+        )
+
+
+def plan_sweep(request: SweepRequest) -> SweepPlan:
+    """Read the config (or the stored run to resume) and check every option against it and the device.
+    Raises ``AttnbenchError`` with a hint for anything a person must change; writes nothing."""
+    stored: StoredRun | None = None
+    warnings: list[str] = []
+    if request.resume is not None:
+        stored = load_run(request.resume)
+        warnings += stored.warnings
+        experiment = _resume_experiment(request, stored)
+        device = resolve_device(request.device or str(stored.run.environment.get("device", "cpu")))
+    else:
+        device_type = resolve_device(request.device or "auto").split(":")[0] if request.config is None else "cpu"
+        experiment = load_experiment(request.config, request.overrides, device_type=device_type, force=request.force)
+        device = resolve_device(request.device or experiment.device)
+    if request.inject_slowdown and not device.startswith("cpu"):
+        raise AttnbenchError(
+            f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
+            hint="use it on --device cpu, where it exists to validate `attnbench compare`",
+        )
+    timing = experiment.timing
+    gpu_only = [f"timing.{k}" for k, on in (("cache", timing.cache == "cold"), ("cuda_graph", timing.cuda_graph)) if on]
+    if gpu_only and not device.startswith("cuda"):
+        raise AttnbenchError(
+            f"{' and '.join(gpu_only)} apply to CUDA devices; this sweep runs on {device}",
+            hint="set timing.cache: warm and timing.cuda_graph: false for CPU runs",
+        )
+    if timing.processes > 1 and request.isolate is False:
+        raise AttnbenchError(
+            f"timing.processes = {timing.processes} runs each case in fresh worker processes, which --no-isolate "
+            "forbids",
+            hint="drop --no-isolate, or set timing.processes: 1",
+        )
+    isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device)
+    if not isolate and experiment.case_timeout_s is not None:
+        warnings.append(
+            "case_timeout_s applies only with isolation (--isolate); in-process cases are bounded by "
+            "timing.max_case_s alone"
+        )
+    # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
+    kept = tuple(r for r in stored.results if r.ok or not request.retry_failed) if stored else ()
+    done = {r.case.key for r in kept}
+    cases = tuple(experiment.cases(device))
+    todo = tuple(case for case in cases if case.key not in done)
+    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings))
+
+
+class Sweep:
+    """A run folder open for writing, locked for as long as this sweep owns it."""
+
+    def __init__(self, plan: SweepPlan, writer: RunWriter, environment: Environment, warnings: tuple[str, ...]):
+        self.plan = plan
+        self.writer = writer
+        self.environment = environment
+        self.warnings = warnings  # the plan's, and what opening the folder found
+        self._executor: Executor | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.writer.folder
+
+    def run(self, listener: SweepListener) -> tuple[Result, ...]:
+        """Measure every case left, appending each row before the next case starts; returns the rows written.
+        Whatever ends the loop (the last case, a KeyboardInterrupt, a full disk, a bug of ours), the folder is
+        closed before it propagates: ``complete`` only when every case has its row."""
+        plan = self.plan
+        skipper = (
+            # Only kept rows may skip longer cases: an OOM about to be retried must not veto its longer lengths.
+            OomSkipper(tied_batch=plan.experiment.tokens is not None, seen=plan.kept)
+            if plan.experiment.skip_larger_after_oom
+            else None
+        )
+        finished: list[Result] = []
+
+        def on_result(index: int, result: Result) -> None:
+            self.writer.append(result)
+            finished.append(result)
+            listener.finished(index, result)
+
+        complete = False
+        self._executor = make_executor(plan.settings, isolate=plan.isolate)
+        try:
+            run_cases(plan.todo, self._executor.run, on_result, listener.started, skipper)
+            complete = len(finished) == len(plan.todo)
+        finally:
+            self._executor.close(now=not complete)
+            self.writer.close("complete" if complete else "interrupted", utc_now())
+        return tuple(finished)
+
+    def abort(self) -> None:
+        """Stop a worker that may be running a case, now (a second Ctrl-C). Safe from a signal handler."""
+        if self._executor is not None:
+            self._executor.close(now=True)
+
+
+@contextmanager
+def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
+    """Plan the sweep, then lock (resume) or create (new) its run folder and write run.json; the lock is held
+    until the block ends. A resume locks before it reads, so nobody appends between our reading and our rows."""
+    lock: RunLock | None = None
+    try:
+        if request.resume is not None and (Path(request.resume) / RUN_FILE).is_file():
+            lock = RunLock(Path(request.resume)).acquire()
+        plan = plan_sweep(request)
+        environment = _environment(plan)
+        warnings = list(plan.warnings)
+        if plan.stored is not None:
+            _check_same_environment(plan.stored, environment)
+            folder = plan.stored.folder
+            run = replace(plan.stored.run, state="running", finished_utc="")
+            rewrite_rows(folder, lambda r: r.ok or not request.retry_failed)  # the same rule as plan.kept
+        else:
+            folder = _new_run_folder(request.out, plan.experiment, plan.device)
+            lock = RunLock(folder).acquire()
+            calibration, problem = _cached_calibration(environment)
+            if problem:
+                warnings.append(problem)
+            run = Run(
+                run_id=folder.name,
+                created_utc=utc_now(),
+                config_source=plan.experiment.source,
+                config=plan.experiment.resolved,
+                config_sha256=plan.experiment.sha256,
+                timing=plan.experiment.timing,
+                environment=environment.to_dict(),
+                command=tuple(sys.argv),
+                calibration=calibration,
+            )
+        yield Sweep(plan, RunWriter(folder, run), environment, tuple(warnings))
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _environment(plan: SweepPlan) -> Environment:
+    import torch
+
+    from attnbench.measure.environment import collect_environment
+
+    if plan.experiment.threads is not None:
+        torch.set_num_threads(plan.experiment.threads)  # before the environment records the thread count
+    return collect_environment(plan.device)
+
+
+def _cached_calibration(environment: Environment) -> tuple[Calibration | None, str]:
+    """The machine's cached ceilings, if 'attnbench calibrate' ran here: never measured implicitly (that takes a
+    minute); without them pct_of_peak falls back to vendor peaks. A damaged cache costs a warning."""
+    try:
+        return load_cached(environment.fingerprint()), ""
+    except ResultsError as exc:
+        return None, f"{exc.message}; pct_of_peak uses vendor peaks ({exc.hint})"
+
+
+def _new_run_folder(out: Path, experiment: Experiment, device: str) -> Path:
+    """A fresh folder. The name comes from the config, which only admits a slug ([a-z0-9][a-z0-9._-]*), so it
+    cannot climb out of --out."""
+    stem = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{experiment.name}-{device_slug(device)}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            folder = out / (stem if n == 1 else f"{stem}-{n}")
+            try:
+                folder.mkdir()  # exclusive: two sweeps started in the same second get two folders
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise AttnbenchError(
+            f"--out: cannot create a run folder in {out}: {exc.strerror}", hint="choose a writable folder with --out"
+        ) from None
+    raise AttnbenchError(f"--out: {out} already holds 999 runs named {stem}", hint="choose another --out")
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``key.path: <then> then, <now> now`` for every leaf that differs."""
+    a, b = _flatten(then), _flatten(now)
+    return [f"{k}: {a.get(k)!r} then, {b.get(k)!r} now" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _resume_experiment(request: SweepRequest, stored: StoredRun) -> Experiment:
+    """The stored run's own config, or the one given, which must resolve to the same thing."""
+    if request.config is None:
+        text = resolved_text(stored.run.config)
+        experiment = load_experiment_text(text, stored.run.config_source, request.overrides, force=True)
+    else:
+        experiment = load_experiment(request.config, request.overrides, force=request.force)
+    if experiment.sha256 != stored.run.config_sha256:
+        diff = _differences(stored.run.config, experiment.resolved)
+        raise ResultsError(
+            f"--resume {stored.folder}: the config differs from the one the run was started with "
+            f"({'; '.join(diff) or 'sha256 differs'})",
+            hint="resume with the run's own config (give no CONFIG and no --set), or start a new sweep",
+        )
+    return experiment
+
+
+def _check_same_environment(stored: StoredRun, environment: Environment) -> None:
+    try:
+        then = Environment.from_dict(stored.run.environment).resume_fields()
+    except TypeError as exc:
+        raise ResultsError(
+            f"{stored.folder}/run.json: the environment is incomplete ({exc})",
+            hint="this run cannot be resumed; start a new sweep",
+        ) from None
+    now = environment.resume_fields()
+    if then != now:
+        raise ResultsError(
+            f"--resume {stored.folder}: this machine or code differs from the one the run was started with "
+            f"({'; '.join(_differences(then, now))})",
+            hint="timings from different environments cannot share a run; start a new sweep here",
+        )

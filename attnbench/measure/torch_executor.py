@@ -1,0 +1,233 @@
+"""Runs one ``Case`` on a torch device and returns its ``Result``.
+
+Everything that is not the work itself — building the model, making inputs, probing the backend — happens
+outside the timed region. Failures become rows: an OOM is ``oom``, a backend that cannot run is
+``unsupported``, anything else is ``error`` with the exception named. KeyboardInterrupt and SystemExit are not
+caught: the sweep loop owns what happens on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from attnbench.core.cases import Case
+from attnbench.core.flops import count_flops
+from attnbench.measure.clocks import clock_for
+from attnbench.measure.executor import ExecutorSettings
+from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels
+from attnbench.measure.memory import RssPeak
+from attnbench.measure.models import build_model, make_input, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
+from attnbench.measure.telemetry import open_telemetry
+from attnbench.measure.timing import measure
+from attnbench.results.files import utc_now
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Memory, Result
+from attnbench.results.telemetry import Level, TelemetrySummary
+
+# How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
+_OOM_MARKERS = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "not enough memory",
+    "Cannot allocate memory",
+    # GPU libraries that report a failed allocation as their own status rather than OutOfMemoryError.
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MARKERS)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+class TorchExecutor:
+    """Times cases on one device with one timing policy."""
+
+    def __init__(self, settings: ExecutorSettings) -> None:
+        self.settings = settings
+        self.device = torch.device(settings.device)
+        self.policy = settings.timing
+        self.inject_slowdown = settings.inject_slowdown
+        self.seed = settings.seed
+        self.telemetry: Level = settings.telemetry
+        self.telemetry_interval_s = settings.interval_s
+        if settings.threads is not None:
+            torch.set_num_threads(settings.threads)
+        policy = settings.timing
+        # A cold cache flushes exactly the device's L2 before every sample (a sample is one call then).
+        flush = l2_flusher(self.device) if self.device.type == "cuda" and policy.cache == "cold" else None
+        self.clock = clock_for(self.device, flush=flush)
+        # torch's import leaves ~170 000 long-lived objects that every full collection would walk (~0.1 s, twice
+        # per case: a quarter of a small case's cost). Freezing them keeps gc.collect() to this run's garbage.
+        gc.freeze()
+        self._host_memory: RssPeak | None = None
+        self._host_memory_note = ""
+        if self.device.type == "cpu":
+            probe_result = RssPeak.probe()
+            if probe_result.available:
+                self._host_memory = RssPeak()
+            else:
+                self._host_memory_note = probe_result.reason
+
+    def run(self, case: Case) -> Result:
+        started, t0 = utc_now(), time.perf_counter()
+        try:
+            reason = self._policy_problem(case) or probe(case, str(self.device))
+            result = Result(case, "unsupported", reason) if reason is not None else self._measure(case)
+        except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
+            result = Result(case, "oom" if is_oom(exc) else "error", _describe(exc))
+        finally:
+            self._release()
+        return replace(result, started_utc=started, duration_s=time.perf_counter() - t0)
+
+    def close(self, *, now: bool = False) -> None:
+        """Nothing to stop in-process. Between cases, return what the last one left behind; ``now`` (the process
+        is about to exit, maybe from a signal handler) does nothing at all."""
+        if not now:
+            self._release()
+
+    def _policy_problem(self, case: Case) -> str | None:
+        """Why this timing policy cannot time the case, found before any model is built."""
+        if self.device.type == "cuda" and self.policy.cuda_graph and case.mode != "forward":
+            return "cuda_graph replays forward passes only; time train and backward without it"
+        return None
+
+    def _release(self) -> None:
+        # After an OOM the failed case's tensors are still referenced from the traceback frames until the
+        # exception is gone; collect them and return cached blocks so the next case starts clean.
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _measure(self, case: Case) -> Result:
+        torch.manual_seed(self.seed)
+        dtype = torch_dtype(case.dtype)
+        model = build_model(case, str(self.device), dtype)
+        x = make_input(case, str(self.device), dtype)
+        extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
+        if case.model == "sdpa":
+            extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
+        # Stored with the formula's id, so a later change of formula never silently changes an old row.
+        work = count_flops(case)
+        extra["flops"], extra["flops_formula"] = work.flops, work.formula
+
+        if case.mode == "forward":
+            model.eval()
+            grad_mode: Callable[[], contextlib.AbstractContextManager[object]] = torch.inference_mode
+
+            def step() -> object:
+                return model(x)
+        elif case.mode == "train":
+            model.train()
+            # The input needs a gradient as a layer inside a network would: backward then computes dX too.
+            if x.is_floating_point():
+                x.requires_grad_(True)
+            with torch.no_grad():
+                grad_out = torch.randn_like(model(x))
+            grad_mode = contextlib.nullcontext
+
+            def step() -> object:
+                model.zero_grad(set_to_none=True)
+                x.grad = None
+                out = model(x)
+                out.backward(grad_out)
+                return None
+        else:
+            # backward alone: one forward builds the graph outside the timed region; each call replays its
+            # backward (retain_graph keeps the saved tensors), with grads cleared as train clears them.
+            model.train()
+            if x.is_floating_point():
+                x.requires_grad_(True)
+            graph_out = model(x)
+            grad_out = torch.randn_like(graph_out)
+            grad_mode = contextlib.nullcontext
+
+            def step() -> object:
+                model.zero_grad(set_to_none=True)
+                x.grad = None
+                graph_out.backward(grad_out, retain_graph=True)
+                return None
+
+        with grad_mode():
+            timed = step
+            if self.device.type == "cuda":
+                if self.policy.cuda_graph:  # forward only: run() refused the other modes before any setup
+                    timed = graphed(step, self.device)
+                    extra["cuda_graph"] = True
+                torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
+            measurement, telemetry = self._timed_with_telemetry(timed, case, extra)
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
+            memory = self._peak_memory(step)
+            if self.device.type == "cuda":
+                self._profile(timed, measurement, extra)
+        return Result(
+            case,
+            "ok",
+            measurement=measurement,
+            memory=memory,
+            parameters=parameter_count(model),
+            extra=extra,
+            telemetry=telemetry,
+        )
+
+    def _timed_with_telemetry(
+        self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
+    ) -> tuple[Measurement, TelemetrySummary | None]:
+        """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls). A failure of
+        the telemetry itself costs the row its telemetry, never its measurement."""
+        measurement: Measurement | None = None
+        try:
+            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
+                measurement = measure(step, self.clock, self.policy, inject_slowdown=self.inject_slowdown)
+            calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
+            return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens)
+        except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed
+            if measurement is None:
+                raise
+            extra["telemetry_error"] = _describe(exc)
+            return measurement, None
+
+    def _profile(
+        self, step: Callable[[], object], measurement: Measurement, extra: dict[str, str | int | float | bool | None]
+    ) -> None:
+        """Kernels per call and launch-boundness, from one profiled call outside the timed samples. The profiler
+        is an aid: when it fails (CUPTI busy or missing) the row keeps its timing and says why."""
+        try:
+            kernels = profile_kernels(step, self.device)
+        except Exception as exc:
+            extra["profile_error"] = _describe(exc)
+            return
+        extra["kernels_per_call"] = kernels.kernels
+        extra["kernel_busy_s"] = kernels.busy_s
+        extra["launch_bound"] = launch_bound(measurement.median_s, kernels.busy_s)
+
+    def _peak_memory(self, step: Callable[[], object]) -> Memory:
+        """One extra call, outside the timed samples, with the device's peak counter reset before it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            baseline = torch.cuda.memory_allocated(self.device)
+            step()
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - baseline
+            return Memory(int(peak), "cuda-allocator")
+        if self._host_memory is None:
+            return Memory(None, "unavailable", self._host_memory_note)
+        self._host_memory.start()
+        step()
+        return Memory(self._host_memory.peak_bytes(), RssPeak.method)

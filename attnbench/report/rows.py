@@ -1,0 +1,196 @@
+"""One flat row per result: the ``summary.csv`` contract. Columns are only ever added, never renamed.
+
+Values are SI inside attnbench; this is where they become the units named in the column (ms, MiB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_of_peak
+from attnbench.core.cases import Case
+from attnbench.core.units import MIB
+from attnbench.results.records import Result, Run
+from attnbench.results.telemetry import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
+
+# What a case is, as every long-form export names it: the Case fields in their order.
+CASE_COLUMNS: tuple[str, ...] = (
+    "model",
+    "mode",
+    "dtype",
+    "device",
+    "batch",
+    "seq_len",
+    "d_model",
+    "heads",
+    "layers",
+    "causal",
+)
+
+COLUMNS: tuple[str, ...] = (
+    *CASE_COLUMNS,
+    "status",
+    "reason",
+    "median_ms",
+    "ci95_low_ms",
+    "ci95_high_ms",
+    "iqr_ms",
+    "mean_ms",
+    "std_ms",
+    "min_ms",
+    "samples",
+    "converged",
+    "tokens_per_s",
+    "peak_mem_mib",
+    # Added after the first contract, in order of arrival.
+    "calls_per_sample",
+    "warmup_calls",
+    "mem_method",
+    "parameters",
+    "options",
+    "warnings",
+    "key",
+    # Telemetry (issue 4): every metric, then how far to trust them and why any is empty.
+    *METRICS,
+    "telemetry_source",
+    "telemetry_samples",
+    "telemetry_reliable",
+    "telemetry_note",
+    # Analytic work per call (attnbench/flops.py) and the rate achieved at the median.
+    "flops",
+    "tflops",
+    "flops_formula",
+    # Achieved FLOP/s as a percentage of the peak for the row's dtype, and which peak that was (peak_use.py).
+    "pct_of_peak",
+    "peak_source",
+    # Timing fidelity (issue 3): the warm-up audit, between-process replicates, and on a GPU the profiled call.
+    "warmup_s",
+    "warmup_moved",
+    "first_sample_mz",
+    "replicates",
+    "within_process_rel",
+    "between_process_rel",
+    "kernels_per_call",
+    "launch_bound",
+)
+
+
+def _ms(seconds: float) -> float | None:
+    # An interval with too few samples is unbounded; the CSV says "unknown" (empty) rather than inf.
+    return seconds * 1e3 if seconds not in (float("inf"), float("-inf")) else None
+
+
+def case_columns(case: Case) -> dict[str, Any]:
+    return {name: getattr(case, name) for name in CASE_COLUMNS}
+
+
+def options_text(case: Case) -> str:
+    return ";".join(f"{k}={v}" for k, v in case.options)
+
+
+def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any]:
+    """One CSV row. ``peaks`` (from the run: its calibration, its GPU's vendor figures) fills pct_of_peak."""
+    case = result.case
+    row: dict[str, Any] = {
+        **case_columns(case),
+        "status": result.status,
+        "reason": result.reason,
+    }
+    m = result.measurement
+    if m is not None:
+        s = m.summary
+        row.update(
+            median_ms=_ms(s.median),
+            ci95_low_ms=_ms(s.ci_low),
+            ci95_high_ms=_ms(s.ci_high),
+            iqr_ms=_ms(s.iqr),
+            mean_ms=_ms(s.mean),
+            std_ms=_ms(s.std),
+            min_ms=_ms(s.min),
+            samples=s.n,
+            converged=m.converged,
+            tokens_per_s=result.tokens_per_s,
+            calls_per_sample=m.calls_per_sample,
+            warmup_calls=m.warmup_calls,
+            warnings="; ".join(m.warnings),
+            warmup_s=m.warmup_s,
+            warmup_moved=m.warmup_moved,
+            first_sample_mz=m.first_sample_mz,
+            replicates=len(m.replicate_medians_s) or 1,
+            within_process_rel=m.within_process_rel,
+            between_process_rel=m.between_process_rel,
+        )
+    if result.memory is not None:
+        peak = result.memory.peak_bytes
+        row["peak_mem_mib"] = None if peak is None else peak / MIB
+        row["mem_method"] = result.memory.method
+    row["parameters"] = result.parameters
+    row["options"] = options_text(case)
+    row["key"] = case.key
+    flops = result.extra.get("flops")
+    if isinstance(flops, int) and not isinstance(flops, bool):
+        row["flops"] = flops
+        row["flops_formula"] = result.extra.get("flops_formula")
+        achieved = achieved_flops_per_s(result)
+        if achieved is not None:
+            row["tflops"] = achieved / 1e12
+            used = peaks.for_case(case) if peaks is not None else None
+            if used is not None:
+                row["pct_of_peak"] = pct_of_peak(result, used)
+                row["peak_source"] = used.source
+    for name in ("kernels_per_call", "launch_bound"):
+        row[name] = result.extra.get(name)
+    t = result.telemetry
+    if t is not None:
+        row.update({name: t.metrics.get(name) for name in METRICS})
+        row.update(telemetry_source=t.source, telemetry_samples=t.samples, telemetry_reliable=t.reliable)
+        row["telemetry_note"] = telemetry_note(t)
+    return {column: row.get(column) for column in COLUMNS}
+
+
+def telemetry_note(t: TelemetrySummary) -> str:
+    """The window note, then why each empty metric is empty, with metrics sharing a reason grouped."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in t.unavailable.items():
+        by_reason.setdefault(reason, []).append(name)
+    parts = [t.note] if t.note else []
+    for reason, names in by_reason.items():
+        if set(names) >= set(NVML_METRICS):
+            rest = [n for n in names if n not in NVML_METRICS]
+            parts.append(f"{', '.join(['all GPU metrics', *rest])}: {reason}")
+        elif set(names) == set(GPM_METRICS):
+            parts.append(f"GPM metrics: {reason}")
+        else:
+            parts.append(f"{', '.join(names)}: {reason}")
+    return "; ".join(parts)
+
+
+def summary_rows(results: Iterable[Result], run: Run | None = None) -> list[dict[str, Any]]:
+    """Rows for ``results``; with the ``run`` they came from, pct_of_peak and peak_source are filled in."""
+    peaks = PeakTable.for_run(run)
+    return [summary_row(r, peaks) for r in results]
+
+
+def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
+    """The contract CSV. pandas does the quoting; floats keep 6 significant digits. Without ``run`` there is no
+    peak to hold rows against, and pct_of_peak stays empty."""
+    import pandas as pd
+
+    frame = pd.DataFrame(summary_rows(results, run), columns=list(COLUMNS))
+    integers = [name for name in METRICS if METRIC_TYPES[name] is int]
+    for column in (
+        "heads",
+        "samples",
+        "calls_per_sample",
+        "warmup_calls",
+        "parameters",
+        "telemetry_samples",
+        "flops",
+        "warmup_moved",
+        "replicates",
+        "kernels_per_call",
+        *integers,
+    ):
+        frame[column] = frame[column].astype("Int64")
+    return str(frame.to_csv(index=False, float_format="%.6g", lineterminator="\n"))

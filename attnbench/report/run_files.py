@@ -1,0 +1,31 @@
+"""The files a sweep leaves beside its rows: summary.csv, summary.md and plots/*.png, rendered from what is stored.
+
+Rendered from the run folder itself (never from rows held in memory), so the summaries say exactly what
+``attnbench report`` would say about the same folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnbench.report.markdown import render_markdown
+from attnbench.report.plots import write_run_plots
+from attnbench.report.rows import render_csv
+from attnbench.results.files import write_atomic
+from attnbench.results.store import StoredRun, load_run
+
+SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+PLOTS = "plots"
+
+
+def write_run_files(folder: Path) -> tuple[StoredRun, list[Path], str | None]:
+    """Write the summaries, then the plots. Returns the stored run, the paths written and, when plots could not
+    be drawn, the one line to show instead: plots come last and never raise, so a missing matplotlib or a
+    drawing failure costs only the plots, never the run or its exit code."""
+    stored = load_run(folder)
+    paths = [folder / SUMMARY_CSV, folder / SUMMARY_MD]
+    write_atomic(paths[0], render_csv(stored.results, stored.run))
+    write_atomic(paths[1], render_markdown(stored.run, stored.results))
+    plots, problem = write_run_plots(stored.run, stored.results, folder / PLOTS)
+    return stored, [*paths, *plots], problem

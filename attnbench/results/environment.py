@@ -1,0 +1,84 @@
+"""What the numbers were measured on (the ``Environment`` value), and the keys that must match before two runs
+may be compared (pyperf's idea). Torch-free: ``compare`` and ``report`` read it back from run.json; collecting it
+from the machine is ``measure.environment``'s job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Keys that must match before two runs may be compared (pyperf's idea): different hardware or software stacks
+# make a timing difference meaningless as a regression signal.
+FINGERPRINT_KEYS: tuple[str, ...] = (
+    "device_type",
+    "cpu_model",
+    "gpu_name",
+    "driver_major",
+    "torch",
+    "torch_cuda",
+    "cudnn",
+    "torch_threads",
+)
+
+
+@dataclass(frozen=True)
+class Environment:
+    attnbench: str
+    python: str
+    platform: str
+    hostname: str
+    cpu_model: str
+    cpu_logical: int | None
+    cpu_physical: int | None
+    memory_bytes: int | None
+    torch: str | None
+    torch_cuda: str | None
+    cudnn: str | None
+    flash_attn: str | None
+    torch_threads: int | None
+    device: str
+    device_type: str
+    gpu_name: str | None = None
+    gpu_capability: str | None = None
+    gpu_sm_count: int | None = None
+    gpu_memory_bytes: int | None = None
+    driver: str | None = None
+    nvml: str = "not checked"
+    git_commit: str | None = None
+
+    @property
+    def driver_major(self) -> str | None:
+        return self.driver.split(".", 1)[0] if self.driver else None
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["driver_major"] = self.driver_major
+        return {key: data[key] for key in FINGERPRINT_KEYS}
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.fingerprint_fields(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fingerprint"] = self.fingerprint()
+        return data
+
+    def resume_fields(self) -> dict[str, Any]:
+        """What must match to add rows to an existing run: the fingerprint, and the code doing the measuring."""
+        return {
+            **self.fingerprint_fields(),
+            "attnbench": self.attnbench,
+            "git_commit": self.git_commit,
+            "flash_attn": self.flash_attn,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Environment:
+        """Raises TypeError when a required field is missing (a damaged run.json)."""
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})

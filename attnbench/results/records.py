@@ -1,0 +1,266 @@
+"""The values a run folder stores: ``Result`` (one case's row), ``Memory`` and ``Run`` (everything but the rows),
+with their one serialisation. Torch-free.
+
+Schema history (``SCHEMA_VERSION``):
+  1 — first version: run.json (``Run``) + results.jsonl (one ``Result`` per line).
+      Keys added since, all optional and absent when empty, so older files read back unchanged: run.json
+      ``calibration``; measurement ``warmup_moved``, ``replicate_medians_s``, ``injected_delay_s``. A reader older
+      than a key refuses a file that carries it (unknown keys are errors), with the hint to upgrade.
+Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
+either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
+from attnbench.results import fields
+from attnbench.results.calibration import Calibration
+from attnbench.results.fields import FieldError
+from attnbench.results.measurement import Measurement
+from attnbench.results.telemetry import TelemetrySummary
+
+SCHEMA_VERSION = 1
+
+Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed"]
+
+STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", "crashed")
+
+# Statuses that make `sweep` exit 1: the case broke, rather than the hardware saying no.
+FAILED: frozenset[str] = frozenset({"error", "timeout", "crashed"})
+
+RunState = Literal["running", "complete", "interrupted"]
+
+RUN_STATES: tuple[RunState, ...] = ("running", "complete", "interrupted")
+
+MEMORY_METHODS: tuple[str, ...] = ("cuda-allocator", "rss-hwm", "unavailable")
+
+Extra = Mapping[str, str | int | float | bool | None]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak memory of one call above the post-setup baseline, and how it was measured."""
+
+    peak_bytes: int | None
+    method: str  # one of MEMORY_METHODS
+    note: str = ""
+
+    @classmethod
+    def from_dict(cls, data: object) -> Memory:
+        m = fields.record(data, "", ("peak_bytes", "method"), ("note",))
+        peak = m["peak_bytes"]
+        return cls(
+            peak_bytes=None if peak is None else fields.integer(peak, "peak_bytes", minimum=0),
+            method=fields.choice(m["method"], "method", MEMORY_METHODS, "memory method"),
+            note=fields.text(m.get("note", ""), "note"),
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """One case's outcome. Every non-ok status carries a human ``reason``; nothing is encoded as NaN."""
+
+    case: Case
+    status: Status
+    reason: str = ""
+    measurement: Measurement | None = None
+    memory: Memory | None = None
+    parameters: int | None = None
+    started_utc: str = ""
+    duration_s: float = 0.0
+    extra: Extra = field(default_factory=dict)
+    telemetry: TelemetrySummary | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self.measurement is None or self.measurement.median_s <= 0:
+            return None
+        return self.case.tokens / self.measurement.median_s
+
+    def to_dict(self, *, include_raw: bool = False) -> dict[str, Any]:
+        """``include_raw`` keeps the raw telemetry samples (for a worker's pipe); results.jsonl leaves them to
+        the telemetry sidecar."""
+        return {
+            "case": self.case.to_dict(),
+            "key": self.case.key,
+            "status": self.status,
+            "reason": self.reason,
+            "measurement": None if self.measurement is None else self.measurement.to_dict(),
+            "memory": None if self.memory is None else vars(self.memory).copy(),
+            "parameters": self.parameters,
+            "started_utc": self.started_utc,
+            "duration_s": self.duration_s,
+            "extra": dict(self.extra),
+            # Absent rather than null when there is none, so rows from before telemetry read back unchanged.
+            **({} if self.telemetry is None else {"telemetry": self.telemetry.to_dict(include_raw=include_raw)}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Result:
+        """Read ``to_dict``'s output back; anything else raises ``fields.FieldError`` naming the key."""
+        r = fields.record(data, "", ("case", "status"), _RESULT_OPTIONAL)
+        case = fields.nested("case", _case_from_dict, r["case"])
+        if "key" in r:
+            fields.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
+        timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
+        telemetry = r.get("telemetry")
+        return cls(
+            case=case,
+            status=fields.choice(r["status"], "status", STATUSES, "status"),  # type: ignore[arg-type]
+            reason=fields.text(r.get("reason", ""), "reason"),
+            measurement=None if timed is None else fields.nested("measurement", Measurement.from_dict, timed),
+            memory=None if memory is None else fields.nested("memory", Memory.from_dict, memory),
+            parameters=None if parameters is None else fields.integer(parameters, "parameters", minimum=0),
+            started_utc=fields.text(r.get("started_utc", ""), "started_utc"),
+            duration_s=fields.number(r.get("duration_s", 0.0), "duration_s"),
+            extra=_extra(r.get("extra", {})),
+            telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
+        )
+
+
+_RESULT_OPTIONAL = (
+    "key",
+    "reason",
+    "measurement",
+    "memory",
+    "parameters",
+    "started_utc",
+    "duration_s",
+    "extra",
+    "telemetry",
+)
+
+_CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
+
+
+def _case_from_dict(data: object) -> Case:
+    """``Case.from_dict`` after checking every field against the catalogue, so a bad row never reaches it."""
+    c = fields.record(data, "", _CASE_REQUIRED, ("options",))
+    model = fields.choice(c["model"], "model", MODEL_NAMES, "model")
+    fields.choice(c["mode"], "mode", MODES, "mode")
+    fields.choice(c["dtype"], "dtype", DTYPES, "dtype")
+    if not RESOLVED_DEVICE.fullmatch(fields.text(c["device"], "device")):
+        raise fields.expected("device", "cpu, cuda or cuda:N", c["device"])
+    for name in ("batch", "seq_len", "d_model", "layers"):
+        fields.integer(c[name], name)
+    if c["heads"] is not None:
+        fields.integer(c["heads"], "heads")
+    fields.flag(c["causal"], "causal")
+    kinds = {o.name: o.type for o in MODELS[model].options}
+    for name, value in fields.record(c.get("options", {}), "options", (), kinds).items():
+        kind = kinds[name]
+        fits = kind is bool if isinstance(value, bool) else isinstance(value, int | float if kind is float else kind)
+        if not fits:
+            raise fields.expected(fields.path("options", name), f"a {kind.__name__} ({model}'s option)", value)
+    return Case.from_dict(c)
+
+
+def _extra(data: object) -> dict[str, str | int | float | bool | None]:
+    if not isinstance(data, dict):
+        raise fields.expected("extra", "an object", data)
+    for name, value in data.items():
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise fields.expected(fields.path("extra", name), "a string, number, boolean or null", value)
+    return dict(data)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything about a run but its rows. ``state`` is "running" until the sweep ends."""
+
+    run_id: str
+    created_utc: str
+    config_source: str
+    config: Mapping[str, Any]
+    config_sha256: str
+    timing: TimingPolicy
+    environment: Mapping[str, Any]
+    command: tuple[str, ...] = ()
+    state: RunState = "running"
+    finished_utc: str = ""
+    schema_version: int = SCHEMA_VERSION
+    # The device's measured ceilings (attnbench calibrate), cached per machine when the sweep started; None when
+    # there was none. Optional and absent when None, so runs written before it read back unchanged.
+    calibration: Calibration | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "created_utc": self.created_utc,
+            "finished_utc": self.finished_utc,
+            "state": self.state,
+            "command": list(self.command),
+            "config_source": self.config_source,
+            "config_sha256": self.config_sha256,
+            "config": dict(self.config),
+            "timing": self.timing.to_dict(),
+            "environment": dict(self.environment),
+            **({} if self.calibration is None else {"calibration": self.calibration.to_dict()}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Run:
+        """Read ``to_dict``'s output back; anything else raises ``fields.FieldError`` naming the key."""
+        d = fields.record(data, "", _RUN_REQUIRED, _RUN_OPTIONAL)
+        version = fields.integer(d["schema_version"], "schema_version")
+        if version > SCHEMA_VERSION:
+            raise FieldError("schema_version", f"{version} is newer than this attnbench reads ({SCHEMA_VERSION})")
+        run_id = fields.text(d["run_id"], "run_id")
+        if not run_id:
+            raise fields.expected("run_id", "a non-empty string", run_id)
+        config = d["config"]
+        if not isinstance(config, dict):
+            raise fields.expected("config", "an object", config)
+        environment = d.get("environment", {})
+        if not isinstance(environment, dict):
+            raise fields.expected("environment", "an object", environment)
+        calibration = d.get("calibration")
+        return cls(
+            run_id=run_id,
+            created_utc=fields.text(d["created_utc"], "created_utc"),
+            config_source=fields.text(d.get("config_source", ""), "config_source"),
+            config=dict(config),
+            config_sha256=fields.text(d["config_sha256"], "config_sha256"),
+            timing=fields.nested("timing", _timing_from_dict, d.get("timing", {})),
+            environment=dict(environment),
+            command=tuple(fields.items(d.get("command", []), "command", fields.text)),
+            state=fields.choice(d.get("state", "running"), "state", RUN_STATES, "state"),  # type: ignore[arg-type]
+            finished_utc=fields.text(d.get("finished_utc", ""), "finished_utc"),
+            schema_version=version,
+            calibration=None
+            if calibration is None
+            else fields.nested("calibration", Calibration.from_dict, calibration),
+        )
+
+
+_RUN_REQUIRED = ("schema_version", "run_id", "created_utc", "config_sha256", "config")
+
+_RUN_OPTIONAL = ("finished_utc", "state", "command", "config_source", "timing", "environment", "calibration")
+
+
+def _timing_from_dict(data: object) -> TimingPolicy:
+    """``TimingPolicy.from_dict`` after checking each field's type; a field left out takes the default."""
+    defaults = TimingPolicy()
+    names = list(TimingPolicy.__dataclass_fields__)
+    t = fields.record(data, "", (), names)
+    for name, value in t.items():
+        default = getattr(defaults, name)
+        if isinstance(default, bool):
+            fields.flag(value, name)
+        elif isinstance(default, str):
+            fields.choice(value, name, ("warm", "cold"), "cache policy")
+        elif isinstance(default, int):
+            fields.integer(value, name, minimum=0)
+        else:
+            fields.number(value, name)
+    return TimingPolicy.from_dict(t)
