@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from attnbench.core.units import format_seconds
 
 if TYPE_CHECKING:
-    from attnbench.results.measurement import Measurement
     from attnbench.results.records import Result
 
 TRAIN_BAND = (0.9, 1.1)  # train / (forward + backward) outside this is flagged
@@ -41,12 +40,12 @@ class TrainCheck:
 
     @property
     def ratio(self) -> float:
-        return _median(self.train) / (_median(self.forward) + _median(self.backward))
+        return self.train.median_s / (self.forward.median_s + self.backward.median_s)
 
     @property
     def ratio_range(self) -> tuple[float, float] | None:
         """The ratio's bounds from the three medians' 95 % CIs; None when one has too few samples for a CI."""
-        t, f, b = (_measurement(r).summary for r in (self.train, self.forward, self.backward))
+        t, f, b = (r.timing.summary for r in (self.train, self.forward, self.backward))
         low = t.ci_low / (f.ci_high + b.ci_high)
         high = t.ci_high / (f.ci_low + b.ci_low) if f.ci_low + b.ci_low > 0 else math.inf
         return (low, high) if math.isfinite(low) and math.isfinite(high) else None
@@ -65,7 +64,7 @@ class TrainCheck:
         bounds = self.ratio_range
         if bounds is not None and bounds[0] <= TRAIN_BAND[1] and bounds[1] >= TRAIN_BAND[0]:
             text += f"; but within noise: the medians' 95 % CIs allow {bounds[0]:.2f}–{bounds[1]:.2f}"
-        unsettled = [r.case.mode for r in (self.train, self.forward, self.backward) if not _measurement(r).converged]
+        unsettled = [r.case.mode for r in (self.train, self.forward, self.backward) if not r.timing.converged]
         if unsettled:
             names = unsettled[0] if len(unsettled) == 1 else ", ".join(unsettled[:-1]) + " and " + unsettled[-1]
             text += f"; {names} did not reach the CI target, so noise may explain it"
@@ -75,8 +74,8 @@ class TrainCheck:
     def parts_text(self) -> str:
         """'train 10.9 ms; forward 4.15 ms + backward 4.6 ms'."""
         return (
-            f"train {format_seconds(_median(self.train))}; forward {format_seconds(_median(self.forward))} + "
-            f"backward {format_seconds(_median(self.backward))}"
+            f"train {format_seconds(self.train.median_s)}; forward {format_seconds(self.forward.median_s)} + "
+            f"backward {format_seconds(self.backward.median_s)}"
         )
 
     @property
@@ -85,18 +84,9 @@ class TrainCheck:
         return f"{self.train.case.label}: {self.ratio:.2f} ({self.parts_text})"
 
 
-def _measurement(result: Result) -> Measurement:
-    assert result.measurement is not None  # train_checks only pairs timed rows
-    return result.measurement
-
-
-def _median(result: Result) -> float:
-    return _measurement(result).median_s
-
-
 def train_checks(results: Sequence[Result]) -> list[TrainCheck]:
     """Every case timed ok in forward, backward and train (same key apart from the mode), in run order."""
-    timed = {r.case.key: r for r in results if r.ok and r.measurement is not None and r.measurement.median_s > 0}
+    timed = {r.case.key: r for r in results if r.is_timed and r.median_s > 0}
     checks = []
     for r in results:
         if r.case.mode != "train" or timed.get(r.case.key) is not r:

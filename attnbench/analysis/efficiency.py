@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from attnbench.core.cases import Case
 from attnbench.core.peaks import SHORT_NAMES, VendorPeak, vendor_peak
-from attnbench.core.units import format_bandwidth, format_flops
+from attnbench.core.units import format_bandwidth, format_flops, to_mib
 from attnbench.results.calibration import Calibration
 from attnbench.results.records import Result, Run
 
@@ -162,7 +162,7 @@ def ceiling_rows(calibration: Calibration, vendor: VendorPeak | None) -> list[Ce
                 what="copy (read + write)",
                 measured=format_bandwidth(copy.bytes_per_s)
                 + _median_text(copy.median_bytes_per_s, format_bandwidth, copy.converged),
-                at=f"2 × {copy.buffer_bytes / 2**20:.0f} MiB",
+                at=f"2 × {to_mib(copy.buffer_bytes):.0f} MiB",
                 vendor=format_bandwidth(bandwidth) if bandwidth else _no_vendor(vendor),
                 ratio="—" if not bandwidth else f"{copy.bytes_per_s / bandwidth:.0%}",
                 used="—",

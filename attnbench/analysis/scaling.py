@@ -240,7 +240,7 @@ def group_curves(results: Sequence[Result]) -> list[CurveGroup]:
 
 def _timed(curve: Curve) -> list[tuple[int, Result]]:
     """The curve's ok, timed points in seq_len order."""
-    return sorted(((n, r) for n, r in curve.results.items() if r.ok and r.measurement is not None), key=lambda p: p[0])
+    return sorted(((n, r) for n, r in curve.results.items() if r.is_timed), key=lambda p: p[0])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -327,7 +327,7 @@ def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
     # With batch tied to seq_len a call's time mixes two effects; per token, only the length's remains.
     scale = [1 / r.case.tokens if group.tied else 1.0 for _, r in timed]
     xs = [n for n, _ in timed]
-    time, time_top = _fits(xs, [_median(r) * s for (_, r), s in zip(timed, scale, strict=True)])
+    time, time_top = _fits(xs, [r.median_s * s for (_, r), s in zip(timed, scale, strict=True)])
     measured = [
         (n, r.memory.peak_bytes * s)
         for (n, r), s in zip(timed, scale, strict=True)
@@ -480,8 +480,8 @@ def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | Non
     if not common:
         return None
     xs = [n for n, _, _ in common]
-    ya = [_median(r) for _, r, _ in common]
-    yb = [_median(r) for _, _, r in common]
+    ya = [r.median_s for _, r, _ in common]
+    yb = [r.median_s for _, _, r in common]
     return CrossoverLine(
         a=a.label,
         b=b.label,
@@ -496,11 +496,6 @@ def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | Non
         crossings=tuple(crossovers(xs, ya, yb)),
         unclear=tuple(n for n, ra, rb in common if _overlaps(ra, rb)),
     )
-
-
-def _median(result: Result) -> float:
-    assert result.measurement is not None  # only timed rows reach here (_timed)
-    return result.measurement.median_s
 
 
 def _overlaps(a: Result, b: Result) -> bool:

@@ -1,6 +1,7 @@
 """``attnbench selfcheck``'s verdicts: our timer's medians against the references', op by op. Torch-free.
 
-The measuring is ``measure.selfcheck``; this module holds the values it returns and the rules that judge them:
+The measuring is ``measure.selfcheck``, which returns raw per-round medians (``results.selfcheck``); ``judge``
+turns them into the values below, which carry the rules:
 an op whose reference median is ≥ ``GATE_MIN_S`` must agree within ``TOLERANCE`` of each reference; the median of
 the per-round ratios is the estimate, and a wide spread of those ratios says the machine was noisy.
 """
@@ -9,18 +10,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from attnbench.core.cases import Case
 from attnbench.core.units import format_seconds
-
-if TYPE_CHECKING:
-    pass
-
-
-TIMER = "torch.utils.benchmark"
-
-DO_BENCH = "triton do_bench"
+from attnbench.results.selfcheck import DO_BENCH, TIMER, SelfcheckOp, SelfcheckTimings
 
 TOLERANCE: dict[str, float] = {TIMER: 0.05, DO_BENCH: 0.03}
 
@@ -28,24 +20,6 @@ GATE_MIN_S = 100e-6  # ops shorter than this are shown, not gated: per-call over
 
 # Per-round ratios spread wider than this (max − min) say the machine drifted or was loaded during the check.
 NOISY_SPREAD = 0.20
-
-
-@dataclass(frozen=True)
-class SelfcheckOp:
-    """One op of the fixed list: a bare matmul (``case`` None, ``size`` n) or a model forward (``case``)."""
-
-    name: str
-    dtype: str
-    case: Case | None = None
-    size: int | None = None
-
-    @property
-    def shape(self) -> str:
-        if self.case is None:
-            return f"{self.size}×{self.size} · {self.size}×{self.size}"
-        c = self.case
-        heads = "" if c.heads is None else f" h={c.heads}"
-        return f"b={c.batch} n={c.seq_len} d={c.d_model}{heads}"
 
 
 @dataclass(frozen=True)
@@ -112,14 +86,10 @@ class OpCheck:
 
 @dataclass(frozen=True)
 class SelfcheckReport:
-    device: str
-    device_name: str
-    torch: str
-    threads: int
-    rounds: int
-    timers: tuple[str, ...]  # the references used, in column order
+    """What was timed (``timings``: device, rounds, the references in column order, notes) and the verdicts."""
+
+    timings: SelfcheckTimings
     checks: tuple[OpCheck, ...]
-    notes: tuple[str, ...] = ()
 
     @property
     def failures(self) -> list[OpCheck]:
@@ -145,3 +115,17 @@ def summary_line(report: SelfcheckReport) -> str:
         names = ", ".join(f"{c.op.name} {c.op.shape}" for c in report.failures)
         return f"selfcheck FAILED: {len(report.failures)} of {gated} gated ops disagree ({names})"
     return f"selfcheck passed: {gated} gated ops agree within tolerance"
+
+
+def judge(timings: SelfcheckTimings) -> SelfcheckReport:
+    """The verdicts on what ``measure.selfcheck`` timed: one ``OpCheck`` per op, one ``Reference`` per timer."""
+    checks = tuple(
+        OpCheck(
+            t.op,
+            t.ours_s,
+            tuple(Reference(timer, medians, t.ours_s) for timer, medians in t.references),
+            t.skipped,
+        )
+        for t in timings.ops
+    )
+    return SelfcheckReport(timings, checks)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from attnbench.claims.selection import is_timed, label, median_s
+from attnbench.claims.selection import label
 from attnbench.claims.verdicts import (
     RSS_MIN_BYTES,
     ClaimResult,
@@ -89,7 +89,7 @@ def _compared_where(run: Run, pairs: Sequence[tuple[Result, Result]], n: int) ->
     notes = []
     if n != FLASH_SEQ_LEN:
         # Either side may be the one that failed at the article's length (vanilla OOM, or the flash kernel).
-        lost = [x for pair in pairs if pair[0].case.seq_len == FLASH_SEQ_LEN for x in pair if not is_timed(x)]
+        lost = [x for pair in pairs if pair[0].case.seq_len == FLASH_SEQ_LEN for x in pair if not x.is_timed]
         notes.append(
             f"{lost[0].case.model} {lost[0].status} at n={FLASH_SEQ_LEN}, so compared at n={n}"
             if lost
@@ -110,9 +110,9 @@ def claim_flash(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
         pairs = _flash_pairs(results, model)
         if not pairs:
             continue
-        ok = [(b, f) for b, f in pairs if is_timed(b) and is_timed(f)]
+        ok = [(b, f) for b, f in pairs if b.is_timed and f.is_timed]
         if not ok:
-            reasons = sorted({f"{x.case.model}: {x.status} ({x.reason})" for p in pairs for x in p if not is_timed(x)})
+            reasons = sorted({f"{x.case.model}: {x.status} ({x.reason})" for p in pairs for x in p if not x.is_timed})
             keys = tuple(x.case.key for p in pairs for x in p)
             out += [
                 ClaimResult("4a", speed_claim, SPEED_FIGURE, "—", keys, "not measurable", "; ".join(reasons)),
@@ -125,7 +125,7 @@ def claim_flash(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
         keys = (base.case.key, flash.case.key)
         x = ratio(base, flash)
         speed = (
-            f"vanilla {format_seconds(median_s(base))} vs {model} {format_seconds(median_s(flash))} → "
+            f"vanilla {format_seconds(base.median_s)} vs {model} {format_seconds(flash.median_s)} → "
             f"{format_times(x)} ({where})"
         )
         verdict, why = speedup_verdict(x, FLASH_SPEEDUP, (base, flash))

@@ -25,15 +25,6 @@ def latest_rows(results: Iterable[Result]) -> list[Result]:
     return list({r.case: r for r in results}.values())
 
 
-def is_timed(r: Result) -> bool:
-    return r.ok and r.measurement is not None
-
-
-def median_s(r: Result) -> float:
-    assert r.measurement is not None
-    return r.measurement.median_s
-
-
 def family(model: str) -> str | None:
     """The catalogue's family ("recurrent", "attention"), or None for a model this catalogue does not know."""
     spec = MODELS.get(model)
@@ -55,7 +46,7 @@ def peak_of(run: Run, result: Result) -> Peak | None:
 
 def pct_of_peak(run: Run, result: Result) -> float | None:
     """Achieved FLOP/s (analytic ``extra["flops"]`` / median) as a percentage of the row's peak."""
-    return peak_use.pct_of_peak(result, peak_of(run, result)) if is_timed(result) else None
+    return peak_use.pct_of_peak(result, peak_of(run, result)) if result.is_timed else None
 
 
 def label(case: Case) -> str:
@@ -94,7 +85,7 @@ def series(results: Iterable[Result]) -> list[Series]:
     """Every curve in the timed rows of catalogue models."""
     curves: dict[Case, list[Result]] = {}
     for r in results:
-        if is_timed(r) and family(r.case.model) is not None:
+        if r.is_timed and family(r.case.model) is not None:
             curves.setdefault(replace(r.case, seq_len=0), []).append(r)
     return [Series(shape, tuple(sorted(rows, key=lambda r: r.case.seq_len))) for shape, rows in curves.items()]
 
@@ -106,6 +97,6 @@ def variation(
     groups: dict[Case, dict[K, Result]] = {}
     for r in results:
         v = value(r.case)
-        if is_timed(r) and v is not None:
+        if r.is_timed and v is not None:
             groups.setdefault(strip(r.case), {})[v] = r
     return {k: g for k, g in groups.items() if len(g) >= 2}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attnbench.analysis.scaling import PowerLaw, fit_power_law
-from attnbench.claims.selection import Series, family, median_s, option, pct_of_peak, series, variant
+from attnbench.claims.selection import Series, family, option, pct_of_peak, series, variant
 from attnbench.claims.verdicts import (
     GPU_CONFIG,
     RSS_MIN_BYTES,
@@ -177,12 +177,12 @@ def _latency_row(run: Run, s: Series) -> ClaimResult:
     else:
         cid, claim = "1b", f"Self-attention needs O(1) sequential steps: {variant(s.shape)}"
         figure = "O(1) 并行计算 (all positions at once)"
-    fit = fit_power_law(s.lengths, [median_s(r) for r in s.points])
+    fit = fit_power_law(s.lengths, [r.median_s for r in s.points])
     keys = tuple(r.case.key for r in s.points)
     if fit is None:
         return ClaimResult(cid, claim, figure, f"no slope ({_describe(s)})", keys, "inconclusive", "no usable fit")
     measured = (
-        f"time ∝ {_exp(fit)}, {format_seconds(median_s(s.points[0]))} → {format_seconds(median_s(s.points[-1]))} "
+        f"time ∝ {_exp(fit)}, {format_seconds(s.points[0].median_s)} → {format_seconds(s.points[-1].median_s)} "
         f"({_describe(s)}){_launches(s)}"
     )
     thin = _thin_slope(fit, s.points)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnbench.claims.selection import family, is_timed, median_s, option
+from attnbench.claims.selection import family, option
 from attnbench.claims.verdicts import (
     ClaimResult,
     Interval,
@@ -66,7 +66,7 @@ def _train_pair(attention: Result, lstm: Result) -> ClaimResult:
         f"params {_name(lstm.case)} {_params(lstm.parameters)} vs {_name(attention.case)} "
         f"{_params(attention.parameters)}"
     )
-    broken = [x for x in (lstm, attention) if not is_timed(x)]
+    broken = [x for x in (lstm, attention) if not x.is_timed]
     if broken:
         why = "; ".join(f"{_name(x.case)}: {x.status} ({x.reason})" for x in broken)
         return ClaimResult("3", CLAIM, FIGURE, f"{sizes} ({at})", keys, "not measurable", why)
@@ -77,8 +77,8 @@ def _train_pair(attention: Result, lstm: Result) -> ClaimResult:
         return ClaimResult("3", CLAIM, FIGURE, f"{sizes} ({at})", keys, "not measurable", why)
     x = ratio(lstm, attention)
     measured = (
-        f"{_name(lstm.case)} {format_seconds(median_s(lstm))} vs {_name(attention.case)} "
-        f"{format_seconds(median_s(attention))} per step → {format_times(x)} ({at}; {sizes})"
+        f"{_name(lstm.case)} {format_seconds(lstm.median_s)} vs {_name(attention.case)} "
+        f"{format_seconds(attention.median_s)} per step → {format_times(x)} ({at}; {sizes})"
     )
     verdict, why = speedup_verdict(x, TRAIN_SPEEDUP[0], (lstm, attention))
     why = join_reasons(why or _training_why(verdict, x), _article_size(lstm, attention))

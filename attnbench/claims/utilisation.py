@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnbench.claims.selection import family, is_timed, label, median_s, pct_of_peak, peak_of
+from attnbench.claims.selection import family, label, pct_of_peak, peak_of
 from attnbench.claims.verdicts import GPU_CONFIG, ClaimResult, Verdict, not_measurable
 from attnbench.results.records import Result, Run
 
@@ -32,9 +32,9 @@ def kernel_busy_pct(r: Result) -> float | None:
     """Share of a call's median time in which the profiled kernels kept the device busy (``kernel_busy_s``):
     NVML's "any kernel running" measured per call instead of sampled."""
     busy = r.extra.get("kernel_busy_s")
-    if not is_timed(r) or not isinstance(busy, int | float) or isinstance(busy, bool) or median_s(r) <= 0:
+    if not r.is_timed or not isinstance(busy, int | float) or isinstance(busy, bool) or r.median_s <= 0:
         return None
-    return 100.0 * min(1.0, busy / median_s(r))
+    return 100.0 * min(1.0, busy / r.median_s)
 
 
 def _representative(rows: Sequence[Result]) -> Result:
@@ -140,7 +140,7 @@ def _cpu_util(rows: Sequence[Result]) -> str:
 
 def claim_utilisation(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
     """Claim 2: NVML time-utilisation (the article's metric) beside GPM SM/tensor utilisation and % of peak."""
-    timed = [r for r in results if is_timed(r)]
+    timed = [r for r in results if r.is_timed]
     sides = (
         (
             "2a",

@@ -59,17 +59,14 @@ def calibrate(
 ) -> None:
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) once per machine, and show them
     beside the vendor's peaks."""
-    import torch
-
     from attnbench.core.peaks import vendor_peak
     from attnbench.measure.ceilings import calibrate as measure_ceilings
-    from attnbench.measure.devices import resolve_device
+    from attnbench.measure.devices import resolve_device, use_threads
     from attnbench.measure.environment import collect_environment
     from attnbench.results.calibration import cache_path, load_cached, save
 
     resolved = resolve_device(device or "auto")
-    if threads is not None:
-        torch.set_num_threads(threads)
+    use_threads(threads)
     environment = collect_environment(resolved)
     device_type = environment.device_type
     wanted = _dtypes(dtype, device_type)
@@ -128,24 +125,22 @@ def selfcheck(
 ) -> None:
     """Time a fixed list of ops with attnbench and with torch.utils.benchmark (and triton's do_bench on a GPU),
     interleaved; exit 1 if an op of ≥ 100 µs disagrees beyond ±5 % (±3 % against do_bench)."""
-    import torch
-
-    from attnbench.analysis.selfcheck import noise_note, summary_line
-    from attnbench.measure.devices import resolve_device
+    from attnbench.analysis.selfcheck import judge, noise_note, summary_line
+    from attnbench.measure.devices import resolve_device, use_threads
     from attnbench.measure.selfcheck import run_selfcheck
     from attnbench.report.selfcheck_md import render_markdown, table_rows
 
     resolved = resolve_device(device or "auto")
-    if threads is not None:
-        torch.set_num_threads(threads)
-    report = run_selfcheck(
+    use_threads(threads)
+    timings = run_selfcheck(
         resolved, quick=quick, rounds=rounds, progress=lambda line: stderr.print(f"selfcheck {line}", markup=False)
     )
+    report = judge(timings)
     header, rows = table_rows(report)
     table = Table(
         title=(
-            f"selfcheck on {report.device} ({report.device_name}), torch {report.torch}, {report.threads} threads, "
-            f"{report.rounds} interleaved rounds; ratio = attnbench / reference (median of per-round ratios)"
+            f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, {timings.threads} "
+            f"threads, {timings.rounds} interleaved rounds; ratio = attnbench / reference (median of per-round ratios)"
         ),
         title_justify="left",
     )
@@ -155,7 +150,7 @@ def selfcheck(
         table.add_row(*(escape(cell) for cell in row))
     stdout.print(table)
     noise = noise_note(report)
-    for note in [*report.notes, *([noise] if noise else [])]:
+    for note in [*timings.notes, *([noise] if noise else [])]:
         stdout.print(f"note: {note}", markup=False)
     stdout.print(summary_line(report), markup=False)
     if output is not None:

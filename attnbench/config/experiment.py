@@ -55,7 +55,7 @@ from attnbench.config.source import (
     parse_yaml,
     read_file,
 )
-from attnbench.core.cases import Axes, Case, Mode, TimingPolicy, default_interval_s, expand
+from attnbench.core.cases import Axes, Case, Level, Mode, TimingPolicy, default_interval_s, expand
 from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODES, is_recurrent
 from attnbench.core.errors import ConfigError
 
@@ -245,7 +245,7 @@ class Experiment:
     isolate: bool | None = None  # None: decided by the device (on for CUDA)
     case_timeout_s: float | None = None
     skip_larger_after_oom: bool = True
-    telemetry: str = "basic"
+    telemetry: Level = "basic"
     telemetry_interval_s: float | None = None
     presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets, cased after the grid
 

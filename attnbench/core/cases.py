@@ -200,6 +200,11 @@ def expand(axes: Axes) -> list[Case]:
     return cases
 
 
+# How much hardware telemetry a case records: none, NVML/psutil basics, or those plus GPM metrics (Hopper and newer).
+Level = Literal["off", "basic", "full"]
+LEVELS: tuple[Level, ...] = ("off", "basic", "full")
+
+
 def default_interval_s(device: str) -> float:
     """The sampler's polling interval when the config leaves it null: 20 ms on a GPU; 100 ms on a CPU, where
     the sampler shares the cores it measures (at 20 ms it cost 1.4 % there: results/telemetry-overhead-cpu.md)."""

@@ -9,6 +9,16 @@ MIB = 1024**2
 GIB = 1024**3
 
 
+def to_ms(seconds: float) -> float:
+    """Seconds as milliseconds, for the formats whose columns are in ms (summary.csv, the dashboard exports)."""
+    return seconds * 1e3
+
+
+def to_mib(n_bytes: float) -> float:
+    """Bytes as MiB, for the formats whose columns are in MiB (summary.csv, the dashboard exports, tables)."""
+    return n_bytes / MIB
+
+
 def _digits(value: float) -> str:
     """3 significant digits, but never exponent notation: 999.7 and 1023 (a value that rounds up past the
     unit's range, or a count of GiB) print as integers rather than '1e+03'."""

@@ -27,7 +27,7 @@ import torch
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.peaks import PEAK_DTYPES
-from attnbench.core.units import GIB, MIB, format_bandwidth, format_flops
+from attnbench.core.units import GIB, MIB, format_bandwidth, format_flops, to_mib
 from attnbench.measure.clocks import clock_for
 from attnbench.measure.events import Progress
 from attnbench.measure.models import torch_dtype
@@ -78,7 +78,7 @@ def plan_for(device: torch.device, *, quick: bool = False) -> Plan:
         # 16× the L2 (at least 1 GiB per buffer), but never more than a quarter of what is free for both.
         want = max(GIB, 16 * (l2 or 0))
         copy = min(want, free // 8)
-        short = () if copy >= want else (f"copy buffer limited to {copy / MIB:.0f} MiB by free GPU memory",)
+        short = () if copy >= want else (f"copy buffer limited to {to_mib(copy):.0f} MiB by free GPU memory",)
         return Plan((2048, 4096, 8192), copy, l2, _GPU_POLICY, 0.25, notes=short)
     llc = _cpu_llc_bytes()
     if quick:
@@ -89,7 +89,7 @@ def plan_for(device: torch.device, *, quick: bool = False) -> Plan:
     notes: tuple[str, ...] = ()
     if llc and copy < 4 * llc:
         notes = (
-            f"copy buffer is {copy / MIB:.0f} MiB, only {copy / llc:.1f}× the {llc / MIB:.0f} MiB last-level "
+            f"copy buffer is {to_mib(copy):.0f} MiB, only {copy / llc:.1f}× the {to_mib(llc):.0f} MiB last-level "
             "cache (memory is short): the bandwidth may read high",
         )
     return Plan(sizes, copy, llc, _CPU_POLICY, 0.5, notes=notes)
@@ -215,7 +215,7 @@ def measure_copy(device: torch.device, plan: Plan, clock: Clock, progress: Progr
     m = measure(step, clock, plan.policy)
     rate, median = 2 * n / m.summary.min, 2 * n / m.median_s
     if progress:
-        progress(f"copy 2 × {n / MIB:.0f} MiB: {format_bandwidth(rate)} (median {format_bandwidth(median)})")
+        progress(f"copy 2 × {to_mib(n):.0f} MiB: {format_bandwidth(rate)} (median {format_bandwidth(median)})")
     return CopyBandwidth(rate, n, plan.cache_bytes, median, m.converged)
 
 

@@ -34,3 +34,12 @@ def resolve_device(request: str) -> str:
 
 def device_slug(device: str) -> str:
     return device.replace(":", "")
+
+
+def use_threads(threads: int | None) -> None:
+    """Set torch's intra-op thread count (None: leave torch's default). Before collecting an environment, so that
+    it records the count the measurements run with."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)

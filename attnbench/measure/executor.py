@@ -2,8 +2,8 @@
 
 Three executors keep this contract: ``TorchExecutor`` (in this process), ``IsolatedExecutor`` (each case in a
 worker process, so a segfault or a hang costs one row) and ``ReplicatedExecutor`` (each case in several fresh
-workers, merged into one row). The sweep loop sees only ``Executor``; ``make_executor`` picks the one a sweep
-asked for. Importing this module does not import torch.
+workers, merged into one row). The sweep loop sees only ``Executor``; ``sweep.make_executor`` picks the one a
+sweep asked for. Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from attnbench.core.cases import Case, TimingPolicy, default_interval_s
+from attnbench.core.cases import Case, Level, TimingPolicy, default_interval_s
 from attnbench.results.records import Result
-from attnbench.results.telemetry import Level
 
 
 class Executor(Protocol):
@@ -43,19 +42,3 @@ class ExecutorSettings:
     @property
     def interval_s(self) -> float:
         return self.telemetry_interval_s or default_interval_s(self.device)
-
-
-def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:
-    """The executor a sweep runs: in-process, or isolated (and replicated when ``timing.processes`` > 1)."""
-    if isolate:
-        from attnbench.measure.isolation import IsolatedExecutor
-        from attnbench.measure.replicates import ReplicatedExecutor
-
-        isolated = IsolatedExecutor(settings)
-        processes = settings.timing.processes
-        return ReplicatedExecutor(isolated, processes) if processes > 1 else isolated
-    if settings.timing.processes > 1:
-        raise ValueError("timing.processes > 1 needs isolated workers")
-    from attnbench.measure.torch_executor import TorchExecutor
-
-    return TorchExecutor(settings)

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from attnbench.analysis.selfcheck import DO_BENCH, TIMER, OpCheck, Reference, SelfcheckOp, SelfcheckReport
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.measure.events import Progress
+from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +99,7 @@ def policy_for(quick: bool) -> TimingPolicy:
 
 def run_selfcheck(
     device: str, *, quick: bool = False, rounds: int | None = None, progress: Progress | None = None
-) -> SelfcheckReport:
+) -> SelfcheckTimings:
     """Time every op of ``ops_for(device)`` with attnbench and the references, interleaved, and compare."""
     import torch
 
@@ -123,7 +123,7 @@ def run_selfcheck(
     # As the executor does: torch's long-lived objects out of the collector, so a collection that lands inside
     # a timed call walks only this run's garbage (torch.utils.benchmark disables gc while timing instead).
     gc.freeze()
-    checks: list[OpCheck] = []
+    checks: list[OpTimings] = []
     ops = [_on_device(op, device) for op in ops_for(dev.type, quick=quick)]
     for index, op in enumerate(ops, start=1):
         if progress:
@@ -132,14 +132,14 @@ def run_selfcheck(
         checks.append(_check_op(op, dev, policy, rounds, min_run_time, timers, do_bench))
     if quick:
         notes.append("quick run: tiny ops, each attnbench measurement capped at 2 s: a smoke test, not a verdict")
-    return SelfcheckReport(
+    return SelfcheckTimings(
         device=device,
         device_name=environment.gpu_name or environment.cpu_model,
         torch=environment.torch or "unknown",
         threads=torch.get_num_threads(),
         rounds=rounds,
         timers=tuple(timers),
-        checks=tuple(checks),
+        ops=tuple(checks),
         notes=tuple(notes),
     )
 
@@ -156,7 +156,7 @@ def _check_op(
     min_run_time: float,
     timers: list[str],
     do_bench: Callable[..., float] | None,
-) -> OpCheck:
+) -> OpTimings:
     import torch
     from torch.utils.benchmark import Timer
 
@@ -167,7 +167,7 @@ def _check_op(
     if op.case is not None:
         reason = probe(op.case, str(dev))
         if reason is not None:
-            return OpCheck(op, skipped=reason)
+            return OpTimings(op, skipped=reason)
     clock = clock_for(dev)
     with _built(op, dev) as fn, torch.inference_mode():
         # Timer's default num_threads is 1; compare like with like.
@@ -193,8 +193,7 @@ def _check_op(
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 medians[name].append(runners[name]())
     ours_s = tuple(medians["attnbench"])
-    references = tuple(Reference(t, tuple(medians[t]), ours_s) for t in timers)
-    return OpCheck(op, ours_s, references)
+    return OpTimings(op, ours_s, tuple((t, tuple(medians[t])) for t in timers))
 
 
 @contextlib.contextmanager

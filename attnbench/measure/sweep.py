@@ -23,10 +23,12 @@ from typing import Any
 from attnbench.config.experiment import Experiment, load_experiment, load_experiment_text, resolved_text
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ResultsError
-from attnbench.measure.devices import device_slug, resolve_device
+from attnbench.measure.devices import device_slug, resolve_device, use_threads
 from attnbench.measure.events import SweepListener
-from attnbench.measure.executor import Executor, ExecutorSettings, make_executor
+from attnbench.measure.executor import Executor, ExecutorSettings
+from attnbench.measure.isolation import IsolatedExecutor
 from attnbench.measure.loop import OomSkipper, run_cases
+from attnbench.measure.replicates import ReplicatedExecutor
 from attnbench.results.calibration import Calibration, load_cached
 from attnbench.results.environment import Environment
 from attnbench.results.files import utc_now
@@ -74,7 +76,7 @@ class SweepPlan:
             seed=e.seed,
             threads=e.threads,
             timeout_s=e.timeout_s,
-            telemetry=e.telemetry,  # type: ignore[arg-type]  # the config admits only Level's words
+            telemetry=e.telemetry,
             telemetry_interval_s=e.interval_for(self.device),
             inject_slowdown=self.request.inject_slowdown,
         )
@@ -124,6 +126,20 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     cases = tuple(experiment.cases(device))
     todo = tuple(case for case in cases if case.key not in done)
     return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings))
+
+
+def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:
+    """The executor a sweep runs: in-process, or isolated (and replicated when ``timing.processes`` > 1)."""
+    if isolate:
+        isolated = IsolatedExecutor(settings)
+        processes = settings.timing.processes
+        return ReplicatedExecutor(isolated, processes) if processes > 1 else isolated
+    if settings.timing.processes > 1:
+        raise ValueError("timing.processes > 1 needs isolated workers")
+    # Imported here: the in-process executor imports torch, which an isolated sweep leaves to its workers.
+    from attnbench.measure.torch_executor import TorchExecutor
+
+    return TorchExecutor(settings)
 
 
 class Sweep:
@@ -214,12 +230,9 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
 
 
 def _environment(plan: SweepPlan) -> Environment:
-    import torch
-
     from attnbench.measure.environment import collect_environment
 
-    if plan.experiment.threads is not None:
-        torch.set_num_threads(plan.experiment.threads)  # before the environment records the thread count
+    use_threads(plan.experiment.threads)  # before the environment records the thread count
     return collect_environment(plan.device)
 
 

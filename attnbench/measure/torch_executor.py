@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from attnbench.core.cases import Case
+from attnbench.core.cases import Case, Level
 from attnbench.core.flops import count_flops
 from attnbench.measure.clocks import clock_for
 from attnbench.measure.executor import ExecutorSettings
@@ -28,7 +28,7 @@ from attnbench.measure.timing import measure
 from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
-from attnbench.results.telemetry import Level, TelemetrySummary
+from attnbench.results.telemetry import TelemetrySummary
 
 # How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
 _OOM_MARKERS = (

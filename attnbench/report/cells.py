@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
 from attnbench.analysis.efficiency import peak_flags
-from attnbench.core.units import MIB, format_seconds
+from attnbench.core.units import format_seconds, to_mib
 from attnbench.report.pivot import Cell, PivotTable
 from attnbench.results.records import Result, Run
 
@@ -42,7 +42,7 @@ def memory_text(cell: Cell | None) -> str:
         return cell.status_text
     if memory is None or memory.peak_bytes is None:
         return "?"
-    return f"{memory.peak_bytes / MIB:.1f}"
+    return f"{to_mib(memory.peak_bytes):.1f}"
 
 
 def column_headers(table: PivotTable) -> list[str]:

@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from attnbench.core.units import MIB, format_rate
+from attnbench.core.units import format_rate, to_mib, to_ms
 from attnbench.report.pivot import Cell
 from attnbench.results.records import Result
 
@@ -41,7 +41,7 @@ def _round(x: float) -> float:
 
 
 def _timed(results: Sequence[Result]) -> list[Result]:
-    return [r for r in results if r.ok and r.measurement is not None]
+    return [r for r in results if r.is_timed]
 
 
 def left_out(results: Sequence[Result]) -> int:
@@ -59,7 +59,7 @@ def _gab_extra(result: Result) -> str:
     s = m.summary
     lines = []
     if math.isfinite(s.ci_low) and math.isfinite(s.ci_high):
-        lines.append(f"95% CI of the median: {s.ci_low * 1e3:.6g} to {s.ci_high * 1e3:.6g} ms")
+        lines.append(f"95% CI of the median: {to_ms(s.ci_low):.6g} to {to_ms(s.ci_high):.6g} ms")
     else:
         lines.append("95% CI of the median: too few samples for one")
     lines.append(f"samples: {s.n} ({m.calls_per_sample} call{'s' if m.calls_per_sample != 1 else ''} each)")
@@ -81,10 +81,10 @@ def gab_entries(results: Sequence[Result]) -> list[dict[str, Any]]:
         latency: dict[str, Any] = {
             "name": f"{r.case.key}|metric=latency",
             "unit": "ms",
-            "value": _round(s.median * 1e3),
+            "value": _round(to_ms(s.median)),
         }
         if math.isfinite(s.ci_halfwidth_rel):
-            latency["range"] = f"± {_round(s.ci_halfwidth_rel * s.median * 1e3)}"
+            latency["range"] = f"± {_round(to_ms(s.ci_halfwidth_rel * s.median))}"
         latency["extra"] = _gab_extra(r)
         entries.append(latency)
         peak = _peak_bytes(r)
@@ -94,7 +94,7 @@ def gab_entries(results: Sequence[Result]) -> list[dict[str, Any]]:
                 {
                     "name": f"{r.case.key}|metric=peak_memory",
                     "unit": "MiB",
-                    "value": _round(peak / MIB),
+                    "value": _round(to_mib(peak)),
                     "extra": f"peak memory of one call above the post-setup baseline ({r.memory.method})",
                 }
             )

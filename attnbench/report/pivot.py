@@ -33,8 +33,7 @@ class Cell:
 
     @property
     def median_s(self) -> float | None:
-        m = self.result.measurement
-        return m.median_s if m is not None and self.result.ok else None
+        return self.result.median_s if self.result.is_timed else None
 
     @property
     def noisy(self) -> bool:

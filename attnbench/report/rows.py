@@ -10,7 +10,7 @@ from typing import Any
 
 from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_of_peak
 from attnbench.core.cases import Case
-from attnbench.core.units import MIB
+from attnbench.core.units import to_mib, to_ms
 from attnbench.results.records import Result, Run
 from attnbench.results.telemetry import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
 
@@ -78,7 +78,7 @@ COLUMNS: tuple[str, ...] = (
 
 def _ms(seconds: float) -> float | None:
     # An interval with too few samples is unbounded; the CSV says "unknown" (empty) rather than inf.
-    return seconds * 1e3 if seconds not in (float("inf"), float("-inf")) else None
+    return to_ms(seconds) if seconds not in (float("inf"), float("-inf")) else None
 
 
 def case_columns(case: Case) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         )
     if result.memory is not None:
         peak = result.memory.peak_bytes
-        row["peak_mem_mib"] = None if peak is None else peak / MIB
+        row["peak_mem_mib"] = None if peak is None else to_mib(peak)
         row["mem_method"] = result.memory.method
     row["parameters"] = result.parameters
     row["options"] = options_text(case)

@@ -14,7 +14,7 @@ from attnbench.analysis.selfcheck import GATE_MIN_S, TOLERANCE, SelfcheckReport,
 def table_rows(report: SelfcheckReport) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the selfcheck table, as text (the CLI's rich table and the markdown share them)."""
     header = ["op", "shape", "dtype", "attnbench"]
-    for timer in report.timers:
+    for timer in report.timings.timers:
         header += [timer, f"ratio vs {timer} (rounds min–max)"]
     header.append("verdict")
     rows: list[list[str]] = []
@@ -22,7 +22,7 @@ def table_rows(report: SelfcheckReport) -> tuple[list[str], list[list[str]]]:
         ours = check.ours_median_s
         row = [check.op.name, check.op.shape, check.op.dtype, "—" if ours is None else format_seconds(ours)]
         by_timer = {r.timer: r for r in check.references}
-        for timer in report.timers:
+        for timer in report.timings.timers:
             ref = by_timer.get(timer)
             if ref is None:
                 row += ["—", "—"]
@@ -37,12 +37,13 @@ def table_rows(report: SelfcheckReport) -> tuple[list[str], list[list[str]]]:
 def render_markdown(report: SelfcheckReport) -> str:
     header, rows = table_rows(report)
     noise = noise_note(report)
-    notes = [*report.notes, *([noise] if noise else [])]
-    gates = " / ".join(f"±{TOLERANCE[t]:.0%} against {t}" for t in report.timers)
+    timings = report.timings
+    notes = [*timings.notes, *([noise] if noise else [])]
+    gates = " / ".join(f"±{TOLERANCE[t]:.0%} against {t}" for t in timings.timers)
     lines = [
-        f"# attnbench selfcheck — {report.device} ({report.device_name})",
+        f"# attnbench selfcheck — {timings.device} ({timings.device_name})",
         "",
-        f"torch {report.torch}, {report.threads} threads, {report.rounds} interleaved rounds per op. Each cell is "
+        f"torch {timings.torch}, {timings.threads} threads, {timings.rounds} interleaved rounds per op. Each cell is "
         "the median of the per-round medians; a ratio is attnbench / reference, the median of the per-round "
         f"ratios (min–max over rounds). Gate: ops whose reference median is ≥ {format_seconds(GATE_MIN_S)} must "
         f"agree within {gates}.",

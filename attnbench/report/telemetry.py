@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from attnbench.core.units import MIB
+from attnbench.core.units import to_mib
 from attnbench.report.rows import telemetry_note
 from attnbench.results.records import Result
 
@@ -57,7 +57,7 @@ def telemetry_rows(results: Sequence[Result]) -> list[list[str]]:
                 f"{t.window_s:.2f}",
                 _num(m.get("cpu_util_pct")),
                 _num(m.get("cpu_util_per_core_mean_pct")),
-                "" if not isinstance(rss, int) else f"{rss / MIB:.0f}",
+                "" if not isinstance(rss, int) else f"{to_mib(rss):.0f}",
                 util,
                 _num(m.get("power_w")),
                 _num(m.get("energy_j"), 2),

@@ -81,6 +81,23 @@ class Result:
         return self.status == "ok"
 
     @property
+    def is_timed(self) -> bool:
+        """An ok row with a measurement: the one test every table, fit, claim and export uses."""
+        return self.ok and self.measurement is not None
+
+    @property
+    def timing(self) -> Measurement:
+        """The measurement of a timed row. Asking a row that ``is_timed`` is not is a bug of ours."""
+        if not self.ok or self.measurement is None:
+            raise ValueError(f"{self.case.key}: a {self.status} row has no timing")
+        return self.measurement
+
+    @property
+    def median_s(self) -> float:
+        """The median time per call of a timed row (``timing.median_s``)."""
+        return self.timing.median_s
+
+    @property
     def tokens_per_s(self) -> float | None:
         if self.measurement is None or self.measurement.median_s <= 0:
             return None

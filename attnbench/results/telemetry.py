@@ -11,12 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from attnbench.core.cases import LEVELS
 from attnbench.results import fields
 from attnbench.results.fields import FieldError
-
-Level = Literal["off", "basic", "full"]  # full = basic + GPM metrics (Hopper and newer)
-
-LEVELS: tuple[Level, ...] = ("off", "basic", "full")
 
 Source = Literal["nvml+psutil", "psutil", "off"]
 

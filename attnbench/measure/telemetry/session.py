@@ -12,6 +12,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
+from attnbench.core.cases import LEVELS, Level
 from attnbench.measure.telemetry import reduce
 from attnbench.measure.telemetry.assemble import CpuWindow, HostCounters, cpu_metrics, gpu_metrics
 from attnbench.measure.telemetry.cpu import HostProcess
@@ -19,7 +20,7 @@ from attnbench.measure.telemetry.errors import TelemetryUnavailable
 from attnbench.measure.telemetry.identity import GpuIdentity, cuda_identity
 from attnbench.measure.telemetry.nvml import NvmlDevice, load_nvml, nvml_status
 from attnbench.measure.telemetry.sampler import Channel, Sampler
-from attnbench.results.telemetry import CPU_METRICS, LEVELS, NVML_METRICS, Level, MetricValue, TelemetrySummary
+from attnbench.results.telemetry import CPU_METRICS, NVML_METRICS, MetricValue, TelemetrySummary
 
 DEFAULT_INTERVAL_S = 0.02
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")

@@ -26,9 +26,9 @@ from attnbench.config.experiment import (
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.catalogue import MODEL_NAMES, MODES
 from attnbench.core.errors import ConfigError
+from tests.support import BAD_CONFIGS, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-BAD = Path(__file__).parent / "data" / "bad_configs"
+BAD = BAD_CONFIGS
 BUILTIN = ROOT / "attnbench" / "config" / "builtin"
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 

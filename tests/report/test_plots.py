@@ -31,9 +31,8 @@ from attnbench.report.plots import (
 )
 from attnbench.report.run_files import write_run_files
 from attnbench.results.store import StoredRun, load_run
-from tests.test_report import FIXTURE
+from tests.support import FIXTURE, ROOT, tiny_config
 
-ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
 needs_matplotlib = pytest.mark.skipif(missing_matplotlib() is not None, reason="matplotlib is not installed")
@@ -271,18 +270,10 @@ def test_sweep_render_writes_the_plots(run_copy: Path) -> None:
     assert len(pngs) == 8 and all(p.parent == run_copy / "plots" and p.read_bytes()[:8] == PNG_SIGNATURE for p in pngs)
 
 
-TINY = """\
-name: tiny-plots
-device: cpu
-models: [lstm, sdpa-flash]
-modes: [forward]
-dtype: [float32]
-grid: {batch: [1], seq_len: [8, 16]}
-d_model: 16
-heads: 2
-layers: 1
-timing: {target_ci: 0.2, min_samples: 3, min_time_s: 0.005, max_case_s: 0.1, warmup_max_s: 0.02}
-"""
+TINY = tiny_config(
+    "tiny-plots",
+    timing={"target_ci": 0.2, "min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.1, "warmup_max_s": 0.02},
+)
 
 
 @pytest.mark.slow

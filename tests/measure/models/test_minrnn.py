@@ -12,6 +12,7 @@ from attnbench.core.cases import Case, Mode
 from attnbench.core.flops import count_parameters
 from attnbench.measure.models import build_model, make_input, parameter_count, probe
 from attnbench.measure.models.minrnn import MinRNN, g, log_g, parallel_scan_log, sequential_scan
+from tests.support import tiny_case
 
 F64, F32 = torch.float64, torch.float32
 CELLS = ("mingru", "minlstm")
@@ -44,7 +45,7 @@ def output_and_grads(layer: MinRNN, x: torch.Tensor, grad_out: torch.Tensor) -> 
 
 def case(model: str, scan: str = "parallel", *, mode: Mode = "train", layers: int = 2, **options: object) -> Case:
     chosen = {"scan": scan, **options} if scan != "parallel" else dict(options)
-    return Case(model, mode, "float64", "cpu", 2, 9, 16, None, layers, True, tuple(sorted(chosen.items())))  # type: ignore[arg-type]
+    return tiny_case(model, mode=mode, dtype="float64", seq_len=9, layers=layers, **chosen)
 
 
 # --- the equations ----------------------------------------------------------------------------------------------

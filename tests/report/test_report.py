@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from attnbench.core.cases import Case
@@ -15,18 +12,7 @@ from attnbench.report.rows import render_csv
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
 from attnbench.results.store import load_run
-
-DATA = Path(__file__).parent / "data"
-FIXTURE = DATA / "runs" / "tiny-cpu"
-GOLDEN = DATA / "golden"
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if that is intended"
+from tests.support import FIXTURE, check_golden
 
 
 @pytest.mark.parametrize(

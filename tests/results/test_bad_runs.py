@@ -19,9 +19,8 @@ from attnbench.cli import app
 from attnbench.core.errors import EXIT_BAD_INPUT, ResultsError
 from attnbench.results.records import Result, Run
 from attnbench.results.store import load_run
+from tests.support import DATA, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data"
 BAD = DATA / "bad_runs"
 GOOD = DATA / "runs" / "tiny-cpu"
 ENTRIES = sorted(BAD.iterdir())

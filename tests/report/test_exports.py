@@ -36,7 +36,7 @@ from attnbench.report.exports import (
 )
 from attnbench.report.samples import COLUMNS, render_samples_csv, render_samples_jsonl, sample_rows
 from attnbench.results.store import StoredRun, load_run
-from tests.test_report import FIXTURE, check_golden
+from tests.support import FIXTURE, check_golden
 
 runner = CliRunner()
 GAB_RANGE = re.compile(r"(?P<prefix>(\+-|±)\s*)(?P<value>\d.+)")  # the action's own pattern

@@ -22,8 +22,8 @@ from attnbench.measure.isolation import IsolatedExecutor
 from attnbench.measure.loop import OomSkipper, run_cases
 from attnbench.results.lock import RunLock
 from attnbench.results.records import Result
+from tests.support import ROOT, tiny_case, tiny_config
 
-ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 QUICK = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05)
 # A case that cannot end early: an unreachable CI target and a sample cap far above what 4 s holds (a tiny LSTM
@@ -32,8 +32,7 @@ SLOW = TimingPolicy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=
 
 
 def case(seq_len: int = 16, model: str = "lstm") -> Case:
-    heads = None if model in ("lstm", "gru") else 2
-    return Case(model, "forward", "float32", "cpu", 1, seq_len, 16, heads, 1, model in ("lstm", "gru"))
+    return tiny_case(model, batch=1, seq_len=seq_len)
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +109,13 @@ def test_a_second_writer_is_refused_naming_the_first(tmp_path: Path) -> None:
     RunLock(tmp_path).acquire().release()  # free again once released
 
 
-CONFIG = """\
-name: resilience
-device: cpu
-models: [lstm, gru, sdpa-flash, vanilla]
-modes: [forward]
-grid: {batch: [1], seq_len: [16, 32, 64]}
-d_model: 16
-heads: 2
-timing: {min_samples: 5, min_time_s: 0.3, max_case_s: 0.4, warmup_max_s: 0.05}
-"""
+CONFIG = tiny_config(
+    "resilience",
+    models=["lstm", "gru", "sdpa-flash", "vanilla"],
+    grid={"batch": [1], "seq_len": [16, 32, 64]},
+    # Slow enough (≥ 0.3 s a case) that a signal sent mid-sweep lands inside a case.
+    timing={"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05},
+)
 
 
 def start_sweep(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +21,8 @@ from attnbench.measure.telemetry.sampler import Channel, Failure, Sampler
 from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 NVML_METRICS = GPU_METRICS + GPM_METRICS
 
 

@@ -11,23 +11,17 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.report.rows import COLUMNS
+from tests.support import BAD_CONFIGS, tiny_config
 
 runner = CliRunner()
 
-TINY = """\
-name: tiny
-device: cpu
-models: [lstm, gru, vanilla, sdpa-flash, sdpa-efficient]
-modes: [forward, train]
-dtype: [float32]
-grid:
-  batch: [2]
-  seq_len: [16, 32]
-d_model: 32
-heads: 4
-layers: 1
-timing: {target_ci: 0.05, min_samples: 5, min_time_s: 0.01, max_case_s: 0.3, warmup_max_s: 0.05}
-"""
+TINY = tiny_config(
+    models=["lstm", "gru", "vanilla", "sdpa-flash", "sdpa-efficient"],
+    modes=["forward", "train"],
+    grid={"batch": [2], "seq_len": [16, 32]},
+    d_model=32,
+    heads=4,
+)
 
 
 @pytest.fixture(scope="module")
@@ -214,10 +208,10 @@ def test_ctrl_c_keeps_finished_rows_and_exits_130(tmp_path: Path, monkeypatch: p
     assert "2 of 4 cases finished" in out.output
 
 
-BAD_CONFIGS = sorted((Path(__file__).parent / "data" / "bad_configs").iterdir())
+BAD_CONFIG_FILES = sorted(BAD_CONFIGS.iterdir())
 
 
-@pytest.mark.parametrize("path", BAD_CONFIGS, ids=[p.name for p in BAD_CONFIGS])
+@pytest.mark.parametrize("path", BAD_CONFIG_FILES, ids=[p.name for p in BAD_CONFIG_FILES])
 def test_every_bad_config_is_an_error_a_hint_and_exit_2(path: Path) -> None:
     out = runner.invoke(app, ["validate", str(path)])
     assert out.exit_code == 2

@@ -39,11 +39,11 @@ from attnbench.core.stats import student_t_975
 from attnbench.report.compare_md import render_compare_markdown
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
+from tests.support import DATA as TEST_DATA
+from tests.support import GOLDEN, ROOT, tiny_case
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "data" / "compare"
+DATA = TEST_DATA / "compare"
 BASE, CURRENT = DATA / "base", DATA / "current"
-GOLDEN = ROOT / "tests" / "data" / "golden"
 runner = CliRunner()
 
 
@@ -196,7 +196,7 @@ def test_noise_floor_adds_in_quadrature_on_the_log_scale() -> None:
 
 
 def case(model: str = "lstm") -> Case:
-    return Case(model, "forward", "float32", "cpu", 2, 64, 32, None, 1, True)
+    return tiny_case(model, seq_len=64, d_model=32)
 
 
 def row(status: str = "ok", median: float = 1e-3, n: int = 200, spread: float = 0.002, **fields: Any) -> Result:

@@ -18,8 +18,8 @@ import typer.main
 import yaml
 
 from attnbench.cli import app
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
 COMPARE_DATA = ROOT / "tests" / "data" / "compare"
 

@@ -2,35 +2,51 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
-import torch
 
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.units import MIB
 from attnbench.measure.memory import RssPeak
+from tests.support import ROOT
 
 pytestmark = pytest.mark.skipif(not RssPeak.probe().available, reason=RssPeak.probe().reason or "no procfs")
 
 
+def peaks_in_a_fresh_process(*mibs: int) -> list[int]:
+    """Allocate and free float32 tensors of these sizes one after the other in a fresh Python, each between
+    ``start()`` and ``peak_bytes()``, and return the peaks. Fresh, as a sweep's worker is: in a process that has
+    run hundreds of tests, glibc's dynamic mmap threshold and heap state differ from any worker's."""
+    code = (
+        "import sys, torch\n"
+        "from attnbench.measure.memory import RssPeak\n"
+        "meter = RssPeak()\n"
+        "for mib in map(int, sys.argv[1:]):\n"
+        "    meter.start()\n"
+        "    x = torch.ones(mib * 2**20 // 4)  # float32: touched pages, so resident\n"
+        "    del x\n"
+        "    print(meter.peak_bytes())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code, *map(str, mibs)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    return [int(line) for line in out.stdout.split()]
+
+
 @pytest.mark.parametrize("mib", [8, 64, 256])
 def test_rss_peak_sees_a_tensor_of_known_size(mib: int) -> None:
-    meter = RssPeak()
-    meter.start()
-    x = torch.ones(mib * MIB // 4)  # float32: touched pages, so resident
-    del x
-    assert meter.peak_bytes() == pytest.approx(mib * MIB, rel=0.05, abs=2 * MIB)
+    (peak,) = peaks_in_a_fresh_process(mib)
+    assert peak == pytest.approx(mib * MIB, rel=0.05, abs=2 * MIB)
 
 
 def test_rss_peak_resets_between_measurements() -> None:
-    meter = RssPeak()
-    meter.start()
-    big = torch.ones(128 * MIB // 4)
-    del big
-    meter.start()
-    small = torch.ones(8 * MIB // 4)
-    del small
     # Freed pages went back to the OS, so the second reading is the small tensor alone.
-    assert meter.peak_bytes() == pytest.approx(8 * MIB, rel=0.05, abs=2 * MIB)
+    big, small = peaks_in_a_fresh_process(128, 8)
+    assert big == pytest.approx(128 * MIB, rel=0.05, abs=2 * MIB)
+    assert small == pytest.approx(8 * MIB, rel=0.05, abs=2 * MIB)
 
 
 def test_vanilla_materialises_scores_and_flash_does_not() -> None:

@@ -1,4 +1,4 @@
-"""report, validate and --help must work where torch and pynvml cannot be imported (DESIGN §2)."""
+"""report, validate and --help must work where torch and pynvml cannot be imported (ARCHITECTURE.md §2)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE_RUN = ROOT / "tests" / "data" / "runs" / "tiny-cpu"
+from tests.support import FIXTURE, ROOT
+
+FIXTURE_RUN = FIXTURE
 
 
 @pytest.fixture(scope="module")

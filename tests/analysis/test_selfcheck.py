@@ -8,11 +8,12 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis import selfcheck
-from attnbench.analysis.selfcheck import DO_BENCH, TIMER, OpCheck, Reference, SelfcheckOp, SelfcheckReport, summary_line
+from attnbench.analysis.selfcheck import OpCheck, Reference, SelfcheckReport, judge, summary_line
 from attnbench.cli import app
 from attnbench.measure import selfcheck as measure_selfcheck
 from attnbench.measure.selfcheck import ops_for, policy_for
 from attnbench.report.selfcheck_md import render_markdown, table_rows
+from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 
 runner = CliRunner()
 MATMUL = SelfcheckOp("matmul", "float32", size=512)
@@ -26,7 +27,7 @@ def check(ours: tuple[float, ...], timer: tuple[float, ...], bench: tuple[float,
 
 
 def report(*checks: OpCheck, timers: tuple[str, ...] = (TIMER,)) -> SelfcheckReport:
-    return SelfcheckReport("cpu", "Test CPU", "2.13.0", 2, 3, timers, checks, ("a note",))
+    return SelfcheckReport(SelfcheckTimings("cpu", "Test CPU", "2.13.0", 2, 3, timers, (), ("a note",)), checks)
 
 
 def test_ratio_is_the_median_of_per_round_ratios() -> None:
@@ -164,12 +165,22 @@ def test_quick_selfcheck_on_cpu(tmp_path: Path) -> None:
     assert DO_BENCH not in text  # no GPU here
 
 
+def timings(ours: tuple[float, ...], timer: tuple[float, ...]) -> SelfcheckTimings:
+    return SelfcheckTimings("cpu", "Test CPU", "2.13.0", 2, 3, (TIMER,), (OpTimings(MATMUL, ours, ((TIMER, timer),)),))
+
+
+def test_judge_keeps_every_round() -> None:
+    judged = judge(timings((1.0e-3, 1.1e-3, 0.9e-3), (1e-3,) * 3))
+    assert judged.checks == (check((1.0e-3, 1.1e-3, 0.9e-3), (1e-3,) * 3),)
+    assert judged.timings.device == "cpu" and judged.timings.rounds == 3
+
+
 def test_a_disagreement_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    failing = report(check((1.2e-3,) * 3, (1e-3,) * 3))
+    failing = timings((1.2e-3,) * 3, (1e-3,) * 3)
     monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: failing)
     result = runner.invoke(app, ["selfcheck", "--device", "cpu"])
     assert result.exit_code == 1
     assert "selfcheck FAILED: 1 of 1 gated ops disagree" in result.output
-    passing = report(check((1e-3,) * 3, (1e-3,) * 3))
+    passing = timings((1e-3,) * 3, (1e-3,) * 3)
     monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: passing)
     assert runner.invoke(app, ["selfcheck", "--device", "cpu"]).exit_code == 0

@@ -15,6 +15,7 @@ from attnbench.core.errors import ConfigError
 from attnbench.core.flops import count_parameters
 from attnbench.measure.models import build_model, make_input, parameter_count, probe
 from attnbench.measure.models.positional import Learned, Rotary, Sinusoidal, rotary_angles, sinusoid_table
+from tests.support import tiny_case
 
 F64 = torch.float64
 
@@ -28,10 +29,8 @@ def _one_thread() -> Iterator[None]:
 
 
 def case(model: str = "vanilla", positional: str = "none", **options: object) -> Case:
-    recurrent = model in ("lstm", "gru", "mingru", "minlstm")
     chosen = {"positional": positional, **options} if positional != "none" else dict(options)
-    items = tuple(sorted(chosen.items()))
-    return Case(model, "train", "float64", "cpu", 2, 10, 16, None if recurrent else 4, 1, recurrent, items)  # type: ignore[arg-type]
+    return tiny_case(model, mode="train", dtype="float64", seq_len=10, heads=4, **chosen)
 
 
 # --- sinusoidal -------------------------------------------------------------------------------------------------

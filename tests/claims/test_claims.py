@@ -22,10 +22,8 @@ from attnbench.report.claims_md import claims_table, render_claims_json, render_
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result, Run
 from attnbench.results.telemetry import TelemetrySummary
+from tests.support import FIXTURE, GOLDEN
 
-DATA = Path(__file__).parent / "data"
-FIXTURE = DATA / "runs" / "tiny-cpu"
-GOLDEN = DATA / "golden"
 LENGTHS = (128, 256, 512, 1024, 2048)
 RECURRENT = {"lstm", "gru", "mingru", "minlstm"}
 

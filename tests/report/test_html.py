@@ -18,7 +18,7 @@ from attnbench.report.plots import Plot, render_plots
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
 from attnbench.results.store import StoredRun, load_run
-from tests.test_report import FIXTURE, check_golden
+from tests.support import FIXTURE, check_golden
 
 runner = CliRunner()
 DATA_URI = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")

@@ -43,9 +43,8 @@ from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result, Run
 from attnbench.results.store import load_run
+from tests.support import FIXTURE, ROOT, tiny_config
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "data" / "runs" / "tiny-cpu"
 FP = "0123456789abcdef"
 runner = CliRunner()
 
@@ -467,19 +466,15 @@ def test_calibrate_cli_rejects_an_unknown_dtype() -> None:
 
 # --- the sweep stores the cached calibration ---------------------------------------------------------------------
 
-SWEEP = """\
-name: tiny-cal
-device: cpu
-models: [vanilla]
-modes: [forward]
-dtype: [float32]
-grid: {batch: [1], seq_len: [16]}
-d_model: 32
-heads: 4
-layers: 1
-timing: {target_ci: 0.2, min_samples: 3, min_time_s: 0.005, max_case_s: 0.2, warmup_max_s: 0.02}
-telemetry: off
-"""
+SWEEP = tiny_config(
+    "tiny-cal",
+    models=["vanilla"],
+    grid={"batch": [1], "seq_len": [16]},
+    d_model=32,
+    heads=4,
+    timing={"target_ci": 0.2, "min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.2, "warmup_max_s": 0.02},
+    telemetry="off",
+)
 
 
 def _sweep(tmp_path: Path) -> tuple[Path, str]:

@@ -1,0 +1,212 @@
+"""The architecture holds: every module imports only its own room and the rooms below it, and no two modules
+import each other in a circle (lazy imports inside functions included; ``if TYPE_CHECKING:`` aside).
+
+ARCHITECTURE.md draws the same table; a change to one is a change to the other.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "attnbench"
+
+# Each room and the rooms it may import (itself included). Lower rooms never import higher ones.
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset({"core"}),
+    "config": frozenset({"core", "config"}),
+    "results": frozenset({"core", "results"}),
+    "measure": frozenset({"core", "config", "results", "measure"}),
+    "analysis": frozenset({"core", "results", "analysis"}),
+    "claims": frozenset({"core", "results", "analysis", "claims"}),
+    "report": frozenset({"core", "results", "analysis", "claims", "report"}),
+    "cli": frozenset({"core", "config", "results", "measure", "analysis", "claims", "report", "cli"}),
+    # attnbench/__init__.py and __main__.py
+    "": frozenset({"core", "config", "results", "analysis", "claims", "report", "cli"}),
+}
+# Heavy or room-specific third-party packages, and the only rooms that may import them.
+THIRD_PARTY: dict[str, frozenset[str]] = {
+    "torch": frozenset({"measure"}),
+    "triton": frozenset({"measure"}),
+    "flash_attn": frozenset({"measure"}),
+    "pynvml": frozenset({"measure"}),
+    "psutil": frozenset({"measure"}),
+    "pydantic": frozenset({"config"}),
+    "typer": frozenset({"cli"}),
+    "rich": frozenset({"cli", "report"}),
+    "matplotlib": frozenset({"report"}),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module, dotted
+    target: str  # an attnbench module, or a third-party top-level name
+    line: int
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports_of(root: Path) -> tuple[set[str], list[Import]]:
+    """Every module under ``root`` and every import statement in it, lazy ones included, TYPE_CHECKING ones not.
+    ``from pkg import sub`` where ``pkg.sub`` is a module counts as importing ``pkg.sub`` alone."""
+    paths = sorted(root.rglob("*.py"))
+    modules = {module_name(p, root) for p in paths}
+    found: list[Import] = []
+    for path in paths:
+        source = module_name(path, root)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_lines(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom) or node.lineno in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    package = source.split(".") if path.name == "__init__.py" else source.split(".")[:-1]
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                subs = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [base, *subs]
+            for target in targets:
+                if target.split(".")[0] == root.name:
+                    while target not in modules and "." in target:  # `import a.b.c` names module a.b.c
+                        target = target.rsplit(".", 1)[0]
+                    if target != source:
+                        found.append(Import(source, target, node.lineno))
+                else:
+                    found.append(Import(source, target.split(".")[0], node.lineno))
+    return modules, found
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else ""
+
+
+def upward_imports(root: Path) -> list[str]:
+    """``source:line imports target`` for every import that leaves the rooms ``source`` may use."""
+    _, found = imports_of(root)
+    problems = []
+    for imp in found:
+        where = f"{imp.source}:{imp.line}"
+        if imp.target.split(".")[0] == root.name:
+            if room(imp.target) not in ALLOWED[room(imp.source)]:
+                problems.append(f"{where} imports {imp.target} ({room(imp.source) or 'top'} → {room(imp.target)})")
+        elif imp.target in THIRD_PARTY and room(imp.source) not in THIRD_PARTY[imp.target]:
+            problems.append(f"{where} imports {imp.target}, which belongs in {', '.join(THIRD_PARTY[imp.target])}")
+    return problems
+
+
+def circles(root: Path) -> list[list[str]]:
+    """Strongly connected groups of modules (Tarjan): each a set of modules that import each other in a ring."""
+    modules, found = imports_of(root)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in found:
+        if imp.target in graph:
+            graph[imp.source].add(imp.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return groups
+
+
+def test_no_module_imports_a_room_above_its_own() -> None:
+    assert upward_imports(PACKAGE) == []
+
+
+def test_no_two_modules_import_each_other_in_a_circle() -> None:
+    assert circles(PACKAGE) == []
+
+
+def test_the_top_level_shows_the_rooms() -> None:
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(loose) <= 6, loose
+    rooms = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(r for r in ALLOWED if r)
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> Path:
+    copy = tmp_path / "attnbench"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def test_a_planted_upward_import_is_caught(planted: Path) -> None:
+    stats = planted / "core" / "stats.py"
+    stats.write_text(
+        stats.read_text() + "\n\ndef _later() -> None:\n    from attnbench.results.store import load_run\n"
+    )
+    assert upward_imports(planted) == [
+        "attnbench.core.stats:" + str(len(stats.read_text().splitlines())) + " imports attnbench.results.store "
+        "(core → results)"
+    ]
+
+
+def test_a_planted_circle_is_caught(planted: Path) -> None:
+    units = planted / "core" / "units.py"
+    units.write_text(units.read_text() + "\n\ndef _later() -> None:\n    from attnbench.core import stats\n")
+    stats = planted / "core" / "stats.py"
+    stats.write_text(stats.read_text() + "\n\ndef _later() -> None:\n    from attnbench.core.units import KIB\n")
+    assert circles(planted) == [["attnbench.core.stats", "attnbench.core.units"]]
+
+
+def test_a_planted_torch_import_outside_measure_is_caught(planted: Path) -> None:
+    pivot = planted / "report" / "pivot.py"
+    pivot.write_text(pivot.read_text() + "\n\ndef _later() -> None:\n    import torch.nn\n")
+    assert [p.split(" imports ")[1] for p in upward_imports(planted)] == ["torch, which belongs in measure"]
+
+
+def test_type_checking_imports_are_allowed_to_point_anywhere(planted: Path) -> None:
+    stats = planted / "core" / "stats.py"
+    stats.write_text(
+        stats.read_text() + "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from attnbench.results.records import Result\n"
+    )
+    assert upward_imports(planted) == []

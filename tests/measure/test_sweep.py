@@ -1,0 +1,82 @@
+"""The library's sweep: plan, open, run, all without a console. Only the CLI prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnbench.core.cases import Case
+from attnbench.core.errors import AttnbenchError
+from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
+from attnbench.results.records import Result
+from attnbench.results.store import load_run
+from tests.support import tiny_config
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+
+    def started(self, index: int, case: Case) -> None:
+        self.events.append(("started", case.key))
+
+    def finished(self, index: int, result: Result) -> None:
+        self.events.append(("finished", result.case.key))
+
+    def warning(self, text: str) -> None:
+        self.events.append(("warning", text))
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(tiny_config(timing={"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.1}))
+    return path
+
+
+def test_the_library_sweep_writes_every_row_and_prints_nothing(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorder = Recorder()
+    request = SweepRequest(config, "cpu", tmp_path / "out", isolate=False)
+    with open_sweep(request) as sweep:
+        rows = sweep.run(recorder)
+        folder = sweep.folder
+    assert capsys.readouterr() == ("", "")  # nothing on stdout or stderr: progress went to the listener
+    stored = load_run(folder)
+    assert stored.run.state == "complete"
+    assert [r.case.key for r in stored.results] == [r.case.key for r in rows] and len(rows) == 4
+    assert [kind for kind, _ in recorder.events] == ["started", "finished"] * 4
+    assert [key for kind, key in recorder.events if kind == "finished"] == [r.case.key for r in rows]
+
+
+def test_an_interrupt_closes_the_folder_as_interrupted_and_keeps_the_rows(config: Path, tmp_path: Path) -> None:
+    class StopAfterTwo(Recorder):
+        def finished(self, index: int, result: Result) -> None:
+            super().finished(index, result)
+            if index == 1:
+                raise KeyboardInterrupt  # what the CLI's signal handler raises
+
+    with open_sweep(SweepRequest(config, "cpu", tmp_path / "out", isolate=False)) as sweep:
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run(StopAfterTwo())
+        folder = sweep.folder
+    stored = load_run(folder)
+    assert stored.run.state == "interrupted" and len(stored.results) == 2
+
+
+def test_a_refusal_is_raised_before_any_folder_exists(config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    request = SweepRequest(config, "cpu", out, overrides=("timing.processes=2",), isolate=False)
+    with pytest.raises(AttnbenchError, match="--no-isolate"):
+        plan_sweep(request)
+    with pytest.raises(AttnbenchError), open_sweep(request):
+        pass
+    assert not out.exists()
+
+
+def test_the_plan_lists_what_a_dry_run_shows(config: Path, tmp_path: Path) -> None:
+    plan = plan_sweep(SweepRequest(config, "cpu", tmp_path / "out"))
+    assert len(plan.cases) == len(plan.todo) == 4 and plan.stored is None
+    assert plan.settings.device == "cpu" and plan.settings.timing.max_case_s == 0.1
