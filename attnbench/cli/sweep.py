@@ -48,6 +48,9 @@ def sweep(
         Literal["off", "basic", "full"] | None,
         typer.Option("--telemetry", help="Hardware telemetry: off, basic, full (+ GPM).", show_default="config's"),
     ] = None,
+    label: Annotated[
+        str, typer.Option("--label", help="A free label for this run, shown by history and compare.")
+    ] = "",
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -75,6 +78,7 @@ def sweep(
         retry_failed=retry_failed,
         force=force,
         inject_slowdown=inject_slowdown,
+        label=label,
     )
     if dry_run:
         plan = plan_sweep(request)

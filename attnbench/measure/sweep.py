@@ -24,6 +24,7 @@ from attnbench.config.experiment import Experiment, load_experiment, load_experi
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ResultsError
 from attnbench.measure.devices import device_slug, resolve_device, use_threads
+from attnbench.measure.environment import code_identity, collect_environment
 from attnbench.measure.events import SweepListener
 from attnbench.measure.executor import Executor, ExecutorSettings
 from attnbench.measure.isolation import IsolatedExecutor
@@ -51,6 +52,7 @@ class SweepRequest:
     force: bool = False
     # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
     inject_slowdown: float = 0.0
+    label: str = ""  # a free label for this run (history and compare name runs by it)
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
         if plan.stored is not None:
             _check_same_environment(plan.stored, environment)
             folder = plan.stored.folder
+            # A resume keeps the run's code identity and label: the rows belong to the run as it was started.
             run = replace(plan.stored.run, state="running", finished_utc="")
             rewrite_rows(folder, lambda r: r.ok or not request.retry_failed)  # the same rule as plan.kept
         else:
@@ -222,6 +225,8 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
                 environment=environment.to_dict(),
                 command=tuple(sys.argv),
                 calibration=calibration,
+                code=code_identity(),
+                label=request.label,
             )
         yield Sweep(plan, RunWriter(folder, run), environment, tuple(warnings))
     finally:
@@ -230,8 +235,6 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
 
 
 def _environment(plan: SweepPlan) -> Environment:
-    from attnbench.measure.environment import collect_environment
-
     use_threads(plan.experiment.threads)  # before the environment records the thread count
     return collect_environment(plan.device)
 

@@ -4,7 +4,8 @@ with their one serialisation. Torch-free.
 Schema history (``SCHEMA_VERSION``):
   1 — first version: run.json (``Run``) + results.jsonl (one ``Result`` per line).
       Keys added since, all optional and absent when empty, so older files read back unchanged: run.json
-      ``calibration``; measurement ``warmup_moved``, ``replicate_medians_s``, ``injected_delay_s``. A reader older
+      ``calibration``, ``code`` (the benchmarked checkout), ``label``; measurement ``warmup_moved``,
+      ``replicate_medians_s``, ``injected_delay_s``. A reader older
       than a key refuses a file that carries it (unknown keys are errors), with the hint to upgrade.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
@@ -20,6 +21,7 @@ from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
+from attnbench.results.environment import CodeIdentity
 from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
 from attnbench.results.telemetry import TelemetrySummary
@@ -208,6 +210,15 @@ class Run:
     # The device's measured ceilings (attnbench calibrate), cached per machine when the sweep started; None when
     # there was none. Optional and absent when None, so runs written before it read back unchanged.
     calibration: Calibration | None = None
+    # The git checkout the sweep was started in (the benchmarked code) and a free label (sweep --label): what
+    # history and compare name a run by. Optional and absent when empty, as calibration.
+    code: CodeIdentity | None = None
+    label: str = ""
+
+    @property
+    def commit(self) -> str | None:
+        """The benchmarked commit, or None when the sweep did not run in a git checkout."""
+        return None if self.code is None else self.code.commit
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -223,6 +234,8 @@ class Run:
             "timing": self.timing.to_dict(),
             "environment": dict(self.environment),
             **({} if self.calibration is None else {"calibration": self.calibration.to_dict()}),
+            **({} if self.code is None else {"code": self.code.to_dict()}),
+            **({"label": self.label} if self.label else {}),
         }
 
     @classmethod
@@ -241,7 +254,7 @@ class Run:
         environment = d.get("environment", {})
         if not isinstance(environment, dict):
             raise fields.expected("environment", "an object", environment)
-        calibration = d.get("calibration")
+        calibration, code = d.get("calibration"), d.get("code")
         return cls(
             run_id=run_id,
             created_utc=fields.text(d["created_utc"], "created_utc"),
@@ -257,12 +270,24 @@ class Run:
             calibration=None
             if calibration is None
             else fields.nested("calibration", Calibration.from_dict, calibration),
+            code=None if code is None else fields.nested("code", CodeIdentity.from_dict, code),
+            label=fields.text(d.get("label", ""), "label"),
         )
 
 
 _RUN_REQUIRED = ("schema_version", "run_id", "created_utc", "config_sha256", "config")
 
-_RUN_OPTIONAL = ("finished_utc", "state", "command", "config_source", "timing", "environment", "calibration")
+_RUN_OPTIONAL = (
+    "finished_utc",
+    "state",
+    "command",
+    "config_source",
+    "timing",
+    "environment",
+    "calibration",
+    "code",
+    "label",
+)
 
 
 def _timing_from_dict(data: object) -> TimingPolicy:
