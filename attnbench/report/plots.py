@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.units import format_bytes, format_rate, format_seconds
@@ -554,7 +554,17 @@ def plots_or_notice(
         return [], exc.message
 
 
-def write_plots(plots: Sequence[Plot], folder: Path) -> list[Path]:
+class Png(Protocol):
+    """Anything drawn to a PNG with a file name: a run's ``Plot``, a history page."""
+
+    @property
+    def filename(self) -> str: ...
+
+    @property
+    def png(self) -> bytes: ...
+
+
+def write_plots(plots: Sequence[Png], folder: Path) -> list[Path]:
     """Write each plot as ``folder/<filename>`` (atomically: a reader never sees half a PNG)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,45 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
+_INTEGER_COLUMNS = frozenset(
+    {
+        "batch",
+        "seq_len",
+        "d_model",
+        "heads",
+        "layers",
+        "samples",
+        "calls_per_sample",
+        "warmup_calls",
+        "parameters",
+        "telemetry_samples",
+        "flops",
+        "warmup_moved",
+        "replicates",
+        "kernels_per_call",
+    }
+)
+_BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound"})
+_TEXT_COLUMNS = frozenset(
+    {
+        *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
+        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source"),
+    }
+)
+# The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
+# the Python API are typed by. A column added to COLUMNS must be given its type here (a test holds them equal).
+COLUMN_TYPES: dict[str, type] = {}
+for _column in COLUMNS:
+    if _column in METRIC_TYPES:
+        COLUMN_TYPES[_column] = METRIC_TYPES[_column]
+    elif _column in _INTEGER_COLUMNS:
+        COLUMN_TYPES[_column] = int
+    elif _column in _BOOL_COLUMNS:
+        COLUMN_TYPES[_column] = bool
+    else:
+        COLUMN_TYPES[_column] = str if _column in _TEXT_COLUMNS else float
+
+
 def _ms(seconds: float) -> float | None:
     # An interval with too few samples is unbounded; the CSV says "unknown" (empty) rather than inf.
     return to_ms(seconds) if seconds not in (float("inf"), float("-inf")) else None
@@ -178,19 +217,7 @@ def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
     import pandas as pd
 
     frame = pd.DataFrame(summary_rows(results, run), columns=list(COLUMNS))
-    integers = [name for name in METRICS if METRIC_TYPES[name] is int]
-    for column in (
-        "heads",
-        "samples",
-        "calls_per_sample",
-        "warmup_calls",
-        "parameters",
-        "telemetry_samples",
-        "flops",
-        "warmup_moved",
-        "replicates",
-        "kernels_per_call",
-        *integers,
-    ):
+    # Nullable integers, so an empty cell stays empty instead of turning the column into floats ("2.0").
+    for column in (name for name, kind in COLUMN_TYPES.items() if kind is int):
         frame[column] = frame[column].astype("Int64")
     return str(frame.to_csv(index=False, float_format="%.6g", lineterminator="\n"))

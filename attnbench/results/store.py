@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -216,6 +216,44 @@ def load_run(folder: str | Path) -> StoredRun:
     run = _load_run_file(path / RUN_FILE)
     results, warnings = _load_rows(path / RESULTS_FILE)
     return StoredRun(path, run, tuple(results), tuple(warnings))
+
+
+SKIPPED = "skipped "  # how load_runs' warnings about a run it left out begin
+
+
+def run_folders(path: str | Path) -> list[Path]:
+    """``path`` itself when it is a run folder, else the run folders directly inside it (name order): how every
+    command that takes "a run or a folder of runs" reads its argument. Empty when there is none."""
+    path = Path(path)
+    if (path / RUN_FILE).exists() or not path.is_dir():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_dir() and (p / RUN_FILE).is_file())
+
+
+def load_runs(paths: Iterable[str | Path], *, skip_bad: bool = False) -> tuple[list[StoredRun], list[str]]:
+    """Every run in ``paths`` (each a run folder or a folder of runs), in the order given, and the warnings
+    reading them raised. With ``skip_bad`` a run that does not read is left out with a warning naming it and
+    why; otherwise its ``ResultsError`` propagates. A path holding no run at all is an error either way."""
+    runs: list[StoredRun] = []
+    warnings: list[str] = []
+    for given in paths:
+        folders = run_folders(given)
+        if not folders:
+            raise ResultsError(
+                f"{given}: holds no run (no {RUN_FILE}, no run folders inside)",
+                hint="pass run folders written by 'attnbench sweep', or folders that hold them",
+            )
+        for folder in folders:
+            try:
+                stored = load_run(folder)
+            except ResultsError as exc:
+                if not skip_bad:
+                    raise
+                warnings.append(f"{SKIPPED}{folder}: {exc.message}")
+                continue
+            runs.append(stored)
+            warnings += stored.warnings
+    return runs, warnings
 
 
 def rewrite_rows(folder: Path, keep: Callable[[Result], bool]) -> None:
