@@ -17,8 +17,8 @@ runs. Two refinements make that work on a real machine, where most of the noise 
   fewer than half the cases move for their own reasons). Steps in the shift itself are reported as run-level
   steps ("every case moved together from run k": a change of machine, of load, or of code every case runs);
   each case's series is divided by it before its own steps are looked for, so a case's step is a step
-  *beyond* what the whole run did. On series with 3 % shared and 1 % own noise this finds a 10 % step in one
-  case of 16 at run 7 of 12 in 37 of 40 simulated histories (12 of 40 without the division), with no other.
+  *beyond* what the whole run did. On simulated histories where most noise is shared, this is what finds a 10 %
+  step in one case without false ones elsewhere (results/history-detection-rates.md, scripts/history_rates.py).
 * **Family-wise over the cases.** Each case is tested at 5 % / (cases in the segment), so a history of 20 cases
   reports a chance step in about 5 % of histories, not in most of them.
 """
@@ -172,6 +172,8 @@ def order_runs(runs: Sequence[StoredRun], repo: Path | None = None) -> tuple[lis
         return by_time, "time", "ordered by start time (git cannot order these commits in this checkout)"
     rank = {commit: i for i, commit in enumerate(order)}
     ordered = sorted(by_time, key=lambda s: rank[s.run.commit or ""])  # stable: same commit keeps time order
+    if len(order) == 1:
+        return ordered, "time", "ordered by start time (every run measured one commit)"
     return ordered, "commit", f"ordered by commit ({len(order)} commits, ancestors first; runs of one commit by time)"
 
 

@@ -75,7 +75,7 @@ def steps_rows(history: History) -> list[list[str]]:
                 [
                     f"{SHIFT_LABEL}, {segment.shift.cases} cases",
                     f"{at} ({run_name(segment.runs[step.index])})",
-                    f"×{step.before:.3f} → ×{step.after:.3f}",
+                    f"{format_change(step.before - 1)} → {format_change(step.after - 1)} vs a typical run",
                     format_change(step.change),
                     format_change_interval(step.low, step.high),
                     step_verdict(step, history.metric),
