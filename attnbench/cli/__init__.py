@@ -14,10 +14,11 @@ from typing import Annotated
 import typer
 
 from attnbench.cli import claims, compare, device, history, info, report, sweep
-from attnbench.cli.common import state
+from attnbench.cli.common import Command, Group, state
 
 app = typer.Typer(
     name="attnbench",
+    cls=Group,
     help="Measure recurrent networks against self-attention across sequence lengths, honestly.",
     no_args_is_help=True,
     add_completion=False,
@@ -43,7 +44,7 @@ for command in (
     device.calibrate,
     device.selfcheck,
 ):
-    app.command()(command)
+    app.command(cls=Command)(command)
 
 
 def run() -> None:

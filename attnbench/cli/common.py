@@ -3,6 +3,7 @@ declared once. The CLI is the only room that prints, exits or handles signals.""
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -13,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from attnbench.core.errors import AttnbenchError
 
@@ -25,6 +27,37 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True, width=_PIPE_WIDTH
 state = {"debug": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+# ------------------------------------------------------------------------------------------- the command classes
+def _no_flag_metavar(params: list[Any]) -> list[Any]:
+    """A flag takes no value, so --help must not print one after it (typer writes ``<bool>``)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """Every command's class (``app.command(cls=Command)``): flags, --help included, show no metavar, and a
+    docstring's paragraphs read as paragraphs (rich help would keep the line breaks of the source)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            paragraphs = inspect.cleandoc(self.help).split("\n\n")
+            self.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavar(list(super().get_params(ctx)))
+
+
+class Group(TyperGroup):
+    """The app's class: as ``Command``, for the options before the command (--debug, --help)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavar(list(super().get_params(ctx)))
+
 
 # ------------------------------------------------------------------------------------------ options, declared once
 ConfigArg = Annotated[

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from attnbench.cli.common import DeviceOpt, SetOpt, handles_errors, stdout
 from attnbench.core.errors import AttnbenchError
+from attnbench.core.units import format_bytes
 
 
 @handles_errors
@@ -64,6 +65,9 @@ def env(device: DeviceOpt = None) -> None:
     environment = collect_environment(resolved)
     table = Table(show_header=False, box=None)
     for key, value in environment.to_dict().items():
+        if key.endswith("_bytes"):
+            # Sizes for a person to read; run.json keeps the bytes.
+            key, value = key.removesuffix("_bytes"), format_bytes(value) if isinstance(value, int) else value
         table.add_row(key, "" if value is None else escape(str(value)))
     for key, value in telemetry_status(resolved).items():
         table.add_row(f"telemetry.{key}", escape(value))

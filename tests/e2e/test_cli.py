@@ -277,3 +277,27 @@ def test_rows_carry_analytic_flops_with_their_formula(tiny_run: tuple[Path, str]
         expected = count_flops(Case.from_dict(result.case.to_dict()))
         assert int(row["flops"]) == expected.flops and row["flops_formula"] == expected.formula
         assert float(row["tflops"]) == pytest.approx(expected.flops / (float(row["median_ms"]) / 1e3) / 1e12, rel=1e-4)
+
+
+def _command_names() -> list[str]:
+    import typer
+
+    group = typer.main.get_command(app)
+    return list(group.commands)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in _command_names())])
+def test_help_shows_no_metavar_after_a_flag(command: list[str]) -> None:
+    """A flag takes no value: `--dry-run <bool>` would read as if it took one."""
+    out = runner.invoke(app, [*command, "--help"])
+    assert out.exit_code == 0, out.output
+    assert "<bool>" not in out.output
+    assert "--help" in out.output
+
+
+def test_env_prints_sizes_in_gib() -> None:
+    out = runner.invoke(app, ["env", "--device", "cpu"])
+    assert out.exit_code == 0
+    (line,) = [line for line in out.output.splitlines() if line.split()[:1] == ["memory"]]
+    assert line.rstrip().endswith("GiB"), line
+    assert "memory_bytes" not in out.output
