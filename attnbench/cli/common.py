@@ -82,12 +82,17 @@ QuickOpt = Annotated[bool, typer.Option("--quick", help="Tiny sizes: a smoke tes
 
 
 # ------------------------------------------------------------------------------------------------- the error path
-def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
-    """The one way errors reach the user: a red 'error:' line, a 'hint:' line, an exit code."""
+def print_error(message: str, hint: str = "") -> None:
+    """How an error reads: a red 'error:' line and a 'hint:' line, on stderr."""
     # User text (paths, keys, values) may hold brackets: escape it so rich never reads it as markup.
     stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     if hint:
         stderr.print(f"[yellow]hint:[/] {escape(hint)}", markup=True, soft_wrap=True)
+
+
+def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
+    """The one way errors end a command: the error printed, then the exit code to raise."""
+    print_error(message, hint)
     return typer.Exit(code)
 
 

@@ -301,3 +301,40 @@ def test_env_prints_sizes_in_gib() -> None:
     (line,) = [line for line in out.output.splitlines() if line.split()[:1] == ["memory"]]
     assert line.rstrip().endswith("GiB"), line
     assert "memory_bytes" not in out.output
+
+
+def test_validate_takes_several_files_and_says_which_failed(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(TINY)
+    other = tmp_path / "other.yaml"
+    other.write_text(tiny_config("other"))
+    bad = BAD_CONFIGS / "unknown-model.yaml"
+    out = runner.invoke(app, ["validate", str(good), str(bad), str(other)])
+    assert out.exit_code == 2, out.output
+    lines = out.output.strip().splitlines()
+    assert lines[0].startswith(f"ok: {good} → 20 cases")
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:2, key 'models[0]'")
+    assert lines[lines.index(errors[0]) + 1].startswith("hint: ")
+    assert any(line.startswith(f"ok: {other} → 4 cases") for line in lines)
+    assert lines[-1] == "3 configs: 2 ok, 1 failed"
+    assert "Traceback" not in out.output
+
+
+def test_validate_every_shipped_config_and_a_folder(tmp_path: Path) -> None:
+    from tests.support import ROOT
+
+    shipped = sorted((ROOT / "configs").glob("*.yaml"))
+    out = runner.invoke(app, ["validate", *map(str, shipped)])
+    assert out.exit_code == 0, out.output
+    assert out.output.count("ok: ") == len(shipped)
+    (tmp_path / "a.yaml").write_text(TINY)
+    (tmp_path / "b.yml").write_text(tiny_config("b"))
+    (tmp_path / "notes.txt").write_text("not a config")
+    out = runner.invoke(app, ["validate", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert out.output.count("ok: ") == 2 and "2 configs: 2 ok, 0 failed" in out.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = runner.invoke(app, ["validate", str(empty)])
+    assert out.exit_code == 2 and "no *.yaml files" in out.output and "hint:" in out.output
