@@ -21,10 +21,11 @@ from attnbench.cli.common import (
 from attnbench.cli.progress import SweepDisplay
 from attnbench.cli.signals import Interrupts
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
+from attnbench.core.units import format_duration
 from attnbench.results.records import FAILED
 
 if TYPE_CHECKING:
-    from attnbench.measure.sweep import Sweep
+    from attnbench.measure.sweep import Sweep, SweepPlan
 
 
 @handles_errors
@@ -62,7 +63,8 @@ def sweep(
         ),
     ] = 0.0,
 ) -> None:
-    """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
+    """Run an experiment into a new run folder, results/runs/<run_id>/ by default (run.json, results.jsonl,
+    summary.csv, summary.md, plots/)."""
     from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
 
     if retry_failed and resume is None:
@@ -79,13 +81,10 @@ def sweep(
         force=force,
         inject_slowdown=inject_slowdown,
         label=label,
+        dry_run=dry_run,
     )
     if dry_run:
-        plan = plan_sweep(request)
-        print_warnings(plan.warnings)
-        for case in plan.todo:
-            stdout.print(case.key, markup=False, highlight=False)
-        stdout.print(f"{len(plan.todo)} cases on {plan.device} (dry run: nothing measured)", markup=False)
+        _print_plan(plan_sweep(request))
         return
     with open_sweep(request) as run:
         plan, environment = run.plan, run.environment
@@ -106,6 +105,24 @@ def sweep(
         code = _run_and_render(run, quiet)
     if code:
         raise typer.Exit(code)
+
+
+def _print_plan(plan: SweepPlan) -> None:
+    """--dry-run: every case key, the count, how the device was told (without torch), and the time budget."""
+    print_warnings(plan.warnings)
+    for case in plan.todo:
+        stdout.print(case.key, markup=False, highlight=False)
+    stdout.print(f"{len(plan.todo)} cases on {plan.device} (dry run: nothing measured)", markup=False)
+    if plan.device_basis:
+        stdout.print(f"device: auto → {plan.device} ({plan.device_basis})", markup=False)
+    timing = plan.experiment.timing
+    processes = f" × {timing.processes} processes" if timing.processes > 1 else ""
+    stdout.print(
+        f"estimate: up to {format_duration(plan.budget_s)} of warm-up and sampling ({len(plan.todo)} cases"
+        f"{processes} × timing.max_case_s {timing.max_case_s:g} s); cases that converge stop sooner, and "
+        "building models and starting up come on top",
+        markup=False,
+    )
 
 
 def _run_and_render(run: Sweep, quiet: bool) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 from attnbench.config.experiment import Experiment, load_experiment, load_experiment_text, resolved_text
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ResultsError
-from attnbench.measure.devices import device_slug, resolve_device, use_threads
+from attnbench.measure.devices import device_slug, guess_device, resolve_device, use_threads
 from attnbench.measure.environment import code_identity, collect_environment
 from attnbench.measure.events import SweepListener
 from attnbench.measure.executor import Executor, ExecutorSettings
@@ -53,6 +53,8 @@ class SweepRequest:
     # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
     inject_slowdown: float = 0.0
     label: str = ""  # a free label for this run (history and compare name runs by it)
+    # Plan only (--dry-run): tell the device without importing torch, which costs seconds (devices.guess_device).
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,16 @@ class SweepPlan:
     kept: tuple[Result, ...]  # the stored rows a resume keeps
     isolate: bool
     warnings: tuple[str, ...] = ()
+    device_basis: str = ""  # a dry run tells "auto" without torch: what its answer rests on
+
+    @property
+    def budget_s(self) -> float:
+        """The most the cases left should spend warming up and sampling: each case stops at timing.max_case_s,
+        warm-up included, in each of timing.processes workers. An estimate, not a promise: a case that converges
+        stops sooner, and building models, starting workers, the memory pass and a single call longer than the
+        budget come on top."""
+        timing = self.experiment.timing
+        return len(self.todo) * timing.processes * timing.max_case_s
 
     @property
     def settings(self) -> ExecutorSettings:
@@ -89,15 +101,26 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     Raises ``AttnbenchError`` with a hint for anything a person must change; writes nothing."""
     stored: StoredRun | None = None
     warnings: list[str] = []
+    basis: list[str] = []
+
+    def resolve(wanted: str) -> str:
+        if not request.dry_run:
+            return resolve_device(wanted)
+        guess = guess_device(wanted)
+        basis.append(guess.basis)
+        if guess.problem and guess.problem not in warnings:
+            warnings.append(guess.problem)
+        return guess.device
+
     if request.resume is not None:
         stored = load_run(request.resume)
         warnings += stored.warnings
         experiment = _resume_experiment(request, stored)
-        device = resolve_device(request.device or str(stored.run.environment.get("device", "cpu")))
+        device = resolve(request.device or str(stored.run.environment.get("device", "cpu")))
     else:
-        device_type = resolve_device(request.device or "auto").split(":")[0] if request.config is None else "cpu"
+        device_type = resolve(request.device or "auto").split(":")[0] if request.config is None else "cpu"
         experiment = load_experiment(request.config, request.overrides, device_type=device_type, force=request.force)
-        device = resolve_device(request.device or experiment.device)
+        device = resolve(request.device or experiment.device)
     if request.inject_slowdown and not device.startswith("cpu"):
         raise AttnbenchError(
             f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
@@ -127,7 +150,8 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     done = {r.case.key for r in kept}
     cases = tuple(experiment.cases(device))
     todo = tuple(case for case in cases if case.key not in done)
-    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings))
+    device_basis = basis[-1] if basis else ""  # the device's own, after the builtin config's choice
+    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings), device_basis)
 
 
 def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:

@@ -102,6 +102,8 @@ def test_dry_run_lists_cases_without_measuring(tmp_path: Path) -> None:
     out = runner.invoke(app, ["sweep", str(config), "--dry-run", "--set", "grid.seq_len=[8]"])
     assert out.exit_code == 0
     assert "10 cases on cpu (dry run" in out.output
+    # A budget, not a promise: 10 cases of QUICK_TIMING's 0.3 s.
+    assert "estimate: up to 3 s of warm-up and sampling (10 cases × timing.max_case_s 0.3 s)" in out.output
     assert not (tmp_path / "results").exists()
 
 

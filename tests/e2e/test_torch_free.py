@@ -60,6 +60,22 @@ def test_validate_and_help_without_torch(blocked_env: dict[str, str]) -> None:
     assert attnbench(blocked_env, "report", "--help").returncode == 0
 
 
+def test_sweep_dry_run_without_torch(blocked_env: dict[str, str]) -> None:
+    """Issue 18: a dry run lists the cases and budgets the time without importing torch (seconds saved), telling
+    "auto" from the files torch and the driver leave."""
+    out = attnbench(blocked_env, "sweep", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "32 cases on cpu (dry run: nothing measured)" in lines
+    assert any(line.startswith("device: auto → cpu (") and "told without importing torch" in line for line in lines)
+    assert any(line.startswith("estimate: up to 48 s of warm-up and sampling (32 cases") for line in lines)
+    gpu = attnbench(blocked_env, "sweep", "configs/default-cuda.yaml", "--device", "cuda", "--dry-run")
+    assert gpu.returncode == 0, gpu.stderr
+    assert "96 cases on cuda:0 (dry run" in gpu.stdout
+    assert "the sweep itself would refuse 'cuda'" in gpu.stderr and "Traceback" not in gpu.stderr
+    assert attnbench(blocked_env, "sweep", "--help").returncode == 0
+
+
 def test_bad_report_input_without_torch_is_a_clean_error(blocked_env: dict[str, str]) -> None:
     out = attnbench(blocked_env, "report", "tests")
     assert out.returncode == 2
