@@ -1,4 +1,4 @@
-"""Rich renderables for the terminal: the comparison tables and one line per finished case."""
+"""Rich renderables for the terminal: the comparison tables, the telemetry table and one line per finished case."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.text import Text
 from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.cells import column_headers, memory_text, run_checks, time_text
 from attnbench.report.pivot import pivot_tables
+from attnbench.report.telemetry import INTRO, telemetry_table
 from attnbench.results.records import Result, Run
 
 
@@ -70,3 +71,19 @@ def _checks(run: Run | None, results: Sequence[Result]) -> list[Text]:
     out = [Text(checks.summary, style="bold")] if checks.summary else []
     out += [Text(f"  {c.text} — {c.reason}", style="yellow") for c in checks.flagged]
     return out + [Text(f"above 100 % of peak: {line}", style="bold red") for line in checks.over_peak]
+
+
+def telemetry_renderable(results: Sequence[Result]) -> Table:
+    """``report --telemetry`` in a terminal: the markdown's table (``telemetry_table``) as a rich table, with what
+    every case label shares (dtype, batch, width…) said once in the caption, so the case column stays narrow."""
+    table = telemetry_table(results)
+    labels = [row[0].split() for row in table.rows]
+    shared = [word for word in labels[0] if all(word in label for label in labels)] if labels else []
+    caption = f"{INTRO} {table.footer(' '.join(shared))}"
+    out = Table(title="Telemetry per case", title_justify="left", caption=caption, caption_justify="left")
+    for header in table.headers:
+        # "cpu % (process)" on two lines: a figure's column is as narrow as its figures, the case keeps its width.
+        out.add_column(header.replace(" (", "\n("), justify="left" if header in ("case", "note") else "right")
+    for words, row in zip(labels, table.rows, strict=True):
+        out.add_row(" ".join(w for w in words if w not in shared), *row[1:])
+    return out

@@ -243,7 +243,16 @@ def test_report_shows_the_telemetry_table(tiny_run: tuple[Path, str]) -> None:
     folder, _ = tiny_run
     out = runner.invoke(app, ["report", str(folder), "--telemetry"])
     assert out.exit_code == 0
-    assert "# Telemetry per case" in out.stdout and "lstm forward float32 b=2 n=16 d=32" in out.stdout
+    # A rich table by default, with only the columns a CPU run has values in.
+    assert out.stdout.startswith("Telemetry per case") and "┃ case" in out.stdout
+    assert "cpu %" in out.stdout and "gpu util" not in out.stdout and "power W" not in out.stdout
+    md = runner.invoke(app, ["report", str(folder), "--telemetry", "-f", "md"])
+    assert md.exit_code == 0
+    assert "# Telemetry per case" in md.stdout and "| lstm forward float32 b=2 n=16 d=32" in md.stdout
+    # The unsupported rows have no telemetry, so the note differs between rows and stays in its column.
+    assert "gpu util" not in md.stdout and "| all GPU metrics: CPU run" in md.stdout
+    refused = runner.invoke(app, ["report", str(folder), "--telemetry", "-f", "csv"])
+    assert refused.exit_code == 2 and "-f md" in refused.output
 
 
 def test_telemetry_off_records_nothing(tmp_path: Path) -> None:

@@ -85,7 +85,10 @@ def test_bad_report_input_without_torch_is_a_clean_error(blocked_env: dict[str, 
 def test_report_telemetry_without_torch_or_pynvml(blocked_env: dict[str, str]) -> None:
     out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--telemetry")
     assert out.returncode == 0, out.stderr
-    assert "# Telemetry per case" in out.stdout
+    assert out.stdout.startswith("Telemetry per case")
+    md = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--telemetry", "-f", "md")
+    assert md.returncode == 0, md.stderr
+    assert "# Telemetry per case" in md.stdout
 
 
 @pytest.mark.parametrize("fmt", ["table", "md", "json"])
