@@ -3,7 +3,7 @@
 This package builds the typer app and registers each command module's functions on it; the modules never import
 ``app`` back. Each command is thin: parse typed options (declared once in ``common``), call the library, hand the
 result to a renderer. torch is imported only inside the commands that run models, so ``report``, ``compare``,
-``claims``, ``validate`` and ``--help`` work on a machine without it.
+``claims``, ``validate``, ``schema``, ``sweep --dry-run`` and ``--help`` work on a machine without it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ for command in (
     sweep.sweep,
     report.report,
     info.validate,
+    info.schema,
     info.models,
     info.env,
     claims.claims,

@@ -1,4 +1,5 @@
-"""``validate``, ``models`` and ``env``: what a config expands to, which models run here, what a run would record."""
+"""``validate``, ``schema``, ``models`` and ``env``: what a config expands to, the schema editors check configs
+against, which models run here, what a run would record."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.cli.common import DeviceOpt, SetOpt, handles_errors, print_error, state, stdout
+from attnbench.cli.common import (
+    DeviceOpt,
+    OutputOpt,
+    SetOpt,
+    handles_errors,
+    print_error,
+    state,
+    stdout,
+    write_or_print,
+)
 from attnbench.core.errors import EXIT_BAD_INPUT, AttnbenchError
 from attnbench.core.units import format_bytes
 
@@ -64,6 +74,15 @@ def _config_files(given: list[Path]) -> list[Path]:
         else:
             paths.append(path)
     return paths
+
+
+@handles_errors
+def schema(output: OutputOpt = None) -> None:
+    """Print the JSON Schema of a config, for editors: with a '# yaml-language-server: $schema=FILE' line at its top,
+    a config gets completion, key descriptions and marks on a wrong key as it is typed."""
+    from attnbench.config.schema import render_schema
+
+    write_or_print(render_schema(), output)
 
 
 @handles_errors

@@ -76,6 +76,15 @@ def test_sweep_dry_run_without_torch(blocked_env: dict[str, str]) -> None:
     assert attnbench(blocked_env, "sweep", "--help").returncode == 0
 
 
+def test_schema_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    out = attnbench(blocked_env, "schema")
+    assert out.returncode == 0, out.stderr
+    assert (ROOT / "configs" / "attnbench.schema.json").read_text(encoding="utf-8") == out.stdout
+    target = tmp_path / "schema.json"
+    assert attnbench(blocked_env, "schema", "-o", str(target)).returncode == 0
+    assert target.read_text(encoding="utf-8") == out.stdout
+
+
 def test_bad_report_input_without_torch_is_a_clean_error(blocked_env: dict[str, str]) -> None:
     out = attnbench(blocked_env, "report", "tests")
     assert out.returncode == 2
