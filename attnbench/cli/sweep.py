@@ -34,7 +34,9 @@ def sweep(
     device: SweepDeviceOpt = None,
     out: Annotated[Path, typer.Option("--out", help="Folder that receives the run folder.")] = Path("results/runs"),
     overrides: SetOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cases and stop.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the cases and the time budget, then stop (no torch).")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the paths written.")] = False,
     isolate: Annotated[
         bool | None,
