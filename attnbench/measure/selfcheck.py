@@ -201,7 +201,7 @@ def _built(op: SelfcheckOp, dev: torch.device) -> Iterator[Callable[[], object]]
     """The op as a no-argument callable, its inputs and weights made outside any timed region."""
     import torch
 
-    from attnbench.measure.models import build_model, make_input, torch_dtype
+    from attnbench.measure.models import build_model, make_input, pinned_backend, torch_dtype
 
     torch.manual_seed(0)
     dtype = torch_dtype(op.dtype)
@@ -224,7 +224,8 @@ def _built(op: SelfcheckOp, dev: torch.device) -> Iterator[Callable[[], object]]
             def forward() -> object:
                 return model(x)
 
-            yield forward
+            with pinned_backend(model):  # as the executor times it: a forced backend set once, not per call
+                yield forward
     finally:
         gc.collect()
         if dev.type == "cuda":

@@ -22,7 +22,15 @@ from attnbench.measure.clocks import clock_for
 from attnbench.measure.executor import ExecutorSettings
 from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels
 from attnbench.measure.memory import RssPeak
-from attnbench.measure.models import build_model, make_input, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
+from attnbench.measure.models import (
+    build_model,
+    make_input,
+    parameter_count,
+    pinned_backend,
+    probe,
+    sdpa_kernel_chosen,
+    torch_dtype,
+)
 from attnbench.measure.telemetry import open_telemetry
 from attnbench.measure.timing import measure
 from attnbench.results.files import utc_now
@@ -161,7 +169,8 @@ class TorchExecutor:
                 graph_out.backward(grad_out, retain_graph=True)
                 return None
 
-        with grad_mode():
+        # A forced SDPA backend is set once around every call below, not per layer inside each (SdpaCore).
+        with grad_mode(), pinned_backend(model):
             timed = step
             if self.device.type == "cuda":
                 if self.policy.cuda_graph:  # forward only: run() refused the other modes before any setup

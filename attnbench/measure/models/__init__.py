@@ -5,6 +5,7 @@ The names and options live in the torch-free ``attnbench.core.catalogue``; this 
 
 from __future__ import annotations
 
+from attnbench.measure.models.attention import pinned_backend
 from attnbench.measure.models.registry import (
     BUILDERS,
     availability,
@@ -22,6 +23,7 @@ __all__ = [
     "build_model",
     "make_input",
     "parameter_count",
+    "pinned_backend",
     "probe",
     "sdpa_kernel_chosen",
     "torch_dtype",

@@ -1,0 +1,120 @@
+"""The in-process executor on real tiny CPU models: what a row records, and what the timed calls pay for."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+
+from attnbench.core.cases import TimingPolicy
+from attnbench.measure.executor import ExecutorSettings
+from attnbench.measure.models import attention, build_model, make_input, pinned_backend
+from attnbench.measure.torch_executor import TorchExecutor
+from tests.support import QUICK_TIMING, tiny_case
+
+QUICK = TimingPolicy(**QUICK_TIMING)  # type: ignore[arg-type]
+
+
+def executor(**settings: Any) -> TorchExecutor:
+    return TorchExecutor(ExecutorSettings("cpu", settings.pop("timing", QUICK), telemetry="off", **settings))
+
+
+# ---------------------------------------------------------------- forced SDPA backends (issue 12, item 4)
+
+
+@pytest.fixture
+def sdpa_kernel_entries(monkeypatch: pytest.MonkeyPatch) -> list[SDPBackend]:
+    """Every entry into torch's ``sdpa_kernel`` made through the attention module, in order."""
+    entries: list[SDPBackend] = []
+    real = attention.sdpa_kernel
+
+    @contextlib.contextmanager
+    def counting(backend: SDPBackend, *args: Any, **kwargs: Any) -> Iterator[None]:
+        entries.append(backend)
+        with real(backend, *args, **kwargs):
+            yield
+
+    monkeypatch.setattr(attention, "sdpa_kernel", counting)
+    return entries
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_a_forced_backend_is_entered_once_per_case_not_per_call_and_layer(
+    sdpa_kernel_entries: list[SDPBackend], mode: str
+) -> None:
+    layers = 4
+    case = tiny_case("sdpa-math", mode=mode, layers=layers)  # type: ignore[arg-type]
+    # A budget the first backward of a process (autograd's thread starting) cannot use up on its own.
+    result = executor(timing=replace(QUICK, max_case_s=2.0, warmup_max_s=0.5)).run(case)
+    assert result.ok, result.reason
+    m = result.timing
+    calls = m.warmup_calls + len(m.samples_s) * m.calls_per_sample + 1  # + the peak-memory call
+    assert calls > 2 * layers
+    # The probe's one-layer forward and train's forward for the gradient's shape (both untimed) enter per layer;
+    # every timed call runs inside the one scope the executor opened. Before, every call entered once per layer.
+    outside = 1 + (layers if mode == "train" else 0)
+    assert len(sdpa_kernel_entries) == outside + 1
+    assert set(sdpa_kernel_entries) == {SDPBackend.MATH}
+
+
+def test_a_forced_core_pays_what_dispatch_pays_per_call(sdpa_kernel_entries: list[SDPBackend]) -> None:
+    """The per-call host overhead of a forced core equals ``sdpa``'s: inside the executor's scope neither enters
+    a context manager per call (counted), and their times agree (interleaved, fastest of many rounds)."""
+    forced, dispatch = (tiny_case(m, batch=1, seq_len=8, d_model=64, heads=4, layers=8) for m in ("sdpa-flash", "sdpa"))
+    models = {}
+    for case in (forced, dispatch):
+        torch.manual_seed(0)
+        models[case.model] = (build_model(case, "cpu", torch.float32).eval(), make_input(case, "cpu", torch.float32))
+    with torch.inference_mode():
+        model, x = models["sdpa-flash"]
+        with pinned_backend(model):
+            before = len(sdpa_kernel_entries)
+            for _ in range(20):
+                model(x)
+            assert len(sdpa_kernel_entries) == before  # no entry per call
+        assert sdpa_kernel_entries == [SDPBackend.FLASH_ATTENTION]
+
+        def fastest(name: str, pinned: bool) -> float:
+            model, x = models[name]
+            with pinned_backend(model) if pinned else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    model(x)
+                return (time.perf_counter() - t0) / 20
+
+        # Load on a shared machine only ever adds time, so the fastest round of each is its overhead; a retry
+        # absorbs a round that load still spoilt. Unpinned, the forced core pays ~20 µs per layer (8 layers:
+        # ~35 % here), so the check would fail before the fix however quiet the machine.
+        ratios = []
+        for _attempt in range(3):
+            best = {"sdpa": float("inf"), "sdpa-flash": float("inf")}
+            for _ in range(15):
+                best["sdpa"] = min(best["sdpa"], fastest("sdpa", False))
+                best["sdpa-flash"] = min(best["sdpa-flash"], fastest("sdpa-flash", True))
+            ratios.append(best["sdpa-flash"] / best["sdpa"])
+            if ratios[-1] < 1.12:
+                break
+        assert min(ratios) < 1.12, ratios
+
+
+def test_pinned_backend_restores_the_flags_and_is_a_no_op_for_dispatch() -> None:
+    before = torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()
+    forced = build_model(tiny_case("sdpa-math"), "cpu", torch.float32)
+    with pinned_backend(forced):
+        assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert (torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()) == before
+    with pinned_backend(build_model(tiny_case("sdpa"), "cpu", torch.float32)):
+        assert (torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()) == before
+
+
+def test_a_forced_model_called_outside_the_scope_still_forces_its_backend() -> None:
+    case = tiny_case("sdpa-efficient")  # no CPU kernel: forced, it raises rather than fall back to another
+    model = build_model(case, "cpu", torch.float32)
+    with pytest.raises(RuntimeError, match="No viable backend"):
+        model(make_input(case, "cpu", torch.float32))
