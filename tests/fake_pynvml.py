@@ -89,8 +89,17 @@ CONSTANTS: dict[str, int] = {
     "NVML_CLOCK_GRAPHICS": 0,
     "NVML_CLOCK_SM": 1,
     "NVML_CLOCK_MEM": 2,
+    "NVML_CLOCK_ID_CURRENT": 0,
+    "NVML_CLOCK_ID_APP_CLOCK_TARGET": 1,
+    "NVML_FEATURE_DISABLED": 0,
+    "NVML_FEATURE_ENABLED": 1,
+    "NVML_DEVICE_MIG_DISABLE": 0,
+    "NVML_DEVICE_MIG_ENABLE": 1,
+    "NVML_TOTAL_POWER_SAMPLES": 0,
     "NVML_GPU_UTILIZATION_SAMPLES": 1,
     "NVML_MEMORY_UTILIZATION_SAMPLES": 2,
+    "NVML_PROCESSOR_CLK_SAMPLES": 5,
+    "NVML_MEMORY_CLK_SAMPLES": 6,
     "NVML_VALUE_TYPE_DOUBLE": 0,
     "NVML_VALUE_TYPE_UNSIGNED_INT": 1,
     "NVML_VALUE_TYPE_UNSIGNED_LONG": 2,
@@ -187,6 +196,15 @@ class FakeGpu:
     )
     gpm_errors: dict[int, int] = field(default_factory=dict)  # metric id -> NVML error code (counters busy, ...)
     not_supported: set[str] = field(default_factory=set)  # API function names raising NVMLError_NotSupported
+    # Settings (nvmlDeviceGet*PowerLimit*, clocks, modes): mW, MHz, NVML_FEATURE_* / NVML_DEVICE_MIG_* values.
+    power_limit_mw: int = 700_000
+    power_default_limit_mw: int = 700_000
+    power_limit_range_mw: tuple[int, int] = (200_000, 700_000)
+    app_sm_clock_mhz: int = 1980
+    app_mem_clock_mhz: int = 2619
+    persistence_mode: int = 1
+    ecc_mode: tuple[int, int] = (1, 1)  # (current, pending)
+    mig_mode: tuple[int, int] = (0, 0)  # (current, pending)
 
 
 class FakeHandle:
@@ -370,6 +388,33 @@ class FakeNvml:
         if sensor != CONSTANTS["NVML_TEMPERATURE_GPU"]:
             raise NVMLError(CONSTANTS["NVML_ERROR_INVALID_ARGUMENT"])
         return round(at(gpu.temp_c, self.now()))
+
+    def nvmlDeviceGetClock(self, handle: FakeHandle, clock_type: int, clock_id: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetClock", handle)
+        if clock_id == CONSTANTS["NVML_CLOCK_ID_CURRENT"]:
+            return self.nvmlDeviceGetClockInfo(handle, clock_type)
+        if clock_id != CONSTANTS["NVML_CLOCK_ID_APP_CLOCK_TARGET"]:
+            raise NVMLError(CONSTANTS["NVML_ERROR_NOT_SUPPORTED"])
+        return gpu.app_mem_clock_mhz if clock_type == CONSTANTS["NVML_CLOCK_MEM"] else gpu.app_sm_clock_mhz
+
+    # ---- settings ----
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
+        return self._gpu("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: FakeHandle) -> int:
+        return self._gpu("nvmlDeviceGetPowerManagementDefaultLimit", handle).power_default_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: FakeHandle) -> list[int]:
+        return list(self._gpu("nvmlDeviceGetPowerManagementLimitConstraints", handle).power_limit_range_mw)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: FakeHandle) -> int:
+        return self._gpu("nvmlDeviceGetPersistenceMode", handle).persistence_mode
+
+    def nvmlDeviceGetEccMode(self, handle: FakeHandle) -> list[int]:
+        return list(self._gpu("nvmlDeviceGetEccMode", handle).ecc_mode)
+
+    def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
+        return list(self._gpu("nvmlDeviceGetMigMode", handle).mig_mode)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
         return int(at(self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).throttle_mask, self.now()))

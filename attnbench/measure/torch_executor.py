@@ -25,9 +25,11 @@ from attnbench.measure.memory import RssPeak
 from attnbench.measure.models import (
     build_model,
     make_input,
+    math_precision_flag,
     parameter_count,
     pinned_backend,
     probe,
+    reduced_precision_math,
     sdpa_kernel_chosen,
     torch_dtype,
 )
@@ -74,6 +76,7 @@ class TorchExecutor:
         self.telemetry_interval_s = settings.interval_s
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)
+        reduced_precision_math()  # a bf16 row computes in bf16, sdpa-math included (README: "Precision")
         policy = settings.timing
         # A cold cache flushes exactly the device's L2 before every sample (a sample is one call then).
         flush = l2_flusher(self.device) if self.device.type == "cuda" and policy.cache == "cold" else None
@@ -128,6 +131,9 @@ class TorchExecutor:
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         if case.model == "sdpa":
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
+        if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
+            # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.
+            extra["math_sdp_reduced_precision"] = math_precision_flag()
         # Stored with the formula's id, so a later change of formula never silently changes an old row.
         work = count_flops(case)
         extra["flops"], extra["flops_formula"] = work.flops, work.formula

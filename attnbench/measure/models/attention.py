@@ -103,6 +103,31 @@ def pinned_backend(model: nn.Module) -> Iterator[None]:
             _PINNED.pop()
 
 
+def reduced_precision_math(*, apply: bool = True) -> bool | None:
+    """Let SDPA's math backend compute fp16/bf16 inputs in their own dtype (``apply``); True, or None where this
+    torch has no such switch.
+
+    Since torch 2.5 the math backend upcasts fp16/bf16 q, k and v to float32 unless
+    ``allow_fp16_bf16_reduction_math_sdp(True)`` (ATen ``_scaled_dot_product_attention_math``; on CPU too), so an
+    ``sdpa-math`` row labelled bf16 would do float32 work and be held against the bf16 tensor-core peak. attnbench
+    sets the switch, so every bf16 row computes in bf16 — the like-for-like comparison with ``vanilla`` (whose
+    softmax runs in the input dtype) and with the fused kernels. The flag is process-wide; run.json and each
+    attention row record it.
+    """
+    allow = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    if allow is None:
+        return None
+    if apply:
+        allow(True)
+    return True
+
+
+def math_precision_flag() -> bool | None:
+    """Whether SDPA's math backend keeps fp16/bf16 in their own dtype now (None: this torch has no switch)."""
+    allowed = getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed", None)
+    return None if allowed is None else bool(allowed())
+
+
 class FlashAttnCore(nn.Module):
     """``flash_attn.flash_attn_func`` from the Dao-AILab package (CUDA, fp16/bf16 only).
 
