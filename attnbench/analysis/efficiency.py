@@ -12,8 +12,9 @@ float32 matmul precision is "highest" (no TF32).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from attnbench.core.cases import Case
 from attnbench.core.peaks import SHORT_NAMES, VendorPeak, vendor_peak
@@ -46,8 +47,7 @@ class PeakTable:
     def for_run(cls, run: Run | None) -> PeakTable:
         if run is None:
             return cls(None, None)
-        gpu = run.environment.get("gpu_name")
-        return cls(run.calibration, vendor_peak(gpu if isinstance(gpu, str) else None))
+        return cls(run.calibration, vendor_for(run.environment)[0])
 
     def for_dtype(self, dtype: str) -> Peak | None:
         """The calibrated figure for ``dtype``, else the vendor's, else None."""
@@ -65,6 +65,27 @@ class PeakTable:
             if tf32 is not None:
                 return Peak(tf32.flops_per_s, tf32.source + _TF32_NOTE)
         return self.for_dtype(case.dtype)
+
+
+MIG_NOTE = (
+    "a MIG slice holds a fraction of the GPU's SMs and memory bandwidth, so the whole GPU's vendor peaks do not "
+    "apply; run 'attnbench calibrate' on the slice for peaks to hold rows against"
+)
+
+
+def vendor_for(environment: Mapping[str, Any]) -> tuple[VendorPeak | None, str]:
+    """The vendor entry a run's rows may be held against, and why there is none where there is none.
+
+    The GPU's name picks the part; its default power limit tells boards of one name apart (H200 NVL at 600 W
+    from SXM at 700 W); a MIG slice gets none (``MIG_NOTE``): a slice is not the GPU whose peaks the table holds.
+    """
+    name = environment.get("gpu_name")
+    if environment.get("gpu_mig") is True:
+        return None, MIG_NOTE
+    power = environment.get("gpu_power_default_limit_w")
+    power = power if isinstance(power, int | float) and not isinstance(power, bool) else None
+    vendor = vendor_peak(name if isinstance(name, str) else None, power)
+    return vendor, "" if vendor is not None or not name else f"no vendor entry matches {name!r}"
 
 
 def achieved_flops_per_s(result: Result) -> float | None:
@@ -188,8 +209,10 @@ def _vendor_text(vendor: VendorPeak | None, figure: float | None, dtype: str) ->
     return format_flops(figure)
 
 
-def vendor_line(device_name: str, vendor: VendorPeak | None, device_type: str) -> str:
+def vendor_line(device_name: str, vendor: VendorPeak | None, device_type: str, why_none: str = "") -> str:
     """Which vendor entry was matched, and from where; or why none was."""
+    if vendor is None and why_none == MIG_NOTE:
+        return f"vendor peaks: none: {MIG_NOTE}"
     if vendor is not None:
         return f"vendor peaks: {vendor.name} (matched {device_name!r}); source: {vendor.source}"
     if device_type == "cpu":

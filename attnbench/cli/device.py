@@ -59,7 +59,7 @@ def calibrate(
 ) -> None:
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) once per machine, and show them
     beside the vendor's peaks."""
-    from attnbench.core.peaks import vendor_peak
+    from attnbench.analysis.efficiency import vendor_for
     from attnbench.measure.ceilings import calibrate as measure_ceilings
     from attnbench.measure.devices import resolve_device, use_threads
     from attnbench.measure.environment import collect_environment
@@ -91,11 +91,13 @@ def calibrate(
             origin = "measured now (--quick: not cached, not used by sweeps)"
         else:
             origin = f"measured now; cached in {save(calibration)} for sweeps on this machine"
-    vendor = vendor_peak(environment.gpu_name)
-    _print_calibration(calibration, vendor, device_type, origin)
+    vendor, why_none = vendor_for(environment.to_dict())
+    _print_calibration(calibration, vendor, device_type, origin, why_none)
 
 
-def _print_calibration(calibration: Calibration, vendor: VendorPeak | None, device_type: str, origin: str) -> None:
+def _print_calibration(
+    calibration: Calibration, vendor: VendorPeak | None, device_type: str, origin: str, why_none: str = ""
+) -> None:
     from attnbench.analysis.efficiency import ceiling_rows, vendor_line
 
     table = Table(
@@ -107,7 +109,7 @@ def _print_calibration(calibration: Calibration, vendor: VendorPeak | None, devi
     for row in ceiling_rows(calibration, vendor):
         table.add_row(*(escape(cell) for cell in (row.what, row.measured, row.at, row.vendor, row.ratio, row.used)))
     stdout.print(table)
-    stdout.print(vendor_line(calibration.device_name, vendor, device_type), markup=False)
+    stdout.print(vendor_line(calibration.device_name, vendor, device_type, why_none), markup=False)
     for note in calibration.notes:
         stdout.print(f"note: {note}", markup=False)
     stdout.print(origin, markup=False)

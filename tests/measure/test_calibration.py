@@ -16,11 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis.efficiency import (
+    MIG_NOTE,
     PeakTable,
     achieved_flops_per_s,
     ceiling_rows,
     pct_of_peak,
     peak_flags,
+    vendor_for,
     vendor_line,
 )
 from attnbench.cli import app
@@ -288,6 +290,35 @@ def test_vendor_peak_when_not_calibrated_or_dtype_missing() -> None:
         assert peak.flops_per_s == pytest.approx(989.5e12)
     calibrated = PeakTable.for_run(run_for(gpu, only_fp32)).for_case(row(device="cuda:0").case)
     assert calibrated is not None and calibrated.source == "calibrated matmul float32"
+
+
+def test_an_h200_at_600_w_is_held_against_the_nvl_peaks() -> None:
+    """Both boards report "NVIDIA H200"; the default power limit (600 W NVL, 700 W SXM) tells them apart."""
+    case = row(dtype="bfloat16", device="cuda:0").case
+    sxm = {"device_type": "cuda", "gpu_name": "NVIDIA H200", "gpu_power_default_limit_w": 700.0}
+    nvl = {**sxm, "gpu_power_default_limit_w": 600.0}
+    unknown = {"device_type": "cuda", "gpu_name": "NVIDIA H200"}  # a run.json from before the power limit
+    for environment, name, flops in ((sxm, "SXM", 989.5e12), (nvl, "NVL", 835.5e12), (unknown, "SXM", 989.5e12)):
+        peak = PeakTable.for_run(run_for(environment)).for_case(case)
+        assert peak is not None and peak.source == f"vendor NVIDIA H200 {name} bf16 dense"
+        assert peak.flops_per_s == pytest.approx(flops)
+    assert vendor_peak("NVIDIA H200", 600.0).name == "NVIDIA H200 NVL"  # type: ignore[union-attr]
+    assert vendor_peak("NVIDIA H100 80GB HBM3", 600.0).name == "NVIDIA H100 SXM"  # type: ignore[union-attr]
+
+
+def test_a_mig_slice_is_not_held_against_the_whole_gpu() -> None:
+    mig = {"device_type": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_mig": True}
+    case = row(dtype="bfloat16", device="cuda:0").case
+    assert PeakTable.for_run(run_for(mig)).for_case(case) is None
+    vendor, why = vendor_for(mig)
+    assert vendor is None and why == MIG_NOTE
+    assert "MIG slice" in vendor_line("NVIDIA H100 80GB HBM3", None, "cuda", why)
+    # Its own calibration still applies: it was measured on the slice.
+    only_bf16 = calibration(matmul=(MatmulCeiling("bfloat16", 2e14, 8192, ((8192, 2e14),)),), skipped={})
+    calibrated = PeakTable.for_run(run_for(mig, only_bf16)).for_case(case)
+    assert calibrated is not None and calibrated.source == "calibrated matmul bfloat16"
+    whole = PeakTable.for_run(run_for({**mig, "gpu_mig": False})).for_case(case)
+    assert whole is not None and whole.source == "vendor NVIDIA H100 SXM bf16 dense"
 
 
 def test_no_peak_on_a_cpu_without_calibration() -> None:
