@@ -88,18 +88,21 @@ def vendor_for(environment: Mapping[str, Any]) -> tuple[VendorPeak | None, str]:
     return vendor, "" if vendor is not None or not name else f"no vendor entry matches {name!r}"
 
 
-def achieved_flops_per_s(result: Result) -> float | None:
-    """The row's analytic FLOPs per call over its median seconds per call, or None when either is missing."""
-    flops = result.extra.get("flops")
+def achieved_flops_per_s(result: Result, *, executed: bool = False) -> float | None:
+    """The row's analytic FLOPs per call over its median seconds per call, or None when either is missing.
+
+    Useful FLOPs (``flops``: a causal core credited the pairs its mask keeps) unless ``executed``: then the
+    work the kernels did (``executed_flops``: the full n² of a core that masks after computing)."""
+    flops = result.extra.get("executed_flops" if executed else "flops")
     m = result.measurement
     if not isinstance(flops, int) or isinstance(flops, bool) or m is None or m.median_s <= 0:
         return None
     return flops / m.median_s
 
 
-def pct_of_peak(result: Result, peak: Peak | None) -> float | None:
-    """Achieved FLOP/s as a percentage of ``peak`` (100 = at the peak)."""
-    achieved = achieved_flops_per_s(result)
+def pct_of_peak(result: Result, peak: Peak | None, *, executed: bool = False) -> float | None:
+    """Achieved FLOP/s as a percentage of ``peak`` (100 = at the peak); useful FLOPs unless ``executed``."""
+    achieved = achieved_flops_per_s(result, executed=executed)
     if achieved is None or peak is None:
         return None
     return 100.0 * achieved / peak.flops_per_s

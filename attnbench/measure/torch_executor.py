@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.core.cases import Case, Level
-from attnbench.core.flops import count_flops
+from attnbench.core.flops import count_flops, executed_flops
 from attnbench.measure.clocks import clock_for
 from attnbench.measure.executor import ExecutorSettings
 from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels
@@ -137,6 +137,9 @@ class TorchExecutor:
         # Stored with the formula's id, so a later change of formula never silently changes an old row.
         work = count_flops(case)
         extra["flops"], extra["flops_formula"] = work.flops, work.formula
+        # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
+        sdpa_kernel = extra.get("sdpa_kernel")
+        extra["executed_flops"] = executed_flops(case, sdpa_kernel if isinstance(sdpa_kernel, str) else None)
 
         if case.mode == "forward":
             model.eval()

@@ -73,6 +73,11 @@ COLUMNS: tuple[str, ...] = (
     "between_process_rel",
     "kernels_per_call",
     "launch_bound",
+    # Issue 12. flops/tflops/pct_of_peak count useful work (a causal core credited the pairs its mask keeps);
+    # these count what the kernels executed (the full n² of vanilla and SDPA's math path), against the same peak.
+    "executed_flops",
+    "executed_tflops",
+    "executed_pct_of_peak",
 )
 
 
@@ -132,13 +137,18 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     if isinstance(flops, int) and not isinstance(flops, bool):
         row["flops"] = flops
         row["flops_formula"] = result.extra.get("flops_formula")
-        achieved = achieved_flops_per_s(result)
-        if achieved is not None:
-            row["tflops"] = achieved / 1e12
-            used = peaks.for_case(case) if peaks is not None else None
+        used = peaks.for_case(case) if peaks is not None else None
+        for prefix, executed in (("", False), ("executed_", True)):
+            achieved = achieved_flops_per_s(result, executed=executed)
+            if achieved is None:
+                continue
+            row[f"{prefix}tflops"] = achieved / 1e12
             if used is not None:
-                row["pct_of_peak"] = pct_of_peak(result, used)
+                row[f"{prefix}pct_of_peak"] = pct_of_peak(result, used, executed=executed)
                 row["peak_source"] = used.source
+    executed_count = result.extra.get("executed_flops")
+    if isinstance(executed_count, int) and not isinstance(executed_count, bool):
+        row["executed_flops"] = executed_count
     for name in ("kernels_per_call", "launch_bound"):
         row[name] = result.extra.get(name)
     t = result.telemetry
@@ -187,6 +197,7 @@ def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
         "parameters",
         "telemetry_samples",
         "flops",
+        "executed_flops",
         "warmup_moved",
         "replicates",
         "kernels_per_call",

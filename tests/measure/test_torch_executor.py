@@ -118,3 +118,26 @@ def test_a_forced_model_called_outside_the_scope_still_forces_its_backend() -> N
     model = build_model(case, "cpu", torch.float32)
     with pytest.raises(RuntimeError, match="No viable backend"):
         model(make_input(case, "cpu", torch.float32))
+
+
+# ---------------------------------------------------------------- useful and executed FLOPs (issue 12, item 11)
+
+
+def test_a_causal_vanilla_row_stores_useful_and_executed_flops_and_the_csv_shows_both() -> None:
+    from attnbench.core.flops import count_flops
+    from attnbench.report.rows import COLUMNS, summary_row
+
+    case = tiny_case("vanilla", causal=True, seq_len=32)
+    result = executor().run(case)
+    assert result.ok, result.reason
+    useful, executed = result.extra["flops"], result.extra["executed_flops"]
+    assert useful == count_flops(case).flops
+    assert executed == count_flops(replace(case, causal=False)).flops > useful  # type: ignore[operator]
+    row = summary_row(result)
+    assert row["executed_flops"] == executed
+    assert row["executed_tflops"] == pytest.approx(executed / result.median_s / 1e12)  # type: ignore[operator]
+    assert row["tflops"] == pytest.approx(useful / result.median_s / 1e12)  # type: ignore[operator]
+    # Added at the end: no existing column moved.
+    assert COLUMNS[-3:] == ("executed_flops", "executed_tflops", "executed_pct_of_peak")
+    fused = executor().run(tiny_case("sdpa-flash", causal=True, seq_len=32))
+    assert fused.extra["executed_flops"] == fused.extra["flops"]
