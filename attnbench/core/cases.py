@@ -134,7 +134,8 @@ class TimingPolicy:
     # Between-process replicates: each case runs in this many fresh worker processes (isolation on), and the
     # spread of their medians widens the case's CI. Drift between processes is larger than within one.
     processes: int = 1
-    # GPU only. cold: flush exactly the device's L2 before each timed call (the flush is not timed); warm: not.
+    # GPU only. cold: overwrite 4× the device's L2 (≥ 256 MiB) before each timed call and wait for it, so the
+    # flush is not timed and launch gaps are; warm: no flush.
     cache: Literal["warm", "cold"] = "warm"
     # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
     cuda_graph: bool = False

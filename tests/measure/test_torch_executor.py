@@ -141,3 +141,48 @@ def test_a_causal_vanilla_row_stores_useful_and_executed_flops_and_the_csv_shows
     assert COLUMNS[-3:] == ("executed_flops", "executed_tflops", "executed_pct_of_peak")
     fused = executor().run(tiny_case("sdpa-flash", causal=True, seq_len=32))
     assert fused.extra["executed_flops"] == fused.extra["flops"]
+
+
+# ---------------------------------------------------------------- a dead CUDA context (issue 12, item 3)
+
+
+STICKY = "CUDA error: an illegal memory access was encountered"
+
+
+@pytest.fixture
+def dead_cuda_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda as after an illegal memory access: a device exists, and every CUDA call raises the same error."""
+
+    def sticky(*args: object, **kwargs: object) -> Any:
+        raise RuntimeError(STICKY)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    for name in ("synchronize", "empty_cache", "get_rng_state"):
+        monkeypatch.setattr(torch.cuda, name, sticky)
+
+
+def test_in_process_a_sticky_cuda_error_is_a_row_and_the_sweep_goes_on(dead_cuda_context: None) -> None:
+    gpu = TorchExecutor(ExecutorSettings("cuda:0", QUICK, telemetry="off"))
+    first = gpu.run(tiny_case(device="cuda:0"))  # before: empty_cache raised out of run() and ended the sweep
+    assert (first.status, first.reason) == ("error", f"RuntimeError: {STICKY}")
+    second = gpu.run(tiny_case(device="cuda:0", seq_len=8))
+    assert second.status == "error"
+    assert second.reason.startswith("not run: the CUDA context has been unusable since model=lstm")
+    assert STICKY in second.reason and "isolation" in second.reason
+    gpu.close()  # between cases: must not raise either
+
+
+def test_a_fault_found_only_when_releasing_the_device_turns_the_row_into_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def sticky(*args: object, **kwargs: object) -> Any:
+        raise RuntimeError(STICKY)
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky)
+    gpu = TorchExecutor(ExecutorSettings("cuda:0", QUICK, telemetry="off"))
+    result = gpu.run(tiny_case(device="cuda:0"))  # the probe says CUDA is unavailable; the release then fails
+    assert result.status == "error"
+    assert result.reason.startswith(f"RuntimeError: {STICKY} (releasing the device after the case, which ended ")
+    assert "unsupported: CUDA is not available" in result.reason
