@@ -5,10 +5,13 @@ with ``.value == 3``), the same units: power mW, energy mJ, clocks MHz, memory b
 wall-clock time. ``test_fake_matches_real_pynvml`` holds every name and value here to the installed bindings.
 
 A ``FakeGpu`` is scripted with functions of ``t`` (seconds since the fake was created) for utilisation, power, SM
-clock, temperature and throttle reasons; its energy counter integrates the power trace, and NVML's own utilisation
-samples are taken every ``util_period_s`` (with ``history_s`` of samples from before the fake existed). Knobs:
-``FakeGpu.not_supported`` (function names that raise NVMLError_NotSupported), ``FakeNvml.fail_after`` (every call
-after the N-th raises ``fail_code``, e.g. the driver going away), ``FakeNvml.init_error``.
+clock, temperature and throttle reasons; its energy counter integrates the power trace, and NVML's own buffered
+samples (``nvmlDeviceGetSamples``) are taken every ``util_period_s`` (utilisation) or ``sample_period_s`` (power,
+clocks), with ``history_s`` of samples from before the fake existed, stamped in µs on ``sample_clock`` ("wall":
+the Unix epoch, or "boottime", as drivers differ). Knobs: ``FakeGpu.not_supported`` (function names that raise
+NVMLError_NotSupported), ``FakeGpu.unbuffered`` (sampling types nvmlDeviceGetSamples refuses, as MIG refuses
+utilisation), ``FakeNvml.fail_after`` (every call after the N-th raises ``fail_code``, e.g. the driver going
+away), ``FakeNvml.init_error``.
 """
 
 from __future__ import annotations
@@ -189,6 +192,9 @@ class FakeGpu:
     mem_total_bytes: int = 80 * 2**30
     energy_start_mj: int = 123_456_789
     util_period_s: float = 1 / 6
+    sample_period_s: float = 0.02  # power and clock samples
+    sample_clock: str = "wall"  # the host clock nvmlDeviceGetSamples stamps with: "wall" or "boottime"
+    unbuffered: set[int] = field(default_factory=set)  # sampling types nvmlDeviceGetSamples answers NotSupported
     history_s: float = 2.0  # NVML samples that exist from before the fake was created
     sample_buffer: int = 120  # NVML keeps only the most recent samples
     gpm: dict[int, float] = field(
@@ -253,6 +259,8 @@ class FakeNvml:
         self.gpus = gpus if gpus is not None else [FakeGpu()]
         self.clock = clock
         self.t0 = clock()
+        # Where t = 0 falls on each clock a driver may stamp its samples with.
+        self.origins = {"wall": self.t0, "boottime": time.clock_gettime(time.CLOCK_BOOTTIME) - (time.time() - self.t0)}
         self.fail_after = fail_after
         self.fail_code = fail_code
         self.init_error = init_error
@@ -425,19 +433,26 @@ class FakeNvml:
     def nvmlDeviceGetSamples(self, handle: FakeHandle, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
         """(value type, [c_nvmlSample_t]) of the buffered samples newer than ``last_seen_us``; NotFound if none."""
         gpu = self._gpu("nvmlDeviceGetSamples", handle)
-        if sampling_type == CONSTANTS["NVML_GPU_UTILIZATION_SAMPLES"]:
-            trace = gpu.util_pct
-        elif sampling_type == CONSTANTS["NVML_MEMORY_UTILIZATION_SAMPLES"]:
-            trace = gpu.mem_util_pct
-        else:
+        traces: dict[int, tuple[Trace, float, float]] = {  # type -> (trace, unit factor, period)
+            CONSTANTS["NVML_GPU_UTILIZATION_SAMPLES"]: (gpu.util_pct, 1.0, gpu.util_period_s),
+            CONSTANTS["NVML_MEMORY_UTILIZATION_SAMPLES"]: (gpu.mem_util_pct, 1.0, gpu.util_period_s),
+            CONSTANTS["NVML_TOTAL_POWER_SAMPLES"]: (gpu.power_w, 1000.0, gpu.sample_period_s),  # mW
+            CONSTANTS["NVML_PROCESSOR_CLK_SAMPLES"]: (gpu.sm_clock_mhz, 1.0, gpu.sample_period_s),
+            CONSTANTS["NVML_MEMORY_CLK_SAMPLES"]: (gpu.mem_clock_mhz, 1.0, gpu.sample_period_s),
+        }
+        if sampling_type not in traces:
             raise NVMLError(CONSTANTS["NVML_ERROR_INVALID_ARGUMENT"])
+        if sampling_type in gpu.unbuffered:
+            raise NVMLError_NotSupported()
+        trace, factor, period = traces[sampling_type]
         now, first = self.now(), -gpu.history_s
-        count = int((now - first) / gpu.util_period_s)
-        times = [first + k * gpu.util_period_s for k in range(max(0, count - gpu.sample_buffer) + 1, count + 1)]
+        count = int((now - first) / period)
+        times = [first + k * period for k in range(max(0, count - gpu.sample_buffer) + 1, count + 1)]
+        origin = self.origins[gpu.sample_clock]
         samples = [
-            Struct({"timeStamp": ts, "sampleValue": Struct({"uiVal": round(at(trace, t))})})
+            Struct({"timeStamp": ts, "sampleValue": Struct({"uiVal": round(at(trace, t) * factor)})})
             for t in times
-            if (ts := int((self.t0 + t) * 1e6)) > last_seen_us
+            if (ts := int((origin + t) * 1e6)) > last_seen_us
         ]
         if not samples:
             raise NVMLError_NotFound()

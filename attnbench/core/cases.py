@@ -207,6 +207,9 @@ LEVELS: tuple[Level, ...] = ("off", "basic", "full")
 
 
 def default_interval_s(device: str) -> float:
-    """The sampler's polling interval when the config leaves it null: 20 ms on a GPU; 100 ms on a CPU, where
-    the sampler shares the cores it measures (at 20 ms it cost 1.4 % there: results/telemetry-overhead-cpu.md)."""
-    return 0.02 if device.startswith("cuda") else 0.1
+    """The sampler's polling interval when the config leaves it null: 100 ms on every device.
+
+    On a CPU the sampler shares the cores it measures (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md).
+    On a GPU what changes fast (utilisation, power, clocks) comes from NVML's own sample buffers, read at the
+    window's ends; the poll reads only memory in use, temperature and clock-event reasons."""
+    return 0.1

@@ -253,7 +253,13 @@ class TorchExecutor:
         measurement: Measurement | None = None
         try:
             with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
-                measurement = measure(step, self.clock, self.policy, inject_slowdown=self.inject_slowdown)
+                measurement = measure(
+                    step,
+                    self.clock,
+                    self.policy,
+                    inject_slowdown=self.inject_slowdown,
+                    on_sampling=sampler.mark_sampling,
+                )
             calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
             return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens)
         except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed

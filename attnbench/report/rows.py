@@ -12,7 +12,16 @@ from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_o
 from attnbench.core.cases import Case
 from attnbench.core.units import to_mib, to_ms
 from attnbench.results.records import Result, Run
-from attnbench.results.telemetry import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
+from attnbench.results.telemetry import (
+    ADDED_METRICS,
+    FIRST_METRICS,
+    GPM_METRICS,
+    GPM_WINDOW_METRICS,
+    METRIC_TYPES,
+    METRICS,
+    NVML_METRICS,
+    TelemetrySummary,
+)
 
 # What a case is, as every long-form export names it: the Case fields in their order.
 CASE_COLUMNS: tuple[str, ...] = (
@@ -52,7 +61,7 @@ COLUMNS: tuple[str, ...] = (
     "warnings",
     "key",
     # Telemetry (issue 4): every metric, then how far to trust them and why any is empty.
-    *METRICS,
+    *FIRST_METRICS,
     "telemetry_source",
     "telemetry_samples",
     "telemetry_reliable",
@@ -78,6 +87,8 @@ COLUMNS: tuple[str, ...] = (
     "executed_flops",
     "executed_tflops",
     "executed_pct_of_peak",
+    # Issue 12: telemetry metrics added after the first contract (the size of an SM clock fall; GPM's span).
+    *ADDED_METRICS,
 )
 
 
@@ -169,7 +180,7 @@ def telemetry_note(t: TelemetrySummary) -> str:
         if set(names) >= set(NVML_METRICS):
             rest = [n for n in names if n not in NVML_METRICS]
             parts.append(f"{', '.join(['all GPU metrics', *rest])}: {reason}")
-        elif set(names) == set(GPM_METRICS):
+        elif set(GPM_METRICS) <= set(names) <= set(GPM_METRICS + GPM_WINDOW_METRICS):
             parts.append(f"GPM metrics: {reason}")
         else:
             parts.append(f"{', '.join(names)}: {reason}")

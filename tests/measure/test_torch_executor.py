@@ -50,12 +50,11 @@ def test_a_forced_backend_is_entered_once_per_case_not_per_call_and_layer(
 ) -> None:
     layers = 4
     case = tiny_case("sdpa-math", mode=mode, layers=layers)  # type: ignore[arg-type]
-    # A budget the first backward of a process (autograd's thread starting) cannot use up on its own.
-    result = executor(timing=replace(QUICK, max_case_s=2.0, warmup_max_s=0.5)).run(case)
+    result = executor(timing=replace(QUICK, max_case_s=1.0, warmup_max_s=0.3)).run(case)
     assert result.ok, result.reason
     m = result.timing
     calls = m.warmup_calls + len(m.samples_s) * m.calls_per_sample + 1  # + the peak-memory call
-    assert calls > 2 * layers
+    assert calls >= 3  # entered per call and layer, that would be ≥ 12 entries
     # The probe's one-layer forward and train's forward for the gradient's shape (both untimed) enter per layer;
     # every timed call runs inside the one scope the executor opened. Before, every call entered once per layer.
     outside = 1 + (layers if mode == "train" else 0)
@@ -66,7 +65,7 @@ def test_a_forced_backend_is_entered_once_per_case_not_per_call_and_layer(
 def test_a_forced_core_pays_what_dispatch_pays_per_call(sdpa_kernel_entries: list[SDPBackend]) -> None:
     """The per-call host overhead of a forced core equals ``sdpa``'s: inside the executor's scope neither enters
     a context manager per call (counted), and their times agree (interleaved, fastest of many rounds)."""
-    forced, dispatch = (tiny_case(m, batch=1, seq_len=8, d_model=64, heads=4, layers=8) for m in ("sdpa-flash", "sdpa"))
+    forced, dispatch = (tiny_case(m, batch=1, seq_len=4, d_model=16, heads=2, layers=8) for m in ("sdpa-flash", "sdpa"))
     models = {}
     for case in (forced, dispatch):
         torch.manual_seed(0)
@@ -80,27 +79,22 @@ def test_a_forced_core_pays_what_dispatch_pays_per_call(sdpa_kernel_entries: lis
             assert len(sdpa_kernel_entries) == before  # no entry per call
         assert sdpa_kernel_entries == [SDPBackend.FLASH_ATTENTION]
 
-        def fastest(name: str, pinned: bool) -> float:
-            model, x = models[name]
-            with pinned_backend(model) if pinned else contextlib.nullcontext():
-                t0 = time.perf_counter()
-                for _ in range(20):
-                    model(x)
-                return (time.perf_counter() - t0) / 20
-
-        # Load on a shared machine only ever adds time, so the fastest round of each is its overhead; a retry
-        # absorbs a round that load still spoilt. Unpinned, the forced core pays ~20 µs per layer (8 layers:
-        # ~35 % here), so the check would fail before the fix however quiet the machine.
-        ratios = []
-        for _attempt in range(3):
-            best = {"sdpa": float("inf"), "sdpa-flash": float("inf")}
-            for _ in range(15):
-                best["sdpa"] = min(best["sdpa"], fastest("sdpa", False))
-                best["sdpa-flash"] = min(best["sdpa-flash"], fastest("sdpa-flash", True))
-            ratios.append(best["sdpa-flash"] / best["sdpa"])
-            if ratios[-1] < 1.12:
-                break
-        assert min(ratios) < 1.12, ratios
+        # Load on a shared machine only ever adds time, so each model's fastest single call, over many calls made
+        # in alternation, is its own cost. Unpinned, the forced core pays ~20 µs of sdpa_kernel per layer (here
+        # ~1.5× the whole call), which no amount of quiet would hide; pinned, the two are the same model.
+        with pinned_backend(models["sdpa-flash"][0]):
+            ratios = []
+            for _attempt in range(3):
+                best = {"sdpa": float("inf"), "sdpa-flash": float("inf")}
+                for _ in range(300):
+                    for name, (model, x) in models.items():
+                        t0 = time.perf_counter()
+                        model(x)
+                        best[name] = min(best[name], time.perf_counter() - t0)
+                ratios.append(best["sdpa-flash"] / best["sdpa"])
+                if ratios[-1] < 1.25:
+                    break
+        assert min(ratios) < 1.25, ratios
 
 
 def test_pinned_backend_restores_the_flags_and_is_a_no_op_for_dispatch() -> None:
@@ -137,8 +131,8 @@ def test_a_causal_vanilla_row_stores_useful_and_executed_flops_and_the_csv_shows
     assert row["executed_flops"] == executed
     assert row["executed_tflops"] == pytest.approx(executed / result.median_s / 1e12)  # type: ignore[operator]
     assert row["tflops"] == pytest.approx(useful / result.median_s / 1e12)  # type: ignore[operator]
-    # Added at the end: no existing column moved.
-    assert COLUMNS[-3:] == ("executed_flops", "executed_tflops", "executed_pct_of_peak")
+    # Added after every older column: none moved.
+    assert COLUMNS.index("executed_flops") > COLUMNS.index("launch_bound") == COLUMNS.index("kernels_per_call") + 1
     fused = executor().run(tiny_case("sdpa-flash", causal=True, seq_len=32))
     assert fused.extra["executed_flops"] == fused.extra["flops"]
 
