@@ -30,6 +30,7 @@ from attnbench.measure.models import (
     pinned_backend,
     probe,
     reduced_precision_math,
+    rnn_path,
     sdpa_kernel_chosen,
     torch_dtype,
 )
@@ -170,6 +171,8 @@ class TorchExecutor:
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         if case.model == "sdpa":
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
+        if case.model in ("lstm", "gru"):
+            extra["rnn_path"] = rnn_path(case, str(self.device))  # cuDNN, oneDNN, or a loop of steps
         if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
             # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.
             extra["math_sdp_reduced_precision"] = math_precision_flag()

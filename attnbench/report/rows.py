@@ -89,6 +89,8 @@ COLUMNS: tuple[str, ...] = (
     "executed_pct_of_peak",
     # Issue 12: telemetry metrics added after the first contract (the size of an SM clock fall; GPM's span).
     *ADDED_METRICS,
+    # Which implementation an LSTM/GRU ran on: cudnn, onednn, fused-cell-loop (CUDA, step by step), aten-loop.
+    "rnn_path",
 )
 
 
@@ -160,7 +162,7 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     executed_count = result.extra.get("executed_flops")
     if isinstance(executed_count, int) and not isinstance(executed_count, bool):
         row["executed_flops"] = executed_count
-    for name in ("kernels_per_call", "launch_bound"):
+    for name in ("kernels_per_call", "launch_bound", "rnn_path"):
         row[name] = result.extra.get(name)
     t = result.telemetry
     if t is not None:

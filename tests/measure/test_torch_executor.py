@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -180,3 +181,22 @@ def test_a_fault_found_only_when_releasing_the_device_turns_the_row_into_an_erro
     assert result.status == "error"
     assert result.reason.startswith(f"RuntimeError: {STICKY} (releasing the device after the case, which ended ")
     assert "unsupported: CUDA is not available" in result.reason
+
+
+# ---------------------------------------------------------------- which RNN implementation ran (issue 12, item 12)
+
+
+def test_each_recurrent_row_says_which_implementation_ran() -> None:
+    from attnbench.measure.models import rnn_path
+    from attnbench.report.rows import summary_row
+
+    lstm = executor().run(tiny_case("lstm"))
+    assert lstm.ok and lstm.extra["rnn_path"] == "onednn"  # torch's CPU LSTM runs on oneDNN
+    assert summary_row(lstm)["rnn_path"] == "onednn"
+    assert rnn_path(tiny_case("gru"), "cpu") == "aten-loop"  # no oneDNN GRU: a loop of aten ops
+    with warnings.catch_warnings():
+        # Toggling the flags also sets oneDNN's TF32 switch, which warns on builds without Intel GPU support.
+        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert rnn_path(tiny_case("lstm", mode="train"), "cpu") == "aten-loop"
+    assert rnn_path(tiny_case("mingru"), "cpu") is None and "rnn_path" not in executor().run(tiny_case("sdpa")).extra

@@ -13,6 +13,7 @@ from attnbench.measure.models.registry import (
     make_input,
     parameter_count,
     probe,
+    rnn_path,
     sdpa_kernel_chosen,
     torch_dtype,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "pinned_backend",
     "probe",
     "reduced_precision_math",
+    "rnn_path",
     "sdpa_kernel_chosen",
     "torch_dtype",
 ]
