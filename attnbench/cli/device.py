@@ -13,7 +13,6 @@ from rich.table import Table
 
 from attnbench.cli.common import (
     DeviceOpt,
-    QuickOpt,
     ThreadsOpt,
     handles_errors,
     stderr,
@@ -54,7 +53,14 @@ def calibrate(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     refresh: Annotated[bool, typer.Option("--refresh", help="Measure again even if this machine has a cache.")] = False,
-    quick: QuickOpt = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="A short run: on a GPU the ceiling sizes timed briefly (cached; fits a short lease), on a CPU "
+            "reduced sizes (a smoke test, not cached).",
+        ),
+    ] = False,
     threads: ThreadsOpt = None,
 ) -> None:
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) once per machine, and show them
@@ -87,8 +93,8 @@ def calibrate(
         calibration = measure_ceilings(
             resolved, wanted, environment, quick=quick, progress=lambda line: stderr.print(f"  {line}", markup=False)
         )
-        if quick:
-            origin = "measured now (--quick: not cached, not used by sweeps)"
+        if calibration.quick:
+            origin = "measured now (--quick on a CPU: reduced sizes, not cached, not used by sweeps)"
         else:
             origin = f"measured now; cached in {save(calibration)} for sweeps on this machine"
     vendor, why_none = vendor_for(environment.to_dict())
@@ -118,9 +124,16 @@ def _print_calibration(
 @handles_errors
 def selfcheck(
     device: DeviceOpt = None,
-    quick: QuickOpt = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Fewer ops and rounds: on a GPU one gated op per family (a verdict that fits a short lease), on a "
+            "CPU tiny ops (a smoke test).",
+        ),
+    ] = False,
     rounds: Annotated[
-        int | None, typer.Option("--rounds", min=1, help="Interleaved rounds per op.", show_default="7, quick 2")
+        int | None, typer.Option("--rounds", min=1, help="Interleaved rounds per op.", show_default="7, quick 3")
     ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the table as markdown.")] = None,
     threads: ThreadsOpt = None,

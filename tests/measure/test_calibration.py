@@ -465,6 +465,26 @@ def test_calibrate_measures_every_dtype_or_says_why_not() -> None:
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
 
 
+def test_quick_on_a_gpu_times_the_ceiling_sizes_briefly_and_is_a_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU check's calibrate step: the sizes that reach the peak, at most 1 s each, so four dtypes and the copy
+    fit in well under a minute, and the result is cached for the sweeps after it (before: reduced sizes that are
+    no ceiling, or the full plan, which could outrun the step)."""
+    import torch
+
+    from attnbench.measure.ceilings import QUICK_GPU_NOTE, plan_for
+
+    props = type("Props", (), {"L2_cache_size": 60 * 2**20})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (140 * 2**30, 141 * 2**30))
+    quick, full = plan_for(torch.device("cuda:0"), quick=True), plan_for(torch.device("cuda:0"))
+    assert quick.sizes == (4096, 8192) == full.sizes[-2:]
+    assert not quick.quick and QUICK_GPU_NOTE in quick.notes  # a ceiling: cached, used by pct_of_peak
+    assert quick.copy_bytes == full.copy_bytes == 2**30
+    worst_s = 4 * len(quick.sizes) * (quick.policy.max_case_s + quick.policy.warmup_max_s) + quick.policy.max_case_s
+    assert worst_s <= 15
+    assert plan_for(torch.device("cpu"), quick=True).quick  # a CPU's quick run stays a smoke test
+
+
 def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--dtype", "float32,bfloat16"])
     assert result.exit_code == 0, result.output
@@ -473,7 +493,7 @@ def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
         assert text in out
     assert "matmul float32" in out and "matmul bfloat16" in out and "copy (read + write)" in out
     assert "vendor peaks: none for CPUs" in out
-    assert "--quick: not cached" in out
+    assert "--quick on a CPU: reduced sizes, not cached" in out
     assert not private_cache.exists() or not list(private_cache.iterdir())
 
 
