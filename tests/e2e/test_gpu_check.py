@@ -18,7 +18,9 @@ import pytest
 from tests.support import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-WHEELS = Path(os.environ.get("ATTNBENCH_TEST_WHEELS", ROOT.parent.parent / "shared" / "wheels-py312"))
+# The shared folder beside the checkout (../shared), or beside the worktrees' parent (../../shared).
+_SHARED = [ROOT.parent / "shared" / "wheels-py312", ROOT.parent.parent / "shared" / "wheels-py312"]
+WHEELS = next((p for p in _SHARED if p.is_dir()), _SHARED[0])
 # What comes back from the device tool's $OUT: at most 8 files of at most 16 MiB, no more than 2 folders down,
 # named in letters, digits, '.', '_' and '-'.
 MAX_FILES, MAX_BYTES, MAX_DEPTH = 8, 16 * 2**20, 2
