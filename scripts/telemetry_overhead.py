@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -82,6 +83,8 @@ def main() -> int:
         # The executor opens telemetry through this module attribute; the stand-in serves the "on" side only.
         torch_executor.open_telemetry = partial(_either, real=torch_executor.open_telemetry, fake=fake_nvml_telemetry())
     what = "GPU path on a fake pynvml, CPU cases" if args.nvml == "fake" else args.device
+    opener = fake_nvml_telemetry() if args.nvml == "fake" else _real_telemetry
+    sampler_ms = sampler_cpu_ms_per_s(partial(opener, args.device), level, interval)
     print(f"## Telemetry overhead ({what}, level {level}, interval {interval * 1e3:g} ms, {args.rounds} rounds)\n")
     print("| case | median off | median on | on/off (median of rounds) | rounds on > off | samples per case |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -112,10 +115,31 @@ def main() -> int:
         )
     if overall:
         median = statistics.median(overall)
-        print(f"\nOverall: median on/off ratio {median:.4f} ({(median - 1) * 100:+.2f} %).\n")
+        print(f"\nOverall: median on/off ratio {median:.4f} ({(median - 1) * 100:+.2f} %).")
     else:
-        print("\nOverall: no case ran here.\n")
+        print("\nOverall: no case ran here.")
+    print(
+        f"\nThe sampler thread itself: {sampler_ms:.2f} ms of CPU time per second of window (an idle 2 s window; "
+        "CPU time, so other load on the machine does not inflate it).\n"
+    )
     return 0
+
+
+def sampler_cpu_ms_per_s(opener: Callable[..., Any], level: Any, interval_s: float, window_s: float = 2.0) -> float:
+    """CPU time the sampler thread spends per second while a window is open, the main thread asleep: what runs
+    beside the timed calls (the window's edges, outside them, are left out)."""
+    with opener(level, interval_s):
+        time.sleep(0.3)  # past the window's opening
+        before = time.process_time()
+        time.sleep(window_s)
+        spent = time.process_time() - before
+    return spent / window_s * 1e3
+
+
+def _real_telemetry(device: str, level: Any, interval_s: float) -> Any:
+    from attnbench.measure.telemetry import open_telemetry
+
+    return open_telemetry(device, level, interval_s)
 
 
 def _either(device: str, level: Any, interval_s: float, *, real: Any, fake: Any) -> Any:
