@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli import claims, compare, device, info, report, sweep
+from attnbench.cli import claims, compare, device, info, merge, report, sweep
 from attnbench.cli.common import state
 
 app = typer.Typer(
@@ -39,6 +39,7 @@ for command in (
     info.env,
     claims.claims,
     compare.compare,
+    merge.merge,
     device.calibrate,
     device.selfcheck,
 ):

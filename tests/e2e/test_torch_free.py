@@ -138,3 +138,9 @@ def test_compare_exit_codes_without_torch(blocked_env: dict[str, str], tmp_path:
     (other / "run.json").write_text(json.dumps(run))
     refused = attnbench(blocked_env, "compare", base, str(other))
     assert refused.returncode == 3 and "torch: '2.13.0+cpu' (base) vs '2.14.0' (current)" in refused.stderr
+
+
+def test_merge_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    out = attnbench(blocked_env, "merge", str(FIXTURE_RUN), "-o", str(tmp_path / "merged"))
+    assert out.returncode == 0, out.stderr
+    assert "merged 1 run(s)" in out.stdout and (tmp_path / "merged" / "summary.md").exists()
