@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli import claims, compare, device, info, merge, report, sweep
+from attnbench.cli import claims, compare, device, info, merge, report, submit, sweep
 from attnbench.cli.common import state
 
 app = typer.Typer(
@@ -40,6 +40,7 @@ for command in (
     claims.claims,
     compare.compare,
     merge.merge,
+    submit.submit,
     device.calibrate,
     device.selfcheck,
 ):

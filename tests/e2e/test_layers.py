@@ -40,6 +40,7 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
     "typer": frozenset({"cli"}),
     "rich": frozenset({"cli", "report"}),
     "matplotlib": frozenset({"report"}),
+    "submitit": frozenset({"measure"}),
 }
 
 
