@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnbench.analysis.compare import HARD_KEYS, Mismatch, NotComparableError, hard_fields
+from attnbench.analysis.compare import HARD_KEYS, Mismatch, NotComparableError, allowed_keys, hard_fields
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ResultsError
 from attnbench.core.shards import Shard, shard_of
@@ -206,13 +206,7 @@ def _merge_fields(stored: StoredRun) -> dict[str, Any]:
 
 def check_environments(runs: Sequence[StoredRun], allow: Iterable[str] = ()) -> tuple[Mismatch, ...]:
     """The differences ``allow`` lets through; any other raises ``NotComparableError`` (exit 3)."""
-    allowed = frozenset(allow)
-    unknown = sorted(allowed - set(MERGE_KEYS))
-    if unknown:
-        raise AttnbenchError(
-            f"--allow-mismatch: unknown key {', '.join(repr(k) for k in unknown)}",
-            hint=f"one of: {', '.join(MERGE_KEYS)}",
-        )
+    allowed = allowed_keys(allow, MERGE_KEYS)
     first = _merge_fields(runs[0])
     found: list[Mismatch] = []
     refused: list[str] = []
