@@ -220,3 +220,20 @@ def test_a_worker_sees_its_gpu_as_cuda_0(monkeypatch: pytest.MonkeyPatch) -> Non
     assert worker_placement("cuda:1") == ("cuda:0", {"CUDA_VISIBLE_DEVICES": "GPU-abc"})
     with pytest.raises(DeviceError, match="lists only 2 device"):
         worker_placement("cuda:2")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_pool_of_every_gpu_pins_one_worker_to_each() -> None:
+    devices = resolve_devices("all").devices
+    pool = WorkerPool(ExecutorSettings("cuda:0", QUICK, seed=0, timeout_s=120), devices)
+    rows: list[Result] = []
+    try:
+        pool.run(
+            [tiny_case("sdpa", device="cuda:0", seq_len=64 * (i + 1)) for i in range(2 * len(devices))],
+            lambda i, r: rows.append(r),
+        )
+    finally:
+        pool.close()
+    assert all(r.ok for r in rows), [r.reason for r in rows]
+    assert {r.case.device for r in rows} <= set(devices) and not pool.retired
