@@ -211,7 +211,8 @@ def _states(submission: Submission) -> tuple[list[ShardState], list[Task]]:
     out = []
     for i, state in enumerate(states):
         task = by_shard.get(state.shard.index)
-        word = scheduler_state(submission, task, refresh=i == 0) if task is not None else ""
+        # sacct once for all (it answers for every registered job), squeue for any it does not know yet.
+        word = scheduler_state(submission, task, refresh=i == 0, squeue=True) if task is not None else ""
         out.append(replace(state, scheduler=word))
     return out, tasks
 
@@ -272,7 +273,7 @@ def _resume(folder: Path, no_wait: bool) -> int:
     if waiting and running:
         listed = ", ".join(f"{i}/{submission.shards}" for i in sorted(running))
         _say(f"waiting for shard(s) still queued or running: {listed}")
-    if not rerun and not running:
+    if not rerun and not running and not broken:
         _say("every shard's cases have rows; merging")
     if no_wait:
         return 0

@@ -155,9 +155,9 @@ def _squeue(job_id: str) -> str:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
 
 
-def scheduler_state(submission: Submission, task: Task, *, refresh: bool = False) -> str:
-    """The scheduler's word for a task: Slurm's state (sacct, else squeue), RUNNING/FINISHED/GONE for a local
-    process, "" for a debug job."""
+def scheduler_state(submission: Submission, task: Task, *, refresh: bool = False, squeue: bool | None = None) -> str:
+    """The scheduler's word for a task: Slurm's state (sacct, asked now with ``refresh``; else squeue, when
+    ``squeue``, which defaults to ``refresh``), RUNNING/FINISHED/GONE for a local process, "" for a debug job."""
     handle = task.handle
     if handle is None:
         return ""
@@ -171,7 +171,7 @@ def scheduler_state(submission: Submission, task: Task, *, refresh: bool = False
     state = str(handle.get_info(mode="force" if refresh else "standard").get("State", "") or "")
     if state.upper() == "UNKNOWN":
         state = ""
-    if not state and refresh:  # squeue only now and then: sacct may lag a new job, or never know one
+    if not state and (refresh if squeue is None else squeue):  # sacct may lag a new job, or never know one
         state = _squeue(task.job.job_id)
     return state
 
