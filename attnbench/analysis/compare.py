@@ -190,15 +190,20 @@ def mismatches(a: StoredRun, b: StoredRun) -> tuple[Mismatch, ...]:
     return tuple(Mismatch(key, fa[key], fb[key]) for key in HARD_KEYS if fa[key] != fb[key])
 
 
-def check_comparable(base: Side, current: Side, allow: Iterable[str] = ()) -> tuple[Mismatch, ...]:
-    """The differences that ``allow`` lets through; any other difference raises ``NotComparableError``."""
+def allowed_keys(allow: Iterable[str], known: Sequence[str] = HARD_KEYS) -> frozenset[str]:
+    """The keys ``--allow-mismatch`` named, each checked to be one of ``known``."""
     allowed = frozenset(allow)
-    unknown = sorted(allowed - set(HARD_KEYS))
+    unknown = sorted(allowed - set(known))
     if unknown:
         raise AttnbenchError(
-            f"--allow-mismatch: unknown key {', '.join(repr(k) for k in unknown)}",
-            hint=f"one of: {', '.join(HARD_KEYS)}",
+            f"--allow-mismatch: unknown key {', '.join(repr(k) for k in unknown)}", hint=f"one of: {', '.join(known)}"
         )
+    return allowed
+
+
+def check_comparable(base: Side, current: Side, allow: Iterable[str] = ()) -> tuple[Mismatch, ...]:
+    """The differences that ``allow`` lets through; any other difference raises ``NotComparableError``."""
+    allowed = allowed_keys(allow)
     for side, role in ((base, "base"), (current, "current")):
         for stored in side.runs[1:]:
             inner = [m for m in mismatches(side.runs[0], stored) if m.key not in allowed]

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli import claims, compare, device, history, info, report, sweep
+from attnbench.cli import claims, compare, device, history, info, merge, report, submit, sweep
 from attnbench.cli.common import state
 
 app = typer.Typer(
@@ -40,6 +40,8 @@ for command in (
     claims.claims,
     compare.compare,
     history.history,
+    merge.merge,
+    submit.submit,
     device.calibrate,
     device.selfcheck,
 ):

@@ -63,7 +63,8 @@ class SweepDisplay:
 
     def finished(self, index: int, result: Result) -> None:
         self.results.append(result)
-        prefix = f"[{index + 1}/{self.total}]"
+        # How many have finished, not the case's place: with --devices cases end out of order.
+        prefix = f"[{len(self.results)}/{self.total}]"
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task)
             style = "green" if result.ok else ("yellow" if result.status in ("oom", "unsupported") else "red")

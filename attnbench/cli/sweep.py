@@ -51,6 +51,25 @@ def sweep(
     label: Annotated[
         str, typer.Option("--label", help="A free label for this run, shown by history and compare.")
     ] = "",
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            help="Measure slice i of N (0 ≤ i < N) of the cases, split by a hash of each case's key.",
+            show_default=False,
+        ),
+    ] = None,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            "--devices",
+            help="One isolated worker per device, cases dealt from one queue: all, or cuda:0,cuda:1,… (cpu,cpu).",
+            show_default=False,
+        ),
+    ] = None,
+    allow_mixed_devices: Annotated[
+        bool, typer.Option("--allow-mixed-devices", help="With --devices: allow GPUs of different models.")
+    ] = False,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -63,6 +82,7 @@ def sweep(
     ] = 0.0,
 ) -> None:
     """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
+    from attnbench.core.shards import parse_shard
     from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
 
     if retry_failed and resume is None:
@@ -79,13 +99,25 @@ def sweep(
         force=force,
         inject_slowdown=inject_slowdown,
         label=label,
+        shard=None if shard is None else parse_shard(shard),
+        devices=devices,
+        allow_mixed_devices=allow_mixed_devices,
     )
     if dry_run:
         plan = plan_sweep(request)
         print_warnings(plan.warnings)
         for case in plan.todo:
             stdout.print(case.key, markup=False, highlight=False)
-        stdout.print(f"{len(plan.todo)} cases on {plan.device} (dry run: nothing measured)", markup=False)
+        where = _where(plan.device, plan.devices)
+        if plan.shard is not None:
+            whole = len(plan.experiment.cases(plan.device))
+            stdout.print(
+                f"{len(plan.todo)} cases of shard {plan.shard} ({whole} in the config) on {where} "
+                "(dry run: nothing measured)",
+                markup=False,
+            )
+        else:
+            stdout.print(f"{len(plan.todo)} cases on {where} (dry run: nothing measured)", markup=False)
         return
     with open_sweep(request) as run:
         plan, environment = run.plan, run.environment
@@ -96,8 +128,11 @@ def sweep(
                 if plan.stored
                 else f"{len(plan.todo)} cases from {plan.experiment.source}"
             )
+            if plan.shard is not None:
+                what += f", shard {plan.shard}"
             stdout.print(
-                f"attnbench: {what} on {plan.device} ({environment.gpu_name or environment.cpu_model}, "
+                f"attnbench: {what} on {_where(plan.device, plan.devices)} "
+                f"({environment.gpu_name or environment.cpu_model}, "
                 f"torch {environment.torch}, {environment.torch_threads} threads"
                 f"{', each case in a worker process' if plan.isolate else ''}) → {run.folder}",
                 markup=False,
@@ -106,6 +141,10 @@ def sweep(
         code = _run_and_render(run, quiet)
     if code:
         raise typer.Exit(code)
+
+
+def _where(device: str, devices: tuple[str, ...]) -> str:
+    return f"{','.join(devices)} (one worker per device)" if devices else device
 
 
 def _run_and_render(run: Sweep, quiet: bool) -> int:

@@ -325,6 +325,12 @@ def resolved_text(resolved: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(resolved), sort_keys=False)
 
 
+def stored_experiment(resolved: Mapping[str, Any], source: str) -> Experiment:
+    """The experiment a stored run was swept from, read back from its resolved config (the case cap lifted: the
+    sweep already checked it)."""
+    return load_experiment_text(resolved_text(resolved), source, force=True)
+
+
 # ---------------------------------------------------------------------------------------------------- checks
 def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
     """Checks that span fields, then the Experiment."""

@@ -9,12 +9,15 @@ the worker too, so one illegal memory access does not turn every later case into
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import multiprocessing as mp
 import multiprocessing.connection
+import os
 import signal
 import time
+from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -30,7 +33,12 @@ _CONTEXT_POISON_MARKERS = ("CUDA error", "device-side assert", "illegal memory a
 
 
 class WorkerStartError(Exception):
-    """The worker process could not be started; the case it was for becomes a ``crashed`` row."""
+    """The worker process could not be started; the case it was for becomes a ``crashed`` row. ``device``: it
+    started but could not use its device (a pool retires that device at once)."""
+
+    def __init__(self, message: str, *, device: bool = False) -> None:
+        super().__init__(message)
+        self.device = device
 
 
 def poisons_context(result: Result) -> bool:
@@ -45,17 +53,29 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent's close() still kills us on every path it controls
 
 
-def _worker(conn: multiprocessing.connection.Connection, settings: ExecutorSettings) -> None:
+def _worker(
+    conn: multiprocessing.connection.Connection, settings: ExecutorSettings, env: Mapping[str, str] | None = None
+) -> None:
     # Ctrl-C, and a SIGTERM sent to the whole process group (a CI runner, Slurm), reach us too; what they mean
     # is the parent's decision. If the parent dies without killing us, the kernel does (Linux).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    import torch
+    # Before torch is imported: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises (a pinned worker).
+    os.environ.update(env or {})
+    try:
+        import torch
 
-    from attnbench.measure.torch_executor import TorchExecutor
+        from attnbench.measure.torch_executor import TorchExecutor
 
-    executor = TorchExecutor(settings)  # sets torch's threads from the settings before anything runs
+        executor = TorchExecutor(settings)  # sets torch's threads from the settings before anything runs
+        if settings.device.startswith("cuda"):
+            # Touch the device now: one that has fallen off the bus, or is not there, fails here, not as a case.
+            torch.zeros(1, device=settings.device).add_(1).item()
+    except Exception as exc:  # the worker cannot use its device: the parent decides what that means
+        lines = str(exc).strip().splitlines()
+        conn.send(("failed", f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()))
+        return
     conn.send(("ready", torch.get_num_threads()))
     while True:
         message = conn.recv()
@@ -87,13 +107,16 @@ def _signal_name(code: int) -> str:
 class IsolatedExecutor:
     """Same contract as ``TorchExecutor.run``, one worker process at a time."""
 
-    def __init__(self, settings: ExecutorSettings) -> None:
+    def __init__(self, settings: ExecutorSettings, env: Mapping[str, str] | None = None) -> None:
         self.settings = settings
+        self.env = dict(env or {})  # set in each worker before torch is imported (CUDA_VISIBLE_DEVICES)
         self.timeout_s = settings.timeout_s
         self._context = mp.get_context("spawn")
         self._process: BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self.workers_started = 0
+        self.start_failures = 0  # workers that could not start: what a pool counts against a device
+        self.device_failures = 0  # of those, workers that started but could not use the device
 
     @property
     def worker_pid(self) -> int | None:
@@ -104,10 +127,7 @@ class IsolatedExecutor:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker,
-            args=(
-                child,
-                self.settings,
-            ),
+            args=(child, self.settings, self.env),
             name="attnbench-worker",
             daemon=True,
         )
@@ -119,7 +139,7 @@ class IsolatedExecutor:
             self._kill()
             raise WorkerStartError(f"the worker process did not start within {_START_TIMEOUT_S:.0f} s")
         try:
-            parent.recv()
+            status, detail = parent.recv()
         except EOFError:
             process.join(5)
             code = process.exitcode
@@ -127,6 +147,10 @@ class IsolatedExecutor:
             raise WorkerStartError(
                 f"the worker process died while starting (exit code {code}); --no-isolate shows why"
             ) from None
+        if status == "failed":
+            self._kill()
+            pinned = "".join(f" ({k}={v})" for k, v in self.env.items() if k == "CUDA_VISIBLE_DEVICES")
+            raise WorkerStartError(f"the worker could not use {self.settings.device}{pinned}: {detail}", device=True)
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():
@@ -143,6 +167,8 @@ class IsolatedExecutor:
             try:
                 self.start()
             except WorkerStartError as exc:
+                self.start_failures += 1
+                self.device_failures += exc.device
                 return Result(case, "crashed", str(exc))
         assert self._conn is not None and self._process is not None
         kills_before = oom_kills()
@@ -184,6 +210,14 @@ class IsolatedExecutor:
             hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
             return Result(case, "crashed", f"the worker was killed by {name}{hint}", duration_s=elapsed)
         return Result(case, "crashed", f"the worker exited with code {code}", duration_s=elapsed)
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker process now, from any thread or a signal handler, and nothing else: the thread
+        running its case sees the worker die and does the bookkeeping (a pool stopping its workers)."""
+        process = self._process
+        if process is not None and process.pid is not None and process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):  # it died on its own meanwhile
+                os.kill(process.pid, signal.SIGKILL)
 
     def close(self, *, now: bool = False) -> None:
         """Stop the worker: politely between cases, at once (``now``) when a case may still be running."""

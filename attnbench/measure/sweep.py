@@ -23,12 +23,14 @@ from typing import Any
 from attnbench.config.experiment import Experiment, load_experiment, load_experiment_text, resolved_text
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ResultsError
+from attnbench.core.shards import Shard
 from attnbench.measure.devices import device_slug, resolve_device, use_threads
 from attnbench.measure.environment import code_identity, collect_environment
 from attnbench.measure.events import SweepListener
 from attnbench.measure.executor import Executor, ExecutorSettings
 from attnbench.measure.isolation import IsolatedExecutor
 from attnbench.measure.loop import OomSkipper, run_cases
+from attnbench.measure.pool import DeviceSet, DevicesFailedError, WorkerPool, resolve_devices
 from attnbench.measure.replicates import ReplicatedExecutor
 from attnbench.results.calibration import Calibration, load_cached
 from attnbench.results.environment import Environment
@@ -53,6 +55,9 @@ class SweepRequest:
     # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
     inject_slowdown: float = 0.0
     label: str = ""  # a free label for this run (history and compare name runs by it)
+    shard: Shard | None = None  # measure only this slice of the config's cases (sweep --shard i/N)
+    devices: str | None = None  # one isolated worker per device: "all", "cuda:0,cuda:1", "cpu,cpu" (--devices)
+    allow_mixed_devices: bool = False  # --devices may name GPUs of different models
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class SweepPlan:
     kept: tuple[Result, ...]  # the stored rows a resume keeps
     isolate: bool
     warnings: tuple[str, ...] = ()
+    shard: Shard | None = None  # cases and todo are this slice's (a resumed shard keeps its own)
+    devices: tuple[str, ...] = ()  # a worker per device (--devices); empty: one executor on ``device``
 
     @property
     def settings(self) -> ExecutorSettings:
@@ -89,15 +96,17 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     Raises ``AttnbenchError`` with a hint for anything a person must change; writes nothing."""
     stored: StoredRun | None = None
     warnings: list[str] = []
+    pool = _pool_devices(request)
+    requested = pool.devices[0] if pool is not None else request.device
     if request.resume is not None:
         stored = load_run(request.resume)
         warnings += stored.warnings
         experiment = _resume_experiment(request, stored)
-        device = resolve_device(request.device or str(stored.run.environment.get("device", "cpu")))
+        device = resolve_device(requested or str(stored.run.environment.get("device", "cpu")))
     else:
-        device_type = resolve_device(request.device or "auto").split(":")[0] if request.config is None else "cpu"
+        device_type = resolve_device(requested or "auto").split(":")[0] if request.config is None else "cpu"
         experiment = load_experiment(request.config, request.overrides, device_type=device_type, force=request.force)
-        device = resolve_device(request.device or experiment.device)
+        device = resolve_device(requested or experiment.device)
     if request.inject_slowdown and not device.startswith("cpu"):
         raise AttnbenchError(
             f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
@@ -116,7 +125,7 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
             "forbids",
             hint="drop --no-isolate, or set timing.processes: 1",
         )
-    isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device)
+    isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device) or pool is not None
     if not isolate and experiment.case_timeout_s is not None:
         warnings.append(
             "case_timeout_s applies only with isolation (--isolate); in-process cases are bounded by "
@@ -125,9 +134,44 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
     kept = tuple(r for r in stored.results if r.ok or not request.retry_failed) if stored else ()
     done = {r.case.key for r in kept}
+    shard = _shard(request, stored)
     cases = tuple(experiment.cases(device))
+    if shard is not None:
+        cases = tuple(shard.select(cases))
     todo = tuple(case for case in cases if case.key not in done)
-    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings))
+    devices = pool.devices if pool is not None else ()
+    warnings += pool.warnings if pool is not None else ()
+    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings), shard, devices)
+
+
+def _pool_devices(request: SweepRequest) -> DeviceSet | None:
+    """The devices of ``--devices``, checked against the options that cannot go with it."""
+    if request.devices is None:
+        if request.allow_mixed_devices:
+            raise AttnbenchError("--allow-mixed-devices applies to --devices", hint="drop it, or add --devices …")
+        return None
+    if request.device is not None:
+        raise AttnbenchError(
+            "--device and --devices both given", hint="--devices names every device the sweep uses; drop --device"
+        )
+    if request.isolate is False:
+        raise AttnbenchError(
+            "--devices runs one isolated worker per device, which --no-isolate forbids", hint="drop --no-isolate"
+        )
+    return resolve_devices(request.devices, allow_mixed=request.allow_mixed_devices)
+
+
+def _shard(request: SweepRequest, stored: StoredRun | None) -> Shard | None:
+    """The slice to measure: the request's, or a resumed run's own (which a different --shard may not change)."""
+    if stored is None:
+        return request.shard
+    if request.shard is not None and request.shard != stored.run.shard:
+        had = f"shard {stored.run.shard}" if stored.run.shard else "every case (no shard)"
+        raise AttnbenchError(
+            f"--resume {stored.folder} --shard {request.shard}: the run measures {had}",
+            hint="resume without --shard: a run keeps the slice it was started with",
+        )
+    return stored.run.shard
 
 
 def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:
@@ -152,7 +196,7 @@ class Sweep:
         self.writer = writer
         self.environment = environment
         self.warnings = warnings  # the plan's, and what opening the folder found
-        self._executor: Executor | None = None
+        self._executor: Executor | WorkerPool | None = None
 
     @property
     def folder(self) -> Path:
@@ -177,18 +221,31 @@ class Sweep:
             listener.finished(index, result)
 
         complete = False
-        self._executor = make_executor(plan.settings, isolate=plan.isolate)
         try:
-            run_cases(plan.todo, self._executor.run, on_result, listener.started, skipper)
+            if plan.devices:
+                pool = self._executor = WorkerPool(plan.settings, plan.devices)
+                try:
+                    pool.run(plan.todo, on_result, listener.started, skipper, listener.warning)
+                except DevicesFailedError as exc:
+                    exc.hint = (
+                        f"check the devices (nvidia-smi), then finish the run: attnbench sweep --resume {self.folder}"
+                    )
+                    raise
+            else:
+                executor = self._executor = make_executor(plan.settings, isolate=plan.isolate)
+                run_cases(plan.todo, executor.run, on_result, listener.started, skipper)
             complete = len(finished) == len(plan.todo)
         finally:
-            self._executor.close(now=not complete)
+            if self._executor is not None:
+                self._executor.close(now=not complete)
             self.writer.close("complete" if complete else "interrupted", utc_now())
         return tuple(finished)
 
     def abort(self) -> None:
         """Stop a worker that may be running a case, now (a second Ctrl-C). Safe from a signal handler."""
-        if self._executor is not None:
+        if isinstance(self._executor, WorkerPool):
+            self._executor.abort()  # only signals: the pool's threads do the rest
+        elif self._executor is not None:
             self._executor.close(now=True)
 
 
@@ -227,6 +284,7 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
                 calibration=calibration,
                 code=code_identity(),
                 label=request.label,
+                shard=plan.shard,
             )
         yield Sweep(plan, RunWriter(folder, run), environment, tuple(warnings))
     finally:

@@ -4,9 +4,11 @@ with their one serialisation. Torch-free.
 Schema history (``SCHEMA_VERSION``):
   1 — first version: run.json (``Run``) + results.jsonl (one ``Result`` per line).
       Keys added since, all optional and absent when empty, so older files read back unchanged: run.json
-      ``calibration``, ``code`` (the benchmarked checkout), ``label``; measurement ``warmup_moved``,
-      ``replicate_medians_s``, ``injected_delay_s``. A reader older
-      than a key refuses a file that carries it (unknown keys are errors), with the hint to upgrade.
+      ``calibration``, ``code`` (the benchmarked checkout), ``label``, ``shard`` ({index, count}: the slice
+      ``sweep --shard i/N`` measured; ``config_sha256`` stays the full config's) and ``merged_from`` (the
+      ``Source`` runs ``attnbench merge`` joined into this one); measurement ``warmup_moved``,
+      ``replicate_medians_s``, ``injected_delay_s``. A reader older than a key refuses a file that carries it
+      (unknown keys are errors), with the hint to upgrade.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -19,6 +21,7 @@ from typing import Any, Literal
 
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
+from attnbench.core.shards import MAX_SHARDS, Shard
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
 from attnbench.results.environment import CodeIdentity
@@ -192,6 +195,53 @@ def _extra(data: object) -> dict[str, str | int | float | bool | None]:
     return dict(data)
 
 
+def _shard_from_dict(data: object) -> Shard:
+    s = fields.record(data, "", ("index", "count"))
+    count = fields.integer(s["count"], "count")
+    if count > MAX_SHARDS:
+        raise fields.expected("count", f"at most {MAX_SHARDS}", count)
+    index = fields.integer(s["index"], "index", minimum=0)
+    if index >= count:
+        raise fields.expected("index", f"an index below count ({count})", index)
+    return Shard(index, count)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One run folder that ``attnbench merge`` joined into a merged run: which, from where, and how many rows."""
+
+    run_id: str
+    shard: Shard | None  # None: a whole run (or an earlier merge) rather than one slice
+    hostname: str
+    device: str
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "shard": None if self.shard is None else self.shard.to_dict(),
+            "hostname": self.hostname,
+            "device": self.device,
+            "rows": self.rows,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Source:
+        d = fields.record(data, "", ("run_id", "shard", "hostname", "device", "rows"))
+        shard = d["shard"]
+        return cls(
+            run_id=fields.text(d["run_id"], "run_id"),
+            shard=None if shard is None else fields.nested("shard", _shard_from_dict, shard),
+            hostname=fields.text(d["hostname"], "hostname"),
+            device=fields.text(d["device"], "device"),
+            rows=fields.integer(d["rows"], "rows", minimum=0),
+        )
+
+
+def _source(value: object, key: str) -> Source:
+    return fields.nested(key, Source.from_dict, value)
+
+
 @dataclass(frozen=True)
 class Run:
     """Everything about a run but its rows. ``state`` is "running" until the sweep ends."""
@@ -214,6 +264,10 @@ class Run:
     # history and compare name a run by. Optional and absent when empty, as calibration.
     code: CodeIdentity | None = None
     label: str = ""
+    # The slice of the config's cases this run measured (sweep --shard i/N); None for a whole run.
+    shard: Shard | None = None
+    # The runs `attnbench merge` joined into this one, in shard order; empty for a run a sweep wrote.
+    merged_from: tuple[Source, ...] = ()
 
     @property
     def commit(self) -> str | None:
@@ -236,6 +290,8 @@ class Run:
             **({} if self.calibration is None else {"calibration": self.calibration.to_dict()}),
             **({} if self.code is None else {"code": self.code.to_dict()}),
             **({"label": self.label} if self.label else {}),
+            **({} if self.shard is None else {"shard": self.shard.to_dict()}),
+            **({"merged_from": [s.to_dict() for s in self.merged_from]} if self.merged_from else {}),
         }
 
     @classmethod
@@ -254,7 +310,7 @@ class Run:
         environment = d.get("environment", {})
         if not isinstance(environment, dict):
             raise fields.expected("environment", "an object", environment)
-        calibration, code = d.get("calibration"), d.get("code")
+        calibration, code, shard = d.get("calibration"), d.get("code"), d.get("shard")
         return cls(
             run_id=run_id,
             created_utc=fields.text(d["created_utc"], "created_utc"),
@@ -272,6 +328,8 @@ class Run:
             else fields.nested("calibration", Calibration.from_dict, calibration),
             code=None if code is None else fields.nested("code", CodeIdentity.from_dict, code),
             label=fields.text(d.get("label", ""), "label"),
+            shard=None if shard is None else fields.nested("shard", _shard_from_dict, shard),
+            merged_from=tuple(fields.items(d.get("merged_from", []), "merged_from", _source)),
         )
 
 
@@ -287,6 +345,8 @@ _RUN_OPTIONAL = (
     "calibration",
     "code",
     "label",
+    "shard",
+    "merged_from",
 )
 
 

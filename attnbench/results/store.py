@@ -221,13 +221,15 @@ def load_run(folder: str | Path) -> StoredRun:
 SKIPPED = "skipped "  # how load_runs' warnings about a run it left out begin
 
 
-def run_folders(path: str | Path) -> list[Path]:
-    """``path`` itself when it is a run folder, else the run folders directly inside it (name order): how every
-    command that takes "a run or a folder of runs" reads its argument. Empty when there is none."""
+def run_folders(path: str | Path, exclude: Path | None = None) -> list[Path]:
+    """``path`` itself when it is a run folder, else the run folders directly inside it (name order, leaving out
+    ``exclude``, e.g. a merge's own output): how every command that takes "a run or a folder of runs" reads its
+    argument. Empty when there is none."""
     path = Path(path)
     if (path / RUN_FILE).exists() or not path.is_dir():
         return [path]
-    return sorted(p for p in path.iterdir() if p.is_dir() and (p / RUN_FILE).is_file())
+    inside = sorted(p for p in path.iterdir() if p.is_dir() and (p / RUN_FILE).is_file())
+    return [p for p in inside if exclude is None or p.resolve() != exclude.resolve()]
 
 
 def load_runs(paths: Iterable[str | Path], *, skip_bad: bool = False) -> tuple[list[StoredRun], list[str]]:
