@@ -113,8 +113,26 @@ def handles_errors(command: F) -> F:
             if state["debug"]:
                 raise
             raise interrupted(signal.SIGINT, "stopped before it finished") from None
+        except Exception as exc:
+            # An extension that catches the KeyboardInterrupt of a Ctrl-C during its import may raise its own
+            # error from it (an ImportError "during handling of" it): still an interrupt, not a bug to show.
+            if state["debug"] or isinstance(exc, typer.Exit) or not caused_by_interrupt(exc):
+                raise
+            raise interrupted(signal.SIGINT, "stopped before it finished") from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is a KeyboardInterrupt or was raised from one (its cause, or the context it was raised in)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return False
 
 
 # ------------------------------------------------------------------------------------------------- output, warnings

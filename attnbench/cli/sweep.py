@@ -13,6 +13,7 @@ from attnbench.cli.common import (
     ConfigArg,
     SetOpt,
     SweepDeviceOpt,
+    caused_by_interrupt,
     fail,
     handles_errors,
     interrupted,
@@ -98,8 +99,12 @@ def sweep(
         try:
             with interrupts.arming():  # start-up (torch's import, the environment) is abandoned at once
                 run = stack.enter_context(open_sweep(request))
-        except KeyboardInterrupt:
-            # open_sweep removed the folder it may have made: nothing is left behind.
+        except BaseException as exc:
+            # A signal came while starting: whatever it surfaced as (an extension being imported may turn the
+            # KeyboardInterrupt into an error of its own), it is an interrupt. open_sweep removed the folder it may
+            # have made: nothing is left behind.
+            if interrupts.signal is None and not caused_by_interrupt(exc):
+                raise
             raise interrupted(interrupts.signal or signal.SIGINT, "stopped before the first case") from None
         plan, environment = run.plan, run.environment
         print_warnings(run.warnings)

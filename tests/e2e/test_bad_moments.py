@@ -309,6 +309,34 @@ def test_ctrl_c_while_starting_is_one_line_and_leaves_no_folder(
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
+def import_interrupted(*args: Any) -> None:
+    """What an extension does that catches the KeyboardInterrupt of a Ctrl-C during its import: raise its own."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
+        raise ImportError("initialisation was interrupted") from exc
+
+
+@pytest.mark.parametrize("command", ["sweep", "report"])
+def test_a_ctrl_c_an_extension_turned_into_its_own_error_is_still_an_interrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    import attnbench.measure.sweep as library
+    import attnbench.results.store as store
+
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    if command == "sweep":
+        monkeypatch.setattr(library, "_environment", import_interrupted)
+        done = sweep(str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"))
+        said = "stopped before the first case"
+    else:
+        monkeypatch.setattr(store, "load_run", import_interrupted)
+        done = runner.invoke(app, ["report", str(tmp_path)])
+        said = "stopped before it finished"
+    assert done.exit_code == 130, done.output
+    assert done.stderr == f"interrupted by SIGINT: {said}\n"
+
+
 def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
     """A KeyboardInterrupt raised by the import of the CLI itself, as a Ctrl-C in its first 0.2 s raises one."""
     code = (
