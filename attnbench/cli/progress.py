@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from attnbench.core.cases import Case
+from attnbench.core.text import safe_text
 from attnbench.report.terminal import case_line
 from attnbench.results.records import Result
 
@@ -59,7 +60,10 @@ class SweepDisplay:
 
     def started(self, index: int, case: Case) -> None:
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, description=case.label)
+            self._progress.update(self._task, description=escape(safe_text(case.label, lines=False)))
+
+    def measured(self, index: int, result: Result) -> None:
+        pass  # shown once stored (finished)
 
     def finished(self, index: int, result: Result) -> None:
         self.results.append(result)

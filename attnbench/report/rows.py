@@ -10,6 +10,7 @@ from typing import Any
 
 from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_of_peak
 from attnbench.core.cases import Case
+from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.results.records import Result, Run
 from attnbench.results.telemetry import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
@@ -212,11 +213,13 @@ def summary_rows(results: Iterable[Result], run: Run | None = None) -> list[dict
 
 
 def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
-    """The contract CSV. pandas does the quoting; floats keep 6 significant digits. Without ``run`` there is no
-    peak to hold rows against, and pct_of_peak stays empty."""
+    """The contract CSV. pandas does the quoting; floats keep 6 significant digits; text cells that a spreadsheet
+    would run as a formula are neutralised (``core.text.csv_cell``). Without ``run`` there is no peak to hold rows
+    against, and pct_of_peak stays empty."""
     import pandas as pd
 
-    frame = pd.DataFrame(summary_rows(results, run), columns=list(COLUMNS))
+    rows = [{name: csv_cell(value) for name, value in row.items()} for row in summary_rows(results, run)]
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
     # Nullable integers, so an empty cell stays empty instead of turning the column into floats ("2.0").
     for column in (name for name, kind in COLUMN_TYPES.items() if kind is int):
         frame[column] = frame[column].astype("Int64")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.cases import MAX_BATCH, MAX_D_MODEL, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, Case, TimingPolicy
 from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
 from attnbench.core.shards import MAX_SHARDS, Shard
 from attnbench.results import fields
@@ -135,15 +135,19 @@ class Result:
             fields.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
         timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
         telemetry = r.get("telemetry")
+        status = fields.choice(r["status"], "status", STATUSES, "status")
+        if status == "ok" and timed is None:
+            # Contradictory: every reader would take "ok" as a timing and find none (compare called it regressed).
+            raise FieldError("measurement", 'a row with status "ok" must hold a measurement, found null')
         return cls(
             case=case,
-            status=fields.choice(r["status"], "status", STATUSES, "status"),  # type: ignore[arg-type]
+            status=status,  # type: ignore[arg-type]
             reason=fields.text(r.get("reason", ""), "reason"),
             measurement=None if timed is None else fields.nested("measurement", Measurement.from_dict, timed),
             memory=None if memory is None else fields.nested("memory", Memory.from_dict, memory),
             parameters=None if parameters is None else fields.integer(parameters, "parameters", minimum=0),
             started_utc=fields.text(r.get("started_utc", ""), "started_utc"),
-            duration_s=fields.number(r.get("duration_s", 0.0), "duration_s"),
+            duration_s=fields.duration(r.get("duration_s", 0.0), "duration_s"),
             extra=_extra(r.get("extra", {})),
             telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
         )
@@ -161,6 +165,15 @@ _RESULT_OPTIONAL = (
     "telemetry",
 )
 
+# The same caps a config is held to: a stored case beyond them was not written by a sweep.
+_CASE_CAPS = {
+    "batch": MAX_BATCH,
+    "seq_len": MAX_SEQ_LEN,
+    "d_model": MAX_D_MODEL,
+    "heads": MAX_HEADS,
+    "layers": MAX_LAYERS,
+}
+
 _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
 
 
@@ -172,10 +185,9 @@ def _case_from_dict(data: object) -> Case:
     fields.choice(c["dtype"], "dtype", DTYPES, "dtype")
     if not RESOLVED_DEVICE.fullmatch(fields.text(c["device"], "device")):
         raise fields.expected("device", "cpu, cuda or cuda:N", c["device"])
-    for name in ("batch", "seq_len", "d_model", "layers"):
-        fields.integer(c[name], name)
-    if c["heads"] is not None:
-        fields.integer(c["heads"], "heads")
+    for name, cap in _CASE_CAPS.items():
+        if name != "heads" or c[name] is not None:
+            fields.integer(c[name], name, maximum=cap)
     fields.flag(c["causal"], "causal")
     kinds = {o.name: o.type for o in MODELS[model].options}
     for name, value in fields.record(c.get("options", {}), "options", (), kinds).items():
@@ -183,15 +195,25 @@ def _case_from_dict(data: object) -> Case:
         fits = kind is bool if isinstance(value, bool) else isinstance(value, int | float if kind is float else kind)
         if not fits:
             raise fields.expected(fields.path("options", name), f"a {kind.__name__} ({model}'s option)", value)
+        _bounded(value, fields.path("options", name))
     return Case.from_dict(c)
+
+
+def _bounded(value: object, key: str) -> None:
+    """A stored number of any kind stays within int64, so that every sum, product and float conversion of it is
+    finite (a 10**400 would pass the type check and overflow the first conversion to float)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > fields.MAX_INTEGER:
+        raise fields.expected(key, f"a number of at most {fields.MAX_INTEGER} in size", value)
 
 
 def _extra(data: object) -> dict[str, str | int | float | bool | None]:
     if not isinstance(data, dict):
         raise fields.expected("extra", "an object", data)
     for name, value in data.items():
+        key = fields.path("extra", name)
         if value is not None and not isinstance(value, str | int | float | bool):
-            raise fields.expected(fields.path("extra", name), "a string, number, boolean or null", value)
+            raise fields.expected(key, "a string, number, boolean or null", value)
+        _bounded(value, key)
     return dict(data)
 
 

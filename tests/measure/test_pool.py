@@ -14,6 +14,7 @@ import torch
 
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.errors import DeviceError
+from attnbench.measure.events import QuietListener
 from attnbench.measure.executor import ExecutorSettings
 from attnbench.measure.pool import DevicesFailedError, WorkerPool, resolve_devices, worker_placement
 from attnbench.measure.sweep import SweepRequest, open_sweep
@@ -34,7 +35,7 @@ def cases(n: int) -> list[Case]:
     return [tiny_case("lstm", batch=1, seq_len=8 * (i + 1)) for i in range(n)]
 
 
-class Listener:
+class Listener(QuietListener):
     """A SweepListener that notes which thread tells it what."""
 
     def __init__(self) -> None:
