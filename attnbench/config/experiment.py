@@ -27,14 +27,6 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from attnbench.config.messages import (
-    MAX_BATCH,
-    MAX_D_MODEL,
-    MAX_HEADS,
-    MAX_LAYERS,
-    MAX_SAMPLES,
-    MAX_SEQ_LEN,
-    MAX_THREADS,
-    MAX_TOKENS,
     OVERRIDE,
     Context,
     Path_,
@@ -55,7 +47,23 @@ from attnbench.config.source import (
     parse_yaml,
     read_file,
 )
-from attnbench.core.cases import Axes, Case, Level, Mode, TimingPolicy, default_interval_s, expand
+from attnbench.core.cases import (  # the size caps, re-exported here with the config's own
+    MAX_BATCH,
+    MAX_D_MODEL,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SAMPLES,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TOKENS,
+    Axes,
+    Case,
+    Level,
+    Mode,
+    TimingPolicy,
+    default_interval_s,
+    expand,
+)
 from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODES, is_recurrent
 from attnbench.core.errors import ConfigError
 
@@ -88,8 +96,9 @@ __all__ = [
     "parse_override",
 ]
 
-# The caps checked here; those the schema's ranges use sit in config.messages (which quotes them), those on
-# the source (file bytes, nodes, depth) in config.source. All are importable from this module.
+# The caps checked here; those the schema's ranges use sit in core.cases (stored rows are held to them too;
+# config.messages quotes them), those on the source (file bytes, nodes, depth) in config.source. All are importable
+# from this module.
 MAX_CASES = 10_000
 MAX_NAME_LEN = 64
 
@@ -324,6 +333,12 @@ def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), 
 def resolved_text(resolved: Mapping[str, Any]) -> str:
     """A stored run's resolved config as YAML that ``load_experiment_text`` reads back to the same sha256."""
     return yaml.safe_dump(dict(resolved), sort_keys=False)
+
+
+def stored_experiment(resolved: Mapping[str, Any], source: str) -> Experiment:
+    """The experiment a stored run was swept from, read back from its resolved config (the case cap lifted: the
+    sweep already checked it)."""
+    return load_experiment_text(resolved_text(resolved), source, force=True)
 
 
 # ---------------------------------------------------------------------------------------------------- checks

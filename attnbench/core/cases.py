@@ -14,6 +14,18 @@ from typing import Literal
 
 from attnbench.core.catalogue import MODELS, is_recurrent
 
+# Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero or
+# two) before it turns into an hour of allocator failures. Configs are held to them (config.experiment), and so
+# are the cases of stored rows (results.records), whose numbers must stay safe to compute with.
+MAX_SEQ_LEN = 2**22
+MAX_BATCH = 65_536
+MAX_D_MODEL = 65_536
+MAX_HEADS = 65_536
+MAX_LAYERS = 256
+MAX_TOKENS = 2**32
+MAX_THREADS = 4_096
+MAX_SAMPLES = 10_000_000
+
 Mode = Literal["forward", "train", "backward"]
 OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]

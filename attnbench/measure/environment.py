@@ -19,7 +19,7 @@ from attnbench.measure.telemetry.identity import cuda_identity
 from attnbench.measure.telemetry.nvml import load_nvml, nvml_handle_for
 from attnbench.measure.telemetry.session import IdentityLookup, NvmlLoader
 from attnbench.measure.telemetry.settings import read_settings
-from attnbench.results.environment import Environment
+from attnbench.results.environment import CodeIdentity, Environment
 
 
 def _version(dist: str) -> str | None:
@@ -57,6 +57,29 @@ def _git_commit() -> str | None:
     if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != here.parent:
         return None
     return lines[1]
+
+
+def code_identity(folder: Path | None = None) -> CodeIdentity | None:
+    """The git checkout ``folder`` (default: the working directory) belongs to — the code a sweep started there
+    benchmarks — or None outside a checkout or without git."""
+    where = str(folder or Path.cwd())
+
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(["git", "-C", where, *args], capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "--verify", "-q", "HEAD")
+    if head is None or head.returncode != 0 or not head.stdout.strip():
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    branch = git("symbolic-ref", "--short", "-q", "HEAD")
+    return CodeIdentity(
+        commit=head.stdout.strip(),
+        dirty=status is None or status.returncode != 0 or bool(status.stdout.strip()),
+        branch=branch.stdout.strip() or None if branch is not None and branch.returncode == 0 else None,
+    )
 
 
 def nvml_environment(

@@ -15,13 +15,15 @@ own word that its CUDA context is unusable.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import multiprocessing as mp
 import multiprocessing.connection
+import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -31,7 +33,7 @@ from attnbench.core.cases import Case
 from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.results.records import Result
 
-WorkerMain = Callable[[multiprocessing.connection.Connection, ExecutorSettings], None]
+WorkerMain = Callable[[multiprocessing.connection.Connection, ExecutorSettings, Mapping[str, str] | None], None]
 
 _PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 PROFILE_BUDGET_S = 60.0  # after the timed row, at most this long (or the case timeout) for the profiled call
@@ -42,7 +44,12 @@ _CONTEXT_POISON_MARKERS = ("CUDA error", "device-side assert", "illegal memory a
 
 
 class WorkerStartError(Exception):
-    """The worker process could not be started; the case it was for becomes a ``crashed`` row."""
+    """The worker process could not be started; the case it was for becomes a ``crashed`` row. ``device``: it
+    started but could not use its device (a pool retires that device at once)."""
+
+    def __init__(self, message: str, *, device: bool = False) -> None:
+        super().__init__(message)
+        self.device = device
 
 
 def poisons_context(result: Result) -> bool:
@@ -57,18 +64,31 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent's close() still kills us on every path it controls
 
 
-def _worker(conn: multiprocessing.connection.Connection, settings: ExecutorSettings) -> None:
+def _worker(
+    conn: multiprocessing.connection.Connection, settings: ExecutorSettings, env: Mapping[str, str] | None = None
+) -> None:
     # Ctrl-C, and a SIGTERM sent to the whole process group (a CI runner, Slurm), reach us too; what they mean
     # is the parent's decision. If the parent dies without killing us, the kernel does (Linux).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    detach_cupti_after_profiling()  # before torch (and kineto) load
-    import torch
+    # Before torch is imported: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises (a pinned worker), and
+    # kineto reads TEARDOWN_CUPTI when a profile starts and stops.
+    os.environ.update(env or {})
+    detach_cupti_after_profiling()
+    try:
+        import torch
 
-    from attnbench.measure.torch_executor import TorchExecutor
+        from attnbench.measure.torch_executor import TorchExecutor
 
-    executor = TorchExecutor(settings)  # sets torch's threads from the settings before anything runs
+        executor = TorchExecutor(settings)  # sets torch's threads from the settings before anything runs
+        if settings.device.startswith("cuda"):
+            # Touch the device now: one that has fallen off the bus, or is not there, fails here, not as a case.
+            torch.zeros(1, device=settings.device).add_(1).item()
+    except Exception as exc:  # the worker cannot use its device: the parent decides what that means
+        lines = str(exc).strip().splitlines()
+        conn.send(("failed", f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()))
+        return
     conn.send(("ready", torch.get_num_threads()))
 
     def timed(result: Result) -> None:
@@ -105,16 +125,21 @@ def _signal_name(code: int) -> str:
 class IsolatedExecutor:
     """Same contract as ``TorchExecutor.run``, one worker process at a time."""
 
-    def __init__(self, settings: ExecutorSettings, *, worker_main: WorkerMain = _worker) -> None:
+    def __init__(
+        self, settings: ExecutorSettings, env: Mapping[str, str] | None = None, *, worker_main: WorkerMain = _worker
+    ) -> None:
         """``worker_main`` is what the spawned process runs: ``_worker``, or a stand-in speaking the same pipe
         protocol (the process boundary is the seam tests use)."""
         self.settings = settings
+        self.env = dict(env or {})  # set in each worker before torch is imported (CUDA_VISIBLE_DEVICES)
         self.timeout_s = settings.timeout_s
         self._worker_main = worker_main
         self._context = mp.get_context("spawn")
         self._process: BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self.workers_started = 0
+        self.start_failures = 0  # workers that could not start: what a pool counts against a device
+        self.device_failures = 0  # of those, workers that started but could not use the device
 
     @property
     def worker_pid(self) -> int | None:
@@ -125,10 +150,7 @@ class IsolatedExecutor:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=self._worker_main,
-            args=(
-                child,
-                self.settings,
-            ),
+            args=(child, self.settings, self.env),
             name="attnbench-worker",
             daemon=True,
         )
@@ -140,7 +162,7 @@ class IsolatedExecutor:
             self._kill()
             raise WorkerStartError(f"the worker process did not start within {_START_TIMEOUT_S:.0f} s")
         try:
-            parent.recv()
+            status, detail = parent.recv()
         except EOFError:
             process.join(5)
             code = process.exitcode
@@ -148,6 +170,10 @@ class IsolatedExecutor:
             raise WorkerStartError(
                 f"the worker process died while starting (exit code {code}); --no-isolate shows why"
             ) from None
+        if status == "failed":
+            self._kill()
+            pinned = "".join(f" ({k}={v})" for k, v in self.env.items() if k == "CUDA_VISIBLE_DEVICES")
+            raise WorkerStartError(f"the worker could not use {self.settings.device}{pinned}: {detail}", device=True)
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():
@@ -164,6 +190,8 @@ class IsolatedExecutor:
             try:
                 self.start()
             except WorkerStartError as exc:
+                self.start_failures += 1
+                self.device_failures += exc.device
                 return Result(case, "crashed", str(exc))
         assert self._conn is not None and self._process is not None
         kills_before = oom_kills()
@@ -233,6 +261,14 @@ class IsolatedExecutor:
             hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
             return Result(case, "crashed", f"the worker was killed by {name}{hint}", duration_s=elapsed)
         return Result(case, "crashed", f"the worker exited with code {code}", duration_s=elapsed)
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker process now, from any thread or a signal handler, and nothing else: the thread
+        running its case sees the worker die and does the bookkeeping (a pool stopping its workers)."""
+        process = self._process
+        if process is not None and process.pid is not None and process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):  # it died on its own meanwhile
+                os.kill(process.pid, signal.SIGKILL)
 
     def close(self, *, now: bool = False) -> None:
         """Stop the worker: politely between cases, at once (``now``) when a case may still be running."""

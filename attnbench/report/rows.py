@@ -10,6 +10,7 @@ from typing import Any
 
 from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_of_peak
 from attnbench.core.cases import Case
+from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.results.records import Result, Run
 from attnbench.results.telemetry import (
@@ -92,6 +93,46 @@ COLUMNS: tuple[str, ...] = (
     # Which implementation an LSTM/GRU ran on: cudnn, onednn, fused-cell-loop (CUDA, step by step), aten-loop.
     "rnn_path",
 )
+
+
+_INTEGER_COLUMNS = frozenset(
+    {
+        "batch",
+        "seq_len",
+        "d_model",
+        "heads",
+        "layers",
+        "samples",
+        "calls_per_sample",
+        "warmup_calls",
+        "parameters",
+        "telemetry_samples",
+        "flops",
+        "warmup_moved",
+        "replicates",
+        "kernels_per_call",
+        "executed_flops",
+    }
+)
+_BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound"})
+_TEXT_COLUMNS = frozenset(
+    {
+        *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
+        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path"),
+    }
+)
+# The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
+# the Python API are typed by. A column added to COLUMNS must be given its type here (a test holds them equal).
+COLUMN_TYPES: dict[str, type] = {}
+for _column in COLUMNS:
+    if _column in METRIC_TYPES:
+        COLUMN_TYPES[_column] = METRIC_TYPES[_column]
+    elif _column in _INTEGER_COLUMNS:
+        COLUMN_TYPES[_column] = int
+    elif _column in _BOOL_COLUMNS:
+        COLUMN_TYPES[_column] = bool
+    else:
+        COLUMN_TYPES[_column] = str if _column in _TEXT_COLUMNS else float
 
 
 def _ms(seconds: float) -> float | None:
@@ -196,25 +237,14 @@ def summary_rows(results: Iterable[Result], run: Run | None = None) -> list[dict
 
 
 def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
-    """The contract CSV. pandas does the quoting; floats keep 6 significant digits. Without ``run`` there is no
-    peak to hold rows against, and pct_of_peak stays empty."""
+    """The contract CSV. pandas does the quoting; floats keep 6 significant digits; text cells that a spreadsheet
+    would run as a formula are neutralised (``core.text.csv_cell``). Without ``run`` there is no peak to hold rows
+    against, and pct_of_peak stays empty."""
     import pandas as pd
 
-    frame = pd.DataFrame(summary_rows(results, run), columns=list(COLUMNS))
-    integers = [name for name in METRICS if METRIC_TYPES[name] is int]
-    for column in (
-        "heads",
-        "samples",
-        "calls_per_sample",
-        "warmup_calls",
-        "parameters",
-        "telemetry_samples",
-        "flops",
-        "executed_flops",
-        "warmup_moved",
-        "replicates",
-        "kernels_per_call",
-        *integers,
-    ):
+    rows = [{name: csv_cell(value) for name, value in row.items()} for row in summary_rows(results, run)]
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    # Nullable integers, so an empty cell stays empty instead of turning the column into floats ("2.0").
+    for column in (name for name, kind in COLUMN_TYPES.items() if kind is int):
         frame[column] = frame[column].astype("Int64")
     return str(frame.to_csv(index=False, float_format="%.6g", lineterminator="\n"))

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from attnbench.results import fields
+
+_COMMIT = re.compile(r"[0-9a-f]{7,64}")
 
 # Keys that must match before two runs may be compared (pyperf's idea): different hardware or software stacks
 # make a timing difference meaningless as a regression signal.
@@ -107,3 +112,34 @@ class Environment:
         """Raises TypeError when a required field is missing (a damaged run.json)."""
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class CodeIdentity:
+    """The git checkout a sweep was started in — the code being benchmarked — so that ``history`` and ``compare``
+    can name what changed between runs. ``dirty``: tracked files differ from the commit (untracked files do not
+    count: run folders and scratch files would make every checkout dirty)."""
+
+    commit: str
+    dirty: bool
+    branch: str | None = None  # None: a detached HEAD, as CI checkouts of a pull request often are
+
+    @property
+    def short(self) -> str:
+        return self.commit[:10] + ("+dirty" if self.dirty else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"commit": self.commit, "dirty": self.dirty, "branch": self.branch}
+
+    @classmethod
+    def from_dict(cls, data: object) -> CodeIdentity:
+        d = fields.record(data, "", ("commit", "dirty"), ("branch",))
+        commit = fields.text(d["commit"], "commit")
+        if not _COMMIT.fullmatch(commit):
+            raise fields.expected("commit", "a hex git commit id", commit)
+        branch = d.get("branch")
+        return cls(
+            commit=commit,
+            dirty=fields.flag(d["dirty"], "dirty"),
+            branch=None if branch is None else fields.text(branch, "branch"),
+        )

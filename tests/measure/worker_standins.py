@@ -10,6 +10,7 @@ import multiprocessing.connection
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from attnbench.measure import isolation
@@ -19,7 +20,9 @@ STICKY = "CUDA error: an illegal memory access was encountered"
 ENV_RECORD = "ATTNBENCH_TEST_ENV_RECORD"  # a file the first `import torch` writes TEARDOWN_CUPTI into
 
 
-def recording_import_env(conn: multiprocessing.connection.Connection, settings: ExecutorSettings) -> None:
+def recording_import_env(
+    conn: multiprocessing.connection.Connection, settings: ExecutorSettings, env: Mapping[str, str] | None
+) -> None:
     """The real worker, with an audit hook writing TEARDOWN_CUPTI to a file when torch is first imported."""
     path = os.environ[ENV_RECORD]
 
@@ -30,10 +33,12 @@ def recording_import_env(conn: multiprocessing.connection.Connection, settings: 
 
     assert "torch" not in sys.modules
     sys.addaudithook(hook)
-    isolation._worker(conn, settings)
+    isolation._worker(conn, settings, env)
 
 
-def sticky_cuda(conn: multiprocessing.connection.Connection, settings: ExecutorSettings) -> None:
+def sticky_cuda(
+    conn: multiprocessing.connection.Connection, settings: ExecutorSettings, env: Mapping[str, str] | None
+) -> None:
     """The real worker on a "GPU" whose context died: torch.cuda says a device exists, and every CUDA call raises
     the same illegal-memory-access error, as after a real one (the seam: torch.cuda's functions)."""
     import torch
@@ -45,10 +50,15 @@ def sticky_cuda(conn: multiprocessing.connection.Connection, settings: ExecutorS
     torch.cuda.is_initialized = lambda: True  # type: ignore[assignment]
     for name in ("synchronize", "empty_cache", "get_rng_state"):
         setattr(torch.cuda, name, sticky)
-    isolation._worker(conn, settings)
+    # The worker touches its device before saying it is ready: a fresh context works, so that touch succeeds.
+    zeros = torch.zeros
+    torch.zeros = lambda *a, device=None, **k: zeros(*a, **k)  # type: ignore[assignment]
+    isolation._worker(conn, settings, env)
 
 
-def hung_profile(conn: multiprocessing.connection.Connection, settings: ExecutorSettings) -> None:
+def hung_profile(
+    conn: multiprocessing.connection.Connection, settings: ExecutorSettings, env: Mapping[str, str] | None
+) -> None:
     """The real executor on a CPU, speaking the worker's protocol, whose profile never ends after the timed row."""
     from attnbench.core.cases import Case
     from attnbench.measure.torch_executor import TorchExecutor
