@@ -76,7 +76,6 @@ ThreadsOpt = Annotated[
     int | None,
     typer.Option("--threads", min=1, help="torch threads (match a sweep's 'threads').", show_default="torch's"),
 ]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Tiny sizes: a smoke test, not a measurement to keep.")]
 
 
 # ------------------------------------------------------------------------------------------------- the error path

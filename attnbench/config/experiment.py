@@ -223,8 +223,9 @@ class ConfigModel(_Strict):
     # Hardware telemetry sampled in a background thread around each case's timed window: off, basic (NVML
     # utilisation/memory/power/clocks on a GPU, psutil CPU use), or full (basic + NVML GPM counters on Hopper+).
     telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(_yaml_off)] = "basic"
-    # null = 20 ms on a GPU; 100 ms on a CPU, where the sampler shares the cores being measured (at 20 ms it cost
-    # 1.4 % there, at 100 ms under 1 %: results/telemetry-overhead-cpu.md).
+    # null = 100 ms (core.cases.default_interval_s): on a CPU the sampler shares the cores being measured (at 20 ms
+    # it cost 1.4 % there: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks come from
+    # NVML's own sample buffers, so the poll reads only memory in use, temperature and clock-event reasons.
     telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
 
 

@@ -146,7 +146,8 @@ class TimingPolicy:
     # Between-process replicates: each case runs in this many fresh worker processes (isolation on), and the
     # spread of their medians widens the case's CI. Drift between processes is larger than within one.
     processes: int = 1
-    # GPU only. cold: flush exactly the device's L2 before each timed call (the flush is not timed); warm: not.
+    # GPU only. cold: overwrite 4× the device's L2 (≥ 256 MiB) before each timed call and wait for it, so the
+    # flush is not timed and launch gaps are; warm: no flush.
     cache: Literal["warm", "cold"] = "warm"
     # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
     cuda_graph: bool = False
@@ -218,6 +219,9 @@ LEVELS: tuple[Level, ...] = ("off", "basic", "full")
 
 
 def default_interval_s(device: str) -> float:
-    """The sampler's polling interval when the config leaves it null: 20 ms on a GPU; 100 ms on a CPU, where
-    the sampler shares the cores it measures (at 20 ms it cost 1.4 % there: results/telemetry-overhead-cpu.md)."""
-    return 0.02 if device.startswith("cuda") else 0.1
+    """The sampler's polling interval when the config leaves it null: 100 ms on every device.
+
+    On a CPU the sampler shares the cores it measures (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md).
+    On a GPU what changes fast (utilisation, power, clocks) comes from NVML's own sample buffers, read at the
+    window's ends; the poll reads only memory in use, temperature and clock-event reasons."""
+    return 0.1

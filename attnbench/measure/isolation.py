@@ -5,6 +5,12 @@ then runs cases sent over a pipe until it dies; the next case gets a fresh one. 
 an end-of-file (the worker died: ``crashed``, or ``oom`` when the kernel's OOM killer fired) or silence past
 the case's timeout (``timeout``; the worker is killed). A result that says the CUDA context is broken retires
 the worker too, so one illegal memory access does not turn every later case into an error.
+
+The pipe, per case: the parent sends the case; the worker answers ``("timed", row)`` as soon as a row has its
+timing and memory, then ``("result", row, retire)`` once the profiled call has added its kernel counts (a
+failed case sends only the latter). The profile gets ``PROFILE_BUDGET_S`` of its own: a profile that hangs or
+kills the worker costs the row its kernel counts, never the timing it already has. ``retire`` is the worker's
+own word that its CUDA context is unusable.
 """
 
 from __future__ import annotations
@@ -17,15 +23,20 @@ import multiprocessing.connection
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 from attnbench.core.cases import Case
-from attnbench.measure.executor import ExecutorSettings
+from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.results.records import Result
 
+WorkerMain = Callable[[multiprocessing.connection.Connection, ExecutorSettings, Mapping[str, str] | None], None]
+
 _PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+PROFILE_BUDGET_S = 60.0  # after the timed row, at most this long (or the case timeout) for the profiled call
 _START_TIMEOUT_S = 300.0  # importing torch on a cold, busy machine can take a minute
 _CGROUP_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
 # Failures after which every later kernel in the same process fails too.
@@ -61,8 +72,10 @@ def _worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    # Before torch is imported: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises (a pinned worker).
+    # Before torch is imported: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises (a pinned worker), and
+    # kineto reads TEARDOWN_CUPTI when a profile starts and stops.
     os.environ.update(env or {})
+    detach_cupti_after_profiling()
     try:
         import torch
 
@@ -77,11 +90,16 @@ def _worker(
         conn.send(("failed", f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()))
         return
     conn.send(("ready", torch.get_num_threads()))
+
+    def timed(result: Result) -> None:
+        conn.send(("timed", result.to_dict(include_raw=True)))
+
     while True:
         message = conn.recv()
         if message is None:
             return
-        conn.send(("result", executor.run(Case.from_dict(message)).to_dict(include_raw=True)))
+        result = executor.run(Case.from_dict(message), on_timed=timed)
+        conn.send(("result", result.to_dict(include_raw=True), bool(executor.broken)))
 
 
 def oom_kills() -> int | None:
@@ -107,10 +125,15 @@ def _signal_name(code: int) -> str:
 class IsolatedExecutor:
     """Same contract as ``TorchExecutor.run``, one worker process at a time."""
 
-    def __init__(self, settings: ExecutorSettings, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, settings: ExecutorSettings, env: Mapping[str, str] | None = None, *, worker_main: WorkerMain = _worker
+    ) -> None:
+        """``worker_main`` is what the spawned process runs: ``_worker``, or a stand-in speaking the same pipe
+        protocol (the process boundary is the seam tests use)."""
         self.settings = settings
         self.env = dict(env or {})  # set in each worker before torch is imported (CUDA_VISIBLE_DEVICES)
         self.timeout_s = settings.timeout_s
+        self._worker_main = worker_main
         self._context = mp.get_context("spawn")
         self._process: BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
@@ -126,7 +149,7 @@ class IsolatedExecutor:
         """Start a worker now (``run`` starts one when there is none). Raises WorkerStartError."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
-            target=_worker,
+            target=self._worker_main,
             args=(child, self.settings, self.env),
             name="attnbench-worker",
             daemon=True,
@@ -175,24 +198,52 @@ class IsolatedExecutor:
         t0 = time.perf_counter()
         try:
             self._conn.send(case.to_dict())
-            if self._conn.poll(self.timeout_s):
-                _, payload = self._conn.recv()
-                try:
-                    result = Result.from_dict(payload)
-                except (ValueError, KeyError, TypeError) as exc:  # a bug of ours: one row, not the sweep
-                    return Result(case, "error", f"the worker sent a result that does not read back: {exc}")
-                if poisons_context(result):
-                    self._kill()
-                return result
+            if not self._conn.poll(self.timeout_s):
+                self._kill()
+                return Result(
+                    case,
+                    "timeout",
+                    f"still running after {self.timeout_s:g} s (case_timeout_s); the worker was killed",
+                    duration_s=time.perf_counter() - t0,
+                )
+            message = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             return self._died(case, kills_before, time.perf_counter() - t0)
+        if message[0] == "timed":
+            timed = self._read(case, message[1])
+            if not timed.ok:  # a row that does not read back: nothing worth waiting for
+                self._kill()
+                return timed
+            message = self._after_timing(timed)
+            if isinstance(message, Result):
+                return message
+        result = self._read(case, message[1])
+        if (len(message) > 2 and message[2]) or poisons_context(result):
+            self._kill()
+        return result
+
+    @staticmethod
+    def _read(case: Case, payload: Any) -> Result:
+        try:
+            return Result.from_dict(payload)
+        except (ValueError, KeyError, TypeError) as exc:  # a bug of ours: one row, not the sweep
+            return Result(case, "error", f"the worker sent a result that does not read back: {exc}")
+
+    def _after_timing(self, timed: Result) -> tuple[Any, ...] | Result:
+        """The worker's final message, or the timed row itself when the profile outran its budget or killed
+        the worker (said in ``profile_error``; the worker is retired)."""
+        assert self._conn is not None and self._process is not None
+        budget = min(PROFILE_BUDGET_S, self.timeout_s)
+        try:
+            if self._conn.poll(budget):
+                message: tuple[Any, ...] = self._conn.recv()
+                return message
+            why = f"the profiled call had not finished {budget:g} s after the timing; the worker was retired"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._process.join(5)
+            why = f"the worker died during the profiled call (exit code {self._process.exitcode})"
         self._kill()
-        return Result(
-            case,
-            "timeout",
-            f"still running after {self.timeout_s:g} s (case_timeout_s); the worker was killed",
-            duration_s=time.perf_counter() - t0,
-        )
+        return replace(timed, extra={**timed.extra, "profile_error": why})
 
     def _died(self, case: Case, kills_before: int | None, elapsed: float) -> Result:
         assert self._process is not None
