@@ -3,10 +3,16 @@ in tests run (small enough for seconds on a 2-core machine)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from attnbench.core.cases import Case, Mode
@@ -130,3 +136,40 @@ def synthetic_runs(
         (out / "results.jsonl").write_text("\n".join(lines) + "\n")
         paths.append(out)
     return paths
+
+
+# ------------------------------------------------------------------------------------------ a disk that fills up
+@contextmanager
+def small_disk(path: Path, size: str = "4m") -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``path``, so that a full disk is the kernel's own ENOSPC, not a fake.
+    Needs the right to mount (root here); elsewhere the test is skipped."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = shutil.which("mount")
+    if mount is None:
+        pytest.skip("no mount command here")
+    done = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def fill_disk(disk: Path) -> Path:
+    """Write a file on ``disk`` until the disk is full; returns it (delete it to free the space again)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for chunk in (1 << 20, 4096, 1):  # down to the last byte of the last block
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+    return filler

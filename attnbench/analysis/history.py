@@ -19,8 +19,9 @@ runs. Two refinements make that work on a real machine, where most of the noise 
   each case's series is divided by it before its own steps are looked for, so a case's step is a step
   *beyond* what the whole run did. On simulated histories where most noise is shared, this is what finds a 10 %
   step in one case without false ones elsewhere (results/history-detection-rates.md, scripts/history_rates.py).
-* **Family-wise over the cases.** Each case is tested at 5 % / (cases in the segment), so a history of 20 cases
-  reports a chance step in about 5 % of histories, not in most of them.
+* **Family-wise over the segment.** Half of a 5 % error budget goes to the run-level shift, the other half is
+  shared by the cases (each tested at 2.5 % / cases), so a flat history of 20 cases reports a chance step in
+  roughly one history in twenty, not in most of them.
 """
 
 from __future__ import annotations
@@ -268,7 +269,8 @@ def build_history(
             if shift is not None:
                 values = [None if v is None else v / ratio for v, ratio in zip(values, shift.ratios, strict=True)]
             own = [sigma_from_ci(p.low, p.high) if p.low is not None and p.high is not None else None for p in points]
-            fit = fit_steps(values, point_noise_rel=own, min_effect=min_change, alpha=ALPHA / max(1, testable))
+            alpha = ALPHA / 2 / max(1, testable) if shift is not None else ALPHA / max(1, testable)
+            fit = fit_steps(values, point_noise_rel=own, min_effect=min_change, alpha=alpha)
             cases.append(CaseHistory(keys[key], segment.index, points, fit, adjusted=shift is not None))
     if patterns and not cases:
         raise AttnbenchError(
@@ -290,4 +292,4 @@ def run_shift(series: Sequence[Sequence[Point]]) -> RunShift | None:
         middle = statistics.median(logs)
         centred.append([x - middle for x in logs])
     ratios = tuple(math.exp(statistics.median(c[run] for c in centred)) for run in range(len(complete[0])))
-    return RunShift(ratios, len(complete), fit_steps(list(ratios)))
+    return RunShift(ratios, len(complete), fit_steps(list(ratios), alpha=ALPHA / 2))

@@ -64,7 +64,7 @@ def report(
         if notice is not None:
             stderr.print(f"note: {notice}", markup=False)
         elif plots or plots_dir is not None:
-            for path in write_plots(figures, plots_dir or stored.folder / "plots"):
+            for path in write_plots(figures, plots_dir or stored.folder / "plots", in_run=plots_dir is None):
                 stderr.print(f"wrote {path}", markup=False)
     if telemetry:
         if format not in ("table", "md"):

@@ -27,14 +27,6 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from attnbench.config.messages import (
-    MAX_BATCH,
-    MAX_D_MODEL,
-    MAX_HEADS,
-    MAX_LAYERS,
-    MAX_SAMPLES,
-    MAX_SEQ_LEN,
-    MAX_THREADS,
-    MAX_TOKENS,
     OVERRIDE,
     Context,
     Path_,
@@ -55,7 +47,23 @@ from attnbench.config.source import (
     parse_yaml,
     read_file,
 )
-from attnbench.core.cases import Axes, Case, Level, Mode, TimingPolicy, default_interval_s, expand
+from attnbench.core.cases import (  # the size caps, re-exported here with the config's own
+    MAX_BATCH,
+    MAX_D_MODEL,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SAMPLES,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TOKENS,
+    Axes,
+    Case,
+    Level,
+    Mode,
+    TimingPolicy,
+    default_interval_s,
+    expand,
+)
 from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODES, is_recurrent
 from attnbench.core.errors import ConfigError
 
@@ -88,8 +96,9 @@ __all__ = [
     "parse_override",
 ]
 
-# The caps checked here; those the schema's ranges use sit in config.messages (which quotes them), those on
-# the source (file bytes, nodes, depth) in config.source. All are importable from this module.
+# The caps checked here; those the schema's ranges use sit in core.cases (stored rows are held to them too;
+# config.messages quotes them), those on the source (file bytes, nodes, depth) in config.source. All are importable
+# from this module.
 MAX_CASES = 10_000
 MAX_NAME_LEN = 64
 
@@ -264,8 +273,9 @@ class ConfigModel(_Strict):
     """Hardware telemetry around each case's timed window: off; basic (NVML utilisation, memory, power and clocks
     on a GPU, psutil CPU use); full (basic + NVML GPM counters on Hopper and newer)."""
     telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
-    """The sampler's polling interval in seconds; null = 20 ms on a GPU, 100 ms on a CPU, where the sampler shares
-    the cores being measured (results/telemetry-overhead-cpu.md)."""
+    """The sampler's polling interval in seconds; null = 100 ms: on a CPU the sampler shares the cores being
+    measured (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks
+    come from NVML's own sample buffers, so the poll reads only memory in use, temperature and clock reasons."""
 
 
 _SECTIONS: dict[Path_, type[BaseModel]] = {
@@ -372,6 +382,12 @@ def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), 
 def resolved_text(resolved: Mapping[str, Any]) -> str:
     """A stored run's resolved config as YAML that ``load_experiment_text`` reads back to the same sha256."""
     return yaml.safe_dump(dict(resolved), sort_keys=False)
+
+
+def stored_experiment(resolved: Mapping[str, Any], source: str) -> Experiment:
+    """The experiment a stored run was swept from, read back from its resolved config (the case cap lifted: the
+    sweep already checked it)."""
+    return load_experiment_text(resolved_text(resolved), source, force=True)
 
 
 # ---------------------------------------------------------------------------------------------------- checks

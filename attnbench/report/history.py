@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, Metric, Point, run_name
 from attnbench.analysis.steps import MIN_RUNS_PER_LEVEL, Step
+from attnbench.core.text import csv_cell
 from attnbench.core.units import format_bytes, format_change, format_change_interval, format_rate, format_seconds
 
 if TYPE_CHECKING:
@@ -256,7 +257,7 @@ CSV_COLUMNS = (
 
 def render_history_csv(history: History) -> str:
     """Long form: one row per case and run (SI units: seconds, tokens/s or bytes); a run where a step begins
-    carries the step's size and interval."""
+    carries the step's size and interval. Text cells pass ``csv_cell``: a stored label is never a formula."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -265,7 +266,8 @@ def render_history_csv(history: History) -> str:
         for i, (p, stored) in enumerate(zip(c.points, history.segments[c.segment].runs, strict=True)):
             step = at.get(i)
             writer.writerow(
-                [
+                csv_cell(cell)
+                for cell in [
                     c.key,
                     c.case.label,
                     c.segment + 1,
@@ -274,13 +276,13 @@ def render_history_csv(history: History) -> str:
                     run_name(stored),
                     stored.run.commit or "",
                     stored.run.created_utc,
-                    "" if p.value is None else repr(p.value),
-                    "" if p.low is None else repr(p.low),
-                    "" if p.high is None else repr(p.high),
+                    "" if p.value is None else p.value,
+                    "" if p.low is None else p.low,
+                    "" if p.high is None else p.high,
                     p.status,
-                    "" if step is None else repr(step.change),
-                    "" if step is None else repr(step.low),
-                    "" if step is None else repr(step.high),
+                    "" if step is None else step.change,
+                    "" if step is None else step.low,
+                    "" if step is None else step.high,
                 ]
             )
     return out.getvalue()

@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from attnbench.core.text import csv_cell
 from attnbench.report.rows import CASE_COLUMNS, case_columns, options_text
 from attnbench.results.records import Result, Run
 
@@ -61,5 +62,7 @@ def render_samples_csv(run: Run, results: Sequence[Result]) -> str:
     writer = csv.DictWriter(out, fieldnames=list(COLUMNS), lineterminator="\n")
     writer.writeheader()
     # repr() of a float round-trips exactly, so a CSV reader gets back the very seconds that were measured.
-    writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in sample_rows(run, results))
+    # Text cells a spreadsheet would run as a formula are neutralised (core.text.csv_cell); numbers pass unchanged.
+    rows = sample_rows(run, results)
+    writer.writerows({k: ("" if v is None else csv_cell(v)) for k, v in row.items()} for row in rows)
     return out.getvalue()

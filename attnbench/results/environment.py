@@ -1,6 +1,11 @@
 """What the numbers were measured on (the ``Environment`` value), and the keys that must match before two runs
 may be compared (pyperf's idea). Torch-free: ``compare`` and ``report`` read it back from run.json; collecting it
 from the machine is ``measure.environment``'s job.
+
+Fields added after the first version are optional (``None`` when unknown), so an older run.json reads back:
+``cudnn_compile``, ``sdpa_math_reduced_precision``, ``gpu_l2_bytes`` and the GPU settings NVML reports
+(``gpu_power_*``, ``gpu_*_clock_mhz``, ``gpu_persistence_mode``, ``gpu_ecc*``, ``gpu_mig*``, ``gpu_settings_note``).
+None of them is in the fingerprint, so runs recorded before them stay comparable with runs recorded after.
 """
 
 from __future__ import annotations
@@ -54,6 +59,26 @@ class Environment:
     driver: str | None = None
     nvml: str = "not checked"
     git_commit: str | None = None
+    # The cuDNN torch was built against ("9.13.0"): it, not the runtime's (``cudnn``), decides whether bf16
+    # LSTM/GRU may run on cuDNN (9.13 and newer); each recurrent row says which path ran (``rnn_path``).
+    cudnn_compile: str | None = None
+    # Whether SDPA's math backend computed fp16/bf16 in the input dtype (attnbench turns torch's switch on; None:
+    # this torch has no switch). Each sdpa row in fp16/bf16 records the value its worker ran with.
+    sdpa_math_reduced_precision: bool | None = None
+    gpu_l2_bytes: int | None = None
+    # What the GPU was set to (NVML; ``measure.telemetry.settings``): limits in W, clocks in MHz.
+    gpu_power_limit_w: float | None = None  # enforced now: also tells an H200 NVL (600 W) from an SXM (700 W)
+    gpu_power_default_limit_w: float | None = None
+    gpu_power_max_limit_w: float | None = None
+    gpu_max_sm_clock_mhz: int | None = None
+    gpu_app_sm_clock_mhz: int | None = None
+    gpu_app_mem_clock_mhz: int | None = None
+    gpu_persistence_mode: bool | None = None
+    gpu_ecc: bool | None = None
+    gpu_ecc_pending: bool | None = None  # after the next reboot
+    gpu_mig: bool | None = None  # True: the device is a MIG slice, not the whole GPU (no vendor peaks apply)
+    gpu_mig_pending: bool | None = None
+    gpu_settings_note: str = ""  # the settings that could not be read, and why
 
     @property
     def driver_major(self) -> str | None:

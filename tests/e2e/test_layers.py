@@ -44,6 +44,7 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
     "numpy": frozenset({"analysis", "report"}),
     "ruptures": frozenset({"analysis"}),
     "scipy": frozenset({"analysis"}),
+    "submitit": frozenset({"measure"}),
 }
 
 

@@ -184,3 +184,9 @@ def test_history_and_the_python_api_without_torch(blocked_env: dict[str, str], t
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["21", "21"]
+
+
+def test_merge_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    out = attnbench(blocked_env, "merge", str(FIXTURE_RUN), "-o", str(tmp_path / "merged"))
+    assert out.returncode == 0, out.stderr
+    assert "merged 1 run(s)" in out.stdout and (tmp_path / "merged" / "summary.md").exists()
