@@ -152,81 +152,130 @@ _POLICY = TimingPolicy()
 
 class _Strict(BaseModel):
     # strict: no "128" → 128, no true → 1, no 1.5 → 1; an int is still accepted where a float is asked for.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    # The docstring under each field is its description in the JSON Schema (`attnbench schema`), which editors
+    # show on hover: say what the key does and what it takes, in one or two sentences.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 
 class GridModel(_Strict):
+    """The axes crossed into cases: every combination is one case."""
+
     batch: Batches | None = None
+    """Sequences per call; each value is crossed with every seq_len. Give batch or tokens."""
     tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
+    """Tokens per call instead of batch: batch = tokens // seq_len, so every case moves the same number."""
     seq_len: SeqLens
+    """Tokens per sequence: the axis the comparison is about."""
     d_model: DModels | None = None
+    """Model width: the RNN hidden size, the attention embedding size (here or at the top level)."""
     heads: HeadCounts | None = None
+    """Attention heads, each must divide d_model; ignored by recurrent models (here or at the top level)."""
     layers: LayerCounts | None = None
+    """Stacked layers (or blocks) of each model (here or at the top level)."""
     causal: Flags | None = None
+    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
 
 
 class PresetsModel(_Strict):
     """Fixed-size models (``catalogue.PRESETS``) cased beside the grid; batch and seq_len default to the grid's."""
 
     names: Names
-    core: Names = Field(default_factory=lambda: ["sdpa"])  # the attention model(s) attention presets run on
+    """Presets to run: bert-base, lstm-110m, mingru-110m."""
+    core: Names = Field(default_factory=lambda: ["sdpa"])
+    """The attention model(s) an attention preset (bert-base) is built on."""
     modes: Names | None = None
+    """The presets' modes; null = the config's modes."""
     batch: Batches | None = None
+    """The presets' batch sizes; null = the grid's."""
     seq_len: SeqLens | None = None
+    """The presets' sequence lengths; null = the grid's."""
 
 
 class TimingModel(_Strict):
     """``TimingPolicy``'s fields with their ranges; the defaults are the policy's own (a test holds them)."""
 
     target_ci: Annotated[float, Field(gt=0, lt=1)] = _POLICY.target_ci
+    """Stop sampling once the 95 % CI of the median is within ± this fraction of it (0.01 = ±1 %)."""
     min_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.min_samples
+    """Never stop with fewer samples than this."""
     max_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.max_samples
+    """Never take more samples than this."""
     min_time_s: Seconds = _POLICY.min_time_s
+    """Sample for at least this many seconds."""
     max_case_s: Seconds = _POLICY.max_case_s
+    """The whole budget of a case in seconds, warm-up included; a case that runs out says converged: false."""
     warmup_min_calls: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = _POLICY.warmup_min_calls
+    """Untimed calls first: the last this many must agree (warmup_settle) before timing starts."""
     warmup_max_s: Seconds = _POLICY.warmup_max_s
+    """The longest warm-up in seconds before timing starts anyway."""
     warmup_settle: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_settle
+    """Warm-up calls within this fraction of their median count as settled."""
     min_sample_s: Seconds = _POLICY.min_sample_s
+    """A sample shorter than this many seconds is built from several calls, so clock resolution vanishes."""
     warmup_audit: Annotated[int, Field(ge=0, le=1000)] = _POLICY.warmup_audit
+    """The first this many timed samples must agree with the later ones, else they join the warm-up; 0 = off."""
     warmup_agree: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_agree
+    """How closely (a fraction) the audited samples' median must agree with the later samples'."""
     processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
+    """Run every case in this many fresh worker processes; the spread of their medians widens the CI."""
     cache: Literal["warm", "cold"] = _POLICY.cache
+    """GPU only. cold: flush the device's L2 before every timed call (not timed); warm: do not."""
     cuda_graph: bool = _POLICY.cuda_graph
+    """GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost."""
 
 
 class ConfigModel(_Strict):
+    """An attnbench experiment: which models to time, on which grid, how carefully."""
+
     name: str
+    """Names the experiment and its run folders (results/runs/<time>-<name>-<device>/): lower-case letters,
+    digits, '.', '_' and '-'."""
     description: str = ""
+    """Free text, kept in run.json."""
     device: str = "auto"
+    """auto (CUDA when torch can use it, else the CPU), cpu, cuda or cuda:N; --device overrides it."""
     models: Names
+    """The models to time; `attnbench models` says which run here and why not."""
     model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Options per model, e.g. {sdpa: {scope: block}}; a list of values crosses them, each a variant of its own."""
     modes: Names = Field(default_factory=lambda: ["forward", "train"])
+    """forward (under inference_mode), train (forward + backward) and backward (the backward pass alone)."""
     dtype: Names = Field(default_factory=lambda: ["float32"])
+    """Floating-point types to time."""
     grid: GridModel
-    # Published-size models (bert-base, lstm-110m, …) beside the grid, at their own batch and seq_len; a bare
-    # list of names is short for {names: [...]}.
+    """The axes crossed into cases: batch (or tokens) and seq_len, and optionally d_model, heads, layers, causal."""
     presets: Annotated[PresetsModel | None, BeforeValidator(preset_names)] = None
+    """Published-size models (bert-base, lstm-110m, mingru-110m) beside the grid, at their own batch and seq_len;
+    a bare list of names is short for {names: [...]}."""
     d_model: DModels | None = None
+    """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
     heads: HeadCounts | None = None
+    """Attention heads, each must divide d_model; ignored by recurrent models (here or under grid)."""
     layers: LayerCounts | None = None
+    """Stacked layers (or blocks) of each model (here or under grid)."""
     causal: Flags | None = None
+    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
+    """torch CPU threads; null = torch's default (one per core)."""
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    """Seeds inputs and weights, so reruns time the same numbers."""
     timing: TimingModel = Field(default_factory=TimingModel)
-    # Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
-    # sweep. null = on for CUDA devices (where those failures happen), off on CPU.
+    """How carefully each case is timed (seconds throughout)."""
     isolate: bool | None = None
-    # A case still running after this long is killed and recorded as `timeout`. null = 60 s + 10 × max_case_s.
+    """Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
+    sweep; null = on for CUDA devices (where those failures happen), off on a CPU."""
     case_timeout_s: Seconds | None = None
-    # Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them.
+    """A case still running after this many seconds is killed and recorded as timeout (with isolation);
+    null = 60 s + 10 × timing.max_case_s."""
     skip_larger_after_oom: bool = True
-    # Hardware telemetry sampled in a background thread around each case's timed window: off, basic (NVML
-    # utilisation/memory/power/clocks on a GPU, psutil CPU use), or full (basic + NVML GPM counters on Hopper+).
+    """Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them."""
     telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(_yaml_off)] = "basic"
-    # null = 100 ms (core.cases.default_interval_s): on a CPU the sampler shares the cores being measured (at 20 ms
-    # it cost 1.4 % there: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks come from
-    # NVML's own sample buffers, so the poll reads only memory in use, temperature and clock-event reasons.
+    """Hardware telemetry around each case's timed window: off; basic (NVML utilisation, memory, power and clocks
+    on a GPU, psutil CPU use); full (basic + NVML GPM counters on Hopper and newer)."""
     telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
+    """The sampler's polling interval in seconds; null = 100 ms: on a CPU the sampler shares the cores being
+    measured (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks
+    come from NVML's own sample buffers, so the poll reads only memory in use, temperature and clock reasons."""
 
 
 _SECTIONS: dict[Path_, type[BaseModel]] = {

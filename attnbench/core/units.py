@@ -45,6 +45,20 @@ def format_bytes(n_bytes: float) -> str:
     return f"{n_bytes:.0f} B"
 
 
+def format_duration(seconds: float) -> str:
+    """A wall-clock span for a person: ``"48 s"``, ``"4 min 10 s"``, ``"2 h 5 min"`` (whole seconds or minutes)."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    total = round(seconds)
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        minutes, secs = divmod(total, 60)
+        return f"{minutes} min" + (f" {secs} s" if secs else "")
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
 def format_rate(per_second: float) -> str:
     """Tokens per second with a k/M/G prefix."""
     if not math.isfinite(per_second):

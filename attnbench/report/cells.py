@@ -23,15 +23,25 @@ SCALING_LEGEND = (
 )
 
 
-def time_text(cell: Cell | None) -> str:
+def time_text(cell: Cell | None, speedup: bool = True) -> str:
+    """``~1.23 ms (0.85×)``: the median, ~ when noisy, and (unless ``speedup`` is False) the speed-up."""
     if cell is None:
         return ""
     if cell.median_s is None:
         return cell.status_text
     text = ("~" if cell.noisy else "") + format_seconds(cell.median_s)
-    if cell.speedup is not None:
+    if speedup and cell.speedup is not None:
         text += f" ({cell.speedup:.2f}×)"
     return text
+
+
+def speedup_text(cell: Cell | None) -> str:
+    """``~0.85×``: the speed-up alone, for a table of its own; a cell without a timing says why."""
+    if cell is None:
+        return ""
+    if cell.median_s is None:
+        return cell.status_text
+    return "" if cell.speedup is None else ("~" if cell.noisy else "") + f"{cell.speedup:.2f}×"
 
 
 def memory_text(cell: Cell | None) -> str:

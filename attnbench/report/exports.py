@@ -63,8 +63,11 @@ def _gab_extra(result: Result) -> str:
     else:
         lines.append("95% CI of the median: too few samples for one")
     lines.append(f"samples: {s.n} ({m.calls_per_sample} call{'s' if m.calls_per_sample != 1 else ''} each)")
-    noisy = Cell(result, None).noisy  # the tables' own rule, so a dashboard and the tables agree on "noisy"
-    lines.append(f"IQR: {s.iqr_rel:.1%} of the median{' (noisy)' if noisy else ''}")
+    if s.n == 1:
+        lines.append("IQR: 1 sample, no spread")  # not "0.0 % (noisy)": one sample says nothing about spread
+    else:
+        noisy = Cell(result, None).noisy  # the tables' own rule, so a dashboard and the tables agree on "noisy"
+        lines.append(f"IQR: {s.iqr_rel:.1%} of the median{' (noisy)' if noisy else ''}")
     if result.tokens_per_s is not None:
         lines.append(f"tokens/s: {format_rate(result.tokens_per_s)}")
     lines.append(f"converged: {'yes' if m.converged else 'no'}")

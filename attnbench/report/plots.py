@@ -1,9 +1,10 @@
 """PNG plots of a stored run: latency, peak memory, tokens/s and speed-up against sequence length.
 
 Torch-free. One PNG per metric per pivot table (``pivot_tables`` decides the grouping, so a plot
-always shows exactly the rows of one table). matplotlib is an optional extra (``pip install 'attnbench[plots]'``)
-imported only inside the drawing functions; figures are drawn on an Agg canvas directly, without pyplot, so no
-GUI backend is ever chosen, no window can open and no global figure state leaks between calls.
+always shows exactly the rows of one table). matplotlib is a dependency of the package, imported only inside the
+drawing functions; an install without it (``--no-deps``) skips the plots with a one-line notice. Figures are drawn
+on an Agg canvas directly, without pyplot, so no GUI backend is ever chosen, no window can open and no global
+figure state leaks between calls.
 
 The numbers drawn come from ``series``, which is pure Python and tested on its own; drawing only lays them out.
 """
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 Metric = Literal["latency", "memory", "throughput", "speedup"]
 METRICS: tuple[Metric, ...] = ("latency", "memory", "throughput", "speedup")
 
-INSTALL_HINT = "pip install 'attnbench[plots]'"
+INSTALL_HINT = "pip install matplotlib"
 MISSING_NOTICE = f"plots skipped: matplotlib is not installed ({INSTALL_HINT})"
 
 # matplotlib's tab10, spelled out so colours are fixed without importing a colormap.
