@@ -8,7 +8,8 @@ yaml or pydantic exception leaves these modules.
 
 This module is the schema and the public API. Reading the source (file, YAML, line index, ``--set``) lives in
 ``config.source``; pydantic's errors in plain words, and where each error points, in ``config.messages``; the
-``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``.
+``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``; decode cases
+(``modes: [decode]`` or a ``decode:`` section) in ``config.decoding``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Annotated, Any, Literal, cast
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from attnbench.config.decoding import check_decode, decode_section
 from attnbench.config.messages import (
     MAX_BATCH,
     MAX_D_MODEL,
@@ -166,6 +168,15 @@ class PresetsModel(_Strict):
     seq_len: SeqLens | None = None
 
 
+class DecodeModel(_Strict):
+    """Decode cases beside the grid, at their own context lengths; each key left out is the grid's (models: the
+    config's). Always causal: a decode step sees the tokens before it only."""
+
+    models: Names | None = None
+    seq_len: SeqLens | None = None
+    batch: Batches | None = None
+
+
 class TimingModel(_Strict):
     """``TimingPolicy``'s fields with their ranges; the defaults are the policy's own (a test holds them)."""
 
@@ -197,6 +208,8 @@ class ConfigModel(_Strict):
     # Published-size models (bert-base, lstm-110m, …) beside the grid, at their own batch and seq_len; a bare
     # list of names is short for {names: [...]}.
     presets: Annotated[PresetsModel | None, BeforeValidator(preset_names)] = None
+    # Decode cases (one new token after a context of seq_len) with lengths, batches and models of their own.
+    decode: DecodeModel | None = None
     d_model: DModels | None = None
     heads: HeadCounts | None = None
     layers: LayerCounts | None = None
@@ -224,6 +237,7 @@ _SECTIONS: dict[Path_, type[BaseModel]] = {
     ("grid",): GridModel,
     ("timing",): TimingModel,
     ("presets",): PresetsModel,
+    ("decode",): DecodeModel,
 }
 
 
@@ -248,6 +262,7 @@ class Experiment:
     telemetry: Level = "basic"
     telemetry_interval_s: float | None = None
     presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets, cased after the grid
+    decode: Axes | None = None  # the decode: section's grid, cased after the grid and before the presets
 
     def interval_for(self, device: str) -> float:
         """The telemetry sampler's polling interval on ``device`` (see ConfigModel.telemetry_interval_s)."""
@@ -267,9 +282,10 @@ class Experiment:
         return self.case_timeout_s if self.case_timeout_s is not None else 60.0 + 10.0 * self.timing.max_case_s
 
     def cases(self, device: str) -> list[Case]:
-        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the presets'
-        cases follow the grid's."""
-        presets = [case for axes in self.presets for case in expand(dataclasses.replace(axes, device=device))]
+        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the decode
+        section's and then the presets' cases follow the grid's."""
+        extra = (*(() if self.decode is None else (self.decode,)), *self.presets)
+        presets = [case for axes in extra for case in expand(dataclasses.replace(axes, device=device))]
         if self.tokens is None:
             grid = expand(dataclasses.replace(self.axes, device=device))
         else:
@@ -368,6 +384,10 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
     if any(not is_recurrent(model) for model in m.models):
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
     options, written_options = check_model_options(m, axes, ctx)
+    if "decode" in m.modes:
+        causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
+        check_decode(m.models, axes["causal"], causal_path, options, m.grid.seq_len, ctx)
+    decode, written_decode = decode_section(m, axes, options, ctx)
     presets, written_presets = check_presets(m, ctx)
     _check_timing(m.timing, ctx)
 
@@ -397,6 +417,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         "model_options": written_options,
         # Only when given, so that configs without presets keep the sha256 they always had.
         **({"presets": written_presets} if written_presets is not None else {}),
+        **({"decode": written_decode} if written_decode is not None else {}),
         "modes": m.modes,
         "dtype": m.dtype,
         "grid": grid,
@@ -428,6 +449,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         telemetry=m.telemetry,
         telemetry_interval_s=m.telemetry_interval_s,
         presets=presets,
+        decode=decode,
     )
     _check_size(experiment, ctx, force)
     return experiment

@@ -8,6 +8,10 @@ an earlier case's pages; ``malloc_trim(0)`` hands every free page of every arena
 (``mallopt``): forcing every block to be mmapped would add page faults to the timed calls and slow the
 models that allocate most — a memory method must not change the times. ``tests/test_memory.py`` checks the
 method against tensors of known size.
+
+Method ``rss-freed``: the resident bytes a set of tensors gives back when freed — ``resident_bytes()`` (after a
+collection and a trim) with them alive, minus the same after they are dropped. A decode row measures the bytes its
+KV cache or recurrent state holds so; whatever else the process keeps resident is in both readings and cancels.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class RssPeak:
     """Measures the peak RSS growth of the work run between ``start()`` and ``peak_bytes()``."""
 
     method = "rss-hwm"
+    freed_method = "rss-freed"
 
     def __init__(self) -> None:
         self._libc = _libc()
@@ -75,3 +80,10 @@ class RssPeak:
 
     def peak_bytes(self) -> int:
         return max(0, _read_status_bytes("VmHWM") - self._baseline)
+
+    def resident_bytes(self) -> int:
+        """``VmRSS`` once garbage is collected and every free page handed back: what live objects hold."""
+        gc.collect()
+        if self._glibc and self._libc is not None:
+            self._libc.malloc_trim(0)
+        return _read_status_bytes("VmRSS")
