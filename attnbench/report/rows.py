@@ -73,6 +73,10 @@ COLUMNS: tuple[str, ...] = (
     "between_process_rel",
     "kernels_per_call",
     "launch_bound",
+    # Decode rows (issue 13): the KV cache or recurrent state a step reads, computed and measured (bytes).
+    "state_bytes",
+    "state_mem_bytes",
+    "state_mem_method",
 )
 
 
@@ -139,8 +143,9 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
             if used is not None:
                 row["pct_of_peak"] = pct_of_peak(result, used)
                 row["peak_source"] = used.source
-    for name in ("kernels_per_call", "launch_bound"):
+    for name in ("kernels_per_call", "launch_bound", "state_mem_method"):
         row[name] = result.extra.get(name)
+    row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
     t = result.telemetry
     if t is not None:
         row.update({name: t.metrics.get(name) for name in METRICS})
@@ -190,6 +195,8 @@ def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
         "warmup_moved",
         "replicates",
         "kernels_per_call",
+        "state_bytes",
+        "state_mem_bytes",
         *integers,
     ):
         frame[column] = frame[column].astype("Int64")

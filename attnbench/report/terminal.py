@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnbench.core.units import format_bytes, format_rate, format_seconds
-from attnbench.report.cells import column_headers, memory_text, run_checks, time_text
+from attnbench.report.cells import column_headers, memory_text, run_checks, state_text, time_text
 from attnbench.report.pivot import pivot_tables
 from attnbench.results.records import Result, Run
 
@@ -36,6 +36,8 @@ def comparison_tables(
     renderables: list[Table | Text] = []
     for table in pivot_tables(results, baseline_model):
         caption = f"(speed-up vs {table.baseline}; ~ = noisy)" if table.baseline else "(~ = noisy)"
+        if table.decode:
+            caption = "time per decode step at context n " + caption
         out = Table(title=table.title, caption=caption, title_justify="left")
         out.add_column("model", style="bold")
         for header in column_headers(table):
@@ -48,12 +50,15 @@ def comparison_tables(
             )
         renderables.append(out)
         if memory:
-            mem = Table(title=f"peak memory MiB · {table.title}", title_justify="left")
+            what, cell_text = (
+                ("cache/state computed / measured", state_text) if table.decode else ("peak memory MiB", memory_text)
+            )
+            mem = Table(title=f"{what} · {table.title}", title_justify="left")
             mem.add_column("model", style="bold")
             for header in column_headers(table):
                 mem.add_column(header, justify="right")
             for label, cells in table.rows:
-                mem.add_row(label, *(memory_text(cells.get(n)) for n in table.seq_lens))
+                mem.add_row(label, *(cell_text(cells.get(n)) for n in table.seq_lens))
             renderables.append(mem)
         for line in table.crossovers:
             renderables.append(Text(f"  {line}", style="italic"))
