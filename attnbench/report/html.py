@@ -100,12 +100,20 @@ def _time_cell(cell: Cell | None) -> str:
     return f'<td class="{classes}" title="{_e(_cell_title(cell))}">{text}</td>'
 
 
-def _memory_cell(cell: Cell | None) -> str:
+def _no_reading(cell: Cell | None) -> str | None:
+    """The cell of a length that did not run or did not end ok; None for an ok row."""
     if cell is None:
         return '<td class="num"></td>'
-    r = cell.result
-    if not r.ok:
+    if not cell.result.ok:
         return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
+    return None
+
+
+def _memory_cell(cell: Cell | None) -> str:
+    empty = _no_reading(cell)
+    if empty is not None or cell is None:
+        return empty or ""
+    r = cell.result
     if r.memory is None or r.memory.peak_bytes is None:
         reason = r.memory.note if r.memory is not None and r.memory.note else "not measured"
         return f'<td class="num" title="{_e(reason)}">?</td>'
@@ -114,11 +122,10 @@ def _memory_cell(cell: Cell | None) -> str:
 
 
 def _state_cell(cell: Cell | None) -> str:
-    if cell is None:
-        return '<td class="num"></td>'
+    empty = _no_reading(cell)
+    if empty is not None or cell is None:
+        return empty or ""
     r = cell.result
-    if not r.ok:
-        return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
     title = f"computed {r.state_bytes} bytes; measured {r.state_mem_bytes} bytes ({r.extra.get('state_mem_method')})"
     return f'<td class="num" title="{_e(title)}">{_e(state_text(cell))}</td>'
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.measure.models.decoding import KVCache, Layout, StackState, stack_init, stack_prefill, stack_step
+from attnbench.measure.models.decoding import KVCache, LayerStack, Layout
 
 
 class DecodingCore(Protocol):
@@ -206,23 +206,8 @@ class SelfAttention(nn.Module):
         return self._merge(core.step(q, k, v, state))
 
 
-class AttentionStack(nn.Module):
+class AttentionStack(LayerStack):
     """``layers`` self-attention layers applied in turn: (B, T, d_model) -> (B, T, d_model)."""
 
     def __init__(self, layers: list[SelfAttention]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-    def init_state(self, batch: int, capacity: int) -> StackState:
-        return stack_init(self.layers, batch, capacity)
-
-    def prefill(self, x: torch.Tensor, state: StackState, *, output: bool = True) -> torch.Tensor | None:
-        return stack_prefill(self.layers, x, state, output=output)
-
-    def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
-        return stack_step(self.layers, x, state)
+        super().__init__(list(layers))

@@ -229,6 +229,28 @@ def stack_step(layers: nn.Module, x: torch.Tensor, state: StackState) -> torch.T
     return x
 
 
+class LayerStack(nn.Module):
+    """Layers applied in turn (``self.layers``), decoding layer by layer: (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def init_state(self, batch: int, capacity: int) -> StackState:
+        return stack_init(self.layers, batch, capacity)
+
+    def prefill(self, x: torch.Tensor, state: StackState, *, output: bool = True) -> torch.Tensor | None:
+        return stack_prefill(self.layers, x, state, output=output)
+
+    def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
+        return stack_step(self.layers, x, state)
+
+
 def prefill(model: nn.Module, context: torch.Tensor, capacity: int) -> Any:
     """The state of ``model`` after the n context tokens (B, n, …), with room for ``capacity`` positions."""
     decoder = decodable(model)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnbench.measure.models.decoding import RecurrentState, StackState, stack_init, stack_prefill, stack_step
+from attnbench.measure.models.decoding import LayerStack, RecurrentState
 
 Scan = Literal["parallel", "sequential"]
 MinCell = Literal["mingru", "minlstm"]
@@ -146,27 +146,10 @@ class MinRNN(nn.Module):
         return f"cell={self.cell}, hidden={self.hidden}, scan={self.scan}"
 
 
-class MinRNNStack(nn.Module):
+class MinRNNStack(LayerStack):
     """``layers`` minGRU/minLSTM layers of width d_model applied in turn, as nn.GRU(num_layers=…) stacks."""
 
     def __init__(
         self, cell: MinCell, d_model: int, layers: int, *, scan: Scan, device: str, dtype: torch.dtype
     ) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            MinRNN(cell, d_model, d_model, scan=scan, device=device, dtype=dtype) for _ in range(layers)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-    def init_state(self, batch: int, capacity: int) -> StackState:
-        return stack_init(self.layers, batch, capacity)
-
-    def prefill(self, x: torch.Tensor, state: StackState, *, output: bool = True) -> torch.Tensor | None:
-        return stack_prefill(self.layers, x, state, output=output)
-
-    def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
-        return stack_step(self.layers, x, state)
+        super().__init__([MinRNN(cell, d_model, d_model, scan=scan, device=device, dtype=dtype) for _ in range(layers)])

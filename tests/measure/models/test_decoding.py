@@ -10,7 +10,6 @@ kernels (flash-attn's KV-cache path, the fused SDPA backends, bf16) where a GPU 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +21,7 @@ from attnbench.core.catalogue import MODELS
 from attnbench.core.decode_state import state_bytes
 from attnbench.measure.models import build_model, make_decode_inputs, make_input, probe, torch_dtype
 from attnbench.measure.models.decoding import KVCache, decodable, prefill, tensor_bytes
+from tests.support import tiny_case
 
 RECURRENT = ("lstm", "gru", "mingru", "minlstm")
 CPU_ATTENTION = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
@@ -29,14 +29,6 @@ GPU_ATTENTION = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-c
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 5e-2, "float16": 5e-3}
 STEPS = 3  # tokens decoded one after another past the context
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def decode_case(
@@ -50,13 +42,21 @@ def decode_case(
     d_model: int = 32,
     **options: Any,
 ) -> Case:
-    chosen = {"scope": scope, **options}
-    if scope == "model":
-        chosen.setdefault("vocab", 97)
-    spec = MODELS[model]
-    items = tuple(sorted((k, v) for k, v in chosen.items() if v != spec.option(k).default))  # type: ignore[union-attr]
-    heads = None if model in RECURRENT else 4
-    return Case(model, "decode", dtype, device, 2, n, d_model, heads, layers, True, items)
+    """A decode case of batch 2 (heads 4 for attention) at context ``n``; scope model gets a 97-token vocabulary."""
+    if scope != "core":
+        options = {"scope": scope, "vocab": 97, **options} if scope == "model" else {"scope": scope, **options}
+    return tiny_case(
+        model,
+        mode="decode",
+        dtype=dtype,
+        device=device,
+        seq_len=n,
+        d_model=d_model,
+        heads=4,
+        layers=layers,
+        causal=True,
+        **options,
+    )
 
 
 def decoded_against_forward(case: Case, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
