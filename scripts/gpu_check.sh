@@ -49,8 +49,8 @@ flash=$(ls -d "$OUT"/runs/*gpu-seq-sweep*/ 2>/dev/null | head -n 1)
 [ -n "$flash" ] && cp "$flash/summary.md" "$OUT/flash-summary.md"
 
 step "configs/claims.yaml, trimmed to fit" | tee -a "$LOG"
-timeout 160 python3 -m attnbench sweep configs/claims.yaml --device cuda --out "$OUT/runs" -q \
-  --set timing.max_case_s=0.4 2>&1 | tail -n 3 | tee -a "$LOG"
+timeout 170 python3 -m attnbench sweep configs/claims.yaml --device cuda --out "$OUT/runs" -q \
+  --set timing.max_case_s=0.4 --set 'decode.models=[lstm,flash-attn]' 2>&1 | tail -n 3 | tee -a "$LOG"
 echo "claims sweep exit: ${PIPESTATUS[0]}" | tee -a "$LOG"
 claims=$(ls -d "$OUT"/runs/*claims*/ 2>/dev/null | head -n 1)
 if [ -n "$claims" ]; then
