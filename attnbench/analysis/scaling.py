@@ -404,7 +404,8 @@ def _memory_note(measured: list[tuple[int, float]]) -> str:
 
 
 def _state_note(measured: list[tuple[int, float]]) -> str:
-    """Why a decode row's measured state has no fit: a state smaller than a page reads 0 on a CPU."""
+    """Why a decode row's measured state has no fit: every reading, or all but one, was 0 B (a method that could
+    not see the state)."""
     if not measured:
         return "not measured"
     zero = [str(n) for n, held in measured if held <= 0]

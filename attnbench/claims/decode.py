@@ -13,9 +13,9 @@ lengths); k is the exponent of n of the time per token ([k_low, k_high] its 95 %
 - 1b (decode), attention, "each token's cost grows with n": supported if k_low ≥ 0.5, contradicted if k_high ≤ 0.3
   (flat: at these n the cache read is small beside the step's fixed work).
 - 1d (decode), recurrent, "memory is fixed", on the state a step reads: the measured state's exponent where the
-  method resolves it at ≥ 3 lengths (supported if k_high ≤ 0.3, contradicted if k_low ≥ 0.7); where it reads 0 B
-  (a state smaller than a page, on a CPU), the computed bytes, which a test holds equal to the allocated tensors,
-  and the row says so. The KV cache of the attention variant of the same shape is shown beside it, measured.
+  method reads it at ≥ 3 lengths (supported if k_high ≤ 0.3, contradicted if k_low ≥ 0.7); where it reads 0 B
+  (a method that cannot see so small a state), the computed bytes, which a test holds equal to the allocated
+  tensors, and the row says so. The KV cache of the attention variant of the same shape is shown beside it, measured.
 
 Anything else is inconclusive, and so is a curve thin on evidence (``verdicts.thin_slope``).
 """

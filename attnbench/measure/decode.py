@@ -13,9 +13,10 @@ In this order, so that each figure means one thing:
    K/V projections, and deeper stacks use SDPA's fused causal kernel for the context's own attention.
 4. The timed call is ``step()``: the token's K and V written into slot n, slots 0…n read, and the state left at n
    (a recurrent step keeps its new state aside), so every call is the token after n tokens.
-5. After the timing, ``release()`` frees the state and measures what that gave back (``state_mem_bytes``): the
-   caching allocator's bytes on a GPU, resident pages on a CPU (``rss-freed``: a state smaller than a page or
-   two reads 0 there). ``state_bytes`` is the same computed from shapes and dtype.
+5. After the timing, ``release()`` measures what the state holds and frees it (``state_mem_bytes``): on a GPU the
+   caching allocator's bytes that freeing it gives back; on a CPU the resident pages backing its tensors
+   (``resident-pages``, mincore: a state smaller than a page reads that page). ``state_bytes`` is the same
+   computed from shapes and dtype.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from attnbench.core.cases import Case
 from attnbench.core.decode_state import state_bytes
 from attnbench.core.units import format_bytes
 from attnbench.measure.failures import describe, is_oom
-from attnbench.measure.memory import RssPeak
+from attnbench.measure.memory import ResidentPages
 from attnbench.measure.models import make_input
 from attnbench.measure.models.decoding import decodable, tensor_bytes
 
@@ -45,11 +46,10 @@ PREFILL_CHUNK = 4096
 class DecodeSetup:
     """A filled state and the token to decode against it; ``extra`` gathers what the row records of both."""
 
-    def __init__(self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype, host: RssPeak | None):
-        """Steps 1–3 of the module notes, under ``inference_mode`` as the step is timed. ``host`` measures resident
-        memory on a CPU; None where this process cannot."""
+    def __init__(self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype):
+        """Steps 1–3 of the module notes, under ``inference_mode`` as the step is timed."""
         self._decoder = decodable(model)
-        self._device, self._host = device, host
+        self._device = device
         model.eval()
         with torch.inference_mode():
             self._token = make_input(replace(case, seq_len=1), str(device), dtype)  # (B, 1, d) or (B, 1) ids
@@ -73,21 +73,22 @@ class DecodeSetup:
         return self._decoder.step(self._token, self._state)
 
     def release(self) -> None:
-        """Free the state (the step cannot run after this) and record what that gave back."""
-        before = self._resident()
-        self._state = None
-        after = self._resident()
-        self.extra["state_mem_bytes"] = None if before is None or after is None else max(0, before - after)
-        if self._device.type == "cuda":
-            self.extra["state_mem_method"] = "cuda-allocator"
-        else:
-            self.extra["state_mem_method"] = RssPeak.freed_method if self._host is not None else "unavailable"
-
-    def _resident(self) -> int | None:
+        """Measure the state, then free it (the step cannot run after this)."""
+        held: int | None = None
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
-            return int(torch.cuda.memory_allocated(self._device))
-        return None if self._host is None else self._host.resident_bytes()
+            before = torch.cuda.memory_allocated(self._device)
+            self._state = None
+            torch.cuda.synchronize(self._device)
+            held, method = int(before - torch.cuda.memory_allocated(self._device)), "cuda-allocator"
+        else:
+            pages = ResidentPages()
+            method = pages.method if pages.available else "unavailable"
+            if pages.available:
+                storages = [t.untyped_storage() for t in self._state.tensors()]
+                held = pages.bytes_of((s.data_ptr(), s.nbytes()) for s in storages)
+            self._state = None
+        self.extra["state_mem_bytes"], self.extra["state_mem_method"] = held, method
 
 
 def _allocate(model: nn.Module, case: Case) -> Any:

@@ -9,9 +9,11 @@ an earlier case's pages; ``malloc_trim(0)`` hands every free page of every arena
 models that allocate most — a memory method must not change the times. ``tests/test_memory.py`` checks the
 method against tensors of known size.
 
-Method ``rss-freed``: the resident bytes a set of tensors gives back when freed — ``resident_bytes()`` (after a
-collection and a trim) with them alive, minus the same after they are dropped. A decode row measures the bytes its
-KV cache or recurrent state holds so; whatever else the process keeps resident is in both readings and cancels.
+Method ``resident-pages`` (``ResidentPages``): how many bytes of the pages that back given memory are resident,
+by ``mincore(2)`` — RSS's own accounting, restricted to that memory. A decode row measures its KV cache or
+recurrent state so: whatever else the process holds (allocator caches, freed-but-kept pages, a long-lived
+process's heap layout) cannot leak into the reading, and a state smaller than a page reads the one page it sits
+in.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +57,6 @@ class RssPeak:
     """Measures the peak RSS growth of the work run between ``start()`` and ``peak_bytes()``."""
 
     method = "rss-hwm"
-    freed_method = "rss-freed"
 
     def __init__(self) -> None:
         self._libc = _libc()
@@ -81,9 +84,42 @@ class RssPeak:
     def peak_bytes(self) -> int:
         return max(0, _read_status_bytes("VmHWM") - self._baseline)
 
-    def resident_bytes(self) -> int:
-        """``VmRSS`` once garbage is collected and every free page handed back: what live objects hold."""
-        gc.collect()
-        if self._glibc and self._libc is not None:
-            self._libc.malloc_trim(0)
-        return _read_status_bytes("VmRSS")
+
+# mincore's vector holds one byte per page, its lowest bit set when the page is resident (the rest reserved).
+_RESIDENT_BIT = bytes(b & 1 for b in range(256))
+
+
+class ResidentPages:
+    """Resident bytes of the pages spanning some memory, each page counted once (``mincore``, Linux)."""
+
+    method = "resident-pages"
+
+    def __init__(self) -> None:
+        libc = _libc()
+        self._mincore = getattr(libc, "mincore", None) if libc is not None else None
+        if self._mincore is not None:
+            self._mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+            self._mincore.restype = ctypes.c_int
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    @property
+    def available(self) -> bool:
+        return self._mincore is not None
+
+    def bytes_of(self, spans: Iterable[tuple[int, int]]) -> int:
+        """Resident bytes of the pages that (address, length) spans touch; a page several spans share counts once."""
+        if self._mincore is None:
+            raise OSError("mincore is not available in this C library")
+        resident, last_page = 0, -1
+        for address, length in sorted(spans):
+            if length <= 0:
+                continue
+            first = address // self.page
+            pages = (address + length - 1) // self.page - first + 1
+            vector = (ctypes.c_ubyte * pages)()
+            if self._mincore(first * self.page, pages * self.page, vector) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore failed on {pages} pages at {address:#x}")
+            skip = min(pages, max(0, last_page - first + 1))  # pages an earlier span already counted
+            resident += bytes(vector)[skip:].translate(_RESIDENT_BIT).count(1)
+            last_page = max(last_page, first + pages - 1)
+        return resident * self.page

@@ -107,7 +107,7 @@ class TorchExecutor:
         x: torch.Tensor | None = None
         decode: DecodeSetup | None = None
         if case.mode == "decode":
-            decode = DecodeSetup(model, case, self.device, dtype, self._host_memory)
+            decode = DecodeSetup(model, case, self.device, dtype)
             grad_mode: Callable[[], contextlib.AbstractContextManager[object]] = torch.inference_mode
             step = decode.step
         else:

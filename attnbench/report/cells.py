@@ -26,7 +26,8 @@ SPEEDUP_LEGEND = (
 )
 STATE_LEGEND = (
     "The KV cache (attention) or recurrent state a step reads: computed from shapes and dtype / measured "
-    "({methods}; the bytes freeing it gives back, so a state smaller than a page reads 0 B on a CPU):"
+    "({methods}: on a CPU the resident pages backing it, so a state smaller than a page reads that page; on a GPU "
+    "the caching allocator's bytes):"
 )
 CROSSOVER_LEGEND = (
     "Where the time curves cross (interpolated on log-log between the two measured lengths around the crossing):"

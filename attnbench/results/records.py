@@ -6,7 +6,8 @@ Schema history (``SCHEMA_VERSION``):
       Keys added since, all optional and absent when empty, so older files read back unchanged: run.json
       ``calibration``; measurement ``warmup_moved``, ``replicate_medians_s``, ``injected_delay_s``. A reader older
       than a key refuses a file that carries it (unknown keys are errors), with the hint to upgrade.
-      ``extra`` is open-ended (scalars by name); decode rows (issue 13) carry ``state_bytes`` (the KV cache or
+      Mode ``decode`` (issue 13) is a value a case may hold since; a reader from before refuses such a row.
+      ``extra`` is open-ended (scalars by name); decode rows carry ``state_bytes`` (the KV cache or
       recurrent state, computed), ``state_mem_bytes`` and ``state_mem_method`` (the same, measured) and
       ``prefill_s`` (the set-up's prefill, untimed).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else

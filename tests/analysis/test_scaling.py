@@ -418,11 +418,11 @@ def decode_run() -> list[Result]:
     of 2·(n + 1)·64·4 bytes measured a page above that; the two cross at n = 5000 in time."""
     out = []
     for n in DECODE_NS:
-        lstm = {"state_bytes": 512, "state_mem_bytes": 0, "state_mem_method": "rss-freed"}
+        lstm = {"state_bytes": 512, "state_mem_bytes": 0, "state_mem_method": "resident-pages"}
         out.append(result("lstm", n, 1e-4, mode="decode", batch=1, spread=0.02, extra=lstm))
     for n in DECODE_NS:
         cache = 2 * (n + 1) * 64 * 4
-        sdpa = {"state_bytes": cache, "state_mem_bytes": cache + 4096, "state_mem_method": "rss-freed"}
+        sdpa = {"state_bytes": cache, "state_mem_bytes": cache + 4096, "state_mem_method": "resident-pages"}
         out.append(result("sdpa", n, 5e-5 + 1e-8 * n, mode="decode", batch=1, spread=0.02, extra=sdpa))
     return out
 
@@ -466,7 +466,8 @@ def test_markdown_and_terminal_show_decode_tables_with_the_state() -> None:
     assert "- lstm decodes faster than sdpa from n ≈ 4800 (between 4096 and 16384)" in text
     state = section(text, "The KV cache (attention) or recurrent state", "How cost grows")
     assert state[0].endswith(
-        "(rss-freed; the bytes freeing it gives back, so a state smaller than a page reads 0 B on a CPU):"
+        "(resident-pages: on a CPU the resident pages backing it, so a state smaller than a page reads that page; on a "
+        "GPU the caching allocator's bytes):"
     )
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]] for line in state[4:6]}
     assert rows["lstm"] == ["512 B / 0 B"] * 4

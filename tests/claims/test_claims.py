@@ -301,7 +301,7 @@ def decode_curve(
     *,
     state: float = 0.0,
     held: float | None = None,
-    method: str = "rss-freed",
+    method: str = "resident-pages",
     spread: float = 0.0,
 ) -> list[Result]:
     """Decode rows with time per token ∝ n^exponent and a state of 1 MiB × (n/1024)^state bytes (measured ∝
@@ -344,7 +344,7 @@ def test_1d_decode_judges_the_state_against_the_kv_cache() -> None:
     rows = decode_curve("lstm", 0.0) + decode_curve("sdpa", 0.9, state=1.0, held=1.0)
     (fixed,) = decoded(rows, "1d")
     assert fixed.verdict == "supported" and "judged on the computed bytes" in fixed.why
-    assert "state 1 MiB at every n (computed; measured 0 B at 4 of 4 lengths, rss-freed)" in fixed.measured
+    assert "state 1 MiB at every n (computed; measured 0 B at 4 of 4 lengths, resident-pages)" in fixed.measured
     assert "vs sdpa's KV cache 1 MiB → 64 MiB (measured, ∝ n^1.00 [1.00–1.00])" in fixed.measured
     (measured,) = decoded(decode_curve("gru", 0.0, held=0.0, method="cuda-allocator"), "1d")
     assert measured.verdict == "supported" and "measured (cuda-allocator)" in measured.measured

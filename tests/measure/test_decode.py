@@ -40,15 +40,16 @@ def test_a_decode_row_times_one_step_and_records_its_state(executor: TorchExecut
     assert result.status == "ok", result.reason
     assert result.tokens_per_s == pytest.approx(case.batch / result.median_s)  # one token per sequence a call
     assert result.state_bytes == state_bytes(case)
-    assert result.extra["state_mem_method"] == "rss-freed"
+    assert result.extra["state_mem_method"] == "resident-pages"
     assert str(result.extra["flops_formula"]).endswith("-decode-v1")
     assert isinstance(result.extra["prefill_s"], float)
     held = result.state_mem_bytes
     assert held is not None
-    if case.family == "attention":  # 4.2 MiB of K and V: the pages freeing it gives back, within a few pages
-        assert abs(held - state_bytes(case)) <= 16 * 4096
-    else:  # a few hundred bytes: inside one page, which freeing it does not give back
-        assert held <= 4096
+    page = 4096
+    if case.family == "attention":  # 4.2 MiB of K and V: its pages, the first and last maybe shared
+        assert state_bytes(case) <= held <= state_bytes(case) + 2 * page
+    else:  # h (and c) of a few hundred bytes: the page or two they sit in
+        assert page <= held <= 2 * page
 
 
 def test_a_cache_too_large_to_hold_is_an_oom_row_that_says_so(executor: TorchExecutor) -> None:
