@@ -13,9 +13,10 @@ lengths); k is the exponent of n of the time per token ([k_low, k_high] its 95 %
 - 1b (decode), attention, "each token's cost grows with n": supported if k_low ≥ 0.5, contradicted if k_high ≤ 0.3
   (flat: at these n the cache read is small beside the step's fixed work).
 - 1d (decode), recurrent, "memory is fixed", on the state a step reads: the measured state's exponent where the
-  method reads it at ≥ 3 lengths (supported if k_high ≤ 0.3, contradicted if k_low ≥ 0.7); where it reads 0 B
-  (a method that cannot see so small a state), the computed bytes, which a test holds equal to the allocated
-  tensors, and the row says so. The KV cache of the attention variant of the same shape is shown beside it, measured.
+  method reads it at ≥ 3 lengths and it reaches 64 KiB (supported if k_high ≤ 0.3, contradicted if k_low ≥ 0.7);
+  a smaller state (a few KiB: the page or two it straddles decides its reading) or one read as 0 B is judged on
+  its computed bytes, which a test holds equal to the allocated tensors, and the row says so. The KV cache of
+  the attention variant of the same shape is shown beside it, measured.
 
 Anything else is inconclusive, and so is a curve thin on evidence (``verdicts.thin_slope``).
 """
@@ -28,11 +29,14 @@ from dataclasses import replace
 from attnbench.analysis.scaling import PowerLaw, fit_power_law
 from attnbench.claims.selection import Series, describe_series, family, series, variant
 from attnbench.claims.verdicts import MIN_SLOPE_POINTS, ClaimResult, Verdict, exponent_text, thin_slope, undecided
-from attnbench.core.units import format_bytes, format_seconds
+from attnbench.core.units import KIB, format_bytes, format_seconds
 from attnbench.results.records import Result
 
 FLAT_MAX, FLAT_NOT = 0.3, 0.7
 GROWS_MIN = 0.5
+# Below this a measured state is a few pages, and which pages it straddles (one or two for 1 KiB) moves the reading
+# more than its size: such a state is judged on its computed bytes.
+PAGE_SCALE = 64 * KIB
 _RECURRENT_FIGURE = "O(n) 逐次计算 (step after step)"
 _ATTENTION_FIGURE = "O(1) 并行计算 (all positions at once)"
 _MEMORY_FIGURE = "内存占用: 固定 (fixed)"
@@ -68,55 +72,47 @@ def _top(s: Series) -> str:
     return "" if fit is None else f"; n^{fit.exponent:.2f} at n={last[0].case.seq_len}–{last[1].case.seq_len}"
 
 
+def _latency_verdict(fit: PowerLaw, recurrent: bool) -> tuple[Verdict, str]:
+    if recurrent:
+        verdict, why = _flat(fit, "the step's time")
+        return verdict, why + (": n tokens are n equal steps" if verdict == "supported" else "")
+    if fit.exponent_low >= GROWS_MIN:
+        return "supported", (
+            f"time per token grew with the context (k ≥ {GROWS_MIN}): generating is one step per token for attention "
+            "too, and each step reads all n cached keys and values"
+        )
+    if fit.exponent_high <= FLAT_MAX:
+        return "contradicted", (
+            f"time per token stayed flat (k ≤ {FLAT_MAX}): at these n the cache read is small beside the step's fixed "
+            "work (projections, call overhead); longer contexts would show it"
+        )
+    return "inconclusive", undecided(FLAT_MAX, GROWS_MIN)
+
+
 def _latency_row(s: Series) -> ClaimResult:
     recurrent = family(s.shape.model) == "recurrent"
     if recurrent:
         cid, figure = "1a", _RECURRENT_FIGURE
-        claim = (
-            f"RNN/LSTM decode: each new token costs the same at any context n (a fixed-size state): {variant(s.shape)}"
-        )
+        claim = "RNN/LSTM decode: each new token costs the same at any context n (a fixed-size state): "
     else:
         cid, figure = "1b", _ATTENTION_FIGURE
         claim = (
             "Self-attention decode: each new token reads the whole KV cache, so its cost grows with n (O(1) steps "
-            f"hold for a whole sequence only): {variant(s.shape)}"
+            "hold for a whole sequence only): "
         )
+    claim += variant(s.shape)
     fit = fit_power_law(s.lengths, [r.median_s for r in s.points])
     keys = tuple(r.case.key for r in s.points)
     if fit is None:
-        return ClaimResult(
-            cid, claim, figure, f"no slope ({describe_series(s)})", keys, "inconclusive", "no usable fit"
-        )
-    measured = (
-        f"time per token ∝ {exponent_text(fit)}, {format_seconds(s.points[0].median_s)} → "
-        f"{format_seconds(s.points[-1].median_s)} ({describe_series(s)}{_top(s)})"
-    )
+        measured = f"no slope ({describe_series(s)})"
+        return ClaimResult(cid, claim, figure, measured, keys, "inconclusive", "no usable fit")
+    times = f"{format_seconds(s.points[0].median_s)} → {format_seconds(s.points[-1].median_s)}"
+    measured = f"time per token ∝ {exponent_text(fit)}, {times} ({describe_series(s)}{_top(s)})"
+    verdict, why = _latency_verdict(fit, recurrent)
     thin = thin_slope(fit, s.points)
-    verdict: Verdict
-    if thin:
-        verdict, why = "inconclusive", thin
-    elif recurrent:
-        verdict, why = _flat(fit, "the step's time")
-        if verdict == "supported":
-            why += ": n tokens are n equal steps"
-    elif fit.exponent_low >= GROWS_MIN:
-        verdict, why = (
-            "supported",
-            (
-                f"time per token grew with the context (k ≥ {GROWS_MIN}): generating is one step per token for "
-                "attention too, and each step reads all n cached keys and values"
-            ),
-        )
-    elif fit.exponent_high <= FLAT_MAX:
-        verdict, why = (
-            "contradicted",
-            (
-                f"time per token stayed flat (k ≤ {FLAT_MAX}): at these n the cache read is small beside the step's "
-                "fixed work (projections, call overhead); longer contexts would show it"
-            ),
-        )
-    else:
-        verdict, why = "inconclusive", undecided(FLAT_MAX, GROWS_MIN)
+    if thin:  # say what the exponent alone would conclude: the reader may trust the fit more than the rule does
+        why = f"would be {verdict} ({why}), but {thin}" if verdict != "inconclusive" else thin
+        verdict = "inconclusive"
     return ClaimResult(cid, claim, figure, measured, keys, verdict, why)
 
 
@@ -142,33 +138,45 @@ def _kv_cache(s: Series, attention: Sequence[Series]) -> str:
     )
 
 
+def _measured_text(held: Sequence[int], points: int, method: str) -> str:
+    """'measured 0 B at 8 of 8 lengths' or 'measured 4 KiB–8 KiB, the page or two it sits in'."""
+    if not held:
+        return f"measured 0 B at {points} of {points} lengths, {method}"
+    low, high = format_bytes(min(held)), format_bytes(max(held))
+    return f"measured {low if low == high else f'{low}–{high}'} ({method}: the pages it sits in)"
+
+
 def _memory_row(s: Series, attention: Sequence[Series]) -> ClaimResult | None:
-    computed = [(r.case.seq_len, r.state_bytes) for r in s.points if r.state_bytes is not None]
-    if len(computed) < 2:
+    points = [r for r in s.points if r.state_bytes is not None]
+    if len(points) < 2:
         return None
-    claim = (
-        f"RNN/LSTM memory is fixed (decode: the state a step reads, against attention's KV cache): {variant(s.shape)}"
-    )
-    keys = tuple(r.case.key for r in s.points)
-    method = str(s.points[0].extra.get("state_mem_method", "?"))
-    held = [(r.case.seq_len, r.state_mem_bytes) for r in s.points if r.state_mem_bytes]
-    fit = fit_power_law([n for n, _ in held], [float(b) for _, b in held]) if len(held) >= MIN_SLOPE_POINTS else None
-    lengths = describe_series(replace(s, points=tuple(r for r in s.points if r.state_bytes is not None)))
-    sizes = sorted({b for _, b in computed if b is not None})
+    claim = "RNN/LSTM memory is fixed (decode: the state a step reads, against attention's KV cache): "
+    claim += variant(s.shape)
+    keys = tuple(r.case.key for r in points)
+    method = str(points[0].extra.get("state_mem_method", "?"))
+    held = [(r.case.seq_len, r.state_mem_bytes) for r in points if r.state_mem_bytes]
+    sizes = sorted({r.state_bytes or 0 for r in points})
     size = format_bytes(sizes[0]) if len(sizes) == 1 else f"{format_bytes(sizes[0])} → {format_bytes(sizes[-1])}"
+    lengths = describe_series(replace(s, points=tuple(points)))
     verdict: Verdict
-    if fit is not None:
+    if len(held) >= MIN_SLOPE_POINTS and max(b for _, b in held) >= PAGE_SCALE:
+        fit = fit_power_law([n for n, _ in held], [float(b) for _, b in held])
+        assert fit is not None  # ≥ 3 distinct lengths, positive bytes
         measured = f"state ∝ {exponent_text(fit)} measured ({method}), {size} computed ({lengths})"
         verdict, why = _flat(fit, "the measured state")
     else:
-        computed_fit = fit_power_law([n for n, _ in computed], [float(b or 0) for _, b in computed])
-        assert computed_fit is not None  # ≥ 2 distinct lengths, positive bytes
-        measured = (
-            f"state {size} at every n (computed; measured 0 B at {len(s.points) - len(held)} of "
-            f"{len(s.points)} lengths, {method}) ({lengths})"
-        )
-        verdict, why = _flat(computed_fit, "the state")
-        why += f"; judged on the computed bytes: the measured state is smaller than what {method} resolves"
+        computed = fit_power_law([r.case.seq_len for r in points], [float(r.state_bytes or 0) for r in points])
+        assert computed is not None  # ≥ 2 distinct lengths, positive bytes
+        measured = f"state {size} at every n (computed; {_measured_text([b for _, b in held], len(points), method)})"
+        measured += f" ({lengths})"
+        if computed.points < MIN_SLOPE_POINTS:
+            verdict, why = "inconclusive", thin_slope(computed, points)
+        else:
+            verdict, why = _flat(computed, "the state")
+            why += (
+                f"; judged on the computed bytes: a state of a few pages reads as the pages it straddles, which "
+                f"says where it sits rather than how large it is ({method})"
+            )
     return ClaimResult("1d", claim, _MEMORY_FIGURE, measured + _kv_cache(s, attention), keys, verdict, why)
 
 

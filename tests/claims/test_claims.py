@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -330,6 +331,13 @@ def test_1a_decode_flat_per_token_cost_is_supported_and_growth_contradicts() -> 
     assert between.verdict == "inconclusive" and "0.3–0.7" in between.why
 
 
+def test_decode_rows_on_noisy_points_say_what_the_exponent_alone_would_conclude() -> None:
+    (row,) = decoded(decode_curve("lstm", 0.0, spread=0.5), "1a")
+    assert row.verdict == "inconclusive"
+    assert row.why.startswith("would be supported (the step's time did not grow with the context (k ≤ 0.3)")
+    assert row.why.endswith("but 4 of 4 points are noisy (IQR > 10 % of the median or CI target missed)")
+
+
 def test_1b_decode_growing_per_token_cost_is_supported_and_flat_contradicts() -> None:
     (grows,) = decoded(decode_curve("sdpa-flash", 0.9, state=1.0, held=1.0), "1b")
     assert grows.verdict == "supported" and "reads all n cached keys and values" in grows.why
@@ -350,6 +358,22 @@ def test_1d_decode_judges_the_state_against_the_kv_cache() -> None:
     assert measured.verdict == "supported" and "measured (cuda-allocator)" in measured.measured
     (grows,) = decoded(decode_curve("gru", 0.0, state=1.0, held=1.0, method="cuda-allocator"), "1d")
     assert grows.verdict == "contradicted"
+
+
+def test_1d_decode_a_state_of_a_few_pages_is_judged_on_its_computed_bytes() -> None:
+    rows = decode_curve("mingru", 0.0)
+    pages = [4096, 8192, 4096, 8192]  # 1 KiB straddling one page or two: where it sits, not how large it is
+    rows = [
+        replace(r, extra={**r.extra, "state_bytes": 1024, "state_mem_bytes": b})
+        for r, b in zip(rows, pages, strict=True)
+    ]
+    (row,) = decoded(rows, "1d")
+    assert row.verdict == "supported" and "judged on the computed bytes" in row.why
+    assert (
+        "state 1 KiB at every n (computed; measured 4 KiB–8 KiB (resident-pages: the pages it sits in))" in row.measured
+    )
+    (thin,) = decoded(rows[:2], "1d")
+    assert thin.verdict == "inconclusive" and "a slope needs ≥ 3" in thin.why
 
 
 def test_decode_rows_follow_the_whole_sequence_rows_of_their_claim_and_stay_out_of_the_others() -> None:
