@@ -51,5 +51,5 @@ def test_wheel_install_runs_the_builtin_default_from_anywhere(tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[0]
     assert first.startswith(str(site))  # the installed copy, not the checkout
-    assert "32 cases on cpu (dry run" in out.stdout
+    assert "44 cases on cpu (dry run" in out.stdout
     assert not (elsewhere / "results").exists()
