@@ -1,10 +1,19 @@
 """What the telemetry sampler costs: the same cases timed with it and without it, interleaved in one process.
 
-    python scripts/telemetry_overhead.py [--device cpu] [--rounds 10] [--interval 0.02] \
-        > results/telemetry-overhead-cpu.md
+    python scripts/telemetry_overhead.py [--device cpu|cuda] [--rounds 10] [--interval S] [--nvml real|fake] \
+        >> results/telemetry-overhead-cpu.md
 
-Each round times every case twice (sampler off, then on, the order alternating between rounds), so drift of
-the machine hits both sides alike; the figure is the median over rounds of the on/off ratio of medians.
+Each round times every case twice (telemetry off, then on, the order alternating between rounds), so drift of
+the machine hits both sides alike; the figure is the median over rounds of the on/off ratio of medians. Beside
+it, the same for each measurement's fastest sample (other load only ever adds time, so on a shared machine the
+fastest samples are what the sampler alone does to a call), and the CPU time the sampler thread burns per
+second of an open window, which other load cannot inflate.
+
+``--nvml fake`` (CPU only) runs the GPU telemetry path — NVML's sample buffers, the polled readings, GPM at level
+full — against the fake pynvml of the test suite, around CPU cases: what the sampler thread beside the timed calls
+costs the host, measured where no GPU is (the fake's calls are Python, where the real bindings' are ctypes; both
+hold the GIL). On ``--device cuda`` the cases are bf16 (FlashAttention has no float32 kernel) and a row that is not
+``ok`` is reported and left out rather than ending the run.
 """
 
 from __future__ import annotations
@@ -12,54 +21,141 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
 
-from attnbench.core.cases import Case, TimingPolicy
-from attnbench.measure.executor import ExecutorSettings
-from attnbench.measure.torch_executor import TorchExecutor
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # scripts run from a checkout; the fake pynvml lives in its tests/
 
-CASES = (
+from attnbench.core.cases import Case, TimingPolicy, default_interval_s  # noqa: E402
+from attnbench.measure import torch_executor  # noqa: E402
+from attnbench.measure.executor import ExecutorSettings  # noqa: E402
+from attnbench.measure.torch_executor import TorchExecutor  # noqa: E402
+
+CPU_CASES = (
     Case("lstm", "forward", "float32", "cpu", 4, 256, 256, None, 1, True),
     Case("sdpa-flash", "forward", "float32", "cpu", 4, 512, 256, 4, 1, False),
     Case("vanilla", "train", "float32", "cpu", 4, 256, 256, 4, 1, False),
 )
+# On a GPU: short, launch-heavy calls (where a thread competing for the GIL would show) and a long fused one.
+CUDA_CASES = (
+    Case("lstm", "forward", "bfloat16", "cuda", 1, 256, 1024, None, 1, True),
+    Case("sdpa-flash", "forward", "bfloat16", "cuda", 8, 2048, 1024, 16, 1, False),
+    Case("vanilla", "train", "bfloat16", "cuda", 4, 1024, 1024, 16, 1, False),
+)
+
+
+def fake_nvml_telemetry() -> Callable[..., Any]:
+    """``open_telemetry`` bound to a fake Hopper GPU: the GPU session's code path around a CPU case."""
+    from attnbench.measure.telemetry import open_telemetry
+    from attnbench.measure.telemetry.identity import GpuIdentity
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(util_period_s=1 / 6, sample_period_s=0.02)])
+    ident = GpuIdentity("cuda:0", fake.gpus[0].uuid, None)
+
+    def opened(device: str, level: Any, interval_s: float) -> Any:
+        return open_telemetry("cuda:0", level, interval_s, nvml=lambda: fake, identity=lambda d: ident)
+
+    return opened
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--interval", type=float, default=0.02, help="the sampler's polling interval (s)")
+    parser.add_argument("--interval", type=float, default=None, help="the sampler's polling interval (s)")
+    parser.add_argument("--nvml", choices=("real", "fake"), default="real", help="fake: the GPU path, on a CPU")
+    parser.add_argument("--quick", action="store_true", help="0.3 s per measurement: checks the plumbing only")
     args = parser.parse_args()
+    cuda = args.device.startswith("cuda")
+    if args.nvml == "fake" and cuda:
+        parser.error("--nvml fake times CPU cases; on a GPU the real NVML is used")
+    interval = args.interval or default_interval_s(args.device if args.nvml == "real" else "cuda")
     policy = TimingPolicy(target_ci=0.01, min_samples=20, min_time_s=0.5, max_case_s=1.5, warmup_max_s=0.3)
+    if args.quick:
+        policy = TimingPolicy(target_ci=0.05, min_samples=5, min_time_s=0.05, max_case_s=0.3, warmup_max_s=0.1)
+    level = "full" if cuda or args.nvml == "fake" else "basic"
     off = TorchExecutor(ExecutorSettings(args.device, policy, telemetry="off"))
-    on = TorchExecutor(ExecutorSettings(args.device, policy, telemetry="basic", telemetry_interval_s=args.interval))
-    print(f"# Telemetry sampler overhead ({args.device}, interval {args.interval * 1e3:g} ms, {args.rounds} rounds)\n")
-    print("| case | median off | median on | on/off (median of rounds) | rounds on > off | samples per case |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    overall = []
-    for case in CASES:
-        case = Case(**{**case.__dict__, "device": args.device})
-        ratios, offs, ons, samples = [], [], [], []
+    on = TorchExecutor(ExecutorSettings(args.device, policy, telemetry=level, telemetry_interval_s=interval))
+    if args.nvml == "fake":
+        # The executor opens telemetry through this module attribute; the stand-in serves the "on" side only.
+        torch_executor.open_telemetry = partial(_either, real=torch_executor.open_telemetry, fake=fake_nvml_telemetry())
+    what = "GPU path on a fake pynvml, CPU cases" if args.nvml == "fake" else args.device
+    opener = fake_nvml_telemetry() if args.nvml == "fake" else _real_telemetry
+    sampler_ms = sampler_cpu_ms_per_s(partial(opener, args.device), level, interval)
+    print(f"## Telemetry overhead ({what}, level {level}, interval {interval * 1e3:g} ms, {args.rounds} rounds)\n")
+    print(
+        "| case | median off | median on | on/off (median of rounds) | rounds on > off | on/off, fastest samples "
+        "| samples per case |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    overall, overall_fastest = [], []
+    for template in CUDA_CASES if cuda else CPU_CASES:
+        case = replace(template, device=args.device)
+        ratios, fastest, offs, ons, samples = [], [], [], [], []
+        skipped = ""
         for i in range(args.rounds):
             pair = (off, on) if i % 2 == 0 else (on, off)
             results = {id(executor): executor.run(case) for executor in pair}
             a, b = results[id(off)], results[id(on)]
-            assert a.measurement and b.measurement, (a.reason, b.reason)
-            offs.append(a.measurement.median_s)
-            ons.append(b.measurement.median_s)
-            ratios.append(b.measurement.median_s / a.measurement.median_s)
+            if not (a.is_timed and b.is_timed):
+                skipped = next(r.reason or r.status for r in (a, b) if not r.is_timed)
+                break
+            offs.append(a.median_s)
+            ons.append(b.median_s)
+            ratios.append(b.median_s / a.median_s)
+            fastest.append(b.timing.summary.min / a.timing.summary.min)
             samples.append(b.telemetry.samples if b.telemetry else 0)
-        ratio = statistics.median(ratios)
+        if skipped:
+            print(f"| {case.label} | skipped: {skipped} | | | | | |")
+            continue
+        ratio, fast = statistics.median(ratios), statistics.median(fastest)
         overall.append(ratio)
+        overall_fastest.append(fast)
         print(
             f"| {case.label} | {statistics.median(offs) * 1e3:.3f} ms | {statistics.median(ons) * 1e3:.3f} ms | "
-            f"{ratio:.4f} | {sum(r > 1 for r in ratios)}/{len(ratios)} | {statistics.median(samples):.0f} |"
+            f"{ratio:.4f} | {sum(r > 1 for r in ratios)}/{len(ratios)} | {fast:.4f} | "
+            f"{statistics.median(samples):.0f} |"
         )
+    if overall:
+        median, fast = statistics.median(overall), statistics.median(overall_fastest)
+        print(
+            f"\nOverall: median on/off ratio {median:.4f} ({(median - 1) * 100:+.2f} %); of the fastest samples "
+            f"{fast:.4f} ({(fast - 1) * 100:+.2f} %)."
+        )
+    else:
+        print("\nOverall: no case ran here.")
     print(
-        f"\nOverall: median on/off ratio {statistics.median(overall):.4f} "
-        f"({(statistics.median(overall) - 1) * 100:+.2f} %)."
+        f"\nThe sampler thread itself: {sampler_ms:.2f} ms of CPU time per second of window (an idle 2 s window; "
+        "CPU time, so other load on the machine does not inflate it).\n"
     )
     return 0
+
+
+def sampler_cpu_ms_per_s(opener: Callable[..., Any], level: Any, interval_s: float, window_s: float = 2.0) -> float:
+    """CPU time the sampler thread spends per second while a window is open, the main thread asleep: what runs
+    beside the timed calls (the window's edges, outside them, are left out)."""
+    with opener(level, interval_s):
+        time.sleep(0.3)  # past the window's opening
+        before = time.process_time()
+        time.sleep(window_s)
+        spent = time.process_time() - before
+    return spent / window_s * 1e3
+
+
+def _real_telemetry(device: str, level: Any, interval_s: float) -> Any:
+    from attnbench.measure.telemetry import open_telemetry
+
+    return open_telemetry(device, level, interval_s)
+
+
+def _either(device: str, level: Any, interval_s: float, *, real: Any, fake: Any) -> Any:
+    return real(device, level, interval_s) if level == "off" else fake(device, level, interval_s)
 
 
 if __name__ == "__main__":

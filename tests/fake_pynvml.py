@@ -5,10 +5,13 @@ with ``.value == 3``), the same units: power mW, energy mJ, clocks MHz, memory b
 wall-clock time. ``test_fake_matches_real_pynvml`` holds every name and value here to the installed bindings.
 
 A ``FakeGpu`` is scripted with functions of ``t`` (seconds since the fake was created) for utilisation, power, SM
-clock, temperature and throttle reasons; its energy counter integrates the power trace, and NVML's own utilisation
-samples are taken every ``util_period_s`` (with ``history_s`` of samples from before the fake existed). Knobs:
-``FakeGpu.not_supported`` (function names that raise NVMLError_NotSupported), ``FakeNvml.fail_after`` (every call
-after the N-th raises ``fail_code``, e.g. the driver going away), ``FakeNvml.init_error``.
+clock, temperature and throttle reasons; its energy counter integrates the power trace, and NVML's own buffered
+samples (``nvmlDeviceGetSamples``) are taken every ``util_period_s`` (utilisation) or ``sample_period_s`` (power,
+clocks), with ``history_s`` of samples from before the fake existed, stamped in µs on ``sample_clock`` ("wall":
+the Unix epoch, or "boottime", as drivers differ). Knobs: ``FakeGpu.not_supported`` (function names that raise
+NVMLError_NotSupported), ``FakeGpu.unbuffered`` (sampling types nvmlDeviceGetSamples refuses, as MIG refuses
+utilisation), ``FakeNvml.fail_after`` (every call after the N-th raises ``fail_code``, e.g. the driver going
+away), ``FakeNvml.init_error``.
 """
 
 from __future__ import annotations
@@ -89,8 +92,17 @@ CONSTANTS: dict[str, int] = {
     "NVML_CLOCK_GRAPHICS": 0,
     "NVML_CLOCK_SM": 1,
     "NVML_CLOCK_MEM": 2,
+    "NVML_CLOCK_ID_CURRENT": 0,
+    "NVML_CLOCK_ID_APP_CLOCK_TARGET": 1,
+    "NVML_FEATURE_DISABLED": 0,
+    "NVML_FEATURE_ENABLED": 1,
+    "NVML_DEVICE_MIG_DISABLE": 0,
+    "NVML_DEVICE_MIG_ENABLE": 1,
+    "NVML_TOTAL_POWER_SAMPLES": 0,
     "NVML_GPU_UTILIZATION_SAMPLES": 1,
     "NVML_MEMORY_UTILIZATION_SAMPLES": 2,
+    "NVML_PROCESSOR_CLK_SAMPLES": 5,
+    "NVML_MEMORY_CLK_SAMPLES": 6,
     "NVML_VALUE_TYPE_DOUBLE": 0,
     "NVML_VALUE_TYPE_UNSIGNED_INT": 1,
     "NVML_VALUE_TYPE_UNSIGNED_LONG": 2,
@@ -180,6 +192,9 @@ class FakeGpu:
     mem_total_bytes: int = 80 * 2**30
     energy_start_mj: int = 123_456_789
     util_period_s: float = 1 / 6
+    sample_period_s: float = 0.02  # power and clock samples
+    sample_clock: str = "wall"  # the host clock nvmlDeviceGetSamples stamps with: "wall" or "boottime"
+    unbuffered: set[int] = field(default_factory=set)  # sampling types nvmlDeviceGetSamples answers NotSupported
     history_s: float = 2.0  # NVML samples that exist from before the fake was created
     sample_buffer: int = 120  # NVML keeps only the most recent samples
     gpm: dict[int, float] = field(
@@ -187,6 +202,15 @@ class FakeGpu:
     )
     gpm_errors: dict[int, int] = field(default_factory=dict)  # metric id -> NVML error code (counters busy, ...)
     not_supported: set[str] = field(default_factory=set)  # API function names raising NVMLError_NotSupported
+    # Settings (nvmlDeviceGet*PowerLimit*, clocks, modes): mW, MHz, NVML_FEATURE_* / NVML_DEVICE_MIG_* values.
+    power_limit_mw: int = 700_000
+    power_default_limit_mw: int = 700_000
+    power_limit_range_mw: tuple[int, int] = (200_000, 700_000)
+    app_sm_clock_mhz: int = 1980
+    app_mem_clock_mhz: int = 2619
+    persistence_mode: int = 1
+    ecc_mode: tuple[int, int] = (1, 1)  # (current, pending)
+    mig_mode: tuple[int, int] = (0, 0)  # (current, pending)
 
 
 class FakeHandle:
@@ -235,6 +259,8 @@ class FakeNvml:
         self.gpus = gpus if gpus is not None else [FakeGpu()]
         self.clock = clock
         self.t0 = clock()
+        # Where t = 0 falls on each clock a driver may stamp its samples with.
+        self.origins = {"wall": self.t0, "boottime": time.clock_gettime(time.CLOCK_BOOTTIME) - (time.time() - self.t0)}
         self.fail_after = fail_after
         self.fail_code = fail_code
         self.init_error = init_error
@@ -371,6 +397,33 @@ class FakeNvml:
             raise NVMLError(CONSTANTS["NVML_ERROR_INVALID_ARGUMENT"])
         return round(at(gpu.temp_c, self.now()))
 
+    def nvmlDeviceGetClock(self, handle: FakeHandle, clock_type: int, clock_id: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetClock", handle)
+        if clock_id == CONSTANTS["NVML_CLOCK_ID_CURRENT"]:
+            return self.nvmlDeviceGetClockInfo(handle, clock_type)
+        if clock_id != CONSTANTS["NVML_CLOCK_ID_APP_CLOCK_TARGET"]:
+            raise NVMLError(CONSTANTS["NVML_ERROR_NOT_SUPPORTED"])
+        return gpu.app_mem_clock_mhz if clock_type == CONSTANTS["NVML_CLOCK_MEM"] else gpu.app_sm_clock_mhz
+
+    # ---- settings ----
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
+        return self._gpu("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: FakeHandle) -> int:
+        return self._gpu("nvmlDeviceGetPowerManagementDefaultLimit", handle).power_default_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: FakeHandle) -> list[int]:
+        return list(self._gpu("nvmlDeviceGetPowerManagementLimitConstraints", handle).power_limit_range_mw)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: FakeHandle) -> int:
+        return self._gpu("nvmlDeviceGetPersistenceMode", handle).persistence_mode
+
+    def nvmlDeviceGetEccMode(self, handle: FakeHandle) -> list[int]:
+        return list(self._gpu("nvmlDeviceGetEccMode", handle).ecc_mode)
+
+    def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
+        return list(self._gpu("nvmlDeviceGetMigMode", handle).mig_mode)
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
         return int(at(self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).throttle_mask, self.now()))
 
@@ -380,19 +433,26 @@ class FakeNvml:
     def nvmlDeviceGetSamples(self, handle: FakeHandle, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
         """(value type, [c_nvmlSample_t]) of the buffered samples newer than ``last_seen_us``; NotFound if none."""
         gpu = self._gpu("nvmlDeviceGetSamples", handle)
-        if sampling_type == CONSTANTS["NVML_GPU_UTILIZATION_SAMPLES"]:
-            trace = gpu.util_pct
-        elif sampling_type == CONSTANTS["NVML_MEMORY_UTILIZATION_SAMPLES"]:
-            trace = gpu.mem_util_pct
-        else:
+        traces: dict[int, tuple[Trace, float, float]] = {  # type -> (trace, unit factor, period)
+            CONSTANTS["NVML_GPU_UTILIZATION_SAMPLES"]: (gpu.util_pct, 1.0, gpu.util_period_s),
+            CONSTANTS["NVML_MEMORY_UTILIZATION_SAMPLES"]: (gpu.mem_util_pct, 1.0, gpu.util_period_s),
+            CONSTANTS["NVML_TOTAL_POWER_SAMPLES"]: (gpu.power_w, 1000.0, gpu.sample_period_s),  # mW
+            CONSTANTS["NVML_PROCESSOR_CLK_SAMPLES"]: (gpu.sm_clock_mhz, 1.0, gpu.sample_period_s),
+            CONSTANTS["NVML_MEMORY_CLK_SAMPLES"]: (gpu.mem_clock_mhz, 1.0, gpu.sample_period_s),
+        }
+        if sampling_type not in traces:
             raise NVMLError(CONSTANTS["NVML_ERROR_INVALID_ARGUMENT"])
+        if sampling_type in gpu.unbuffered:
+            raise NVMLError_NotSupported()
+        trace, factor, period = traces[sampling_type]
         now, first = self.now(), -gpu.history_s
-        count = int((now - first) / gpu.util_period_s)
-        times = [first + k * gpu.util_period_s for k in range(max(0, count - gpu.sample_buffer) + 1, count + 1)]
+        count = int((now - first) / period)
+        times = [first + k * period for k in range(max(0, count - gpu.sample_buffer) + 1, count + 1)]
+        origin = self.origins[gpu.sample_clock]
         samples = [
-            Struct({"timeStamp": ts, "sampleValue": Struct({"uiVal": round(at(trace, t))})})
+            Struct({"timeStamp": ts, "sampleValue": Struct({"uiVal": round(at(trace, t) * factor)})})
             for t in times
-            if (ts := int((self.t0 + t) * 1e6)) > last_seen_us
+            if (ts := int((origin + t) * 1e6)) > last_seen_us
         ]
         if not samples:
             raise NVMLError_NotFound()

@@ -3,10 +3,16 @@ in tests run (small enough for seconds on a 2-core machine)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from attnbench.core.cases import Case, Mode
@@ -88,3 +94,84 @@ def check_golden(name: str, text: str) -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
     assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if that is intended"
+
+
+def synthetic_runs(
+    folder: Path,
+    levels: list[float],
+    *,
+    seed: int = 0,
+    sigma: float = 0.03,
+    case_sigma: float = 0.01,
+    only: str | None = None,
+    environment: dict[int, dict[str, Any]] | None = None,
+) -> list[Path]:
+    """Copies of the FIXTURE run, one per entry of ``levels``, whose samples are scaled by that level times
+    realistic noise: a per-run factor shared by every case (log-normal, ``sigma``: the machine's state moves a
+    whole run) and a per-case one (``case_sigma``). ``only``: a case-key substring; the levels apply to it alone,
+    the other cases keep level 1. ``environment``: run index → environment fields to change (a new driver, …).
+    Runs start an hour apart, in list order."""
+    import json
+    import math
+    import random
+
+    rng = random.Random(seed)
+    template = json.loads((FIXTURE / "run.json").read_text())
+    rows = [json.loads(line) for line in (FIXTURE / "results.jsonl").read_text().splitlines() if line.strip()]
+    paths = []
+    for index, level in enumerate(levels):
+        run_factor = math.exp(rng.gauss(0, sigma))
+        run = dict(template, run_id=f"synthetic-{index:03d}", created_utc=f"2026-12-01T{index % 24:02d}:00:00.000000Z")
+        run["environment"] = {**template["environment"], **(environment or {}).get(index, {})}
+        out = folder / f"run-{index:03d}"
+        out.mkdir(parents=True)
+        (out / "run.json").write_text(json.dumps(run, indent=2))
+        lines = []
+        for row in rows:
+            row = json.loads(json.dumps(row))
+            m = row.get("measurement")
+            if m is not None:
+                stepped = only is None or only in row["key"]
+                factor = (level if stepped else 1.0) * run_factor * math.exp(rng.gauss(0, case_sigma))
+                m["samples_s"] = [s * factor for s in m["samples_s"]]
+            lines.append(json.dumps(row))
+        (out / "results.jsonl").write_text("\n".join(lines) + "\n")
+        paths.append(out)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------ a disk that fills up
+@contextmanager
+def small_disk(path: Path, size: str = "4m") -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``path``, so that a full disk is the kernel's own ENOSPC, not a fake.
+    Needs the right to mount (root here); elsewhere the test is skipped."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = shutil.which("mount")
+    if mount is None:
+        pytest.skip("no mount command here")
+    done = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def fill_disk(disk: Path) -> Path:
+    """Write a file on ``disk`` until the disk is full; returns it (delete it to free the space again)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for chunk in (1 << 20, 4096, 1):  # down to the last byte of the last block
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+    return filler

@@ -116,6 +116,8 @@ class Side:
 
     path: Path
     runs: tuple[StoredRun, ...]
+    # What loading found worth saying: sub-folders that are not runs, copies counted once.
+    warnings: tuple[str, ...] = ()
 
     @property
     def run_ids(self) -> tuple[str, ...]:
@@ -140,22 +142,76 @@ class Side:
 
 def load_side(path: Path, role: Role) -> Side:
     """A run folder, or a folder holding run folders (replicate processes of one side). A base that does not exist
-    or holds no rows is ``NoBaselineError`` (exit 4); anything unreadable is the loader's ``ResultsError``."""
+    or holds no rows is ``NoBaselineError`` (exit 4); anything unreadable is the loader's ``ResultsError``.
+
+    Evidence is counted once: run folders of one ``run_id`` (a run copied twice into the folder) are one run, and
+    a timed row that repeats another run's exactly (the same samples from the same start) is one measurement; each
+    is a warning naming the folders. Copies of one run that disagree on a case are an error."""
     missing: type[ResultsError] = NoBaselineError if role == "base" else ResultsError
     hint = BASELINE_HINT if role == "base" else "pass a folder written by 'attnbench sweep'"
-    if not path.exists():
-        raise missing(f"{role} {path}: no such run folder", hint=hint)
-    if path.is_dir() and not (path / RUN_FILE).exists():
-        members = sorted(p for p in path.iterdir() if p.is_dir() and (p / RUN_FILE).is_file())
-        if not members:
-            raise missing(f"{role} {path}: holds no run (no {RUN_FILE}, no run folders inside)", hint=hint)
-        runs = tuple(load_run(p) for p in members)
-    else:
-        runs = (load_run(path),)
+    try:
+        if not path.exists():
+            raise missing(f"{role} {path}: no such run folder", hint=hint)
+        warnings: list[str] = []
+        if path.is_dir() and not (path / RUN_FILE).exists():
+            members: list[Path] = []
+            for sub in sorted(p for p in path.iterdir() if p.is_dir()):
+                if (sub / RUN_FILE).is_file():
+                    members.append(sub)
+                else:
+                    warnings.append(f"{role} {path}: skipped {sub.name}/ (no {RUN_FILE} in it, so not a run)")
+            if not members:
+                raise missing(f"{role} {path}: holds no run (no {RUN_FILE}, no run folders inside)", hint=hint)
+            runs, copies = _distinct_runs([load_run(p) for p in members], role)
+            warnings += copies
+        else:
+            runs = [load_run(path)]
+    except OSError as exc:  # a folder we may not list or enter
+        raise ResultsError(f"{role} {path}: cannot read it ({exc.strerror or exc})", hint=hint) from None
     if not any(stored.results for stored in runs):
         what = "the run has no results" if len(runs) == 1 else f"none of its {len(runs)} runs has results"
         raise missing(f"{role} {path}: {what} (the sweep stopped before its first case)", hint=hint)
-    return Side(path, runs)
+    return Side(path, tuple(runs), tuple(warnings))
+
+
+def _distinct_runs(runs: Sequence[StoredRun], role: Role) -> tuple[list[StoredRun], list[str]]:
+    """The runs with each piece of evidence once: folders of one run_id merged into the first (they must agree on
+    every case they share), and timed rows that repeat an earlier run's exactly dropped."""
+    out: list[StoredRun] = []
+    warnings: list[str] = []
+    for stored in runs:
+        first = next((i for i, kept in enumerate(out) if kept.run.run_id == stored.run.run_id), None)
+        if first is None:
+            out.append(stored)
+            continue
+        earlier = out[first]
+        rows = {r.case.key: r for r in earlier.results}
+        clash = next((r.case.key for r in stored.results if rows.get(r.case.key, r) != r), None)
+        if clash is not None:
+            raise ResultsError(
+                f"{role} {earlier.folder} and {stored.folder} both hold run {stored.run.run_id}, with different "
+                f"rows for case {clash}",
+                hint="a folder of runs holds distinct runs (one process each); remove the copy that does not belong",
+            )
+        extra = tuple(r for r in stored.results if r.case.key not in rows)
+        out[first] = replace(earlier, results=earlier.results + extra)
+        warnings.append(f"{role} {stored.folder}: the same run as {earlier.folder} ({stored.run.run_id}); counted once")
+    seen: dict[str, list[Result]] = {}
+    for index, stored in enumerate(out):
+        kept = []
+        for result in stored.results:
+            if result.is_timed and result in seen.get(result.case.key, ()):
+                continue
+            seen.setdefault(result.case.key, []).append(result)
+            kept.append(result)
+        if len(kept) < len(stored.results):
+            repeated = len(stored.results) - len(kept)
+            warnings.append(
+                f"{role} {stored.folder}: {repeated} of its rows repeat another run's exactly (the same "
+                "measurement, copied); counted once"
+            )
+            out[index] = replace(stored, results=tuple(kept))
+    return out, warnings
 
 
 def hard_fields(stored: StoredRun) -> dict[str, Any]:
@@ -190,15 +246,20 @@ def mismatches(a: StoredRun, b: StoredRun) -> tuple[Mismatch, ...]:
     return tuple(Mismatch(key, fa[key], fb[key]) for key in HARD_KEYS if fa[key] != fb[key])
 
 
-def check_comparable(base: Side, current: Side, allow: Iterable[str] = ()) -> tuple[Mismatch, ...]:
-    """The differences that ``allow`` lets through; any other difference raises ``NotComparableError``."""
+def allowed_keys(allow: Iterable[str], known: Sequence[str] = HARD_KEYS) -> frozenset[str]:
+    """The keys ``--allow-mismatch`` named, each checked to be one of ``known``."""
     allowed = frozenset(allow)
-    unknown = sorted(allowed - set(HARD_KEYS))
+    unknown = sorted(allowed - set(known))
     if unknown:
         raise AttnbenchError(
-            f"--allow-mismatch: unknown key {', '.join(repr(k) for k in unknown)}",
-            hint=f"one of: {', '.join(HARD_KEYS)}",
+            f"--allow-mismatch: unknown key {', '.join(repr(k) for k in unknown)}", hint=f"one of: {', '.join(known)}"
         )
+    return allowed
+
+
+def check_comparable(base: Side, current: Side, allow: Iterable[str] = ()) -> tuple[Mismatch, ...]:
+    """The differences that ``allow`` lets through; any other difference raises ``NotComparableError``."""
+    allowed = allowed_keys(allow)
     for side, role in ((base, "base"), (current, "current")):
         for stored in side.runs[1:]:
             inner = [m for m in mismatches(side.runs[0], stored) if m.key not in allowed]
@@ -497,7 +558,7 @@ def _case_dict(c: CaseComparison) -> dict[str, Any]:
 
 
 def _side_warnings(side: Side, role: Role) -> list[str]:
-    out = [f"{role} {s.folder}: {w}" for s in side.runs for w in s.warnings]
+    out = [*side.warnings, *(f"{role} {s.folder}: {w}" for s in side.runs for w in s.warnings)]
     out += [
         f"{role} run {s.run.run_id} is {s.run.state}: cases it did not reach show as missing or new"
         for s in side.runs

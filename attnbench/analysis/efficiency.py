@@ -12,8 +12,9 @@ float32 matmul precision is "highest" (no TF32).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from attnbench.core.cases import Case
 from attnbench.core.peaks import SHORT_NAMES, VendorPeak, vendor_peak
@@ -46,8 +47,7 @@ class PeakTable:
     def for_run(cls, run: Run | None) -> PeakTable:
         if run is None:
             return cls(None, None)
-        gpu = run.environment.get("gpu_name")
-        return cls(run.calibration, vendor_peak(gpu if isinstance(gpu, str) else None))
+        return cls(run.calibration, vendor_for(run.environment)[0])
 
     def for_dtype(self, dtype: str) -> Peak | None:
         """The calibrated figure for ``dtype``, else the vendor's, else None."""
@@ -67,18 +67,42 @@ class PeakTable:
         return self.for_dtype(case.dtype)
 
 
-def achieved_flops_per_s(result: Result) -> float | None:
-    """The row's analytic FLOPs per call over its median seconds per call, or None when either is missing."""
-    flops = result.extra.get("flops")
+MIG_NOTE = (
+    "a MIG slice holds a fraction of the GPU's SMs and memory bandwidth, so the whole GPU's vendor peaks do not "
+    "apply; run 'attnbench calibrate' on the slice for peaks to hold rows against"
+)
+
+
+def vendor_for(environment: Mapping[str, Any]) -> tuple[VendorPeak | None, str]:
+    """The vendor entry a run's rows may be held against, and why there is none where there is none.
+
+    The GPU's name picks the part; its default power limit tells boards of one name apart (H200 NVL at 600 W
+    from SXM at 700 W); a MIG slice gets none (``MIG_NOTE``): a slice is not the GPU whose peaks the table holds.
+    """
+    name = environment.get("gpu_name")
+    if environment.get("gpu_mig") is True:
+        return None, MIG_NOTE
+    power = environment.get("gpu_power_default_limit_w")
+    power = power if isinstance(power, int | float) and not isinstance(power, bool) else None
+    vendor = vendor_peak(name if isinstance(name, str) else None, power)
+    return vendor, "" if vendor is not None or not name else f"no vendor entry matches {name!r}"
+
+
+def achieved_flops_per_s(result: Result, *, executed: bool = False) -> float | None:
+    """The row's analytic FLOPs per call over its median seconds per call, or None when either is missing.
+
+    Useful FLOPs (``flops``: a causal core credited the pairs its mask keeps) unless ``executed``: then the
+    work the kernels did (``executed_flops``: the full n² of a core that masks after computing)."""
+    flops = result.extra.get("executed_flops" if executed else "flops")
     m = result.measurement
     if not isinstance(flops, int) or isinstance(flops, bool) or m is None or m.median_s <= 0:
         return None
     return flops / m.median_s
 
 
-def pct_of_peak(result: Result, peak: Peak | None) -> float | None:
-    """Achieved FLOP/s as a percentage of ``peak`` (100 = at the peak)."""
-    achieved = achieved_flops_per_s(result)
+def pct_of_peak(result: Result, peak: Peak | None, *, executed: bool = False) -> float | None:
+    """Achieved FLOP/s as a percentage of ``peak`` (100 = at the peak); useful FLOPs unless ``executed``."""
+    achieved = achieved_flops_per_s(result, executed=executed)
     if achieved is None or peak is None:
         return None
     return 100.0 * achieved / peak.flops_per_s
@@ -188,8 +212,10 @@ def _vendor_text(vendor: VendorPeak | None, figure: float | None, dtype: str) ->
     return format_flops(figure)
 
 
-def vendor_line(device_name: str, vendor: VendorPeak | None, device_type: str) -> str:
+def vendor_line(device_name: str, vendor: VendorPeak | None, device_type: str, why_none: str = "") -> str:
     """Which vendor entry was matched, and from where; or why none was."""
+    if vendor is None and why_none == MIG_NOTE:
+        return f"vendor peaks: none: {MIG_NOTE}"
     if vendor is not None:
         return f"vendor peaks: {vendor.name} (matched {device_name!r}); source: {vendor.source}"
     if device_type == "cpu":

@@ -192,15 +192,24 @@ def _row_label(result: Result, varying: set[str]) -> str:
     return " ".join(parts)
 
 
+def _devices(members: Sequence[Result]) -> str:
+    """The devices a group's rows ran on: one ("cuda:0"), or several of one kind ("cuda:0+cuda:1") when a sweep
+    spread its cases over identical devices (sweep --devices)."""
+    names = {r.case.device for r in members}
+    return "+".join(sorted(names, key=lambda d: (len(d), d)))
+
+
 def group_curves(results: Sequence[Result]) -> list[CurveGroup]:
-    """Group by mode/dtype/device/d_model/layers, then one curve per model (with what else varies), in the
-    order the results first name them."""
+    """Group by mode/dtype/kind of device/d_model/layers, then one curve per model (with what else varies), in
+    the order the results first name them. Rows of one kind of device are one group whichever device of a
+    ``--devices`` sweep measured them (the pool's rule: the devices are the same hardware)."""
     groups: dict[tuple[str, str, str, int, int], list[Result]] = {}
     for r in results:
         c = r.case
-        groups.setdefault((c.mode, c.dtype, c.device, c.d_model, c.layers), []).append(r)
+        groups.setdefault((c.mode, c.dtype, c.device.split(":")[0], c.d_model, c.layers), []).append(r)
     out = []
-    for (mode, dtype, device, d_model, layers), members in groups.items():
+    for (mode, dtype, _, d_model, layers), members in groups.items():
+        device = _devices(members)
         batches_by_seq: dict[int, set[int]] = {}
         for r in members:
             batches_by_seq.setdefault(r.case.seq_len, set()).add(r.case.batch)

@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from attnbench.core.catalogue import MODEL_NAMES
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.units import format_percent
@@ -74,17 +72,10 @@ class Thresholds:
         return f"{text}; {extra}" if extra else text
 
 
-def load_thresholds(path: Path, fail_on: str | None = None) -> Thresholds:
-    """A YAML mapping ``{default: 5%, lstm: 8%}``; ``fail_on`` (the command line) overrides its default."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise AttnbenchError(f"--thresholds: cannot read {path}: {exc.strerror}", hint="check the path") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise AttnbenchError(
-            f"--thresholds: {path} is not valid YAML ({str(exc).splitlines()[0]})",
-            hint="write a mapping such as {default: 5%, lstm: 8%}",
-        ) from None
+def thresholds_from(data: object, path: Path, fail_on: str | None = None) -> Thresholds:
+    """The thresholds a ``--thresholds`` file holds, as parsed YAML: a mapping ``{default: 5%, lstm: 8%}``.
+    ``fail_on`` (the command line) overrides its default. Reading the file is the CLI's (with the config reader,
+    which refuses a key given twice rather than keep the last)."""
     if not isinstance(data, dict):
         raise AttnbenchError(
             f"--thresholds: {path} must hold a mapping of model names to percentages",

@@ -99,13 +99,14 @@ def claim_training(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
     lstms: dict[tuple[str, str, int, int], list[Result]] = {}
     for r in train:
         if r.case.model == "lstm":
-            lstms.setdefault((r.case.device, r.case.dtype, r.case.batch, r.case.seq_len), []).append(r)
+            # The kind of device: a --devices sweep spreads a pair over GPUs of one model (measure.pool's rule).
+            lstms.setdefault((r.case.device.split(":")[0], r.case.dtype, r.case.batch, r.case.seq_len), []).append(r)
     if not attention or not lstms:
         lacking = "an attention model" if not attention else "an lstm"
         return [not_measurable("3", CLAIM, FIGURE, f"the model-scope train rows lack {lacking}; {hint}")]
     out = []
     for a in attention:
-        candidates = lstms.get((a.case.device, a.case.dtype, a.case.batch, a.case.seq_len), [])
+        candidates = lstms.get((a.case.device.split(":")[0], a.case.dtype, a.case.batch, a.case.seq_len), [])
         if candidates:
             # The LSTM nearest in size stands in for "the same size" (lstm-110m when both are there).
             lstm = min(candidates, key=lambda r: abs((r.parameters or 0) - (a.parameters or 0)))

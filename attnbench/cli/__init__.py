@@ -9,12 +9,13 @@ result to a renderer. torch is imported only inside the commands that run models
 from __future__ import annotations
 
 import os
+import signal
 from typing import Annotated
 
 import typer
 
-from attnbench.cli import claims, compare, device, info, report, sweep
-from attnbench.cli.common import state
+from attnbench.cli import claims, compare, device, history, info, merge, report, submit, sweep
+from attnbench.cli.common import interrupted, state
 
 app = typer.Typer(
     name="attnbench",
@@ -28,6 +29,7 @@ app = typer.Typer(
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False) -> None:
     state["debug"] = debug
+    state["interrupt_said"] = False
 
 
 # Registered in the order `attnbench --help` lists them.
@@ -39,6 +41,9 @@ for command in (
     info.env,
     claims.claims,
     compare.compare,
+    history.history,
+    merge.merge,
+    submit.submit,
     device.calibrate,
     device.selfcheck,
 ):
@@ -46,6 +51,13 @@ for command in (
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (through ``attnbench.__main__.main``)."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        # typer turns a Ctrl-C outside any command (while it parses, or imports what it parses with) into a
+        # silent exit 130; say so in the one line every other interrupt gets.
+        if exc.code == 128 + signal.SIGINT and not state["interrupt_said"]:
+            interrupted(signal.SIGINT, "stopped while starting")
+        raise

@@ -1,28 +1,59 @@
 """What every command shares: the consoles, the one error path, writing output, warnings, and the options
-declared once. The CLI is the only room that prints, exits or handles signals."""
+declared once. The CLI is the only room that prints, exits or handles signals.
+
+Everything printed passes ``core.text.safe_text`` on its way out (the consoles and ``write_or_print`` apply it), so
+a control character from a stored run (ESC, BEL, a bidirectional override, in a reason, a run id, a folder name)
+reaches the terminal as a visible escape, never as a command to it.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
 from rich.markup import escape
+from rich.segment import Segment
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.core.text import safe_text
+
+
+class _Sanitized:
+    """A renderable whose text passes ``safe_text`` after rich has laid it out (rich's own styles and cursor
+    controls are separate segments, untouched), so no cell of a table can smuggle a control sequence out."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        for segment in console.render(self.renderable, options):
+            if segment.control or not segment.text:
+                yield segment
+            else:
+                yield Segment(safe_text(segment.text), segment.style)
+
+
+class SafeConsole(Console):
+    """A rich console that never writes a control character it did not make itself (``safe_text``)."""
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        super().print(*(safe_text(o) if isinstance(o, str) else _Sanitized(o) for o in objects), **options)
+
 
 # soft_wrap: lines are never folded at 80 columns in a pipe or CI log, so they stay parseable.
 # A pipe or CI log has no width; rich would assume 80 columns and fold wide tables (calibrate, selfcheck) into
 # unreadable stacks. Such logs are read in wide viewers, so give them 160 unless COLUMNS says otherwise.
 _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-stdout = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
-state = {"debug": False}
+stdout = SafeConsole(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
+stderr = SafeConsole(stderr=True, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
+state = {"debug": False, "interrupt_said": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,21 +76,29 @@ ThreadsOpt = Annotated[
     int | None,
     typer.Option("--threads", min=1, help="torch threads (match a sweep's 'threads').", show_default="torch's"),
 ]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Tiny sizes: a smoke test, not a measurement to keep.")]
 
 
 # ------------------------------------------------------------------------------------------------- the error path
 def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
     """The one way errors reach the user: a red 'error:' line, a 'hint:' line, an exit code."""
-    # User text (paths, keys, values) may hold brackets: escape it so rich never reads it as markup.
-    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
+    # User text (paths, keys, values) may hold brackets: escape it so rich never reads it as markup; and newlines
+    # (a stored reason quoted in a message) are escaped, so the error stays one line.
+    stderr.print(f"[bold red]error:[/] {escape(safe_text(message, lines=False))}", markup=True, soft_wrap=True)
     if hint:
-        stderr.print(f"[yellow]hint:[/] {escape(hint)}", markup=True, soft_wrap=True)
+        stderr.print(f"[yellow]hint:[/] {escape(safe_text(hint, lines=False))}", markup=True, soft_wrap=True)
     return typer.Exit(code)
 
 
+def interrupted(signum: int, what: str) -> typer.Exit:
+    """One line for a command stopped by a signal, and the shell's exit code for it (128 + the signal)."""
+    stderr.print(f"interrupted by {signal.Signals(signum).name}: {what}", markup=False)
+    state["interrupt_said"] = True
+    return typer.Exit(128 + signum)
+
+
 def handles_errors(command: F) -> F:
-    """Turn the project's own errors into ``fail``; anything else is a bug of ours and keeps its traceback."""
+    """Turn the project's own errors into ``fail`` and a Ctrl-C into one line and exit 130; anything else is a bug
+    of ours and keeps its traceback."""
 
     @wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -69,13 +108,37 @@ def handles_errors(command: F) -> F:
             if state["debug"]:
                 raise
             raise fail(exc.message, exc.hint, exc.exit_code) from None
+        except KeyboardInterrupt:
+            if state["debug"]:
+                raise
+            raise interrupted(signal.SIGINT, "stopped before it finished") from None
+        except Exception as exc:
+            # An extension that catches the KeyboardInterrupt of a Ctrl-C during its import may raise its own
+            # error from it (an ImportError "during handling of" it): still an interrupt, not a bug to show.
+            if state["debug"] or isinstance(exc, typer.Exit) or not caused_by_interrupt(exc):
+                raise
+            raise interrupted(signal.SIGINT, "stopped before it finished") from None
 
     return wrapper  # type: ignore[return-value]
 
 
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is a KeyboardInterrupt or was raised from one (its cause, or the context it was raised in)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return False
+
+
 # ------------------------------------------------------------------------------------------------- output, warnings
 def write_or_print(text: str, output: str | None) -> None:
-    """``text`` to stdout (no ``-o``, or ``-o -``) or to the file ``output``, saying where it went."""
+    """``text`` to stdout (no ``-o``, or ``-o -``) or to the file ``output``, saying where it went. Either way
+    control characters are escaped (``safe_text``: JSON stays valid and means the same, its escapes are JSON's)."""
+    text = safe_text(text)
     if output in (None, "-"):
         sys.stdout.write(text)
         return
@@ -91,7 +154,7 @@ def write_or_print(text: str, output: str | None) -> None:
 def print_warnings(warnings: Iterable[str]) -> None:
     """Warnings are data about the runs; they go to stderr, after the result, one 'warning:' line each."""
     for warning in warnings:
-        stderr.print(f"[yellow]warning:[/] {escape(warning)}")
+        stderr.print(f"[yellow]warning:[/] {escape(safe_text(warning, lines=False))}")
 
 
 def print_wrote(paths: Iterable[Path]) -> None:

@@ -7,11 +7,31 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from attnbench.cli.common import OutputOpt, handles_errors, print_warnings, stdout, write_or_print
+from attnbench.core.errors import AttnbenchError, ConfigError
+
+if TYPE_CHECKING:
+    from attnbench.analysis.thresholds import Thresholds
+
+
+def read_thresholds(path: Path, fail_on: str | None = None) -> Thresholds:
+    """A ``--thresholds`` file, read as configs are (``config.source``: a regular UTF-8 file of bounded size, a
+    key given twice refused with both lines rather than the last silently kept), then checked."""
+    from attnbench.analysis.thresholds import thresholds_from
+    from attnbench.config.source import parse_yaml, read_file
+
+    try:
+        data, _ = parse_yaml(read_file(path, str(path)), str(path))
+    except ConfigError as exc:
+        # An error about a key (one given twice) keeps its own hint; the config-file hint fits nothing else here.
+        hint = exc.hint if exc.key else "write a mapping such as {default: 5%, lstm: 8%}"
+        raise AttnbenchError(f"--thresholds: {exc.message}", hint=hint) from None
+    return thresholds_from(data, path, fail_on)
+
 
 BaseArg = Annotated[
     Path, typer.Argument(help="Base run folder, or a folder of repeated runs (one process each).", show_default=False)
@@ -63,11 +83,11 @@ def compare(
     Exit 1 on a regression, 3 when the runs are not comparable, 4 when BASE holds no run.
     """
     from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR, Policy, compare_paths
-    from attnbench.analysis.thresholds import Thresholds, load_thresholds, parse_fraction, parse_threshold
+    from attnbench.analysis.thresholds import Thresholds, parse_fraction, parse_threshold
     from attnbench.report.compare_md import compare_table, render_compare_markdown
 
     if thresholds is not None:
-        limits = load_thresholds(thresholds, fail_on)
+        limits = read_thresholds(thresholds, fail_on)
     else:
         limits = Thresholds(parse_threshold(fail_on) if fail_on is not None else Thresholds().default)
     policy = Policy(

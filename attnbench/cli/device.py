@@ -13,7 +13,6 @@ from rich.table import Table
 
 from attnbench.cli.common import (
     DeviceOpt,
-    QuickOpt,
     ThreadsOpt,
     handles_errors,
     stderr,
@@ -54,12 +53,19 @@ def calibrate(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     refresh: Annotated[bool, typer.Option("--refresh", help="Measure again even if this machine has a cache.")] = False,
-    quick: QuickOpt = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="A short run: on a GPU the ceiling sizes timed briefly (cached; fits a short lease), on a CPU "
+            "reduced sizes (a smoke test, not cached).",
+        ),
+    ] = False,
     threads: ThreadsOpt = None,
 ) -> None:
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) once per machine, and show them
     beside the vendor's peaks."""
-    from attnbench.core.peaks import vendor_peak
+    from attnbench.analysis.efficiency import vendor_for
     from attnbench.measure.ceilings import calibrate as measure_ceilings
     from attnbench.measure.devices import resolve_device, use_threads
     from attnbench.measure.environment import collect_environment
@@ -87,15 +93,17 @@ def calibrate(
         calibration = measure_ceilings(
             resolved, wanted, environment, quick=quick, progress=lambda line: stderr.print(f"  {line}", markup=False)
         )
-        if quick:
-            origin = "measured now (--quick: not cached, not used by sweeps)"
+        if calibration.quick:
+            origin = "measured now (--quick on a CPU: reduced sizes, not cached, not used by sweeps)"
         else:
             origin = f"measured now; cached in {save(calibration)} for sweeps on this machine"
-    vendor = vendor_peak(environment.gpu_name)
-    _print_calibration(calibration, vendor, device_type, origin)
+    vendor, why_none = vendor_for(environment.to_dict())
+    _print_calibration(calibration, vendor, device_type, origin, why_none)
 
 
-def _print_calibration(calibration: Calibration, vendor: VendorPeak | None, device_type: str, origin: str) -> None:
+def _print_calibration(
+    calibration: Calibration, vendor: VendorPeak | None, device_type: str, origin: str, why_none: str = ""
+) -> None:
     from attnbench.analysis.efficiency import ceiling_rows, vendor_line
 
     table = Table(
@@ -107,7 +115,7 @@ def _print_calibration(calibration: Calibration, vendor: VendorPeak | None, devi
     for row in ceiling_rows(calibration, vendor):
         table.add_row(*(escape(cell) for cell in (row.what, row.measured, row.at, row.vendor, row.ratio, row.used)))
     stdout.print(table)
-    stdout.print(vendor_line(calibration.device_name, vendor, device_type), markup=False)
+    stdout.print(vendor_line(calibration.device_name, vendor, device_type, why_none), markup=False)
     for note in calibration.notes:
         stdout.print(f"note: {note}", markup=False)
     stdout.print(origin, markup=False)
@@ -116,9 +124,16 @@ def _print_calibration(calibration: Calibration, vendor: VendorPeak | None, devi
 @handles_errors
 def selfcheck(
     device: DeviceOpt = None,
-    quick: QuickOpt = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Fewer ops and rounds: on a GPU one gated op per family (a verdict that fits a short lease), on a "
+            "CPU tiny ops (a smoke test).",
+        ),
+    ] = False,
     rounds: Annotated[
-        int | None, typer.Option("--rounds", min=1, help="Interleaved rounds per op.", show_default="7, quick 2")
+        int | None, typer.Option("--rounds", min=1, help="Interleaved rounds per op.", show_default="7, quick 3")
     ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the table as markdown.")] = None,
     threads: ThreadsOpt = None,

@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from attnbench.core.cases import Case
+from attnbench.core.text import safe_text
 from attnbench.report.terminal import case_line
 from attnbench.results.records import Result
 
@@ -59,11 +60,15 @@ class SweepDisplay:
 
     def started(self, index: int, case: Case) -> None:
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, description=case.label)
+            self._progress.update(self._task, description=escape(safe_text(case.label, lines=False)))
+
+    def measured(self, index: int, result: Result) -> None:
+        pass  # shown once stored (finished)
 
     def finished(self, index: int, result: Result) -> None:
         self.results.append(result)
-        prefix = f"[{index + 1}/{self.total}]"
+        # How many have finished, not the case's place: with --devices cases end out of order.
+        prefix = f"[{len(self.results)}/{self.total}]"
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task)
             style = "green" if result.ok else ("yellow" if result.status in ("oom", "unsupported") else "red")

@@ -14,7 +14,7 @@ import typer
 from attnbench.cli.common import OutputOpt, RunArg, handles_errors, print_warnings, stderr, stdout, write_or_print
 from attnbench.core.errors import AttnbenchError
 
-ReportFormat = Literal["table", "csv", "md", "json", "html", "samples", "gab", "bmf"]
+ReportFormat = Literal["table", "csv", "md", "json", "html", "samples", "gab", "bmf", "parquet"]
 
 
 @handles_errors
@@ -25,7 +25,8 @@ def report(
         typer.Option(
             "--format",
             "-f",
-            help="table, csv, md, json; html (one self-contained page with the plots); samples (every raw sample: "
+            help="table, csv, md, json; parquet (the summary frame: every csv column typed, options as columns; "
+            "needs pyarrow and -o FILE); html (one self-contained page with the plots); samples (every raw sample: "
             "JSON lines, or CSV/Parquet by the -o name); gab, bmf (github-action-benchmark, Bencher JSON).",
         ),
     ] = "table",
@@ -63,7 +64,7 @@ def report(
         if notice is not None:
             stderr.print(f"note: {notice}", markup=False)
         elif plots or plots_dir is not None:
-            for path in write_plots(figures, plots_dir or stored.folder / "plots"):
+            for path in write_plots(figures, plots_dir or stored.folder / "plots", in_run=plots_dir is None):
                 stderr.print(f"wrote {path}", markup=False)
     if telemetry:
         from attnbench.report.telemetry import render_telemetry_markdown
@@ -86,14 +87,20 @@ def report(
             f"note: {left_out(stored.results)} cases without a timing are not in the {format} export", markup=False
         )
     suffix = Path(output).suffix.lower() if output not in (None, "-") else ""
-    if format == "samples":
-        from attnbench.report.samples import render_samples_csv, render_samples_jsonl, write_samples_parquet
+    if format == "parquet" or (format == "samples" and suffix == ".parquet"):
+        from attnbench.report.frames import frame, write_parquet, write_samples_parquet
 
-        if suffix == ".parquet":
-            assert output is not None
+        if output in (None, "-"):
+            raise AttnbenchError("--format parquet writes a file, not a terminal", hint="name it: -o FILE.parquet")
+        assert output is not None
+        if format == "parquet":
+            write_parquet(frame([stored]), Path(output), instead="-f csv for the same columns as text")
+        else:
             write_samples_parquet(stored.run, stored.results, Path(output))
-            stderr.print(f"wrote {output}", markup=False)
-            return
+        stderr.print(f"wrote {output}", markup=False)
+        return
+    if format == "samples":
+        from attnbench.report.samples import render_samples_csv, render_samples_jsonl
     renderers: dict[str, Callable[[], str]] = {
         "csv": lambda: render_csv(stored.results, stored.run),
         "md": lambda: render_markdown(stored.run, stored.results, baseline),

@@ -11,9 +11,10 @@ from types import FrameType
 
 
 class Interrupts:
-    """First SIGINT/SIGTERM: abandon the case in flight (KeyboardInterrupt while ``armed``), else just note it.
-    Second: run the ``on_second`` actions (kill a worker that may be running), then exit at once with 128 + the
-    signal (the rows on disk are whole lines either way)."""
+    """First SIGINT/SIGTERM: abandon what is in flight (KeyboardInterrupt while ``armed``: start-up, or a case being
+    measured), else just note it (while a row is stored, the folder closed, the summaries rendered), to be acted on
+    at the next ``arm`` or by the caller reading ``signal``. Second: run the ``on_second`` actions (kill a worker that
+    may be running), then exit at once with 128 + the signal (the rows on disk are whole lines either way)."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -38,12 +39,20 @@ class Interrupts:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
+    def arm(self) -> None:
+        """From now on a signal abandons what is running; one that came while disarmed does so now."""
+        self.armed = True
+        if self.signal is not None:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def disarm(self) -> None:
+        self.armed = False
+
     @contextmanager
     def arming(self) -> Iterator[None]:
-        self.armed = True
+        self.arm()
         try:
-            if self.signal is not None:
-                raise KeyboardInterrupt
             yield
         finally:
-            self.armed = False
+            self.disarm()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -12,19 +13,25 @@ from attnbench.cli.common import (
     ConfigArg,
     SetOpt,
     SweepDeviceOpt,
+    caused_by_interrupt,
+    fail,
     handles_errors,
+    interrupted,
     print_warnings,
     print_wrote,
+    state,
     stderr,
     stdout,
 )
 from attnbench.cli.progress import SweepDisplay
 from attnbench.cli.signals import Interrupts
-from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
-from attnbench.results.records import FAILED
+from attnbench.core.cases import Case
+from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError, ResultsError, StorageError
+from attnbench.results.records import FAILED, Result
 
 if TYPE_CHECKING:
     from attnbench.measure.sweep import Sweep
+    from attnbench.results.store import StoredRun
 
 
 @handles_errors
@@ -48,6 +55,28 @@ def sweep(
         Literal["off", "basic", "full"] | None,
         typer.Option("--telemetry", help="Hardware telemetry: off, basic, full (+ GPM).", show_default="config's"),
     ] = None,
+    label: Annotated[
+        str, typer.Option("--label", help="A free label for this run, shown by history and compare.")
+    ] = "",
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            help="Measure slice i of N (0 ≤ i < N) of the cases, split by a hash of each case's key.",
+            show_default=False,
+        ),
+    ] = None,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            "--devices",
+            help="One isolated worker per device, cases dealt from one queue: all, or cuda:0,cuda:1,… (cpu,cpu).",
+            show_default=False,
+        ),
+    ] = None,
+    allow_mixed_devices: Annotated[
+        bool, typer.Option("--allow-mixed-devices", help="With --devices: allow GPUs of different models.")
+    ] = False,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -60,6 +89,7 @@ def sweep(
     ] = 0.0,
 ) -> None:
     """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
+    from attnbench.core.shards import parse_shard
     from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
 
     if retry_failed and resume is None:
@@ -75,15 +105,39 @@ def sweep(
         retry_failed=retry_failed,
         force=force,
         inject_slowdown=inject_slowdown,
+        label=label,
+        shard=None if shard is None else parse_shard(shard),
+        devices=devices,
+        allow_mixed_devices=allow_mixed_devices,
     )
     if dry_run:
         plan = plan_sweep(request)
         print_warnings(plan.warnings)
         for case in plan.todo:
             stdout.print(case.key, markup=False, highlight=False)
-        stdout.print(f"{len(plan.todo)} cases on {plan.device} (dry run: nothing measured)", markup=False)
+        where = _where(plan.device, plan.devices)
+        if plan.shard is not None:
+            whole = len(plan.experiment.cases(plan.device))
+            stdout.print(
+                f"{len(plan.todo)} cases of shard {plan.shard} ({whole} in the config) on {where} "
+                "(dry run: nothing measured)",
+                markup=False,
+            )
+        else:
+            stdout.print(f"{len(plan.todo)} cases on {where} (dry run: nothing measured)", markup=False)
         return
-    with open_sweep(request) as run:
+    interrupts = Interrupts()
+    with interrupts.installed(), ExitStack() as stack:
+        try:
+            with interrupts.arming():  # start-up (torch's import, the environment) is abandoned at once
+                run = stack.enter_context(open_sweep(request))
+        except BaseException as exc:
+            # A signal came while starting: whatever it surfaced as (an extension being imported may turn the
+            # KeyboardInterrupt into an error of its own), it is an interrupt. open_sweep removed the folder it may
+            # have made: nothing is left behind.
+            if interrupts.signal is None and not caused_by_interrupt(exc):
+                raise
+            raise interrupted(interrupts.signal or signal.SIGINT, "stopped before the first case") from None
         plan, environment = run.plan, run.environment
         print_warnings(run.warnings)
         if not quiet:
@@ -92,57 +146,111 @@ def sweep(
                 if plan.stored
                 else f"{len(plan.todo)} cases from {plan.experiment.source}"
             )
+            if plan.shard is not None:
+                what += f", shard {plan.shard}"
             stdout.print(
-                f"attnbench: {what} on {plan.device} ({environment.gpu_name or environment.cpu_model}, "
+                f"attnbench: {what} on {_where(plan.device, plan.devices)} "
+                f"({environment.gpu_name or environment.cpu_model}, "
                 f"torch {environment.torch}, {environment.torch_threads} threads"
                 f"{', each case in a worker process' if plan.isolate else ''}) → {run.folder}",
                 markup=False,
                 highlight=False,
             )
-        code = _run_and_render(run, quiet)
+        code = _run_and_render(run, quiet, interrupts)
     if code:
         raise typer.Exit(code)
 
 
-def _run_and_render(run: Sweep, quiet: bool) -> int:
-    """Measure, then render the folder whatever stopped the loop; the exit code: 0, 1 (a case failed), or
-    128 + the signal that interrupted the sweep."""
+def _where(device: str, devices: tuple[str, ...]) -> str:
+    return f"{','.join(devices)} (one worker per device)" if devices else device
+
+
+class _ArmedWhileMeasuring:
+    """The display, and the signal handler armed while any case's work is under way (one at a time, or one per
+    device with --devices): a signal then abandons the work; one that comes while a row is stored, the folder
+    closed or the summaries rendered is noted and acted on at the next case, or at the end."""
+
+    def __init__(self, display: SweepDisplay, interrupts: Interrupts) -> None:
+        self.display = display
+        self.interrupts = interrupts
+        self.in_flight = 0
+
+    def started(self, index: int, case: Case) -> None:
+        self.in_flight += 1
+        self.interrupts.arm()
+        self.display.started(index, case)
+
+    def measured(self, index: int, result: Result) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+        if self.in_flight == 0:
+            self.interrupts.disarm()
+        self.display.measured(index, result)
+
+    def finished(self, index: int, result: Result) -> None:
+        self.display.finished(index, result)
+
+    def warning(self, text: str) -> None:
+        self.display.warning(text)
+
+
+def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts) -> int:
+    """Measure, then render the folder whatever stopped the loop; the exit code: 0, 1 (a case failed), 74 (the
+    disk refused a write) or 128 + the signal that interrupted the sweep."""
     from attnbench.report.markdown import render_markdown
-    from attnbench.report.run_files import write_run_files
     from attnbench.report.terminal import comparison_tables
     from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE
 
-    interrupts = Interrupts()
     interrupts.on_second.append(run.abort)
     display = SweepDisplay(stdout, len(run.plan.todo), quiet=quiet, errors=stderr)
-    with interrupts.installed():
-        try:
-            with display, interrupts.arming():
-                run.run(display)
-        except KeyboardInterrupt:
-            interrupts.signal = interrupts.signal or signal.SIGINT
-        finally:
-            # Whatever ended the loop (a signal, a full disk, a bug of ours), the folder was closed by run();
-            # the summaries are rendered from what was stored before anything propagates.
-            stored, paths, problem = write_run_files(run.folder)
-            if problem is not None:
-                stderr.print(problem, markup=False)
-        if not quiet:
-            # A terminal gets rich tables; a pipe or CI log gets the same tables as plain markdown.
-            if stdout.is_terminal:
-                stdout.print(comparison_tables(stored.results, run=stored.run))
-            else:
-                stdout.print(render_markdown(stored.run, stored.results), markup=False, highlight=False)
-        sidecar = [run.folder / TELEMETRY_FILE] if (run.folder / TELEMETRY_FILE).exists() else []
-        print_wrote([run.folder / RUN_FILE, run.folder / RESULTS_FILE, *sidecar, *paths])
-        stopped = interrupts.signal
-        if stopped:
-            name = signal.Signals(stopped).name
-            stderr.print(
-                f"interrupted by {name}: {len(display.results)} of {len(run.plan.todo)} cases finished and "
-                f"are saved in {run.folder}",
-                markup=False,
-            )
-            stderr.print(f"resume with: attnbench sweep --resume {run.folder}", markup=False)
-            return 128 + stopped
+    failure: ResultsError | None = None
+    try:
+        with display:
+            run.run(_ArmedWhileMeasuring(display, interrupts))
+    except KeyboardInterrupt:
+        interrupts.signal = interrupts.signal or signal.SIGINT
+    except StorageError as exc:  # a full disk: the rows before it are intact, and the resume line says what next
+        failure = exc
+    except BaseException:
+        _write_summaries(run.folder)  # a bug of ours: the stored rows still get their summaries, then it propagates
+        raise
+    # Whatever ended the loop, the folder was closed by run(); the summaries are rendered from what was stored.
+    stored, paths, problem = _write_summaries(run.folder)
+    failure = failure or problem
+    if not quiet:
+        # A terminal gets rich tables; a pipe or CI log gets the same tables as plain markdown.
+        if stdout.is_terminal:
+            stdout.print(comparison_tables(stored.results, run=stored.run))
+        else:
+            stdout.print(render_markdown(stored.run, stored.results), markup=False, highlight=False)
+    sidecar = [run.folder / TELEMETRY_FILE] if (run.folder / TELEMETRY_FILE).exists() else []
+    print_wrote([run.folder / RUN_FILE, run.folder / RESULTS_FILE, *sidecar, *paths])
+    # Counted on disk: a row stored just as a signal came is finished, whether or not the display heard of it.
+    keys = {r.case.key for r in stored.results}
+    done = sum(case.key in keys for case in run.plan.cases)
+    saved = f"{done} of {len(run.plan.cases)} cases finished and are saved in {run.folder}"
+    resume = f"resume with: attnbench sweep --resume {run.folder}"
+    if failure is not None:
+        fail(f"{failure.message}; {saved}", f"{failure.hint}, then {resume}", failure.exit_code)
+        return failure.exit_code
+    stopped = interrupts.signal
+    if stopped:
+        stderr.print(f"interrupted by {signal.Signals(stopped).name}: {saved}", markup=False)
+        stderr.print(resume, markup=False)
+        state["interrupt_said"] = True
+        return 128 + stopped
     return EXIT_CASE_FAILED if any(r.status in FAILED for r in stored.results) else 0
+
+
+def _write_summaries(folder: Path) -> tuple[StoredRun, list[Path], ResultsError | None]:
+    """summary.csv, summary.md and the plots of what is stored; a summary the disk (or a planted link) refuses is
+    returned as the problem, never raised: the rows are safe either way."""
+    from attnbench.report.run_files import write_run_files
+    from attnbench.results.store import load_run
+
+    try:
+        stored, paths, notice = write_run_files(folder)
+    except ResultsError as exc:
+        return load_run(folder), [], exc
+    if notice is not None:
+        stderr.print(notice, markup=False)
+    return stored, paths, None

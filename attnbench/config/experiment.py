@@ -29,14 +29,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from attnbench.config.decoding import check_decode, decode_section
 from attnbench.config.messages import (
-    MAX_BATCH,
-    MAX_D_MODEL,
-    MAX_HEADS,
-    MAX_LAYERS,
-    MAX_SAMPLES,
-    MAX_SEQ_LEN,
-    MAX_THREADS,
-    MAX_TOKENS,
     OVERRIDE,
     Context,
     Path_,
@@ -57,7 +49,23 @@ from attnbench.config.source import (
     parse_yaml,
     read_file,
 )
-from attnbench.core.cases import Axes, Case, Level, Mode, TimingPolicy, default_interval_s, expand
+from attnbench.core.cases import (  # the size caps, re-exported here with the config's own
+    MAX_BATCH,
+    MAX_D_MODEL,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SAMPLES,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TOKENS,
+    Axes,
+    Case,
+    Level,
+    Mode,
+    TimingPolicy,
+    default_interval_s,
+    expand,
+)
 from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODES, is_recurrent
 from attnbench.core.errors import ConfigError
 
@@ -90,8 +98,9 @@ __all__ = [
     "parse_override",
 ]
 
-# The caps checked here; those the schema's ranges use sit in config.messages (which quotes them), those on
-# the source (file bytes, nodes, depth) in config.source. All are importable from this module.
+# The caps checked here; those the schema's ranges use sit in core.cases (stored rows are held to them too;
+# config.messages quotes them), those on the source (file bytes, nodes, depth) in config.source. All are importable
+# from this module.
 MAX_CASES = 10_000
 MAX_NAME_LEN = 64
 
@@ -227,8 +236,9 @@ class ConfigModel(_Strict):
     # Hardware telemetry sampled in a background thread around each case's timed window: off, basic (NVML
     # utilisation/memory/power/clocks on a GPU, psutil CPU use), or full (basic + NVML GPM counters on Hopper+).
     telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(_yaml_off)] = "basic"
-    # null = 20 ms on a GPU; 100 ms on a CPU, where the sampler shares the cores being measured (at 20 ms it cost
-    # 1.4 % there, at 100 ms under 1 %: results/telemetry-overhead-cpu.md).
+    # null = 100 ms (core.cases.default_interval_s): on a CPU the sampler shares the cores being measured (at 20 ms
+    # it cost 1.4 % there: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks come from
+    # NVML's own sample buffers, so the poll reads only memory in use, temperature and clock-event reasons.
     telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
 
 
@@ -339,6 +349,12 @@ def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), 
 def resolved_text(resolved: Mapping[str, Any]) -> str:
     """A stored run's resolved config as YAML that ``load_experiment_text`` reads back to the same sha256."""
     return yaml.safe_dump(dict(resolved), sort_keys=False)
+
+
+def stored_experiment(resolved: Mapping[str, Any], source: str) -> Experiment:
+    """The experiment a stored run was swept from, read back from its resolved config (the case cap lifted: the
+    sweep already checked it)."""
+    return load_experiment_text(resolved_text(resolved), source, force=True)
 
 
 # ---------------------------------------------------------------------------------------------------- checks

@@ -1,34 +1,24 @@
 """Plain words for what is wrong in a config: where an error points, and pydantic's errors restated.
 
 The lowest of the config modules (``experiment`` ← ``options``, ``source`` ← this): stdlib, pydantic and
-``core.errors`` only. ``Context`` turns a key path into ``file:line`` (or ``--set``) and builds the ``ConfigError``;
-``from_validation`` turns the first of pydantic's errors into one such error, saying what is allowed.
+``core`` (errors, the size caps) only. ``Context`` turns a key path into ``file:line`` (or ``--set``) and builds the
+``ConfigError``; ``from_validation`` turns the first of pydantic's errors into one such error, saying what is allowed.
 """
 
 from __future__ import annotations
 
 import datetime
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+# The caps on sizes live with Case (stored rows are held to them too); the words in _ALLOWED quote them.
+from attnbench.core import cases as caps
 from attnbench.core.errors import ConfigError
-
-# Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero
-# or two) before it turns into an hour of allocator failures. They are defined here, beside the words in
-# _ALLOWED that quote them, because this module is imported by the schema and not the other way round;
-# attnbench.config.experiment re-exports them.
-MAX_SEQ_LEN = 2**22
-MAX_BATCH = 65_536
-MAX_D_MODEL = 65_536
-MAX_HEADS = 65_536
-MAX_LAYERS = 256
-MAX_TOKENS = 2**32
-MAX_THREADS = 4_096
-MAX_SAMPLES = 10_000_000
 
 OVERRIDE = "--set"  # where an error points when the value came from a --set override
 
@@ -100,19 +90,19 @@ _RANGE_KINDS = {
 _POSITIVE_SECONDS = "a positive number of seconds"
 # What each ranged key allows, for the message when a value falls outside it.
 _ALLOWED = {
-    "batch": f"a positive integer, at most {MAX_BATCH} (the cap)",
-    "tokens": f"a positive integer, at most {MAX_TOKENS} (the cap)",
-    "seq_len": f"a positive integer, at most {MAX_SEQ_LEN} = 2**22 (the cap)",
-    "d_model": f"a positive integer, at most {MAX_D_MODEL} (the cap)",
-    "heads": f"a positive integer, at most {MAX_HEADS} (the cap)",
-    "layers": f"a positive integer, at most {MAX_LAYERS} (the cap)",
-    "threads": f"a positive integer, at most {MAX_THREADS}, or null for torch's default",
+    "batch": f"a positive integer, at most {caps.MAX_BATCH} (the cap)",
+    "tokens": f"a positive integer, at most {caps.MAX_TOKENS} (the cap)",
+    "seq_len": f"a positive integer, at most {caps.MAX_SEQ_LEN} = 2**22 (the cap)",
+    "d_model": f"a positive integer, at most {caps.MAX_D_MODEL} (the cap)",
+    "heads": f"a positive integer, at most {caps.MAX_HEADS} (the cap)",
+    "layers": f"a positive integer, at most {caps.MAX_LAYERS} (the cap)",
+    "threads": f"a positive integer, at most {caps.MAX_THREADS}, or null for torch's default",
     "seed": "an integer from 0 to 2**63 - 1",
     "target_ci": "a fraction strictly between 0 and 1 (0.01 = stop at ±1 %)",
     "warmup_settle": "a fraction strictly between 0 and 1",
-    "min_samples": f"an integer from 3 to {MAX_SAMPLES}",
-    "max_samples": f"an integer from 3 to {MAX_SAMPLES}",
-    "warmup_min_calls": f"an integer from 1 to {MAX_SAMPLES}",
+    "min_samples": f"an integer from 3 to {caps.MAX_SAMPLES}",
+    "max_samples": f"an integer from 3 to {caps.MAX_SAMPLES}",
+    "warmup_min_calls": f"an integer from 1 to {caps.MAX_SAMPLES}",
     "min_time_s": _POSITIVE_SECONDS,
     "max_case_s": _POSITIVE_SECONDS,
     "warmup_max_s": _POSITIVE_SECONDS,
@@ -158,6 +148,14 @@ def from_validation(exc: ValidationError, ctx: Context, sections: Mapping[Path_,
     field = next((str(p) for p in reversed(path) if isinstance(p, str)), "")
     if kind in _TYPE_WORDS:
         message = f"must be {_TYPE_WORDS[kind]}, got {describe(value)}"
+        number = yaml11_number(value) if kind in _NUMBER_KINDS else None
+        if number is not None:
+            return ctx.error(
+                message,
+                path,
+                hint=f"YAML reads {value} as text, not a number; write {number} (a dot in the mantissa and a sign in "
+                "the exponent)",
+            )
     elif kind in _RANGE_KINDS and field in _ALLOWED:
         message = f"must be {_ALLOWED[field]}, got {value!r}"
     elif kind in _RANGE_KINDS:
@@ -170,6 +168,21 @@ def from_validation(exc: ValidationError, ctx: Context, sections: Mapping[Path_,
     else:
         message = str(err["msg"])
     return ctx.error(message, path)
+
+
+_NUMBER_KINDS = frozenset({"float_type", "int_type", "int_from_float"})
+# A number in exponent notation as JSON, YAML 1.2 and Python write it; YAML 1.1 (PyYAML) reads a float only with a
+# dot in the mantissa and a sign in the exponent, so `1e-9` and `1.0e3` are strings to it.
+_EXPONENT = re.compile(r"\s*([-+]?)([0-9]+)(?:\.([0-9]*))?[eE]([-+]?)([0-9]+)\s*")
+
+
+def yaml11_number(value: Any) -> str | None:
+    """The YAML 1.1 spelling of a number YAML read as a string (``1e-9`` → ``1.0e-9``), or None."""
+    match = _EXPONENT.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    sign, whole, fraction, exp_sign, exponent = match.groups()
+    return f"{sign}{whole}.{fraction or '0'}e{exp_sign or '+'}{exponent}"
 
 
 def describe(value: Any) -> str:

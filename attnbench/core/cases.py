@@ -14,6 +14,18 @@ from typing import Literal
 
 from attnbench.core.catalogue import DECODE_INERT, MODELS, is_recurrent
 
+# Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero or
+# two) before it turns into an hour of allocator failures. Configs are held to them (config.experiment), and so
+# are the cases of stored rows (results.records), whose numbers must stay safe to compute with.
+MAX_SEQ_LEN = 2**22
+MAX_BATCH = 65_536
+MAX_D_MODEL = 65_536
+MAX_HEADS = 65_536
+MAX_LAYERS = 256
+MAX_TOKENS = 2**32
+MAX_THREADS = 4_096
+MAX_SAMPLES = 10_000_000
+
 Mode = Literal["forward", "train", "backward", "decode"]
 OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
@@ -143,7 +155,8 @@ class TimingPolicy:
     # Between-process replicates: each case runs in this many fresh worker processes (isolation on), and the
     # spread of their medians widens the case's CI. Drift between processes is larger than within one.
     processes: int = 1
-    # GPU only. cold: flush exactly the device's L2 before each timed call (the flush is not timed); warm: not.
+    # GPU only. cold: overwrite 4× the device's L2 (≥ 256 MiB) before each timed call and wait for it, so the
+    # flush is not timed and launch gaps are; warm: no flush.
     cache: Literal["warm", "cold"] = "warm"
     # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
     cuda_graph: bool = False
@@ -221,6 +234,9 @@ LEVELS: tuple[Level, ...] = ("off", "basic", "full")
 
 
 def default_interval_s(device: str) -> float:
-    """The sampler's polling interval when the config leaves it null: 20 ms on a GPU; 100 ms on a CPU, where
-    the sampler shares the cores it measures (at 20 ms it cost 1.4 % there: results/telemetry-overhead-cpu.md)."""
-    return 0.02 if device.startswith("cuda") else 0.1
+    """The sampler's polling interval when the config leaves it null: 100 ms on every device.
+
+    On a CPU the sampler shares the cores it measures (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md).
+    On a GPU what changes fast (utilisation, power, clocks) comes from NVML's own sample buffers, read at the
+    window's ends; the poll reads only memory in use, temperature and clock-event reasons."""
+    return 0.1

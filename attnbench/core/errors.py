@@ -10,6 +10,9 @@ EXIT_CASE_FAILED = 1  # a case ended error/crashed/timeout (or compare found a r
 EXIT_BAD_INPUT = 2
 EXIT_NOT_COMPARABLE = 3
 EXIT_NO_BASELINE = 4
+# A file of a run folder could not be written (disk full, quota, read-only file system, I/O error, permission).
+# sysexits.h's EX_IOERR: an outside failure, neither a bad input (2) nor a verdict (1, 3, 4); finished rows are kept.
+EXIT_WRITE_FAILED = 74
 # Interrupted sweeps exit with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention.
 
 
@@ -37,10 +40,19 @@ class ConfigError(AttnbenchError):
         super().__init__(f"{location}: {message}" if location else message, hint)
         self.where = where
         self.key = key
+        self.problem = message  # what was wrong, without where
 
 
 class ResultsError(AttnbenchError):
     """A results folder or file that is missing, corrupt or of a foreign schema."""
+
+
+class StorageError(ResultsError):
+    """A file attnbench had to write could not be written: the disk is full, the file system read-only, ...
+
+    The message names the file; the rows written before it are intact, so the hint says how to go on."""
+
+    exit_code = EXIT_WRITE_FAILED
 
 
 class DeviceError(AttnbenchError):

@@ -21,6 +21,10 @@ Conventions, shared by every formula:
 * ``train`` is one forward plus one backward; ``forward`` is the forward alone;
 * ``decode`` is one step at context n: every matmul applied to one token per sequence, and attention's core over
   the n + 1 keys the new token sees (the context and itself), without a mask. Its ids end in ``-decode-v1``.
+* FLOPs are *useful* work: a causal core is credited the (query, key) pairs its mask keeps. Cores that compute
+  every pair and mask afterwards (``vanilla``; SDPA's math backend, forced or chosen by dispatch) execute the full
+  n² as well: ``executed_flops`` counts that, and a row stores both (``flops``, ``executed_flops``). The fused
+  kernels skip masked tiles, so for them the two agree (counted pair by pair, not tile by tile).
 """
 
 from __future__ import annotations
@@ -70,10 +74,25 @@ class FlopCount:
     detail: Mapping[str, int]
 
 
-def count_flops(case: Case) -> FlopCount:
-    """Analytic FLOPs of one ``case.mode`` call of ``case`` (a multiply-add counts 2). See the module notes."""
+# Attention cores that compute QKᵀ and P·V for every (query, key) pair whatever the causal mask: the explicit
+# formula, and torch's math backend (which builds the mask and applies it to the full score matrix).
+FULL_SCORE_MODELS = frozenset({"vanilla", "sdpa-math"})
+
+
+def scores_in_full(case: Case, sdpa_kernel: str | None = None) -> bool:
+    """Whether ``case``'s core computes all n² scores though its mask keeps fewer: a causal case on a
+    ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend (``sdpa_kernel`` "MATH")."""
+    full = case.model in FULL_SCORE_MODELS or (case.model == "sdpa" and sdpa_kernel == "MATH")
+    return case.family == "attention" and case.causal and full
+
+
+def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
+    """Analytic FLOPs of one ``case.mode`` call of ``case`` (a multiply-add counts 2). See the module notes.
+
+    ``full_scores`` counts every (query, key) pair of the core, masked or not: the work executed by a core that
+    masks after computing (``scores_in_full``), rather than the useful work the mask keeps."""
     formula = formula_id(case)
-    forward, backward = _attention(case) if case.family == "attention" else _recurrent(case)
+    forward, backward = _attention(case, full_scores) if case.family == "attention" else _recurrent(case)
     # forward and decode count the forward pass, backward the backward pass alone, train both.
     detail = dict(forward) if case.mode != "backward" else {}
     if case.mode in ("train", "backward"):
@@ -108,7 +127,12 @@ def causal_pairs(q_len: int, k_len: int) -> int:
     return rows * (rows + 1) // 2 + (q_len - rows) * k_len
 
 
-def _attention(case: Case) -> tuple[dict[str, int], dict[str, int]]:
+def executed_flops(case: Case, sdpa_kernel: str | None = None) -> int:
+    """FLOPs one call executes: ``count_flops`` with the full score matrix where the core computes it all."""
+    return count_flops(case, full_scores=scores_in_full(case, sdpa_kernel)).flops
+
+
+def _attention(case: Case, full_scores: bool = False) -> tuple[dict[str, int], dict[str, int]]:
     """Forward and backward parts of ``case.layers`` attention layers or pre-norm blocks (attnbench.measure.models)."""
     if case.heads is None or case.heads <= 0 or case.d_model % case.heads:
         raise ValueError(f"attention case needs heads dividing d_model={case.d_model}, got heads={case.heads}")
@@ -122,12 +146,11 @@ def _attention(case: Case) -> tuple[dict[str, int], dict[str, int]]:
     # i.e. 4·B·H·Sq·Sk·D unmasked (FlashAttention's benchmark count). Causal counts the pairs the mask keeps
     # exactly, where FlashAttention's benchmark halves: S(S+1)/2, not S²/2, which matters at short lengths (and
     # causal_pairs handles Sq ≠ Sk). Self-attention here: Sq = Sk = S and H·D = d_model. A decode step has one
-    # query against the n cached keys and its own: n + 1 pairs, 4·B·H·(n + 1)·D (the KV-cache read).
-    pairs = s * s
+    # query against the n cached keys and its own: n + 1 pairs, 4·B·H·(n + 1)·D (the KV-cache read), unmasked.
     if case.mode == "decode":
         pairs = case.seq_len + 1
-    elif case.causal:
-        pairs = causal_pairs(s, s)
+    else:
+        pairs = causal_pairs(s, s) if case.causal and not full_scores else s * s
     core = 4 * b * d * pairs
     numerator, denominator = _CORE_BACKWARD
     forward = {"projections": case.layers * projections, "core": case.layers * core}

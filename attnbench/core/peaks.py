@@ -271,14 +271,30 @@ VENDOR_PEAKS: tuple[VendorPeak, ...] = (
 )
 
 _COMPILED = tuple((re.compile(p.pattern, re.IGNORECASE), p) for p in VENDOR_PEAKS)
+_BY_NAME = {p.name: p for p in VENDOR_PEAKS}
+
+# Parts whose boards a device name does not always tell apart, told apart by their default power limit instead
+# (NVML ``nvmlDeviceGetPowerManagementDefaultLimit``): (the entry a name matches, the lower-power sibling, the
+# sibling's board power in W). NVIDIA H200 datasheet: SXM up to 700 W, NVL up to 600 W.
+_POWER_SIBLINGS: tuple[tuple[str, str, float], ...] = (("NVIDIA H200 SXM", "NVIDIA H200 NVL", 600.0),)
 
 
-def vendor_peak(device_name: str | None) -> VendorPeak | None:
+def vendor_peak(device_name: str | None, default_power_limit_w: float | None = None) -> VendorPeak | None:
     """The table entry for torch's name of a device (``torch.cuda.get_device_name``), or None: an unknown part,
-    or a CPU (no device name)."""
+    or a CPU (no device name). ``default_power_limit_w``, when known, picks the lower-power sibling of a part
+    whose name both boards share (an H200 at 600 W is an NVL)."""
     if not device_name:
         return None
     for pattern, peak in _COMPILED:
         if pattern.search(device_name):
-            return peak
+            return _by_power(peak, default_power_limit_w)
     return None
+
+
+def _by_power(peak: VendorPeak, default_power_limit_w: float | None) -> VendorPeak:
+    if default_power_limit_w is None:
+        return peak
+    for name, sibling, board_w in _POWER_SIBLINGS:
+        if peak.name == name and default_power_limit_w <= board_w + 1.0:  # NVML reports mW; allow rounding
+            return _BY_NAME[sibling]
+    return peak

@@ -75,3 +75,13 @@ def format_bandwidth(bytes_per_s: float) -> str:
 def format_percent(fraction: float) -> str:
     """``0.05`` → ``"5 %"``: a threshold, a noise floor or a change, 3 significant digits."""
     return f"{fraction * 100:.3g} %"
+
+
+def format_change(fraction: float) -> str:
+    """A relative change, signed, one decimal: ``0.103`` → ``"+10.3 %"``."""
+    return f"{fraction * 100:+.1f} %"
+
+
+def format_change_interval(low: float, high: float) -> str:
+    """An interval of relative changes: ``"+6.1 … +14.7 %"``."""
+    return f"{low * 100:+.1f} … {high * 100:+.1f} %"

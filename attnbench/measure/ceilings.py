@@ -54,7 +54,7 @@ class Plan:
     # Once a size's median call takes this long, larger sizes are skipped: the rate has long stopped growing and
     # each doubling costs 8× (a slow fp16 path on a CPU would otherwise take minutes).
     max_call_s: float
-    quick: bool = False
+    quick: bool = False  # reduced sizes: a smoke test, not a ceiling (never cached, never a peak)
     notes: tuple[str, ...] = ()
 
 
@@ -65,6 +65,12 @@ _GPU_POLICY = TimingPolicy(
     target_ci=0.01, min_samples=20, min_time_s=0.5, max_case_s=5.0, warmup_min_calls=10, warmup_max_s=2.0
 )
 _QUICK_POLICY = TimingPolicy(target_ci=0.05, min_samples=3, min_time_s=0.01, max_case_s=1.0, warmup_max_s=0.2)
+# --quick on a GPU: the sizes that reach a datacentre GPU's matmul ceiling, each timed briefly. A ceiling is the
+# fastest sample (STREAM's best rate), which a few dozen samples find as well as a few hundred.
+_QUICK_GPU_POLICY = TimingPolicy(
+    target_ci=0.02, min_samples=10, min_time_s=0.1, max_case_s=1.0, warmup_min_calls=5, warmup_max_s=0.5
+)
+QUICK_GPU_NOTE = "quick: the ceiling sizes, each timed for at most 1 s (the rate is the fastest sample)"
 
 
 def plan_for(device: torch.device, *, quick: bool = False) -> Plan:
@@ -73,12 +79,12 @@ def plan_for(device: torch.device, *, quick: bool = False) -> Plan:
         props = torch.cuda.get_device_properties(device)
         l2 = getattr(props, "L2_cache_size", None) or None
         free, _ = torch.cuda.mem_get_info(device)
-        if quick:
-            return Plan((512, 1024), 256 * MIB, l2, _QUICK_POLICY, 0.05, quick=True)
         # 16× the L2 (at least 1 GiB per buffer), but never more than a quarter of what is free for both.
         want = max(GIB, 16 * (l2 or 0))
         copy = min(want, free // 8)
         short = () if copy >= want else (f"copy buffer limited to {to_mib(copy):.0f} MiB by free GPU memory",)
+        if quick:  # still a ceiling, cached and used by sweeps: it fits a short GPU lease
+            return Plan((4096, 8192), copy, l2, _QUICK_GPU_POLICY, 0.25, notes=(*short, QUICK_GPU_NOTE))
         return Plan((2048, 4096, 8192), copy, l2, _GPU_POLICY, 0.25, notes=short)
     llc = _cpu_llc_bytes()
     if quick:
@@ -245,7 +251,7 @@ def calibrate(
             torch.cuda.empty_cache()  # the next dtype's matrices, and the copy buffers, get the memory back
     copy = measure_copy(dev, plan, clock, progress)
     notes = list(plan.notes)
-    if quick:
+    if plan.quick:
         notes.append("quick run: reduced sizes, a smoke test rather than a ceiling; not cached")
     not_converged = [c.dtype for c in ceilings if not c.converged] + ([] if copy.converged else ["copy"])
     if not_converged:
@@ -261,5 +267,5 @@ def calibrate(
         copy=copy,
         skipped=MappingProxyType(skipped),
         notes=tuple(notes),
-        quick=quick,
+        quick=plan.quick,
     )

@@ -34,7 +34,8 @@ class CudaClock:
 
     def __init__(self, device: torch.device, flush: Callable[[], object] | None = None) -> None:
         self.device = device
-        # Queued before each sample's start event: its work is on the stream but outside the timed interval.
+        # Run before each sample's start event, and waited for: the flush is never timed, and the host cannot
+        # queue the call behind it, so launch gaps show as they do in a warm sample (cold never reads faster).
         self.flush = flush
 
     def now(self) -> float:
@@ -49,6 +50,7 @@ class CudaClock:
             for start, end in zip(starts, ends, strict=True):
                 if self.flush is not None:
                     self.flush()
+                    torch.cuda.synchronize()
                 start.record()
                 for _ in range(calls_per_sample):
                     fn()

@@ -5,6 +5,7 @@ torch, psutil and pynvml are imported inside the functions and their absence is 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -13,7 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnbench.results.environment import Environment
+from attnbench.measure.telemetry.errors import TelemetryUnavailable
+from attnbench.measure.telemetry.identity import cuda_identity
+from attnbench.measure.telemetry.nvml import load_nvml, nvml_handle_for
+from attnbench.measure.telemetry.session import IdentityLookup, NvmlLoader
+from attnbench.measure.telemetry.settings import read_settings
+from attnbench.results.environment import CodeIdentity, Environment
 
 
 def _version(dist: str) -> str | None:
@@ -53,23 +59,76 @@ def _git_commit() -> str | None:
     return lines[1]
 
 
-def nvml_status() -> tuple[str, str | None]:
-    """("available", driver) or ("unavailable: why", None). Lazily imports pynvml (nvidia-ml-py)."""
+def code_identity(folder: Path | None = None) -> CodeIdentity | None:
+    """The git checkout ``folder`` (default: the working directory) belongs to — the code a sweep started there
+    benchmarks — or None outside a checkout or without git."""
+    where = str(folder or Path.cwd())
+
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(["git", "-C", where, *args], capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "--verify", "-q", "HEAD")
+    if head is None or head.returncode != 0 or not head.stdout.strip():
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    branch = git("symbolic-ref", "--short", "-q", "HEAD")
+    return CodeIdentity(
+        commit=head.stdout.strip(),
+        dirty=status is None or status.returncode != 0 or bool(status.stdout.strip()),
+        branch=branch.stdout.strip() or None if branch is not None and branch.returncode == 0 else None,
+    )
+
+
+def nvml_environment(
+    device: str, nvml: NvmlLoader = load_nvml, identity: IdentityLookup = cuda_identity
+) -> dict[str, Any]:
+    """The NVML part of an ``Environment`` for ``device``: ``nvml`` (available or why not), ``driver`` and, on a
+    CUDA device NVML can find, the GPU's settings (``measure.telemetry.settings``). ``nvml`` and ``identity`` are
+    the telemetry package's seams (a fake pynvml in tests)."""
     try:
-        import pynvml
-    except ImportError:
-        return "unavailable: the nvidia-ml-py package (module pynvml) is not installed", None
+        bindings = nvml()
+    except TelemetryUnavailable as exc:
+        return {"nvml": f"unavailable: {exc}"}
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return f"unavailable: {exc}", None
+        bindings.nvmlInit()
+    except bindings.NVMLError as exc:
+        return {"nvml": f"unavailable: {exc}"}
+    found: dict[str, Any] = {"nvml": "available"}
     try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return "available", driver if isinstance(driver, str) else driver.decode()
-    except pynvml.NVMLError as exc:
-        return f"available (driver version unknown: {exc})", None
+        try:
+            driver = bindings.nvmlSystemGetDriverVersion()
+            found["driver"] = driver if isinstance(driver, str) else driver.decode()
+        except bindings.NVMLError as exc:
+            found["nvml"] = f"available (driver version unknown: {exc})"
+        if not device.startswith("cuda"):
+            return found
+        try:
+            ident = identity(device)
+            handle = nvml_handle_for(ident.uuid, ident.pci_bus_id, bindings)
+        except TelemetryUnavailable as exc:
+            found["gpu_settings_note"] = f"GPU settings not read: {exc}"
+            return found
+        settings = read_settings(bindings, handle)
+        found.update(settings.values)
+        found["gpu_settings_note"] = settings.note
+        return found
     finally:
-        pynvml.nvmlShutdown()
+        with contextlib.suppress(bindings.NVMLError):
+            bindings.nvmlShutdown()
+
+
+def _cudnn_compile(torch: Any) -> str | None:
+    """The cuDNN version torch was built against, "9.13.0"; None without cuDNN."""
+    cudnn = getattr(torch._C, "_cudnn", None)
+    if cudnn is None:
+        return None
+    try:
+        return ".".join(str(part) for part in cudnn.getCompileVersion())
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def collect_environment(device: str = "cpu") -> Environment:
@@ -87,22 +146,31 @@ def collect_environment(device: str = "cpu") -> Environment:
     try:
         import torch
 
+        from attnbench.measure.models.attention import reduced_precision_math
+
+        # What every executor runs with (TorchExecutor sets it in its process; this one only asks whether it can).
+        gpu["sdpa_math_reduced_precision"] = reduced_precision_math(apply=False)
         torch_version = torch.__version__
         torch_cuda = torch.version.cuda
         cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         cudnn = None if cudnn_v is None else str(cudnn_v)
+        gpu["cudnn_compile"] = _cudnn_compile(torch)
         threads = torch.get_num_threads()
         if device.startswith("cuda") and torch.cuda.is_available():
             props = torch.cuda.get_device_properties(torch.device(device))
-            gpu = {
-                "gpu_name": props.name,
-                "gpu_capability": f"{props.major}.{props.minor}",
-                "gpu_sm_count": props.multi_processor_count,
-                "gpu_memory_bytes": props.total_memory,
-            }
+            gpu.update(
+                gpu_name=props.name,
+                gpu_capability=f"{props.major}.{props.minor}",
+                gpu_sm_count=props.multi_processor_count,
+                gpu_memory_bytes=props.total_memory,
+                gpu_l2_bytes=getattr(props, "L2_cache_size", None),
+            )
     except ImportError:
         pass
-    nvml, driver = nvml_status() if device.startswith("cuda") else ("not used on CPU runs", None)
+    if device.startswith("cuda"):
+        gpu.update(nvml_environment(device))
+    else:
+        gpu["nvml"] = "not used on CPU runs"
     return Environment(
         attnbench=_version("attnbench") or "unknown",
         python=sys.version.split()[0],
@@ -119,8 +187,6 @@ def collect_environment(device: str = "cpu") -> Environment:
         torch_threads=threads,
         device=device,
         device_type=device.split(":", 1)[0],
-        driver=driver,
-        nvml=nvml,
         git_commit=_git_commit(),
         **gpu,
     )

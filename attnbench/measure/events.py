@@ -17,9 +17,13 @@ Progress = Callable[[str], None]
 
 
 class SweepListener(Protocol):
-    """Told about each case of a sweep as it starts and ends, and about anything worth a warning."""
+    """Told about each case of a sweep as it starts, when its work is over (``measured``: its row is about to be
+    stored), once its row is stored (``finished``), and about anything worth a warning. Between ``started`` and
+    ``measured`` a case may be abandoned (the CLI's Ctrl-C); after ``measured`` its row must be let land."""
 
     def started(self, index: int, case: Case) -> None: ...
+
+    def measured(self, index: int, result: Result) -> None: ...
 
     def finished(self, index: int, result: Result) -> None: ...
 
@@ -30,6 +34,9 @@ class QuietListener:
     """A listener that ignores everything: for scripts and tests that read the run folder afterwards."""
 
     def started(self, index: int, case: Case) -> None:
+        pass
+
+    def measured(self, index: int, result: Result) -> None:
         pass
 
     def finished(self, index: int, result: Result) -> None:

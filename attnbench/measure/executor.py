@@ -8,6 +8,7 @@ sweep asked for. Importing this module does not import torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,3 +43,14 @@ class ExecutorSettings:
     @property
     def interval_s(self) -> float:
         return self.telemetry_interval_s or default_interval_s(self.device)
+
+
+def detach_cupti_after_profiling() -> None:
+    """Have kineto detach CUPTI when a profile ends, so the profiled call costs no later case anything.
+
+    Without ``TEARDOWN_CUPTI=1`` kineto leaves CUPTI subscribed after profiling, and every later kernel launch in
+    the process pays for it (10-20 % in pytorch issue 144455). kineto's C++ reads the variable with ``getenv``
+    when a profile starts and stops, and the value must be exactly "1". Called before a worker imports torch and
+    when an executor starts; a value the user set stands.
+    """
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")

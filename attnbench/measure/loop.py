@@ -28,7 +28,9 @@ class OomSkipper:
             self.record(result)
 
     def _family(self, case: Case) -> Case:
-        return dataclasses.replace(case, seq_len=0, batch=0 if self.tied_batch else case.batch)
+        # The kind of device, not its index: rows of a --devices sweep say which GPU of a set of equals ran them.
+        device = case.device.split(":")[0]
+        return dataclasses.replace(case, seq_len=0, batch=0 if self.tied_batch else case.batch, device=device)
 
     def record(self, result: Result) -> None:
         if result.status == "oom" and not result.extra.get("skipped"):

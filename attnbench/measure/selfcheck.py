@@ -10,9 +10,12 @@ references:
   min_run_time has passed; its timer synchronises the accelerator at both ends of each block. ``.median`` is the
   median over blocks of block time / number_per_run.
 * on a GPU, ``triton.testing.do_bench(fn, return_mode="median")`` when triton imports: CUDA events around every
-  single call (no batching), after ~25 ms of warm-up, for ~100 ms, zeroing a 256 MB buffer before each call so
-  L2 starts cold; it returns milliseconds. attnbench keeps L2 warm, so a small op whose data fits in L2 may read
-  a little faster here than under do_bench; at ≥ 100 µs that difference is within the gate.
+  single call (no batching), after ~25 ms of warm-up, for ~100 ms; it returns milliseconds. Left alone it zeroes
+  a 256 MiB buffer before each call, so L2 starts cold and the host launches the call while the memset runs
+  (which hides its launch cost), where attnbench's default keeps L2 warm with calls back to back. To compare
+  like with like, do_bench runs here with its flush turned off (``flush_free``): both timers see warm L2 and
+  back-to-back calls, as a sweep's default ``cache: warm`` does. (attnbench's ``cache: cold`` waits for its
+  flush before the start event, so it would read do_bench's hidden launch latency as a disagreement.)
 
 The timers run interleaved — rounds of A, B (, C), the order rotating each round — and the verdict uses the
 median of the per-round ratios (attnbench / reference), so drift of a shared, noisy machine cancels rather
@@ -28,7 +31,7 @@ import contextlib
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.measure.events import Progress
@@ -37,10 +40,11 @@ from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp,
 if TYPE_CHECKING:
     import torch
 
-ROUNDS, QUICK_ROUNDS = 7, 2
+ROUNDS, QUICK_ROUNDS = 7, 3
 
-# blocked_autorange's min_run_time per round: its default, and a quarter of it for a quick smoke test.
+# blocked_autorange's min_run_time per round: its default, and a quarter of it for a quick run.
 MIN_RUN_TIME_S, QUICK_MIN_RUN_TIME_S = 0.2, 0.05
+QUICK_MAX_CASE_S = 1.0  # each attnbench measurement of a quick run
 
 
 def ops_for(device_type: str, *, quick: bool = False) -> list[SelfcheckOp]:
@@ -61,7 +65,14 @@ def ops_for(device_type: str, *, quick: bool = False) -> list[SelfcheckOp]:
     if device_type == "cuda":
         half = "bfloat16"  # FLASH_ATTENTION has no float32 kernel on CUDA
         if quick:
-            return [matmul(half, 1024), attention("sdpa-flash", half, 2, 256, 256, 4), lstm("float16", 2, 64, 256)]
+            # One op per family, each ≥ 100 µs on a datacentre GPU so the gate applies: a verdict that fits a
+            # short GPU lease (~30 s on an H200), not a smoke test.
+            return [
+                matmul(half, 4096),
+                attention("sdpa-flash", half, 8, 2048, 1024, 16),
+                attention("vanilla", half, 8, 1024, 1024, 16),
+                lstm("float16", 16, 256, 1024),
+            ]
         return [
             matmul(half, 4096),
             matmul(half, 8192),
@@ -93,8 +104,8 @@ def ops_for(device_type: str, *, quick: bool = False) -> list[SelfcheckOp]:
 
 
 def policy_for(quick: bool) -> TimingPolicy:
-    """The default policy; a quick run caps each measurement at 2 s so it stays a smoke test."""
-    return replace(TimingPolicy(), max_case_s=2.0) if quick else TimingPolicy()
+    """The default policy; a quick run caps each measurement at ``QUICK_MAX_CASE_S``."""
+    return replace(TimingPolicy(), max_case_s=QUICK_MAX_CASE_S) if quick else TimingPolicy()
 
 
 def run_selfcheck(
@@ -113,12 +124,23 @@ def run_selfcheck(
     do_bench: Callable[..., float] | None = None
     if dev.type == "cuda":
         try:
+            from triton import runtime
             from triton.testing import do_bench as triton_do_bench
         except ImportError as exc:
             notes.append(f"triton does not import ({exc}): the do_bench comparison is skipped")
         else:
-            do_bench = triton_do_bench
-            timers.append(DO_BENCH)
+            driver = getattr(getattr(runtime, "driver", None), "active", None)
+            if driver is None or not hasattr(driver, "get_empty_cache_for_benchmark"):
+                notes.append(
+                    "this triton's do_bench cannot run without its L2 flush: the do_bench comparison is skipped"
+                )
+            else:
+                do_bench = flush_free(triton_do_bench, driver)
+                timers.append(DO_BENCH)
+                notes.append(
+                    "do_bench ran with its 256 MiB L2 flush turned off, so it and attnbench (cache: warm) both time "
+                    "warm-L2, back-to-back calls"
+                )
     environment = collect_environment(device)
     # As the executor does: torch's long-lived objects out of the collector, so a collection that lands inside
     # a timed call walks only this run's garbage (torch.utils.benchmark disables gc while timing instead).
@@ -130,8 +152,13 @@ def run_selfcheck(
             progress(f"[{index}/{len(ops)}] {op.name} {op.shape} {op.dtype}: {rounds} rounds")
         min_run_time = QUICK_MIN_RUN_TIME_S if quick else MIN_RUN_TIME_S
         checks.append(_check_op(op, dev, policy, rounds, min_run_time, timers, do_bench))
-    if quick:
-        notes.append("quick run: tiny ops, each attnbench measurement capped at 2 s: a smoke test, not a verdict")
+    if quick and dev.type == "cuda":
+        notes.append(f"quick run: one op per family, each attnbench measurement capped at {QUICK_MAX_CASE_S:g} s")
+    elif quick:
+        notes.append(
+            f"quick run: tiny ops, each attnbench measurement capped at {QUICK_MAX_CASE_S:g} s: a smoke test, "
+            "not a verdict"
+        )
     return SelfcheckTimings(
         device=device,
         device_name=environment.gpu_name or environment.cpu_model,
@@ -142,6 +169,28 @@ def run_selfcheck(
         ops=tuple(checks),
         notes=tuple(notes),
     )
+
+
+def flush_free(do_bench: Callable[..., float], driver: Any, device: str = "cuda") -> Callable[..., float]:
+    """triton's ``do_bench`` with its L2 flush turned off, so it times warm-L2 calls back to back, as attnbench's
+    default does.
+
+    do_bench asks ``driver.get_empty_cache_for_benchmark()`` for its 256 MiB buffer and zeroes it before every
+    call; for the duration of one call, the driver hands it an empty buffer instead, whose ``zero_`` launches
+    nothing. Its timing loop (events around each call, warm-up, estimate, median) is untouched."""
+    import torch
+
+    def empty() -> object:
+        return torch.empty(0, dtype=torch.int32, device=device)
+
+    def timed(fn: Callable[[], object], **kwargs: Any) -> float:
+        driver.get_empty_cache_for_benchmark = empty  # an instance attribute: it shadows the method
+        try:
+            return do_bench(fn, **kwargs)
+        finally:
+            del driver.get_empty_cache_for_benchmark
+
+    return timed
 
 
 def _on_device(op: SelfcheckOp, device: str) -> SelfcheckOp:
@@ -201,7 +250,7 @@ def _built(op: SelfcheckOp, dev: torch.device) -> Iterator[Callable[[], object]]
     """The op as a no-argument callable, its inputs and weights made outside any timed region."""
     import torch
 
-    from attnbench.measure.models import build_model, make_input, torch_dtype
+    from attnbench.measure.models import build_model, make_input, pinned_backend, torch_dtype
 
     torch.manual_seed(0)
     dtype = torch_dtype(op.dtype)
@@ -224,7 +273,8 @@ def _built(op: SelfcheckOp, dev: torch.device) -> Iterator[Callable[[], object]]
             def forward() -> object:
                 return model(x)
 
-            yield forward
+            with pinned_backend(model):  # as the executor times it: a forced backend set once, not per call
+                yield forward
     finally:
         gc.collect()
         if dev.type == "cuda":

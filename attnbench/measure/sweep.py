@@ -21,20 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.config.experiment import Experiment, load_experiment, load_experiment_text, resolved_text
+from attnbench.config.messages import OVERRIDE
 from attnbench.core.cases import Case
-from attnbench.core.errors import AttnbenchError, ResultsError
+from attnbench.core.errors import AttnbenchError, ConfigError, DeviceError, ResultsError
+from attnbench.core.shards import Shard
 from attnbench.measure.devices import device_slug, resolve_device, use_threads
+from attnbench.measure.environment import code_identity, collect_environment
 from attnbench.measure.events import SweepListener
 from attnbench.measure.executor import Executor, ExecutorSettings
 from attnbench.measure.isolation import IsolatedExecutor
 from attnbench.measure.loop import OomSkipper, run_cases
+from attnbench.measure.pool import DeviceSet, DevicesFailedError, WorkerPool, resolve_devices
 from attnbench.measure.replicates import ReplicatedExecutor
 from attnbench.results.calibration import Calibration, load_cached
 from attnbench.results.environment import Environment
-from attnbench.results.files import utc_now
-from attnbench.results.lock import RunLock
+from attnbench.results.files import remove_leftovers, utc_now
+from attnbench.results.lock import RunLock, remove_if_only_lock
 from attnbench.results.records import Result, Run
-from attnbench.results.store import RUN_FILE, RunWriter, StoredRun, load_run, rewrite_rows
+from attnbench.results.store import RUN_FILE, RunWriter, StoredRun, load_run, refuse_special_files, rewrite_rows
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ class SweepRequest:
     force: bool = False
     # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
     inject_slowdown: float = 0.0
+    label: str = ""  # a free label for this run (history and compare name runs by it)
+    shard: Shard | None = None  # measure only this slice of the config's cases (sweep --shard i/N)
+    devices: str | None = None  # one isolated worker per device: "all", "cuda:0,cuda:1", "cpu,cpu" (--devices)
+    allow_mixed_devices: bool = False  # --devices may name GPUs of different models
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,8 @@ class SweepPlan:
     kept: tuple[Result, ...]  # the stored rows a resume keeps
     isolate: bool
     warnings: tuple[str, ...] = ()
+    shard: Shard | None = None  # cases and todo are this slice's (a resumed shard keeps its own)
+    devices: tuple[str, ...] = ()  # a worker per device (--devices); empty: one executor on ``device``
 
     @property
     def settings(self) -> ExecutorSettings:
@@ -87,15 +97,17 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     Raises ``AttnbenchError`` with a hint for anything a person must change; writes nothing."""
     stored: StoredRun | None = None
     warnings: list[str] = []
+    pool = _pool_devices(request)
+    requested = pool.devices[0] if pool is not None else request.device
     if request.resume is not None:
         stored = load_run(request.resume)
         warnings += stored.warnings
         experiment = _resume_experiment(request, stored)
-        device = resolve_device(request.device or str(stored.run.environment.get("device", "cpu")))
+        device = _resume_device(requested, stored)
     else:
-        device_type = resolve_device(request.device or "auto").split(":")[0] if request.config is None else "cpu"
+        device_type = resolve_device(requested or "auto").split(":")[0] if request.config is None else "cpu"
         experiment = load_experiment(request.config, request.overrides, device_type=device_type, force=request.force)
-        device = resolve_device(request.device or experiment.device)
+        device = resolve_device(requested or experiment.device)
     if request.inject_slowdown and not device.startswith("cpu"):
         raise AttnbenchError(
             f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
@@ -114,7 +126,7 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
             "forbids",
             hint="drop --no-isolate, or set timing.processes: 1",
         )
-    isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device)
+    isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device) or pool is not None
     if not isolate and experiment.case_timeout_s is not None:
         warnings.append(
             "case_timeout_s applies only with isolation (--isolate); in-process cases are bounded by "
@@ -123,9 +135,44 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
     kept = tuple(r for r in stored.results if r.ok or not request.retry_failed) if stored else ()
     done = {r.case.key for r in kept}
+    shard = _shard(request, stored)
     cases = tuple(experiment.cases(device))
+    if shard is not None:
+        cases = tuple(shard.select(cases))
     todo = tuple(case for case in cases if case.key not in done)
-    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings))
+    devices = pool.devices if pool is not None else ()
+    warnings += pool.warnings if pool is not None else ()
+    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings), shard, devices)
+
+
+def _pool_devices(request: SweepRequest) -> DeviceSet | None:
+    """The devices of ``--devices``, checked against the options that cannot go with it."""
+    if request.devices is None:
+        if request.allow_mixed_devices:
+            raise AttnbenchError("--allow-mixed-devices applies to --devices", hint="drop it, or add --devices …")
+        return None
+    if request.device is not None:
+        raise AttnbenchError(
+            "--device and --devices both given", hint="--devices names every device the sweep uses; drop --device"
+        )
+    if request.isolate is False:
+        raise AttnbenchError(
+            "--devices runs one isolated worker per device, which --no-isolate forbids", hint="drop --no-isolate"
+        )
+    return resolve_devices(request.devices, allow_mixed=request.allow_mixed_devices)
+
+
+def _shard(request: SweepRequest, stored: StoredRun | None) -> Shard | None:
+    """The slice to measure: the request's, or a resumed run's own (which a different --shard may not change)."""
+    if stored is None:
+        return request.shard
+    if request.shard is not None and request.shard != stored.run.shard:
+        had = f"shard {stored.run.shard}" if stored.run.shard else "every case (no shard)"
+        raise AttnbenchError(
+            f"--resume {stored.folder} --shard {request.shard}: the run measures {had}",
+            hint="resume without --shard: a run keeps the slice it was started with",
+        )
+    return stored.run.shard
 
 
 def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:
@@ -150,7 +197,7 @@ class Sweep:
         self.writer = writer
         self.environment = environment
         self.warnings = warnings  # the plan's, and what opening the folder found
-        self._executor: Executor | None = None
+        self._executor: Executor | WorkerPool | None = None
 
     @property
     def folder(self) -> Path:
@@ -170,33 +217,63 @@ class Sweep:
         finished: list[Result] = []
 
         def on_result(index: int, result: Result) -> None:
+            listener.measured(index, result)  # the case's work is over; storing its row must not be abandoned
             self.writer.append(result)
             finished.append(result)
             listener.finished(index, result)
 
         complete = False
-        self._executor = make_executor(plan.settings, isolate=plan.isolate)
         try:
-            run_cases(plan.todo, self._executor.run, on_result, listener.started, skipper)
+            if plan.devices:
+                pool = self._executor = WorkerPool(plan.settings, plan.devices)
+                try:
+                    pool.run(plan.todo, on_result, listener.started, skipper, listener.warning)
+                except DevicesFailedError as exc:
+                    exc.hint = (
+                        f"check the devices (nvidia-smi), then finish the run: attnbench sweep --resume {self.folder}"
+                    )
+                    raise
+            else:
+                executor = self._executor = make_executor(plan.settings, isolate=plan.isolate)
+                run_cases(plan.todo, executor.run, on_result, listener.started, skipper)
             complete = len(finished) == len(plan.todo)
-        finally:
-            self._executor.close(now=not complete)
-            self.writer.close("complete" if complete else "interrupted", utc_now())
+        except BaseException:
+            # Already failing (a signal, a full disk, a bug of ours): close as well as can be, and let the first
+            # failure propagate; a second one while closing (the same full disk) would only hide it.
+            self._close(complete=False, quietly=True)
+            raise
+        self._close(complete=complete)
         return tuple(finished)
+
+    def _close(self, *, complete: bool, quietly: bool = False) -> None:
+        try:
+            if self._executor is not None:  # None: building it failed, so there is nothing to stop
+                self._executor.close(now=not complete)
+        finally:
+            try:
+                self.writer.close("complete" if complete else "interrupted", utc_now())
+            except (AttnbenchError, OSError):
+                if not quietly:
+                    raise
 
     def abort(self) -> None:
         """Stop a worker that may be running a case, now (a second Ctrl-C). Safe from a signal handler."""
-        if self._executor is not None:
+        if isinstance(self._executor, WorkerPool):
+            self._executor.abort()  # only signals: the pool's threads do the rest
+        elif self._executor is not None:
             self._executor.close(now=True)
 
 
 @contextmanager
 def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
     """Plan the sweep, then lock (resume) or create (new) its run folder and write run.json; the lock is held
-    until the block ends. A resume locks before it reads, so nobody appends between our reading and our rows."""
+    until the block ends. A resume locks before it reads, so nobody appends between our reading and our rows,
+    then clears what a killed write left behind. A new folder that stops before it holds run.json (a signal, a
+    full disk) is removed again: a folder holding nothing but the lock is debris, not a run."""
     lock: RunLock | None = None
+    created: Path | None = None
     try:
-        if request.resume is not None and (Path(request.resume) / RUN_FILE).is_file():
+        if request.resume is not None and _holds_a_run(Path(request.resume)):
             lock = RunLock(Path(request.resume)).acquire()
         plan = plan_sweep(request)
         environment = _environment(plan)
@@ -204,10 +281,13 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
         if plan.stored is not None:
             _check_same_environment(plan.stored, environment)
             folder = plan.stored.folder
+            refuse_special_files(folder)  # before the first write: nothing is written through a planted link
+            remove_leftovers(folder)
+            # A resume keeps the run's code identity and label: the rows belong to the run as it was started.
             run = replace(plan.stored.run, state="running", finished_utc="")
             rewrite_rows(folder, lambda r: r.ok or not request.retry_failed)  # the same rule as plan.kept
         else:
-            folder = _new_run_folder(request.out, plan.experiment, plan.device)
+            folder = created = _new_run_folder(request.out, plan.experiment, plan.device)
             lock = RunLock(folder).acquire()
             calibration, problem = _cached_calibration(environment)
             if problem:
@@ -222,16 +302,30 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
                 environment=environment.to_dict(),
                 command=tuple(sys.argv),
                 calibration=calibration,
+                code=code_identity(),
+                label=request.label,
+                shard=plan.shard,
             )
-        yield Sweep(plan, RunWriter(folder, run), environment, tuple(warnings))
+        writer = RunWriter(folder, run)
+        created = None  # it holds run.json: a run to resume from now on, never removed
+        yield Sweep(plan, writer, environment, tuple(warnings))
     finally:
         if lock is not None:
             lock.release()
+        if created is not None:
+            remove_if_only_lock(created)
+
+
+def _holds_a_run(folder: Path) -> bool:
+    try:
+        return (folder / RUN_FILE).is_file()
+    except OSError as exc:  # a parent we may not enter
+        raise ResultsError(
+            f"--resume {folder}: cannot read it ({exc.strerror or exc})", hint="check the path and its permissions"
+        ) from None
 
 
 def _environment(plan: SweepPlan) -> Environment:
-    from attnbench.measure.environment import collect_environment
-
     use_threads(plan.experiment.threads)  # before the environment records the thread count
     return collect_environment(plan.device)
 
@@ -285,7 +379,18 @@ def _resume_experiment(request: SweepRequest, stored: StoredRun) -> Experiment:
     """The stored run's own config, or the one given, which must resolve to the same thing."""
     if request.config is None:
         text = resolved_text(stored.run.config)
-        experiment = load_experiment_text(text, stored.run.config_source, request.overrides, force=True)
+        try:
+            experiment = load_experiment_text(text, stored.run.config_source, request.overrides, force=True)
+        except ConfigError as exc:
+            if exc.where.startswith(OVERRIDE):
+                raise  # about a --set the user gave: it names the flag
+            raise _stored_problem(
+                stored,
+                f"config.{exc.key}" if exc.key else "config",
+                exc.problem,
+                hint="run.json holds the config the run was started with, so it was edited or damaged; "
+                "restore it, or start a new sweep",
+            ) from None
     else:
         experiment = load_experiment(request.config, request.overrides, force=request.force)
     if experiment.sha256 != stored.run.config_sha256:
@@ -296,6 +401,28 @@ def _resume_experiment(request: SweepRequest, stored: StoredRun) -> Experiment:
             hint="resume with the run's own config (give no CONFIG and no --set), or start a new sweep",
         )
     return experiment
+
+
+def _stored_problem(stored: StoredRun, key: str, problem: str, hint: str) -> ResultsError:
+    """An error about a resumed run's own run.json: it names that file and the field, never a flag or a YAML file
+    the user did not give."""
+    return ResultsError(f"{stored.folder / RUN_FILE}, key '{key}': {problem}", hint=hint)
+
+
+def _resume_device(requested: str | None, stored: StoredRun) -> str:
+    """The device a resume runs on: the one asked for (--device, or --devices' first), else the run's own."""
+    if requested is not None:
+        return resolve_device(requested)
+    device = stored.run.environment.get("device", "cpu")
+    try:
+        return resolve_device(device if isinstance(device, str) else repr(device))
+    except DeviceError as exc:
+        raise _stored_problem(
+            stored,
+            "environment.device",
+            exc.message.removeprefix("--device: "),
+            hint="resume on a machine that has the run's device; a run cannot move to another device",
+        ) from None
 
 
 def _check_same_environment(stored: StoredRun, environment: Environment) -> None:

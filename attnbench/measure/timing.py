@@ -62,12 +62,18 @@ _MAX_AUDIT_MOVES = 5
 
 
 def measure(
-    fn: Callable[[], object], clock: Clock, policy: TimingPolicy, *, inject_slowdown: float = 0.0
+    fn: Callable[[], object],
+    clock: Clock,
+    policy: TimingPolicy,
+    *,
+    inject_slowdown: float = 0.0,
+    on_sampling: Callable[[], None] | None = None,
 ) -> Measurement:
     """Warm up, then sample until the median's 95 % CI is within ±``policy.target_ci`` or the budget ends.
 
     ``inject_slowdown`` (a fraction) adds a busy-wait of that fraction of the warm-up's per-call time to every
-    timed call; it exists only so ``compare`` can be validated against a slowdown of known size.
+    timed call; it exists only so ``compare`` can be validated against a slowdown of known size. ``on_sampling``
+    is called once, between warm-up and the first sample (telemetry measured over the sampling phase only).
     """
     start = clock.now()
     warnings: list[str] = []
@@ -103,6 +109,8 @@ def measure(
     gave_up = False  # the first block still runs slow and may not be moved: said once, not checked again
     moved = moves = 0
     samples: list[float] = []
+    if on_sampling is not None:
+        on_sampling()
     sampling_start = clock.now()
     reason: StopReason = "budget"
     converged = False

@@ -18,14 +18,25 @@ import torch
 from torch import nn
 
 from attnbench.core.cases import Case, Level
-from attnbench.core.flops import count_flops
+from attnbench.core.flops import count_flops, executed_flops
 from attnbench.measure.clocks import clock_for
 from attnbench.measure.decode import DecodeSetup
-from attnbench.measure.executor import ExecutorSettings
+from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.measure.failures import describe, is_oom
-from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels
+from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels, profile_refusal
 from attnbench.measure.memory import RssPeak
-from attnbench.measure.models import build_model, make_input, parameter_count, probe, sdpa_kernel_chosen, torch_dtype
+from attnbench.measure.models import (
+    build_model,
+    make_input,
+    math_precision_flag,
+    parameter_count,
+    pinned_backend,
+    probe,
+    reduced_precision_math,
+    rnn_path,
+    sdpa_kernel_chosen,
+    torch_dtype,
+)
 from attnbench.measure.telemetry import open_telemetry
 from attnbench.measure.timing import measure
 from attnbench.results.files import utc_now
@@ -47,13 +58,16 @@ class TorchExecutor:
         self.telemetry_interval_s = settings.interval_s
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)
+        reduced_precision_math()  # a bf16 row computes in bf16, sdpa-math included (README: "Precision")
+        detach_cupti_after_profiling()  # in-process too: a profile must not slow the cases after it
         policy = settings.timing
-        # A cold cache flushes exactly the device's L2 before every sample (a sample is one call then).
+        # A cold cache flushes the L2 (4× its size, ≥ 256 MiB) before every sample (a sample is one call then).
         flush = l2_flusher(self.device) if self.device.type == "cuda" and policy.cache == "cold" else None
         self.clock = clock_for(self.device, flush=flush)
         # torch's import leaves ~170 000 long-lived objects that every full collection would walk (~0.1 s, twice
         # per case: a quarter of a small case's cost). Freezing them keeps gc.collect() to this run's garbage.
         gc.freeze()
+        self.broken = ""  # why no case can run any more (the CUDA context died), or "" while it can
         self._host_memory: RssPeak | None = None
         self._host_memory_note = ""
         if self.device.type == "cpu":
@@ -63,16 +77,30 @@ class TorchExecutor:
             else:
                 self._host_memory_note = probe_result.reason
 
-    def run(self, case: Case) -> Result:
+    def run(self, case: Case, *, on_timed: Callable[[Result], None] | None = None) -> Result:
+        """Measure ``case``. ``on_timed`` (an isolated worker's pipe) gets the row as soon as its timing and
+        memory exist, before the profiled call adds kernel counts: a slow profile cannot cost the timing."""
         started, t0 = utc_now(), time.perf_counter()
+        if self.broken:
+            return Result(case, "error", f"not run: {self.broken}", started_utc=started)
+
+        def stamped(result: Result) -> Result:
+            return replace(result, started_utc=started, duration_s=time.perf_counter() - t0)
+
+        early = None if on_timed is None else lambda result: on_timed(stamped(result))
         try:
             reason = self._policy_problem(case) or probe(case, str(self.device))
-            result = Result(case, "unsupported", reason) if reason is not None else self._measure(case)
+            result = Result(case, "unsupported", reason) if reason is not None else self._measure(case, early)
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
             result = Result(case, "oom" if is_oom(exc) else "error", describe(exc))
-        finally:
-            self._release()
-        return replace(result, started_utc=started, duration_s=time.perf_counter() - t0)
+        except BaseException:
+            with contextlib.suppress(Exception):  # Ctrl-C propagates whatever state the device is in
+                self._release()
+            raise
+        failure = self._release()
+        if failure is not None:
+            result = self._retire(result, failure)
+        return stamped(result)
 
     def close(self, *, now: bool = False) -> None:
         """Nothing to stop in-process. Between cases, return what the last one left behind; ``now`` (the process
@@ -80,29 +108,60 @@ class TorchExecutor:
         if not now:
             self._release()
 
+    def _retire(self, result: Result, failure: str) -> Result:
+        """The device failed after the case's work (a sticky CUDA error: every later call raises it again).
+
+        The row becomes ``error`` and keeps the case's own reason when it has one (the first report of the fault,
+        not its echo); this executor refuses every later case, and an isolated worker retires."""
+        case = result.case
+        self.broken = (
+            f"the CUDA context has been unusable since {case.key} ({failure}); only a new process recovers, "
+            "which isolation (the CUDA default) gives the next case"
+        )
+        if result.status == "error":
+            return result
+        ended = "" if result.ok else f", which ended {result.status}: {result.reason}"
+        return Result(case, "error", f"{failure} (releasing the device after the case{ended})")
+
     def _policy_problem(self, case: Case) -> str | None:
         """Why this timing policy cannot time the case, found before any model is built."""
         if self.device.type == "cuda" and self.policy.cuda_graph and case.mode not in ("forward", "decode"):
             return "cuda_graph replays forward passes and decode steps only; time train and backward without it"
         return None
 
-    def _release(self) -> None:
+    def _release(self) -> str | None:
+        """Return what the last case left behind; the error if the device failed doing so, else None."""
         # After an OOM the failed case's tensors are still referenced from the traceback frames until the
         # exception is gone; collect them and return cached blocks so the next case starts clean.
         gc.collect()
-        if self.device.type == "cuda":
+        if self.device.type != "cuda" or not torch.cuda.is_initialized():
+            return None
+        try:
+            # An asynchronous fault of the case's kernels surfaces here; a sticky one raises at every call.
+            torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+        except Exception as exc:
+            return describe(exc)
+        return None
 
-    def _measure(self, case: Case) -> Result:
+    def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
         torch.manual_seed(self.seed)
         dtype = torch_dtype(case.dtype)
         model = build_model(case, str(self.device), dtype)
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         if case.model == "sdpa":
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
+        if case.model in ("lstm", "gru"):
+            extra["rnn_path"] = rnn_path(case, str(self.device))  # cuDNN, oneDNN, or a loop of steps
+        if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
+            # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.
+            extra["math_sdp_reduced_precision"] = math_precision_flag()
         # Stored with the formula's id, so a later change of formula never silently changes an old row.
         work = count_flops(case)
         extra["flops"], extra["flops_formula"] = work.flops, work.formula
+        # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
+        sdpa_kernel = extra.get("sdpa_kernel")
+        extra["executed_flops"] = executed_flops(case, sdpa_kernel if isinstance(sdpa_kernel, str) else None)
 
         x: torch.Tensor | None = None
         decode: DecodeSetup | None = None
@@ -114,7 +173,8 @@ class TorchExecutor:
             x = make_input(case, str(self.device), dtype)
             grad_mode, step = _whole_sequence(case, model, x)
 
-        with grad_mode():
+        # A forced SDPA backend is set once around every call below, not per layer inside each (SdpaCore).
+        with grad_mode(), pinned_backend(model):
             timed = step
             if self.device.type == "cuda":
                 if self.policy.cuda_graph:  # forward and decode: run() refused the others before any setup
@@ -127,20 +187,25 @@ class TorchExecutor:
                 x.grad = None
             # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
             memory = self._peak_memory(step)
+            if decode is not None:
+                extra.update(decode.extra)  # the computed state and the prefill, in the early row too
+            result = Result(
+                case,
+                "ok",
+                measurement=measurement,
+                memory=memory,
+                parameters=parameter_count(model),
+                extra=dict(extra),
+                telemetry=telemetry,
+            )
+            if on_timed is not None:
+                on_timed(result)  # the timing is safe whatever the profile below does
             if self.device.type == "cuda":
                 self._profile(timed, measurement, extra)
         if decode is not None:
-            decode.release()
+            decode.release()  # after the profile, which still steps: measures the state, then frees it
             extra.update(decode.extra)
-        return Result(
-            case,
-            "ok",
-            measurement=measurement,
-            memory=memory,
-            parameters=parameter_count(model),
-            extra=extra,
-            telemetry=telemetry,
-        )
+        return replace(result, extra=extra)
 
     def _timed_with_telemetry(
         self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
@@ -150,7 +215,13 @@ class TorchExecutor:
         measurement: Measurement | None = None
         try:
             with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
-                measurement = measure(step, self.clock, self.policy, inject_slowdown=self.inject_slowdown)
+                measurement = measure(
+                    step,
+                    self.clock,
+                    self.policy,
+                    inject_slowdown=self.inject_slowdown,
+                    on_sampling=sampler.mark_sampling,
+                )
             calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
             return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens)
         except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed
@@ -163,7 +234,12 @@ class TorchExecutor:
         self, step: Callable[[], object], measurement: Measurement, extra: dict[str, str | int | float | bool | None]
     ) -> None:
         """Kernels per call and launch-boundness, from one profiled call outside the timed samples. The profiler
-        is an aid: when it fails (CUPTI busy or missing) the row keeps its timing and says why."""
+        is an aid: when it fails (CUPTI busy or missing) or a call is too long to profile cheaply, the row keeps
+        its timing and says why."""
+        skipped = profile_refusal(measurement.median_s)
+        if skipped is not None:
+            extra["profile_skipped"] = skipped
+            return
         try:
             kernels = profile_kernels(step, self.device)
         except Exception as exc:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from attnbench.analysis.compare import CaseComparison, Comparison, Side, Verdict
-from attnbench.core.units import format_percent, format_seconds
+from attnbench.core.units import format_change, format_change_interval, format_percent, format_seconds
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -36,13 +36,13 @@ def time_cell(seconds: float | None, status: str | None) -> str:
 
 
 def change_cell(c: CaseComparison) -> str:
-    return "" if c.ratio is None else f"{(c.ratio - 1) * 100:+.1f} %"
+    return "" if c.ratio is None else format_change(c.ratio - 1)
 
 
 def interval_cell(c: CaseComparison) -> str:
     if c.ci_low is None or c.ci_high is None:
         return "n/a" if c.evidence == "samples" else ""
-    return f"{(c.ci_low - 1) * 100:+.1f} … {(c.ci_high - 1) * 100:+.1f} %"
+    return format_change_interval(c.ci_low - 1, c.ci_high - 1)
 
 
 def evidence_cell(c: CaseComparison) -> str:

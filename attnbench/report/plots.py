@@ -19,12 +19,13 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.core.text import safe_text
 from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
-from attnbench.results.files import write_atomic
+from attnbench.results.files import make_subfolder, write_atomic
 from attnbench.results.records import Result, Run
 
 if TYPE_CHECKING:
@@ -294,8 +295,8 @@ def _slug(text: str) -> str:
 def _device_name(run: Run) -> str:
     env = run.environment
     if env.get("gpu_name"):
-        return str(env["gpu_name"])
-    name = str(env.get("cpu_model") or env.get("device") or "?")
+        return safe_text(str(env["gpu_name"]), lines=False)
+    name = safe_text(str(env.get("cpu_model") or env.get("device") or "?"), lines=False)
     threads = env.get("torch_threads")
     return f"{name} (CPU, {threads} threads)" if threads else f"{name} (CPU)"
 
@@ -526,7 +527,7 @@ def _texts(ax: Axes, run: Run, table: PivotTable, metric: Metric, lines: Sequenc
         for s in lines
         if not s.values and s.failures
     ]
-    notes.append(f"run {run.run_id}")
+    notes.append(f"run {safe_text(run.run_id, lines=False)}")  # stored text: no control character in a figure
     ax.annotate(
         "\n".join(notes),
         xy=(0, 0),
@@ -621,10 +622,24 @@ def plots_or_notice(
         return [], exc.message
 
 
-def write_plots(plots: Sequence[Plot], folder: Path) -> list[Path]:
-    """Write each plot as ``folder/<filename>`` (atomically: a reader never sees half a PNG)."""
+class Png(Protocol):
+    """Anything drawn to a PNG with a file name: a run's ``Plot``, a history page."""
+
+    @property
+    def filename(self) -> str: ...
+
+    @property
+    def png(self) -> bytes: ...
+
+
+def write_plots(plots: Sequence[Png], folder: Path, *, in_run: bool = False) -> list[Path]:
+    """Write each plot as ``folder/<filename>`` (atomically: a reader never sees half a PNG). ``in_run``: the
+    folder is a run folder's plots/, which must not be a link (nothing is written out of a run folder)."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if in_run:
+            make_subfolder(folder)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
         paths = []
         for plot in plots:
             path = folder / plot.filename
@@ -644,7 +659,7 @@ def write_run_plots(run: Run, results: Sequence[Result], folder: Path) -> tuple[
         plots, notice = plots_or_notice(run, results)
         if notice is not None:
             return [], f"note: {notice}"
-        return write_plots(plots, folder), None
+        return write_plots(plots, folder, in_run=True), None
     # Plots are an extra drawn after the rows are safe on disk: whatever breaks in matplotlib (a font, a backend,
     # a bug of ours) must cost only the plots, never the run or its exit code. Ctrl-C still propagates.
     except Exception as exc:

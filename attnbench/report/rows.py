@@ -10,9 +10,19 @@ from typing import Any
 
 from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_of_peak
 from attnbench.core.cases import Case
+from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.results.records import Result, Run
-from attnbench.results.telemetry import GPM_METRICS, METRIC_TYPES, METRICS, NVML_METRICS, TelemetrySummary
+from attnbench.results.telemetry import (
+    ADDED_METRICS,
+    FIRST_METRICS,
+    GPM_METRICS,
+    GPM_WINDOW_METRICS,
+    METRIC_TYPES,
+    METRICS,
+    NVML_METRICS,
+    TelemetrySummary,
+)
 
 # What a case is, as every long-form export names it: the Case fields in their order.
 CASE_COLUMNS: tuple[str, ...] = (
@@ -52,7 +62,7 @@ COLUMNS: tuple[str, ...] = (
     "warnings",
     "key",
     # Telemetry (issue 4): every metric, then how far to trust them and why any is empty.
-    *METRICS,
+    *FIRST_METRICS,
     "telemetry_source",
     "telemetry_samples",
     "telemetry_reliable",
@@ -73,11 +83,62 @@ COLUMNS: tuple[str, ...] = (
     "between_process_rel",
     "kernels_per_call",
     "launch_bound",
+    # Issue 12. flops/tflops/pct_of_peak count useful work (a causal core credited the pairs its mask keeps);
+    # these count what the kernels executed (the full n² of vanilla and SDPA's math path), against the same peak.
+    "executed_flops",
+    "executed_tflops",
+    "executed_pct_of_peak",
+    # Issue 12: telemetry metrics added after the first contract (the size of an SM clock fall; GPM's span).
+    *ADDED_METRICS,
+    # Which implementation an LSTM/GRU ran on: cudnn, onednn, fused-cell-loop (CUDA, step by step), aten-loop.
+    "rnn_path",
     # Decode rows (issue 13): the KV cache or recurrent state a step reads, computed and measured (bytes).
     "state_bytes",
     "state_mem_bytes",
     "state_mem_method",
 )
+
+
+_INTEGER_COLUMNS = frozenset(
+    {
+        "batch",
+        "seq_len",
+        "d_model",
+        "heads",
+        "layers",
+        "samples",
+        "calls_per_sample",
+        "warmup_calls",
+        "parameters",
+        "telemetry_samples",
+        "flops",
+        "warmup_moved",
+        "replicates",
+        "kernels_per_call",
+        "executed_flops",
+        "state_bytes",
+        "state_mem_bytes",
+    }
+)
+_BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound"})
+_TEXT_COLUMNS = frozenset(
+    {
+        *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
+        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "state_mem_method"),
+    }
+)
+# The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
+# the Python API are typed by. A column added to COLUMNS must be given its type here (a test holds them equal).
+COLUMN_TYPES: dict[str, type] = {}
+for _column in COLUMNS:
+    if _column in METRIC_TYPES:
+        COLUMN_TYPES[_column] = METRIC_TYPES[_column]
+    elif _column in _INTEGER_COLUMNS:
+        COLUMN_TYPES[_column] = int
+    elif _column in _BOOL_COLUMNS:
+        COLUMN_TYPES[_column] = bool
+    else:
+        COLUMN_TYPES[_column] = str if _column in _TEXT_COLUMNS else float
 
 
 def _ms(seconds: float) -> float | None:
@@ -136,14 +197,19 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     if isinstance(flops, int) and not isinstance(flops, bool):
         row["flops"] = flops
         row["flops_formula"] = result.extra.get("flops_formula")
-        achieved = achieved_flops_per_s(result)
-        if achieved is not None:
-            row["tflops"] = achieved / 1e12
-            used = peaks.for_case(case) if peaks is not None else None
+        used = peaks.for_case(case) if peaks is not None else None
+        for prefix, executed in (("", False), ("executed_", True)):
+            achieved = achieved_flops_per_s(result, executed=executed)
+            if achieved is None:
+                continue
+            row[f"{prefix}tflops"] = achieved / 1e12
             if used is not None:
-                row["pct_of_peak"] = pct_of_peak(result, used)
+                row[f"{prefix}pct_of_peak"] = pct_of_peak(result, used, executed=executed)
                 row["peak_source"] = used.source
-    for name in ("kernels_per_call", "launch_bound", "state_mem_method"):
+    executed_count = result.extra.get("executed_flops")
+    if isinstance(executed_count, int) and not isinstance(executed_count, bool):
+        row["executed_flops"] = executed_count
+    for name in ("kernels_per_call", "launch_bound", "rnn_path", "state_mem_method"):
         row[name] = result.extra.get(name)
     row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
     t = result.telemetry
@@ -164,7 +230,7 @@ def telemetry_note(t: TelemetrySummary) -> str:
         if set(names) >= set(NVML_METRICS):
             rest = [n for n in names if n not in NVML_METRICS]
             parts.append(f"{', '.join(['all GPU metrics', *rest])}: {reason}")
-        elif set(names) == set(GPM_METRICS):
+        elif set(GPM_METRICS) <= set(names) <= set(GPM_METRICS + GPM_WINDOW_METRICS):
             parts.append(f"GPM metrics: {reason}")
         else:
             parts.append(f"{', '.join(names)}: {reason}")
@@ -178,26 +244,14 @@ def summary_rows(results: Iterable[Result], run: Run | None = None) -> list[dict
 
 
 def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
-    """The contract CSV. pandas does the quoting; floats keep 6 significant digits. Without ``run`` there is no
-    peak to hold rows against, and pct_of_peak stays empty."""
+    """The contract CSV. pandas does the quoting; floats keep 6 significant digits; text cells that a spreadsheet
+    would run as a formula are neutralised (``core.text.csv_cell``). Without ``run`` there is no peak to hold rows
+    against, and pct_of_peak stays empty."""
     import pandas as pd
 
-    frame = pd.DataFrame(summary_rows(results, run), columns=list(COLUMNS))
-    integers = [name for name in METRICS if METRIC_TYPES[name] is int]
-    for column in (
-        "heads",
-        "samples",
-        "calls_per_sample",
-        "warmup_calls",
-        "parameters",
-        "telemetry_samples",
-        "flops",
-        "warmup_moved",
-        "replicates",
-        "kernels_per_call",
-        "state_bytes",
-        "state_mem_bytes",
-        *integers,
-    ):
+    rows = [{name: csv_cell(value) for name, value in row.items()} for row in summary_rows(results, run)]
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    # Nullable integers, so an empty cell stays empty instead of turning the column into floats ("2.0").
+    for column in (name for name, kind in COLUMN_TYPES.items() if kind is int):
         frame[column] = frame[column].astype("Int64")
     return str(frame.to_csv(index=False, float_format="%.6g", lineterminator="\n"))

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnbench.core.text import safe_text
 from attnbench.report.markdown import render_markdown
 from attnbench.report.plots import write_run_plots
 from attnbench.report.rows import render_csv
 from attnbench.results.files import write_atomic
-from attnbench.results.store import StoredRun, load_run
-
-SUMMARY_CSV = "summary.csv"
-SUMMARY_MD = "summary.md"
-PLOTS = "plots"
+from attnbench.results.store import PLOTS, SUMMARY_CSV, SUMMARY_MD, StoredRun, load_run
 
 
 def write_run_files(folder: Path) -> tuple[StoredRun, list[Path], str | None]:
@@ -26,6 +23,7 @@ def write_run_files(folder: Path) -> tuple[StoredRun, list[Path], str | None]:
     stored = load_run(folder)
     paths = [folder / SUMMARY_CSV, folder / SUMMARY_MD]
     write_atomic(paths[0], render_csv(stored.results, stored.run))
-    write_atomic(paths[1], render_markdown(stored.run, stored.results))
+    # Escaped as the terminal would show it: summary.md is read with cat and less as often as in an editor.
+    write_atomic(paths[1], safe_text(render_markdown(stored.run, stored.results)))
     plots, problem = write_run_plots(stored.run, stored.results, folder / PLOTS)
     return stored, [*paths, *plots], problem

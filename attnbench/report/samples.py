@@ -7,8 +7,8 @@ spreadsheet. Columns: the run id, the case key and its fields, the case's status
 Containers, chosen by the output file's name so that the same command always writes the same thing:
 - JSON lines (the default, and what ``-o -`` prints): one object per line, floats at full precision;
 - ``-o FILE.csv``: CSV with the same columns;
-- ``-o FILE.parquet``: Parquet, only where pandas and pyarrow are importable (neither is a dependency of
-  attnbench; without pyarrow this is an error with a hint, never a JSON file under a .parquet name).
+- ``-o FILE.parquet``: Parquet (``report.frames``), only where pyarrow is importable (an optional dependency;
+  without it this is an error with a hint, never a JSON file under a .parquet name).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import csv
 import io
 import json
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
-from attnbench.core.errors import AttnbenchError
+from attnbench.core.text import csv_cell
 from attnbench.report.rows import CASE_COLUMNS, case_columns, options_text
 from attnbench.results.records import Result, Run
 
@@ -63,32 +62,7 @@ def render_samples_csv(run: Run, results: Sequence[Result]) -> str:
     writer = csv.DictWriter(out, fieldnames=list(COLUMNS), lineterminator="\n")
     writer.writeheader()
     # repr() of a float round-trips exactly, so a CSV reader gets back the very seconds that were measured.
-    writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in sample_rows(run, results))
+    # Text cells a spreadsheet would run as a formula are neutralised (core.text.csv_cell); numbers pass unchanged.
+    rows = sample_rows(run, results)
+    writer.writerows({k: ("" if v is None else csv_cell(v)) for k, v in row.items()} for row in rows)
     return out.getvalue()
-
-
-def parquet_missing() -> str | None:
-    """Why Parquet cannot be written here, or None when it can."""
-    try:
-        import pandas  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError as exc:
-        return f"writing Parquet needs pandas and pyarrow ({exc.name or exc} is not installed)"
-    return None
-
-
-def write_samples_parquet(run: Run, results: Sequence[Result], path: Path) -> None:
-    reason = parquet_missing()
-    if reason is not None:
-        raise AttnbenchError(
-            f"-o {path}: {reason}", hint="pip install pyarrow, or write JSON lines (-o FILE.jsonl) or CSV (-o FILE.csv)"
-        )
-    import pandas as pd
-
-    frame = pd.DataFrame(list(sample_rows(run, results)), columns=list(COLUMNS))
-    frame["heads"] = frame["heads"].astype("Int64")  # recurrent rows have none; keep the column integer
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        frame.to_parquet(path, index=False)
-    except OSError as exc:
-        raise AttnbenchError(f"cannot write {path}: {exc.strerror or exc}", hint="choose another -o path") from None

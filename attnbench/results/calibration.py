@@ -215,12 +215,14 @@ _CACHE_HINT = "delete the file, or measure again with 'attnbench calibrate --ref
 def load_cached(fingerprint: str, directory: Path | None = None) -> Calibration | None:
     """The cached calibration for this fingerprint, or None when there is none. A damaged file, or one that
     belongs to another fingerprint, is a ``ResultsError`` naming it."""
+    from attnbench.results.files import read_bounded
+
     path = cache_path(fingerprint, directory)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    try:
+        text = read_bounded(path, _CACHE_HINT).decode("utf-8")  # a regular file, bounded: it may be anyone's
+    except UnicodeDecodeError as exc:
         raise ResultsError(f"{path}: cannot read the cached calibration ({exc})", hint=_CACHE_HINT) from None
     try:
         calibration = Calibration.from_dict(json.loads(text))
@@ -243,12 +245,13 @@ def save(calibration: Calibration, directory: Path | None = None) -> Path:
     from attnbench.results.files import write_atomic
 
     path = cache_path(calibration.fingerprint, directory)
+    hint = f"set {CACHE_ENV} to a writable folder"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(calibration.to_dict(), indent=2, allow_nan=False) + "\n")
     except OSError as exc:
-        raise AttnbenchError(
-            f"cannot write the calibration cache {path}: {exc.strerror or exc}",
-            hint=f"set {CACHE_ENV} to a writable folder",
-        ) from None
+        raise AttnbenchError(f"cannot write the calibration cache {path}: {exc.strerror or exc}", hint=hint) from None
+    try:
+        write_atomic(path, json.dumps(calibration.to_dict(), indent=2, allow_nan=False) + "\n")
+    except ResultsError as exc:  # a full disk, a link where the cache file should be: named, with our hint
+        raise type(exc)(f"the calibration cache {exc.message}", hint=hint) from None
     return path

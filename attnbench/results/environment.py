@@ -1,15 +1,25 @@
 """What the numbers were measured on (the ``Environment`` value), and the keys that must match before two runs
 may be compared (pyperf's idea). Torch-free: ``compare`` and ``report`` read it back from run.json; collecting it
 from the machine is ``measure.environment``'s job.
+
+Fields added after the first version are optional (``None`` when unknown), so an older run.json reads back:
+``cudnn_compile``, ``sdpa_math_reduced_precision``, ``gpu_l2_bytes`` and the GPU settings NVML reports
+(``gpu_power_*``, ``gpu_*_clock_mhz``, ``gpu_persistence_mode``, ``gpu_ecc*``, ``gpu_mig*``, ``gpu_settings_note``).
+None of them is in the fingerprint, so runs recorded before them stay comparable with runs recorded after.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from attnbench.results import fields
+
+_COMMIT = re.compile(r"[0-9a-f]{7,64}")
 
 # Keys that must match before two runs may be compared (pyperf's idea): different hardware or software stacks
 # make a timing difference meaningless as a regression signal.
@@ -49,6 +59,26 @@ class Environment:
     driver: str | None = None
     nvml: str = "not checked"
     git_commit: str | None = None
+    # The cuDNN torch was built against ("9.13.0"): it, not the runtime's (``cudnn``), decides whether bf16
+    # LSTM/GRU may run on cuDNN (9.13 and newer); each recurrent row says which path ran (``rnn_path``).
+    cudnn_compile: str | None = None
+    # Whether SDPA's math backend computed fp16/bf16 in the input dtype (attnbench turns torch's switch on; None:
+    # this torch has no switch). Each sdpa row in fp16/bf16 records the value its worker ran with.
+    sdpa_math_reduced_precision: bool | None = None
+    gpu_l2_bytes: int | None = None
+    # What the GPU was set to (NVML; ``measure.telemetry.settings``): limits in W, clocks in MHz.
+    gpu_power_limit_w: float | None = None  # enforced now: also tells an H200 NVL (600 W) from an SXM (700 W)
+    gpu_power_default_limit_w: float | None = None
+    gpu_power_max_limit_w: float | None = None
+    gpu_max_sm_clock_mhz: int | None = None
+    gpu_app_sm_clock_mhz: int | None = None
+    gpu_app_mem_clock_mhz: int | None = None
+    gpu_persistence_mode: bool | None = None
+    gpu_ecc: bool | None = None
+    gpu_ecc_pending: bool | None = None  # after the next reboot
+    gpu_mig: bool | None = None  # True: the device is a MIG slice, not the whole GPU (no vendor peaks apply)
+    gpu_mig_pending: bool | None = None
+    gpu_settings_note: str = ""  # the settings that could not be read, and why
 
     @property
     def driver_major(self) -> str | None:
@@ -82,3 +112,34 @@ class Environment:
         """Raises TypeError when a required field is missing (a damaged run.json)."""
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class CodeIdentity:
+    """The git checkout a sweep was started in — the code being benchmarked — so that ``history`` and ``compare``
+    can name what changed between runs. ``dirty``: tracked files differ from the commit (untracked files do not
+    count: run folders and scratch files would make every checkout dirty)."""
+
+    commit: str
+    dirty: bool
+    branch: str | None = None  # None: a detached HEAD, as CI checkouts of a pull request often are
+
+    @property
+    def short(self) -> str:
+        return self.commit[:10] + ("+dirty" if self.dirty else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"commit": self.commit, "dirty": self.dirty, "branch": self.branch}
+
+    @classmethod
+    def from_dict(cls, data: object) -> CodeIdentity:
+        d = fields.record(data, "", ("commit", "dirty"), ("branch",))
+        commit = fields.text(d["commit"], "commit")
+        if not _COMMIT.fullmatch(commit):
+            raise fields.expected("commit", "a hex git commit id", commit)
+        branch = d.get("branch")
+        return cls(
+            commit=commit,
+            dirty=fields.flag(d["dirty"], "dirty"),
+            branch=None if branch is None else fields.text(branch, "branch"),
+        )

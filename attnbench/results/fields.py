@@ -2,6 +2,10 @@
 
 Each check returns its value, narrowed to the type it promised, or raises ``FieldError`` naming the key path, what
 was expected and what was found. The reader that knows the file and line adds them (``results.load_run``).
+
+Numbers are bounded as well as typed: a stored file is data anyone can hand us, and a sample of 1e308 s or a peak of
+10**400 bytes would pass a type check and then overflow the statistics, the fits and the exports. The bounds are
+far beyond any real measurement, so that arithmetic on what passes stays finite.
 """
 
 from __future__ import annotations
@@ -12,6 +16,14 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# Half of int64's range: above any count of bytes, FLOPs or parameters a row holds, and still an int64 after a round
+# trip through float64 (pandas' way with an integer column that has blanks), which 2**63 - 1 is not.
+MAX_INTEGER = 2**62
+MAX_NUMBER = 1e21  # above any FLOP/s, byte rate, watt or joule a machine reaches; products of two stay finite
+# A time per call: from a picosecond (no call of any model is shorter than a clock tick) to 115 days.
+MIN_SECONDS = 1e-12
+MAX_SECONDS = 1e7
 
 _KINDS = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "a list", dict: "an object"}
 
@@ -72,25 +84,43 @@ def flag(value: object, key: str) -> bool:
     return value
 
 
-def integer(value: object, key: str, minimum: int = 1) -> int:
-    """An integer (not a bool, not 64.0) of at least ``minimum``."""
+def integer(value: object, key: str, minimum: int = 1, maximum: int = MAX_INTEGER) -> int:
+    """An integer (not a bool, not 64.0) from ``minimum`` to ``maximum``."""
+    wanted = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        wanted = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
         raise expected(key, wanted, value)
+    if value > maximum:
+        raise expected(key, f"{wanted} of at most {maximum}", value)
     return value
 
 
-def number(value: object, key: str, *, positive: bool = False) -> float:
-    """A finite number, at least 0 (above 0 when ``positive``)."""
+def number(value: object, key: str, *, positive: bool = False, maximum: float = MAX_NUMBER) -> float:
+    """A finite number, at least 0 (above 0 when ``positive``), at most ``maximum``."""
     ok = (
         isinstance(value, int | float)
         and not isinstance(value, bool)
         and math.isfinite(value)
         and (value > 0 if positive else value >= 0)
     )
+    wanted = "a positive finite number" if positive else "a finite number ≥ 0"
     if not ok:
-        raise expected(key, "a positive finite number" if positive else "a finite number ≥ 0", value)
+        raise expected(key, wanted, value)
+    if value > maximum:  # type: ignore[operator]
+        raise expected(key, f"{wanted} of at most {maximum:g}", value)
     return float(value)  # type: ignore[arg-type]
+
+
+def seconds(value: object, key: str) -> float:
+    """A time per call: a positive finite number from ``MIN_SECONDS`` to ``MAX_SECONDS``."""
+    time = number(value, key, positive=True, maximum=MAX_SECONDS)
+    if time < MIN_SECONDS:
+        raise expected(key, f"a time per call of at least {MIN_SECONDS:g} s", value)
+    return time
+
+
+def duration(value: object, key: str) -> float:
+    """A length of time that may be 0 (a warm-up, a case's wall time), at most ``MAX_SECONDS``."""
+    return number(value, key, maximum=MAX_SECONDS)
 
 
 def choice(value: object, key: str, allowed: Collection[str], what: str = "value") -> str:

@@ -113,25 +113,21 @@ class Measurement:
         """Read ``to_dict``'s output back; anything else raises ``fields.FieldError`` naming the key."""
         required = [name for name in cls.__dataclass_fields__ if name not in _OPTIONAL]
         m = fields.record(data, "", required, _OPTIONAL)
-        samples = fields.items(m["samples_s"], "samples_s", lambda x, key: fields.number(x, key, positive=True))
+        samples = fields.items(m["samples_s"], "samples_s", fields.seconds)
         if not samples:
             raise fields.FieldError("samples_s", "expected at least one sample, found an empty list")
         return cls(
             samples_s=tuple(samples),
             calls_per_sample=fields.integer(m["calls_per_sample"], "calls_per_sample"),
             warmup_calls=fields.integer(m["warmup_calls"], "warmup_calls", minimum=0),
-            warmup_s=fields.number(m["warmup_s"], "warmup_s"),
+            warmup_s=fields.duration(m["warmup_s"], "warmup_s"),
             converged=fields.flag(m["converged"], "converged"),
             stop_reason=fields.choice(m["stop_reason"], "stop_reason", get_args(StopReason), "stop reason"),  # type: ignore[arg-type]
-            target_ci=fields.number(m["target_ci"], "target_ci", positive=True),
+            target_ci=fields.number(m["target_ci"], "target_ci", positive=True, maximum=1.0),
             warnings=tuple(fields.items(m.get("warnings", []), "warnings", fields.text)),
             warmup_moved=fields.integer(m.get("warmup_moved", 0), "warmup_moved", minimum=0),
             replicate_medians_s=tuple(
-                fields.items(
-                    m.get("replicate_medians_s", []),
-                    "replicate_medians_s",
-                    lambda x, key: fields.number(x, key, positive=True),
-                )
+                fields.items(m.get("replicate_medians_s", []), "replicate_medians_s", fields.seconds)
             ),
-            injected_delay_s=fields.number(m.get("injected_delay_s", 0.0), "injected_delay_s"),
+            injected_delay_s=fields.duration(m.get("injected_delay_s", 0.0), "injected_delay_s"),
         )

@@ -4,8 +4,11 @@ with their one serialisation. Torch-free.
 Schema history (``SCHEMA_VERSION``):
   1 — first version: run.json (``Run``) + results.jsonl (one ``Result`` per line).
       Keys added since, all optional and absent when empty, so older files read back unchanged: run.json
-      ``calibration``; measurement ``warmup_moved``, ``replicate_medians_s``, ``injected_delay_s``. A reader older
-      than a key refuses a file that carries it (unknown keys are errors), with the hint to upgrade.
+      ``calibration``, ``code`` (the benchmarked checkout), ``label``, ``shard`` ({index, count}: the slice
+      ``sweep --shard i/N`` measured; ``config_sha256`` stays the full config's) and ``merged_from`` (the
+      ``Source`` runs ``attnbench merge`` joined into this one); measurement ``warmup_moved``,
+      ``replicate_medians_s``, ``injected_delay_s``. A reader older than a key refuses a file that carries it
+      (unknown keys are errors), with the hint to upgrade.
       Mode ``decode`` (issue 13) is a value a case may hold since; a reader from before refuses such a row.
       ``extra`` is open-ended (scalars by name); decode rows carry ``state_bytes`` (the KV cache or
       recurrent state, computed), ``state_mem_bytes`` and ``state_mem_method`` (the same, measured) and
@@ -20,10 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.cases import MAX_BATCH, MAX_D_MODEL, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, Case, TimingPolicy
 from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
+from attnbench.core.shards import MAX_SHARDS, Shard
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
+from attnbench.results.environment import CodeIdentity
 from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
 from attnbench.results.telemetry import TelemetrySummary
@@ -144,15 +149,19 @@ class Result:
             fields.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
         timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
         telemetry = r.get("telemetry")
+        status = fields.choice(r["status"], "status", STATUSES, "status")
+        if status == "ok" and timed is None:
+            # Contradictory: every reader would take "ok" as a timing and find none (compare called it regressed).
+            raise FieldError("measurement", 'a row with status "ok" must hold a measurement, found null')
         return cls(
             case=case,
-            status=fields.choice(r["status"], "status", STATUSES, "status"),  # type: ignore[arg-type]
+            status=status,  # type: ignore[arg-type]
             reason=fields.text(r.get("reason", ""), "reason"),
             measurement=None if timed is None else fields.nested("measurement", Measurement.from_dict, timed),
             memory=None if memory is None else fields.nested("memory", Memory.from_dict, memory),
             parameters=None if parameters is None else fields.integer(parameters, "parameters", minimum=0),
             started_utc=fields.text(r.get("started_utc", ""), "started_utc"),
-            duration_s=fields.number(r.get("duration_s", 0.0), "duration_s"),
+            duration_s=fields.duration(r.get("duration_s", 0.0), "duration_s"),
             extra=_extra(r.get("extra", {})),
             telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
         )
@@ -174,6 +183,15 @@ _RESULT_OPTIONAL = (
     "telemetry",
 )
 
+# The same caps a config is held to: a stored case beyond them was not written by a sweep.
+_CASE_CAPS = {
+    "batch": MAX_BATCH,
+    "seq_len": MAX_SEQ_LEN,
+    "d_model": MAX_D_MODEL,
+    "heads": MAX_HEADS,
+    "layers": MAX_LAYERS,
+}
+
 _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
 
 
@@ -185,10 +203,9 @@ def _case_from_dict(data: object) -> Case:
     fields.choice(c["dtype"], "dtype", DTYPES, "dtype")
     if not RESOLVED_DEVICE.fullmatch(fields.text(c["device"], "device")):
         raise fields.expected("device", "cpu, cuda or cuda:N", c["device"])
-    for name in ("batch", "seq_len", "d_model", "layers"):
-        fields.integer(c[name], name)
-    if c["heads"] is not None:
-        fields.integer(c["heads"], "heads")
+    for name, cap in _CASE_CAPS.items():
+        if name != "heads" or c[name] is not None:
+            fields.integer(c[name], name, maximum=cap)
     fields.flag(c["causal"], "causal")
     kinds = {o.name: o.type for o in MODELS[model].options}
     for name, value in fields.record(c.get("options", {}), "options", (), kinds).items():
@@ -196,16 +213,73 @@ def _case_from_dict(data: object) -> Case:
         fits = kind is bool if isinstance(value, bool) else isinstance(value, int | float if kind is float else kind)
         if not fits:
             raise fields.expected(fields.path("options", name), f"a {kind.__name__} ({model}'s option)", value)
+        _bounded(value, fields.path("options", name))
     return Case.from_dict(c)
+
+
+def _bounded(value: object, key: str) -> None:
+    """A stored number of any kind stays within int64, so that every sum, product and float conversion of it is
+    finite (a 10**400 would pass the type check and overflow the first conversion to float)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > fields.MAX_INTEGER:
+        raise fields.expected(key, f"a number of at most {fields.MAX_INTEGER} in size", value)
 
 
 def _extra(data: object) -> dict[str, str | int | float | bool | None]:
     if not isinstance(data, dict):
         raise fields.expected("extra", "an object", data)
     for name, value in data.items():
+        key = fields.path("extra", name)
         if value is not None and not isinstance(value, str | int | float | bool):
-            raise fields.expected(fields.path("extra", name), "a string, number, boolean or null", value)
+            raise fields.expected(key, "a string, number, boolean or null", value)
+        _bounded(value, key)
     return dict(data)
+
+
+def _shard_from_dict(data: object) -> Shard:
+    s = fields.record(data, "", ("index", "count"))
+    count = fields.integer(s["count"], "count")
+    if count > MAX_SHARDS:
+        raise fields.expected("count", f"at most {MAX_SHARDS}", count)
+    index = fields.integer(s["index"], "index", minimum=0)
+    if index >= count:
+        raise fields.expected("index", f"an index below count ({count})", index)
+    return Shard(index, count)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One run folder that ``attnbench merge`` joined into a merged run: which, from where, and how many rows."""
+
+    run_id: str
+    shard: Shard | None  # None: a whole run (or an earlier merge) rather than one slice
+    hostname: str
+    device: str
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "shard": None if self.shard is None else self.shard.to_dict(),
+            "hostname": self.hostname,
+            "device": self.device,
+            "rows": self.rows,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Source:
+        d = fields.record(data, "", ("run_id", "shard", "hostname", "device", "rows"))
+        shard = d["shard"]
+        return cls(
+            run_id=fields.text(d["run_id"], "run_id"),
+            shard=None if shard is None else fields.nested("shard", _shard_from_dict, shard),
+            hostname=fields.text(d["hostname"], "hostname"),
+            device=fields.text(d["device"], "device"),
+            rows=fields.integer(d["rows"], "rows", minimum=0),
+        )
+
+
+def _source(value: object, key: str) -> Source:
+    return fields.nested(key, Source.from_dict, value)
 
 
 @dataclass(frozen=True)
@@ -226,6 +300,19 @@ class Run:
     # The device's measured ceilings (attnbench calibrate), cached per machine when the sweep started; None when
     # there was none. Optional and absent when None, so runs written before it read back unchanged.
     calibration: Calibration | None = None
+    # The git checkout the sweep was started in (the benchmarked code) and a free label (sweep --label): what
+    # history and compare name a run by. Optional and absent when empty, as calibration.
+    code: CodeIdentity | None = None
+    label: str = ""
+    # The slice of the config's cases this run measured (sweep --shard i/N); None for a whole run.
+    shard: Shard | None = None
+    # The runs `attnbench merge` joined into this one, in shard order; empty for a run a sweep wrote.
+    merged_from: tuple[Source, ...] = ()
+
+    @property
+    def commit(self) -> str | None:
+        """The benchmarked commit, or None when the sweep did not run in a git checkout."""
+        return None if self.code is None else self.code.commit
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -241,6 +328,10 @@ class Run:
             "timing": self.timing.to_dict(),
             "environment": dict(self.environment),
             **({} if self.calibration is None else {"calibration": self.calibration.to_dict()}),
+            **({} if self.code is None else {"code": self.code.to_dict()}),
+            **({"label": self.label} if self.label else {}),
+            **({} if self.shard is None else {"shard": self.shard.to_dict()}),
+            **({"merged_from": [s.to_dict() for s in self.merged_from]} if self.merged_from else {}),
         }
 
     @classmethod
@@ -259,7 +350,7 @@ class Run:
         environment = d.get("environment", {})
         if not isinstance(environment, dict):
             raise fields.expected("environment", "an object", environment)
-        calibration = d.get("calibration")
+        calibration, code, shard = d.get("calibration"), d.get("code"), d.get("shard")
         return cls(
             run_id=run_id,
             created_utc=fields.text(d["created_utc"], "created_utc"),
@@ -275,12 +366,28 @@ class Run:
             calibration=None
             if calibration is None
             else fields.nested("calibration", Calibration.from_dict, calibration),
+            code=None if code is None else fields.nested("code", CodeIdentity.from_dict, code),
+            label=fields.text(d.get("label", ""), "label"),
+            shard=None if shard is None else fields.nested("shard", _shard_from_dict, shard),
+            merged_from=tuple(fields.items(d.get("merged_from", []), "merged_from", _source)),
         )
 
 
 _RUN_REQUIRED = ("schema_version", "run_id", "created_utc", "config_sha256", "config")
 
-_RUN_OPTIONAL = ("finished_utc", "state", "command", "config_source", "timing", "environment", "calibration")
+_RUN_OPTIONAL = (
+    "finished_utc",
+    "state",
+    "command",
+    "config_source",
+    "timing",
+    "environment",
+    "calibration",
+    "code",
+    "label",
+    "shard",
+    "merged_from",
+)
 
 
 def _timing_from_dict(data: object) -> TimingPolicy:

@@ -4,6 +4,11 @@ A folder holds run.json (written first, replaced whole at the end), results.json
 flushed and fsync'ed per case) and telemetry.jsonl (raw samples, each line durable before the row that refers
 to it). A torn last line (a kill mid-write) is dropped with a warning on reading; anything else that does not
 parse or check out is a ``ResultsError`` naming file, line and key.
+
+Reading trusts nothing (``results.files``): regular files only, streamed, each line bounded. One case has one row:
+a row repeated exactly (a line pasted twice) is counted once with a warning, so the same evidence never counts
+twice; two different rows for one case are an error naming both lines. A lone UTF-16 surrogate in a string
+(``"\\ud800"``, which no encoder can write out) is replaced with U+FFFD, with a warning.
 """
 
 from __future__ import annotations
@@ -11,15 +16,26 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+import re
+import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal
 
 from attnbench.core.errors import ResultsError
 from attnbench.results import fields
 from attnbench.results.fields import FieldError
-from attnbench.results.files import dumps_line, write_atomic
+from attnbench.results.files import (
+    AppendLog,
+    dumps_line,
+    read_bounded,
+    read_lines,
+    refuse_special,
+    reserve,
+    reserve_path,
+    write_atomic,
+)
 from attnbench.results.records import SCHEMA_VERSION, Result, Run
 
 RUN_FILE = "run.json"
@@ -28,42 +44,72 @@ RESULTS_FILE = "results.jsonl"
 
 TELEMETRY_FILE = "telemetry.jsonl"  # raw telemetry samples, one line per case (key, started_utc, samples)
 
+# What the report layer renders beside the rows (report.run_files): named here so a sweep can check them first.
+SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+PLOTS = "plots"
+
+
+def refuse_special_files(folder: Path) -> None:
+    """Refuse a run folder where a file a sweep writes (run.json, the logs, the summaries) is a link, a folder or a
+    device, or where plots/ is anything but a folder: checked before a sweep writes anything there."""
+    for name in (RUN_FILE, RESULTS_FILE, TELEMETRY_FILE, SUMMARY_CSV, SUMMARY_MD):
+        refuse_special(folder / name)
+    plots = folder / PLOTS
+    if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
+        raise ResultsError(
+            f"{plots}: {'a symbolic link' if plots.is_symlink() else 'a file'}, not a folder",
+            hint="remove it (attnbench writes plots only into a folder of its own, never through a link)",
+        )
+
 
 class RunWriter:
-    """Owns one run folder while a sweep writes it: run.json first, then one flushed line per result."""
+    """Owns one run folder while a sweep writes it: run.json first, then one fsync'ed line per result.
+
+    Nothing is written through a link, or over anything but a regular file: the folder's files are checked before
+    the first write, and each log is opened with ``O_NOFOLLOW``. Space for the final run.json is set aside when
+    the run starts, so a disk that fills up mid-sweep still lets run.json say the run was interrupted."""
 
     def __init__(self, folder: Path, run: Run) -> None:
         self.folder = folder
         self.run = run
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / RUN_FILE, json.dumps(run.to_dict(), indent=2) + "\n")
-        self._rows: TextIO = (folder / RESULTS_FILE).open("a", encoding="utf-8")
-        self._telemetry: TextIO | None = None
+        refuse_special_files(folder)
+        text = self._write_run()
+        reserve(folder / RUN_FILE, len(text.encode("utf-8")) + _RESERVE_SLACK)
+        self._rows = AppendLog(folder / RESULTS_FILE)
+        self._telemetry: AppendLog | None = None
+
+    def _write_run(self, *, reserved: bool = False) -> str:
+        text = json.dumps(self.run.to_dict(), indent=2) + "\n"
+        write_atomic(self.folder / RUN_FILE, text, reserved=reserved)
+        return text
 
     def append(self, result: Result) -> None:
         if result.telemetry is not None and result.telemetry.raw:
             # Raw samples first, in their own file: the row that refers to them lands only after they do.
             if self._telemetry is None:
-                self._telemetry = (self.folder / TELEMETRY_FILE).open("a", encoding="utf-8")
+                self._telemetry = AppendLog(self.folder / TELEMETRY_FILE)
             sidecar = {
                 "key": result.case.key,
                 "started_utc": result.started_utc,
                 "samples": [dict(s) for s in result.telemetry.raw],
             }
-            self._telemetry.write(dumps_line(sidecar) + "\n")
-            self._telemetry.flush()
-            os.fsync(self._telemetry.fileno())  # durable before the row: a row never points at lost samples
-        self._rows.write(dumps_line(result.to_dict()) + "\n")
-        self._rows.flush()
-        # fsync per case: a power cut or kill -9 loses at most the case in flight.
-        os.fsync(self._rows.fileno())
+            self._telemetry.append(dumps_line(sidecar))
+        self._rows.append(dumps_line(result.to_dict()))
 
     def close(self, state: Literal["complete", "interrupted"], finished_utc: str) -> None:
+        """Close the logs and replace run.json with its final state (into the space set aside at the start)."""
         self._rows.close()
         if self._telemetry is not None:
             self._telemetry.close()
         self.run = replace(self.run, state=state, finished_utc=finished_utc)
-        write_atomic(self.folder / RUN_FILE, json.dumps(self.run.to_dict(), indent=2) + "\n")
+        self._write_run(reserved=True)
+        reserve_path(self.folder / RUN_FILE).unlink(missing_ok=True)
+
+
+# What the final run.json may add to the first (its state and finish time), with room to spare.
+_RESERVE_SLACK = 4096
 
 
 @dataclass(frozen=True)
@@ -86,8 +132,33 @@ def _finite_float(literal: str) -> float:
     return value
 
 
-def _parse_json(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+# A \uD800…\uDFFF escape: the only way a lone surrogate gets into JSON read as UTF-8 (UTF-8 cannot hold one).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+SURROGATES = "a lone UTF-16 surrogate (not a character) was replaced with U+FFFD"
+
+
+def _parse_json(text: str) -> tuple[Any, bool]:
+    """The JSON value, and whether a lone surrogate in one of its strings was replaced with U+FFFD (printing or
+    encoding one raises, so none is let in)."""
+    data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    if not _SURROGATE_ESCAPE.search(text):
+        return data, False
+    clean = _without_surrogates(data)
+    return clean, clean != data
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _decode(raw: bytes) -> str:
@@ -119,16 +190,9 @@ def _message(path: Path, exc: Exception, line: int | None = None, what: str = ""
     return f"{location}: {what}{_problem(exc)}"
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ResultsError(
-            f"{path}: cannot read it ({exc.strerror or exc})", hint="check that it is a readable file"
-        ) from None
-
-
 NOT_A_RUN = "not a readable attnbench run file: "
+
+READ_HINT = "check that it is a readable file, and the path (a link must lead to one)"
 
 RUN_HINT = "run.json is written whole by 'attnbench sweep', so a damaged one was edited or copied; re-run the sweep"
 
@@ -138,14 +202,15 @@ ROWS_HINT = (
 )
 
 
-def _load_run_file(path: Path) -> Run:
-    raw = _read(path)
+def _load_run_file(path: Path) -> tuple[Run, list[str]]:
+    raw = read_bounded(path, READ_HINT)
     if not raw.strip():
         raise ResultsError(f"{path}: empty file", hint="the sweep died before writing it? re-run the sweep")
     try:
-        data = _parse_json(_decode(raw))
+        data, replaced = _parse_json(_decode(raw))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ResultsError(_message(path, exc, what=NOT_A_RUN), hint=RUN_HINT) from None
+    warnings = [f"{path}: {SURROGATES}"] if replaced else []
     if not isinstance(data, dict):
         raise ResultsError(f"{path}: {NOT_A_RUN}expected a JSON object, found {fields.found(data)}", hint=RUN_HINT)
     if "schema_version" not in data:
@@ -161,67 +226,169 @@ def _load_run_file(path: Path) -> Run:
             hint="upgrade attnbench to read this run",
         )
     try:
-        return Run.from_dict(data)
+        return Run.from_dict(data), warnings
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ResultsError(_message(path, exc, what=NOT_A_RUN), hint=RUN_HINT) from None
 
 
-def _load_rows(path: Path) -> tuple[list[Result], list[str]]:
-    rows, warnings = _parse_rows(path)
-    return [result for _, result in rows], warnings
+@dataclass(frozen=True)
+class _Row:
+    line: int
+    raw: bytes
+    result: Result
 
 
-def _parse_rows(path: Path) -> tuple[list[tuple[bytes, Result]], list[str]]:
-    """One ``Result`` per line, with the line's bytes. A last line without its newline that does not parse is a
-    write the sweep never finished (kill -9, power cut): it is dropped with a warning. Anything else wrong is an
-    error naming the line."""
-    if not path.exists():
+def _exists(path: Path) -> bool:
+    """Whether anything is at ``path``, a link to nothing or a link loop included (a reader must not take
+    those for a missing file: they are errors to name)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read it ({exc.strerror or exc})", hint=READ_HINT) from None
+    return True
+
+
+def _parse_rows(path: Path) -> tuple[list[_Row], list[str]]:
+    """One ``Result`` per line, with the line's bytes, streamed. A last line without its newline that does not
+    parse is a write the sweep never finished (kill -9, power cut): it is dropped with a warning. A row that
+    repeats an earlier one exactly is counted once, with a warning; a second, different row for the same case is
+    an error naming both lines, as is anything else wrong."""
+    if not _exists(path):
         return [], []
-    lines = _read(path).split(b"\n")
-    results: list[tuple[bytes, Result]] = []
+    rows: list[_Row] = []
+    seen: dict[str, _Row] = {}
     warnings: list[str] = []
-    for number, raw in enumerate(lines, start=1):
+    for number, raw, ended in read_lines(path, READ_HINT):
         if not raw.strip():
             continue
-        torn = number == len(lines)  # the text after the last newline: a line the writer did not finish
         try:
-            data = _parse_json(_decode(raw))
+            data, replaced = _parse_json(_decode(raw))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            if torn:
+            if not ended:  # the text after the last newline: a line the writer did not finish
                 warnings.append(f"{path}:{number}: dropped a torn last line (the sweep was killed mid-write)")
                 continue
             raise ResultsError(_message(path, exc, number), hint=ROWS_HINT) from None
         try:
-            results.append((raw, Result.from_dict(data)))
+            row = _Row(number, raw, Result.from_dict(data))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ResultsError(_message(path, exc, number, what="not a result row: "), hint=ROWS_HINT) from None
-    return results, warnings
+        if replaced:
+            warnings.append(f"{path}:{number}: {SURROGATES}")
+        key = row.result.case.key
+        first = seen.get(key)
+        if first is None:
+            seen[key] = row
+            rows.append(row)
+        elif first.result == row.result:
+            warnings.append(f"{path}:{number}: the same row as line {first.line} (case {key}); counted once")
+        else:
+            raise ResultsError(
+                f"{path}:{number}: a second row for case {key}, different from the one at line {first.line}",
+                hint="a sweep writes one row per case, so one of the two was added by hand or by another tool; "
+                "delete the line that does not belong",
+            )
+    return rows, warnings
 
 
 def load_run(folder: str | Path) -> StoredRun:
     """Read a run folder. A torn final line (a kill mid-write) is dropped with a warning; anything else that
     does not parse or check out is a ``ResultsError`` naming the file (and line) and what is wrong."""
     path = Path(folder)
-    if not path.is_dir():
-        if path.is_file():
-            raise ResultsError(
-                f"{path}: a file, not a run folder", hint=f"pass the folder that holds it: {path.parent}"
-            )
-        raise ResultsError(f"{path}: no such run folder", hint="pass a folder written by 'attnbench sweep'")
-    if not (path / RUN_FILE).exists():
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ResultsError(f"{path}: no such run folder", hint="pass a folder written by 'attnbench sweep'") from None
+    except OSError as exc:  # no permission to look, a link loop
+        raise ResultsError(
+            f"{path}: cannot read it ({exc.strerror or exc})", hint="check the path and the permissions of its folders"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ResultsError(f"{path}: a file, not a run folder", hint=f"pass the folder that holds it: {path.parent}")
+    if not _exists(path / RUN_FILE):
         raise ResultsError(
             f"{path}: no {RUN_FILE} in this folder",
             hint="pass a folder written by 'attnbench sweep' (results/runs/<run_id>/)",
         )
-    run = _load_run_file(path / RUN_FILE)
-    results, warnings = _load_rows(path / RESULTS_FILE)
-    return StoredRun(path, run, tuple(results), tuple(warnings))
+    run, warnings = _load_run_file(path / RUN_FILE)
+    rows, row_warnings = _parse_rows(path / RESULTS_FILE)
+    return StoredRun(path, run, tuple(row.result for row in rows), (*warnings, *row_warnings))
+
+
+SKIPPED = "skipped "  # how load_runs' warnings about a run it left out begin
+
+
+def run_folders(path: str | Path, exclude: Path | None = None) -> list[Path]:
+    """``path`` itself when it is a run folder, else the run folders directly inside it (name order, leaving out
+    ``exclude``, e.g. a merge's own output): how every command that takes "a run or a folder of runs" reads its
+    argument. Empty when there is none."""
+    path = Path(path)
+    try:
+        if (path / RUN_FILE).exists() or not path.is_dir():
+            return [path]
+        inside = sorted(p for p in path.iterdir() if p.is_dir() and (p / RUN_FILE).is_file())
+    except OSError as exc:  # a folder we may not enter or list
+        raise ResultsError(
+            f"{path}: cannot read it ({exc.strerror or exc})", hint="check the path and the permissions of its folders"
+        ) from None
+    return [p for p in inside if exclude is None or p.resolve() != exclude.resolve()]
+
+
+def load_runs(paths: Iterable[str | Path], *, skip_bad: bool = False) -> tuple[list[StoredRun], list[str]]:
+    """Every run in ``paths`` (each a run folder or a folder of runs), in the order given, and the warnings
+    reading them raised. With ``skip_bad`` a run that does not read is left out with a warning naming it and
+    why; otherwise its ``ResultsError`` propagates. A path holding no run at all is an error either way."""
+    runs: list[StoredRun] = []
+    warnings: list[str] = []
+    for given in paths:
+        folders = run_folders(given)
+        if not folders:
+            raise ResultsError(
+                f"{given}: holds no run (no {RUN_FILE}, no run folders inside)",
+                hint="pass run folders written by 'attnbench sweep', or folders that hold them",
+            )
+        for folder in folders:
+            try:
+                stored = load_run(folder)
+            except ResultsError as exc:
+                if not skip_bad:
+                    raise
+                warnings.append(f"{SKIPPED}{folder}: {exc.message}")
+                continue
+            runs.append(stored)
+            warnings += stored.warnings
+    return runs, warnings
 
 
 def rewrite_rows(folder: Path, keep: Callable[[Result], bool]) -> None:
     """Rewrite results.jsonl with the rows ``keep`` accepts, each byte for byte, every one ending in a newline,
-    and without a torn last line, so that appending after a resume starts on a fresh line. Atomic."""
+    without a torn last line or a repeated row, so that appending after a resume starts on a fresh line; and
+    telemetry.jsonl with the samples of those rows only. Both atomic."""
     path = Path(folder) / RESULTS_FILE
     rows, _ = _parse_rows(path)
-    kept = b"".join(raw + b"\n" for raw, result in rows if keep(result))
-    write_atomic(path, kept.decode("utf-8"))
+    kept = [row for row in rows if keep(row.result)]
+    write_atomic(path, b"".join(row.raw + b"\n" for row in kept))
+    _rewrite_telemetry(Path(folder) / TELEMETRY_FILE, {(r.result.case.key, r.result.started_utc) for r in kept})
+
+
+def _rewrite_telemetry(path: Path, rows: set[tuple[str, str]]) -> None:
+    """Keep the telemetry lines of the rows kept: the samples of a row a resume drops (a failed row retried, a torn
+    last row) would otherwise stay behind as a second entry for the case."""
+    if not _exists(path):
+        return
+    kept: list[bytes] = []
+    dropped = False
+    for _, raw, _ in read_lines(path, READ_HINT):
+        try:
+            entry = json.loads(raw)
+            owner = (entry["key"], entry["started_utc"]) if isinstance(entry, dict) else None
+        except (ValueError, KeyError, TypeError, RecursionError):
+            owner = None  # a torn or foreign line: nothing refers to it
+        if owner in rows:
+            rows.discard(owner)  # one entry per row
+            kept.append(raw + b"\n")
+        else:
+            dropped = True
+    if dropped:
+        write_atomic(path, b"".join(kept))

@@ -1,7 +1,9 @@
 """The per-case telemetry summary and its serialisation. Stdlib only: no torch, psutil or pynvml.
 
 The summary is stored inside a result row, so its dict form is versioned with the results schema
-(``attnbench.results.SCHEMA_VERSION``): a change here is a change there.
+(``attnbench.results.SCHEMA_VERSION``): a change here is a change there. Metrics added since the first version
+(``ADDED_METRICS``: ``sm_clock_drop_pct``, ``gpm_window_s``, ``gpm_reliable``) are optional on reading, so older
+rows read back, and summary.csv puts their columns after every older column.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ GPU_METRICS: tuple[str, ...] = (
     "mem_clock_mhz",  # mean
     "temp_max_c",
     "throttle_reasons",  # ';'-joined clock-event reasons seen in any sample, "" if none
-    "throttled",
+    "throttled",  # a thermal or power reason fired AND the SM clock fell more than 5 % below its maximum
 )
 
 GPM_METRICS: tuple[str, ...] = (  # NVML GPU Performance Monitoring, between samples at window start and end
@@ -55,14 +57,33 @@ CPU_METRICS: tuple[str, ...] = (
     "threads_max",  # this process, sampled
 )
 
-METRICS: tuple[str, ...] = GPU_METRICS + GPM_METRICS + CPU_METRICS
+FIRST_METRICS: tuple[str, ...] = GPU_METRICS + GPM_METRICS + CPU_METRICS  # the first contract, in CSV order
 
-NVML_METRICS: tuple[str, ...] = GPU_METRICS + GPM_METRICS  # everything that needs NVML
+GPM_WINDOW_METRICS: tuple[str, ...] = (
+    "gpm_window_s",  # the span GPM covers: the sampling phase (warm-up excluded), end to end
+    "gpm_reliable",  # False below 1 s: GPM's counters refresh every ~100 ms, so shorter spans are quantised
+)
+
+ADDED_METRICS: tuple[str, ...] = (  # issue 12; summary.csv puts these after every older column
+    "sm_clock_drop_pct",  # how far the mean SM clock sat below the device's maximum (0 = at it), the size of a fall
+    *GPM_WINDOW_METRICS,
+)
+
+METRICS: tuple[str, ...] = FIRST_METRICS + ADDED_METRICS
+
+NVML_METRICS: tuple[str, ...] = GPU_METRICS + GPM_METRICS + ADDED_METRICS  # everything that needs NVML
 
 _INT_METRICS = frozenset({"gpu_mem_used_max_bytes", "rss_max_bytes", "threads_max"})
+_BOOL_METRICS = frozenset({"throttled", "gpm_reliable"})
 
 METRIC_TYPES: Mapping[str, type] = {
-    name: str if name == "throttle_reasons" else bool if name == "throttled" else int if name in _INT_METRICS else float
+    name: str
+    if name == "throttle_reasons"
+    else bool
+    if name in _BOOL_METRICS
+    else int
+    if name in _INT_METRICS
+    else float
     for name in METRICS
 }
 

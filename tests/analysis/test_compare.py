@@ -31,8 +31,9 @@ from attnbench.analysis.compare import (
     compare_paths,
     process_ratio_ci,
 )
-from attnbench.analysis.thresholds import Thresholds, load_thresholds, parse_fraction, parse_threshold
+from attnbench.analysis.thresholds import Thresholds, parse_fraction, parse_threshold
 from attnbench.cli import app
+from attnbench.cli.compare import read_thresholds
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.stats import student_t_975
@@ -105,12 +106,12 @@ def test_threshold_language_refuses_what_it_cannot_judge(text: str) -> None:
 def test_threshold_file_per_model(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
     path.write_text("default: 4%\nlstm: 8%\ngru: 'median:6%'\n")
-    limits = load_thresholds(path)
+    limits = read_thresholds(path)
     assert (limits.for_model("lstm"), limits.for_model("gru"), limits.for_model("vanilla")) == pytest.approx(
         (0.08, 0.06, 0.04)
     )
     assert limits.describe() == "4 %; gru 6 %; lstm 8 %"
-    assert load_thresholds(path, "median:3%").default == pytest.approx(0.03)  # the command line wins
+    assert read_thresholds(path, "median:3%").default == pytest.approx(0.03)  # the command line wins
 
 
 @pytest.mark.parametrize(
@@ -121,7 +122,7 @@ def test_threshold_file_errors_name_the_file_and_key(tmp_path: Path, text: str, 
     path = tmp_path / "t.yaml"
     path.write_text(text)
     with pytest.raises(AttnbenchError) as info:
-        load_thresholds(path)
+        read_thresholds(path)
     assert says in info.value.message and str(path) in info.value.message
 
 

@@ -603,3 +603,21 @@ def test_override_too_deep_or_too_long_is_a_config_error() -> None:
         load_experiment(None, ["grid.seq_len=" + "[" * 6000 + "]" * 6000])
     with pytest.raises(ConfigError):
         load_experiment(None, ["grid.seq_len=" + "[" * 2000 + "]" * 2000])
+
+
+@pytest.mark.parametrize(
+    ("value", "spelled"),
+    [("1e-2", "1.0e-2"), ("5e0", "5.0e+0"), ("2.5E-1", None), ("1.5e-1", None), ("25e-1", "25.0e-1")],
+)
+def test_a_number_yaml_reads_as_text_gets_a_hint_with_its_yaml_spelling(value: str, spelled: str | None) -> None:
+    """PyYAML follows YAML 1.1: 1e-2 (no dot) and 5e0 (no sign) are strings. Say so, and how to write them."""
+    source = builtin_config_text("cpu")
+    if spelled is None:  # YAML 1.1 reads these as numbers already
+        assert load_experiment_text(source, "b", [f"telemetry_interval_s={value}"]).telemetry_interval_s == float(value)
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_experiment_text(source, "builtin", [f"telemetry_interval_s={value}"])
+    assert f"got the string '{value}'" in caught.value.message
+    assert caught.value.hint.startswith(f"YAML reads {value} as text, not a number; write {spelled}")
+    fixed = load_experiment_text(source, "builtin", [f"telemetry_interval_s={spelled}"])
+    assert fixed.telemetry_interval_s == pytest.approx(float(value))

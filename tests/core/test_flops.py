@@ -35,7 +35,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench.core.cases import Case, Mode, Options
 from attnbench.core.decode_state import state_bytes, state_dtype
-from attnbench.core.flops import FlopCount, causal_pairs, count_flops, matched_hidden, recurrent_hidden
+from attnbench.core.flops import (
+    FlopCount,
+    causal_pairs,
+    count_flops,
+    executed_flops,
+    matched_hidden,
+    recurrent_hidden,
+)
 from attnbench.measure.models import build_model, make_decode_inputs, make_input
 from attnbench.measure.models.decoding import decodable, prefill
 
@@ -301,6 +308,30 @@ def test_counter_causal_is_not_discounted(model: str) -> None:
     assert ops["aten.addmm"] == ours.detail["projections"]
     assert ops["aten.bmm"] == full.detail["core"] > ours.detail["core"]
     assert ours.detail["core"] * 64 == full.detail["core"] * causal_pairs(8, 8)
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
+def test_executed_flops_count_the_full_scores_a_masking_core_computes(model: str, mode: Mode) -> None:
+    """Useful FLOPs credit a causal core the pairs its mask keeps; executed FLOPs are what it ran: the full S×S
+    (forward: exactly what the counter sees)."""
+    case = sized(model, mode, causal=True)
+    assert executed_flops(case) == count_flops(sized(model, mode)).flops > count_flops(case).flops
+    if mode == "forward":
+        assert executed_flops(case) == sum(counted(case).values())
+
+
+def test_executed_equals_useful_where_nothing_is_computed_to_be_masked() -> None:
+    for case in (
+        sized("sdpa-flash", causal=True),  # fused kernels skip masked tiles
+        sized("flash-attn", causal=True),
+        sized("vanilla"),  # no mask
+        sized("lstm", "train"),
+    ):
+        assert executed_flops(case) == count_flops(case).flops, case.model
+    dispatch = sized("sdpa", causal=True)
+    assert executed_flops(dispatch, "FLASH_ATTENTION") == count_flops(dispatch).flops
+    assert executed_flops(dispatch, "MATH") == count_flops(sized("sdpa")).flops  # dispatch fell back to math
 
 
 def test_counter_vanilla_train() -> None:

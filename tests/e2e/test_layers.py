@@ -40,6 +40,11 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
     "typer": frozenset({"cli"}),
     "rich": frozenset({"cli", "report"}),
     "matplotlib": frozenset({"report"}),
+    "pandas": frozenset({"report"}),
+    "numpy": frozenset({"analysis", "report"}),
+    "ruptures": frozenset({"analysis"}),
+    "scipy": frozenset({"analysis"}),
+    "submitit": frozenset({"measure"}),
 }
 
 

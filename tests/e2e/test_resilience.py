@@ -276,6 +276,9 @@ def test_a_telemetry_failure_costs_the_row_its_telemetry_not_its_measurement(
         def __exit__(self, *exc: object) -> None:
             raise ValueError("a bug in a telemetry reading")
 
+        def mark_sampling(self) -> None:
+            return None
+
     monkeypatch.setattr(executor_module, "open_telemetry", lambda *args, **kwargs: Broken())
     result = TorchExecutor(ExecutorSettings("cpu", QUICK)).run(case())
     assert result.ok and result.measurement is not None

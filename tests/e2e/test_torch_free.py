@@ -138,3 +138,27 @@ def test_compare_exit_codes_without_torch(blocked_env: dict[str, str], tmp_path:
     (other / "run.json").write_text(json.dumps(run))
     refused = attnbench(blocked_env, "compare", base, str(other))
     assert refused.returncode == 3 and "torch: '2.13.0+cpu' (base) vs '2.14.0' (current)" in refused.stderr
+
+
+def test_history_and_the_python_api_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    out = attnbench(blocked_env, "history", str(FIXTURE_RUN), str(FIXTURE_RUN), "-f", "md")
+    assert out.returncode == 0, out.stderr
+    assert "# attnbench history" in out.stdout
+    code = (
+        "import attnbench as ab, sys\n"
+        f"df = ab.frame({str(FIXTURE_RUN)!r})\n"
+        f"h = ab.history([{str(FIXTURE_RUN)!r}])\n"
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None\n"
+        "print(len(df), len(h.cases))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=blocked_env, cwd=tmp_path, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["21", "21"]
+
+
+def test_merge_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    out = attnbench(blocked_env, "merge", str(FIXTURE_RUN), "-o", str(tmp_path / "merged"))
+    assert out.returncode == 0, out.stderr
+    assert "merged 1 run(s)" in out.stdout and (tmp_path / "merged" / "summary.md").exists()

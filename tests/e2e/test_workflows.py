@@ -22,6 +22,7 @@ from tests.support import ROOT
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 COMPARE_DATA = ROOT / "tests" / "data" / "compare"
+WORKFLOW_FILES = ("tests.yml", "gpu-benchmark.yml", "gpu-history.yml")
 
 
 def workflow(name: str) -> dict[str, Any]:
@@ -46,13 +47,14 @@ def readme_commands() -> list[str]:
 
 
 def test_workflows_parse_and_every_step_runs_or_uses() -> None:
-    for name in ("tests.yml", "gpu-benchmark.yml"):
+    for name in WORKFLOW_FILES:
         data = workflow(name)
         assert data["jobs"] and data["on"]
         for s in steps(name):
             assert ("run" in s) != ("uses" in s), s
     assert set(workflow("tests.yml")["on"]) >= {"push", "pull_request"}
     assert set(workflow("gpu-benchmark.yml")["on"]) == {"pull_request", "workflow_dispatch"}
+    assert set(workflow("gpu-history.yml")["on"]) == {"push", "workflow_dispatch"}
 
 
 def test_cpu_workflow_runs_the_readme_test_command() -> None:
@@ -99,14 +101,14 @@ def test_every_attnbench_flag_the_workflows_pass_exists() -> None:
     group = typer.main.get_command(app)
     assert isinstance(group, typer.core.TyperGroup)
     seen: set[str] = set()
-    for name in ("tests.yml", "gpu-benchmark.yml"):
+    for name in WORKFLOW_FILES:
         for s in steps(name):
             for command, flags in invocations(s.get("run", "")):
                 assert command in group.commands, f"{name}: attnbench {command} does not exist"
                 known = {opt for p in group.commands[command].params for opt in (*p.opts, *p.secondary_opts)}
                 assert flags <= known, f"{name}: attnbench {command} has no {sorted(flags - known)}"
                 seen.add(command)
-    assert seen == {"env", "sweep", "compare"}
+    assert seen == {"env", "sweep", "compare", "history"}
 
 
 def shell(script: str, values: dict[str, str]) -> str:
@@ -121,6 +123,7 @@ def shell(script: str, values: dict[str, str]) -> str:
 
 
 EXPRESSIONS = {
+    "steps.add.outputs.history": "unused: the test sets HISTORY",
     "steps.base.outputs.sha": "0123abcd",
     "github.event.pull_request.head.sha || github.sha": "4567ef01",
     "runner.temp": "/tmp",
@@ -128,7 +131,7 @@ EXPRESSIONS = {
 
 
 def test_run_steps_are_valid_bash() -> None:
-    for name in ("tests.yml", "gpu-benchmark.yml"):
+    for name in WORKFLOW_FILES:
         for s in steps(name):
             if "run" in s:
                 out = subprocess.run(["bash", "-n", "-c", shell(s["run"], EXPRESSIONS)], capture_output=True, text=True)
@@ -152,8 +155,10 @@ def stand_in(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def run_step(title: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    script = shell(step("gpu-benchmark.yml", title)["run"], EXPRESSIONS)
+def run_step(
+    title: str, env: dict[str, str], cwd: Path, name: str = "gpu-benchmark.yml"
+) -> subprocess.CompletedProcess[str]:
+    script = shell(step(name, title)["run"], EXPRESSIONS)
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd)
 
 
@@ -234,3 +239,48 @@ def test_a_compare_that_crashes_is_not_called_a_regression(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "output").read_text() == "rc=70\n"
     assert (tmp_path / "summary.md").read_text().startswith("## attnbench compare: failed (exit 70)")
+
+
+def test_history_keeps_the_newest_runs_and_reads_them(tmp_path: Path) -> None:
+    from tests.support import synthetic_runs
+
+    new = tmp_path / "new"
+    (run,) = synthetic_runs(new, [1.0])
+    home = tmp_path / "home"
+    for i in range(5):  # older runs already in the history
+        (home / "attnbench-history" / "default-cuda" / f"2026010{i}-000000-x-cuda").mkdir(parents=True)
+    (tmp_path / "output").write_text("")
+    env = {
+        "WORK": str(tmp_path),
+        "CONFIG": "configs/default-cuda.yaml",
+        "HISTORY_DIR": "",
+        "KEEP": "4",
+        "HOME": str(home),
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+    }
+    out = run_step("Add the run to the history", env, tmp_path, "gpu-history.yml")
+    assert out.returncode == 0, out.stderr
+    history = home / "attnbench-history" / "default-cuda"
+    assert sorted(p.name for p in history.iterdir()) == [
+        "20260102-000000-x-cuda",
+        "20260103-000000-x-cuda",
+        "20260104-000000-x-cuda",
+        run.name,
+    ]
+    assert (tmp_path / "output").read_text() == f"history={history}\n"
+    for empty in history.iterdir():
+        if empty.name != run.name:
+            empty.rmdir()
+    synthetic_runs(history / "more", [1.0] * 5)
+    for folder in (history / "more").iterdir():
+        folder.rename(history / f"older-{folder.name}")
+    (history / "more").rmdir()
+    stand_in(
+        tmp_path / "venv" / "bin" / "attnbench", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" -m attnbench "$@"\n'
+    )
+    (tmp_path / "summary.md").write_text("")
+    env = {"WORK": str(tmp_path), "HISTORY": str(history), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
+    (tmp_path / "repo").mkdir()
+    out = run_step("History", env, tmp_path, "gpu-history.yml")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "summary.md").read_text().startswith("# attnbench history — median time per call")

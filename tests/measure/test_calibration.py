@@ -16,11 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis.efficiency import (
+    MIG_NOTE,
     PeakTable,
     achieved_flops_per_s,
     ceiling_rows,
     pct_of_peak,
     peak_flags,
+    vendor_for,
     vendor_line,
 )
 from attnbench.cli import app
@@ -290,6 +292,35 @@ def test_vendor_peak_when_not_calibrated_or_dtype_missing() -> None:
     assert calibrated is not None and calibrated.source == "calibrated matmul float32"
 
 
+def test_an_h200_at_600_w_is_held_against_the_nvl_peaks() -> None:
+    """Both boards report "NVIDIA H200"; the default power limit (600 W NVL, 700 W SXM) tells them apart."""
+    case = row(dtype="bfloat16", device="cuda:0").case
+    sxm = {"device_type": "cuda", "gpu_name": "NVIDIA H200", "gpu_power_default_limit_w": 700.0}
+    nvl = {**sxm, "gpu_power_default_limit_w": 600.0}
+    unknown = {"device_type": "cuda", "gpu_name": "NVIDIA H200"}  # a run.json from before the power limit
+    for environment, name, flops in ((sxm, "SXM", 989.5e12), (nvl, "NVL", 835.5e12), (unknown, "SXM", 989.5e12)):
+        peak = PeakTable.for_run(run_for(environment)).for_case(case)
+        assert peak is not None and peak.source == f"vendor NVIDIA H200 {name} bf16 dense"
+        assert peak.flops_per_s == pytest.approx(flops)
+    assert vendor_peak("NVIDIA H200", 600.0).name == "NVIDIA H200 NVL"  # type: ignore[union-attr]
+    assert vendor_peak("NVIDIA H100 80GB HBM3", 600.0).name == "NVIDIA H100 SXM"  # type: ignore[union-attr]
+
+
+def test_a_mig_slice_is_not_held_against_the_whole_gpu() -> None:
+    mig = {"device_type": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_mig": True}
+    case = row(dtype="bfloat16", device="cuda:0").case
+    assert PeakTable.for_run(run_for(mig)).for_case(case) is None
+    vendor, why = vendor_for(mig)
+    assert vendor is None and why == MIG_NOTE
+    assert "MIG slice" in vendor_line("NVIDIA H100 80GB HBM3", None, "cuda", why)
+    # Its own calibration still applies: it was measured on the slice.
+    only_bf16 = calibration(matmul=(MatmulCeiling("bfloat16", 2e14, 8192, ((8192, 2e14),)),), skipped={})
+    calibrated = PeakTable.for_run(run_for(mig, only_bf16)).for_case(case)
+    assert calibrated is not None and calibrated.source == "calibrated matmul bfloat16"
+    whole = PeakTable.for_run(run_for({**mig, "gpu_mig": False})).for_case(case)
+    assert whole is not None and whole.source == "vendor NVIDIA H100 SXM bf16 dense"
+
+
 def test_no_peak_on_a_cpu_without_calibration() -> None:
     table = PeakTable.for_run(run_for({"device_type": "cpu", "gpu_name": None}))
     assert table.for_case(row().case) is None
@@ -434,6 +465,26 @@ def test_calibrate_measures_every_dtype_or_says_why_not() -> None:
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
 
 
+def test_quick_on_a_gpu_times_the_ceiling_sizes_briefly_and_is_a_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU check's calibrate step: the sizes that reach the peak, at most 1 s each, so four dtypes and the copy
+    fit in well under a minute, and the result is cached for the sweeps after it (before: reduced sizes that are
+    no ceiling, or the full plan, which could outrun the step)."""
+    import torch
+
+    from attnbench.measure.ceilings import QUICK_GPU_NOTE, plan_for
+
+    props = type("Props", (), {"L2_cache_size": 60 * 2**20})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (140 * 2**30, 141 * 2**30))
+    quick, full = plan_for(torch.device("cuda:0"), quick=True), plan_for(torch.device("cuda:0"))
+    assert quick.sizes == (4096, 8192) == full.sizes[-2:]
+    assert not quick.quick and QUICK_GPU_NOTE in quick.notes  # a ceiling: cached, used by pct_of_peak
+    assert quick.copy_bytes == full.copy_bytes == 2**30
+    worst_s = 4 * len(quick.sizes) * (quick.policy.max_case_s + quick.policy.warmup_max_s) + quick.policy.max_case_s
+    assert worst_s <= 15
+    assert plan_for(torch.device("cpu"), quick=True).quick  # a CPU's quick run stays a smoke test
+
+
 def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--dtype", "float32,bfloat16"])
     assert result.exit_code == 0, result.output
@@ -442,7 +493,7 @@ def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
         assert text in out
     assert "matmul float32" in out and "matmul bfloat16" in out and "copy (read + write)" in out
     assert "vendor peaks: none for CPUs" in out
-    assert "--quick: not cached" in out
+    assert "--quick on a CPU: reduced sizes, not cached" in out
     assert not private_cache.exists() or not list(private_cache.iterdir())
 
 

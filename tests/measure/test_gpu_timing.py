@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +15,16 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.cases import Case, TimingPolicy
-from attnbench.measure.gpu_timing import busy_time, launch_bound
+from attnbench.measure.gpu_timing import (
+    PROFILE_MAX_CALL_S,
+    DeviceEvent,
+    busy_time,
+    device_work,
+    flush_bytes,
+    launch_bound,
+    profile_kernels,
+    profile_refusal,
+)
 from attnbench.results.store import load_run
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -29,6 +42,146 @@ def test_launch_bound_cut_is_115_percent_of_busy_time() -> None:
     assert launch_bound(1.16e-3, 1e-3) is True
     assert launch_bound(1.14e-3, 1e-3) is False
     assert launch_bound(1e-3, 0.0) is None  # the profile saw no device work: unknown, not "no"
+
+
+# ---------------------------------------------------------------- cold cache (issue 12, item 6)
+
+
+def test_the_cold_flush_writes_four_times_the_l2_and_at_least_256_mib() -> None:
+    mib = 2**20
+    assert flush_bytes(60 * mib) == 256 * mib  # H200, 60 MiB L2: 4 × 60 = 240 MiB < 256 MiB
+    assert flush_bytes(96 * mib) == 384 * mib  # B200-sized L2: 4×
+    assert flush_bytes(6 * mib) == 256 * mib  # a small L2 still gets triton's 256 MiB
+    assert flush_bytes(0) == 256 * mib
+
+
+@pytest.fixture
+def cuda_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """torch.cuda's events, synchronise and device context, recording the order of what a clock does."""
+    calls: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at = 0.0
+
+        def record(self) -> None:
+            calls.append("record")
+            self.at = float(len(calls))
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.at - self.at) * 1e3
+
+    @contextlib.contextmanager
+    def device(_: object) -> Iterator[None]:
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "device", device)
+    return calls
+
+
+def test_a_cold_sample_waits_for_its_flush_before_the_start_event(cuda_calls: list[str]) -> None:
+    from attnbench.measure.clocks import CudaClock
+
+    clock = CudaClock(torch.device("cuda:0"), flush=lambda: cuda_calls.append("flush"))
+    clock.time(lambda: cuda_calls.append("call"), 1, 2)
+    # Before, the flush was only queued: the host launched the call behind it and its launch gaps went untimed.
+    assert cuda_calls == ["synchronize"] + ["flush", "synchronize", "record", "call", "record"] * 2 + ["synchronize"]
+    cuda_calls.clear()
+    CudaClock(torch.device("cuda:0")).time(lambda: cuda_calls.append("call"), 2, 2)  # warm: no flush, no waits
+    sample = ["record", "call", "call", "record"]
+    assert cuda_calls == ["synchronize", *sample, *sample, "synchronize"]
+
+
+# ---------------------------------------------------------------- the profiled call (issue 12, item 7)
+
+
+def event(activity: str | None, start_us: float, end_us: float, on_device: bool = True) -> DeviceEvent:
+    return DeviceEvent(activity, on_device, activity == "gpu_user_annotation", int(start_us * 1e3), int(end_us * 1e3))
+
+
+def test_only_kernels_copies_and_memsets_count_as_the_calls_device_work() -> None:
+    events = [
+        event("kernel", 0, 10),
+        event("kernel", 5, 20),  # overlaps: counted once in the busy time
+        event("gpu_memcpy", 30, 35),
+        event("gpu_memset", 40, 41),
+        event("gpu_user_annotation", 0, 100),  # a record_function span on the device: not work
+        event("cuda_sync", 50, 90),  # a synchronisation span: not work
+        event("cuda_runtime", 0, 3, on_device=False),  # the host's launch calls
+    ]
+    profile = device_work(events)
+    assert profile.kernels == 4
+    assert profile.busy_s == pytest.approx(26e-6)
+    # Older torch without activity types: what is on the device and not an annotation.
+    old = [event(None, 0, 10), DeviceEvent(None, True, True, 0, 100_000), event(None, 0, 1, on_device=False)]
+    assert device_work(old).kernels == 1
+
+
+def test_long_calls_are_not_profiled_and_say_why() -> None:
+    assert profile_refusal(PROFILE_MAX_CALL_S) is None
+    why = profile_refusal(2.0)
+    assert why is not None and why.startswith("not profiled: a call takes 2")
+
+
+def test_the_profile_asks_for_cuda_activity_only_with_cupti_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+
+    seen: dict[str, Any] = {}
+
+    class Record:
+        def __init__(self, kind: str) -> None:
+            self.kind = kind
+
+        def activity_type(self) -> str:
+            return self.kind
+
+        def device_type(self) -> Any:
+            return DeviceType.CUDA
+
+        def is_user_annotation(self) -> bool:
+            return False
+
+        def start_ns(self) -> int:
+            return 0
+
+        def end_ns(self) -> int:
+            return 1000
+
+    @contextlib.contextmanager
+    def profile(activities: list[Any]) -> Iterator[Any]:
+        seen["activities"] = activities
+        seen["teardown"] = torch_env()
+        results = SimpleNamespace(events=lambda: [Record("kernel"), Record("cuda_runtime")])
+        yield SimpleNamespace(profiler=SimpleNamespace(kineto_results=results))
+
+    def torch_env() -> str | None:
+        import os
+
+        return os.environ.get("TEARDOWN_CUPTI")
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    monkeypatch.setattr("torch.profiler.profile", profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    kernels = profile_kernels(lambda: None, torch.device("cuda:0"))
+    assert seen == {"activities": [ProfilerActivity.CUDA], "teardown": "1"}
+    assert kernels.kernels == 1
+
+
+def test_an_executor_in_this_process_asks_for_cupti_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from attnbench.measure.executor import ExecutorSettings
+    from attnbench.measure.torch_executor import TorchExecutor
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    TorchExecutor(ExecutorSettings("cpu", telemetry="off"))
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # the user's own choice stands
+    TorchExecutor(ExecutorSettings("cpu", telemetry="off"))
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,9 @@ class Recorder:
     def started(self, index: int, case: Case) -> None:
         self.events.append(("started", case.key))
 
+    def measured(self, index: int, result: Result) -> None:
+        self.events.append(("measured", result.case.key))
+
     def finished(self, index: int, result: Result) -> None:
         self.events.append(("finished", result.case.key))
 
@@ -47,7 +50,7 @@ def test_the_library_sweep_writes_every_row_and_prints_nothing(
     stored = load_run(folder)
     assert stored.run.state == "complete"
     assert [r.case.key for r in stored.results] == [r.case.key for r in rows] and len(rows) == 4
-    assert [kind for kind, _ in recorder.events] == ["started", "finished"] * 4
+    assert [kind for kind, _ in recorder.events] == ["started", "measured", "finished"] * 4
     assert [key for kind, key in recorder.events if kind == "finished"] == [r.case.key for r in rows]
 
 

@@ -1,13 +1,18 @@
 """Damaged or foreign run folders: ``report`` prints one error line and a hint and exits 2, never a traceback.
 
-Every entry of tests/data/bad_runs is tests/data/runs/tiny-cpu damaged in the one way its name says. The exception
-is a torn last line of results.jsonl (the sweep killed mid-write): that run loads, with a warning.
+Every entry of tests/data/bad_runs is tests/data/runs/tiny-cpu damaged in the one way its name says. The exceptions
+load, with a warning naming file and line: a torn last line of results.jsonl (the sweep killed mid-write), a row
+repeated exactly (counted once), a lone UTF-16 surrogate in a string (replaced with U+FFFD).
+
+Below the corpus, what cannot be committed as a file: links (to /dev/zero, in a loop, to nothing), named pipes,
+a line beyond the length bound.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +22,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.errors import EXIT_BAD_INPUT, ResultsError
+from attnbench.results.files import MAX_LINE_BYTES, read_lines
 from attnbench.results.records import Result, Run
 from attnbench.results.store import load_run
 from tests.support import DATA, ROOT
@@ -65,9 +71,21 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "rows-invalid-utf8": ("results.jsonl:2", "not UTF-8 text: byte 0xff"),
     "rows-nul-bytes": ("results.jsonl:2", "a NUL byte at column 1"),
     "rows-deeply-nested": ("results.jsonl:2", "not valid JSON: nested too deeply"),
+    # A row that contradicts itself, and numbers no measurement has that would overflow the arithmetic.
+    "rows-ok-without-measurement": ("results.jsonl:2", "key 'measurement': a row with status \"ok\" must hold"),
+    "rows-samples-huge": ("results.jsonl:2", "key 'measurement.samples_s[0]': expected a positive finite number of"),
+    "rows-samples-subnormal": ("results.jsonl:2", "samples_s[0]': expected a time per call of at least 1e-12 s"),
+    "rows-peak-bytes-huge": ("results.jsonl:2", "key 'memory.peak_bytes': expected an integer ≥ 0 of at most"),
+    "rows-seq-len-huge": ("results.jsonl:2", "key 'case.seq_len': expected a positive integer of at most 4194304"),
+    "rows-extra-huge": ("results.jsonl:2", "key 'extra.flops': expected a number of at most 4611686018427387904"),
+    # Two different rows for one case: which is the measurement? Neither is guessed.
+    "rows-duplicate-conflicting": ("results.jsonl:3", "a second row for case model=lstm|mode=forward"),
     TORN: ("results.jsonl:3", "dropped a torn last line"),
+    "rows-duplicate-identical": ("results.jsonl:3", "the same row as line 2 (case model=lstm|mode=forward"),
+    "rows-lone-surrogate": ("results.jsonl:2", "a lone UTF-16 surrogate (not a character) was replaced with U+FFFD"),
 }
-ERRORS = [p for p in ENTRIES if p.name != TORN]
+LOADS = {TORN, "rows-duplicate-identical", "rows-lone-surrogate"}  # with a warning, not an error
+ERRORS = [p for p in ENTRIES if p.name not in LOADS]
 
 runner = CliRunner()
 
@@ -116,6 +134,31 @@ def test_a_torn_last_line_is_a_warning_and_the_rest_is_reported(fmt: str) -> Non
     assert "lstm" in out.stdout and "Traceback" not in out.output
     stored = load_run(BAD / TORN)
     assert [r.case.seq_len for r in stored.results] == [16, 64]
+
+
+@pytest.mark.parametrize("name", sorted(LOADS))
+@pytest.mark.parametrize("fmt", ["md", "csv", "json", "html"])
+def test_what_loads_with_a_warning_names_file_and_line(name: str, fmt: str) -> None:
+    out = runner.invoke(app, ["report", str(BAD / name), "--format", fmt, "-o", "-"])
+    assert out.exit_code == 0, out.output
+    assert out.stderr.startswith(f"warning: {location(BAD / name)}: {EXPECTED[name][1]}"), out.stderr
+    assert "Traceback" not in out.output
+
+
+def test_a_row_written_twice_is_counted_once_and_shown_once() -> None:
+    stored = load_run(BAD / "rows-duplicate-identical")
+    assert [r.case.seq_len for r in stored.results] == [16, 64]
+    out = runner.invoke(app, ["report", str(BAD / "rows-duplicate-identical"), "--format", "csv"])
+    rows = out.stdout.splitlines()[1:]
+    assert len(rows) == 2 and sum("seq_len=64" in row for row in rows) == 1
+
+
+def test_a_lone_surrogate_becomes_a_replacement_character_everywhere() -> None:
+    (unsupported,) = [r for r in load_run(BAD / "rows-lone-surrogate").results if r.status != "ok"]
+    assert unsupported.reason == "needs CUDA \ufffd here"
+    for fmt in ("csv", "html", "md", "json", "samples"):
+        out = runner.invoke(app, ["report", str(BAD / "rows-lone-surrogate"), "-f", fmt, "-o", "-"])
+        assert out.exit_code == 0 and out.exception is None, (fmt, out.output)
 
 
 @pytest.mark.parametrize("name", ["run-json-foreign", "rows-unknown-model", "rows-deeply-nested", TORN])
@@ -188,3 +231,80 @@ def test_every_stored_row_and_the_run_read_back_exactly() -> None:
         assert Result.from_dict(row).to_dict() == row
     run = json.loads((GOOD / "run.json").read_text())
     assert Run.from_dict(run).to_dict() == run
+
+
+# ------------------------------------------------------------------------- what cannot be committed as a file
+def limited_report(folder: Path) -> subprocess.CompletedProcess[str]:
+    """``report`` in a child process held to 2 GiB of memory and 60 s: what would grow without bound fails there."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "attnbench", "report", str(folder), "--format", "md"]
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False, preexec_fn=cap
+    )
+
+
+def run_with_rows(tmp_path: Path, make_rows: str) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.json").write_bytes((GOOD / "run.json").read_bytes())
+    rows = folder / "results.jsonl"
+    if make_rows == "dev-zero":
+        rows.symlink_to("/dev/zero")
+    elif make_rows == "loop":
+        rows.symlink_to("results.jsonl")
+    elif make_rows == "dangling":
+        rows.symlink_to("no-such-file")
+    elif make_rows == "fifo":
+        os.mkfifo(rows)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("dev-zero", "cannot read it (a character device, not a regular file)"),
+        ("loop", "cannot read it (Too many levels of symbolic links)"),
+        ("dangling", "cannot read it (No such file or directory)"),
+        ("fifo", "cannot read it (a named pipe, not a regular file)"),
+    ],
+)
+def test_rows_that_are_not_a_regular_file_are_refused_at_once(tmp_path: Path, kind: str, says: str) -> None:
+    folder = run_with_rows(tmp_path, kind)
+    done = limited_report(folder)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert done.stderr.startswith(f"error: {folder}/results.jsonl: {says}"), done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_line_past_the_bound_is_refused_without_reading_the_rest(tmp_path: Path) -> None:
+    folder = run_with_rows(tmp_path, "none")
+    with (folder / "results.jsonl").open("wb") as handle:
+        handle.write((GOOD / "results.jsonl").read_bytes().splitlines(keepends=True)[0])
+        handle.truncate(handle.tell() + 4 * MAX_LINE_BYTES)  # a sparse gigabyte of zeros: nothing on disk
+    done = limited_report(folder)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert done.stderr.startswith(f"error: {folder}/results.jsonl:2: a line longer than 256 MiB"), done.stderr
+
+
+def test_the_line_bound_is_exact(tmp_path: Path) -> None:
+    path = tmp_path / "lines"
+    path.write_bytes(b"a" * 8 + b"\n" + b"b" * 8 + b"\n" + b"c" * 9)
+    lines = read_lines(path, "hint", limit=9)
+    assert [next(lines), next(lines)] == [(1, b"a" * 8, True), (2, b"b" * 8, True)]
+    assert next(lines) == (3, b"c" * 9, False)
+    path.write_bytes(b"a" * 10 + b"\n")
+    with pytest.raises(ResultsError, match=r"lines:1: a line longer than"):
+        list(read_lines(path, "hint", limit=9))
+
+
+def test_no_real_row_comes_near_the_bound() -> None:
+    biggest = max(
+        len(line)
+        for path in [*ROOT.glob("results/**/results.jsonl"), *DATA.glob("runs/**/results.jsonl")]
+        for line in path.read_bytes().splitlines()
+    )
+    assert biggest < MAX_LINE_BYTES // 1000

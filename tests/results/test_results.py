@@ -105,3 +105,25 @@ def test_case_key_is_stable_and_ignores_device_index() -> None:
         "model=sdpa-flash|mode=train|dtype=bfloat16|device=cuda|batch=4|seq_len=1024|d_model=512|"
         "heads=8|layers=1|causal=true"
     )
+
+
+def test_the_benchmarked_checkout_and_label_round_trip_and_are_checked(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from attnbench.results.environment import CodeIdentity
+
+    code = CodeIdentity("0123456789abcdef0123456789abcdef01234567", dirty=True, branch=None)
+    run = replace(make_run(), code=code, label="nightly")
+    assert Run.from_dict(json.loads(json.dumps(run.to_dict()))) == run
+    assert run.commit == code.commit and code.short == "0123456789+dirty"
+    plain = make_run().to_dict()
+    assert "code" not in plain and "label" not in plain  # runs without them read back as before
+    for bad, message in (
+        ({"commit": "not hex", "dirty": False}, "key 'code.commit'"),
+        ({"commit": "abcdef1", "dirty": "yes"}, "key 'code.dirty'"),
+    ):
+        folder = tmp_path / message.replace(" ", "-").replace("'", "")
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps({**plain, "code": bad}))
+        with pytest.raises(ResultsError, match=message):
+            load_run(folder)

@@ -5,6 +5,7 @@ The names and options live in the torch-free ``attnbench.core.catalogue``; this 
 
 from __future__ import annotations
 
+from attnbench.measure.models.attention import math_precision_flag, pinned_backend, reduced_precision_math
 from attnbench.measure.models.registry import (
     BUILDERS,
     availability,
@@ -13,6 +14,7 @@ from attnbench.measure.models.registry import (
     make_input,
     parameter_count,
     probe,
+    rnn_path,
     sdpa_kernel_chosen,
     torch_dtype,
 )
@@ -23,8 +25,12 @@ __all__ = [
     "build_model",
     "make_decode_inputs",
     "make_input",
+    "math_precision_flag",
     "parameter_count",
+    "pinned_backend",
     "probe",
+    "reduced_precision_math",
+    "rnn_path",
     "sdpa_kernel_chosen",
     "torch_dtype",
 ]

@@ -15,7 +15,9 @@ so vanilla's n×n scores never limit the context a decode step is timed at).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -67,13 +69,22 @@ class VanillaCore(nn.Module):
         return scores.softmax(dim=-1) @ v  # (B, H, T, D)
 
 
+# The backends ``pinned_backend`` has set torch's (process-wide) SDPA flags to, innermost last; empty outside it.
+_PINNED: list[SDPBackend] = []
+
+
 class SdpaCore(nn.Module):
     """``F.scaled_dot_product_attention``, optionally forced to one backend.
 
     ``backend=None`` leaves the choice to PyTorch's dispatcher (model ``sdpa``). A forced backend that cannot
-    run these inputs raises RuntimeError rather than falling back, which is what the probe relies on. The
-    context manager sits inside ``forward`` so the model is self-contained; backward needs no context because
-    each fused kernel records its own backward.
+    run these inputs raises RuntimeError rather than falling back, which is what the probe relies on.
+
+    Forcing a backend is ``sdpa_kernel``, a pure-Python context manager that reads and sets five global flags
+    on entry and again on exit (~20 µs on a CPU host). Entered in every ``forward`` it would charge each layer
+    of a forced model a host cost the dispatched ``sdpa`` row never pays, and at launch-bound sizes a forced
+    backend would look slower for Python reasons. So whoever times the model enters it once, around all its
+    calls (``pinned_backend``); ``forward`` enters it only when called outside that scope, which keeps the
+    module self-contained. Backward needs no context: each fused kernel records its own backward.
     """
 
     cache_layout: Layout = "bhnd"
@@ -95,7 +106,7 @@ class SdpaCore(nn.Module):
         return self._attend(q, cache.keys(n + 1), cache.values(n + 1), is_causal=False)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool) -> torch.Tensor:
-        if self.backend is None:
+        if self.backend is None or (_PINNED and _PINNED[-1] == self.backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
         with sdpa_kernel(self.backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
@@ -103,6 +114,57 @@ class SdpaCore(nn.Module):
     def extra_repr(self) -> str:
         name = "dispatch" if self.backend is None else self.backend.name
         return f"backend={name}, causal={self.causal}"
+
+
+def forced_backend(model: nn.Module) -> SDPBackend | None:
+    """The one SDPA backend ``model``'s cores are forced to, or None when none is (dispatch, other cores)."""
+    backends = {m.backend for m in model.modules() if isinstance(m, SdpaCore) and m.backend is not None}
+    if len(backends) > 1:
+        raise ValueError(f"one model forces several SDPA backends: {sorted(b.name for b in backends)}")
+    return next(iter(backends), None)
+
+
+@contextlib.contextmanager
+def pinned_backend(model: nn.Module) -> Iterator[None]:
+    """Set torch's SDPA flags to ``model``'s forced backend once, for every call made inside (see ``SdpaCore``).
+
+    A no-op for a model that forces no backend. The flags are process-wide, as ``sdpa_kernel``'s are.
+    """
+    backend = forced_backend(model)
+    if backend is None:
+        yield
+        return
+    with sdpa_kernel(backend):
+        _PINNED.append(backend)
+        try:
+            yield
+        finally:
+            _PINNED.pop()
+
+
+def reduced_precision_math(*, apply: bool = True) -> bool | None:
+    """Let SDPA's math backend compute fp16/bf16 inputs in their own dtype (``apply``); True, or None where this
+    torch has no such switch.
+
+    Since torch 2.5 the math backend upcasts fp16/bf16 q, k and v to float32 unless
+    ``allow_fp16_bf16_reduction_math_sdp(True)`` (ATen ``_scaled_dot_product_attention_math``; on CPU too), so an
+    ``sdpa-math`` row labelled bf16 would do float32 work and be held against the bf16 tensor-core peak. attnbench
+    sets the switch, so every bf16 row computes in bf16 — the like-for-like comparison with ``vanilla`` (whose
+    softmax runs in the input dtype) and with the fused kernels. The flag is process-wide; run.json and each
+    attention row record it.
+    """
+    allow = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    if allow is None:
+        return None
+    if apply:
+        allow(True)
+    return True
+
+
+def math_precision_flag() -> bool | None:
+    """Whether SDPA's math backend keeps fp16/bf16 in their own dtype now (None: this torch has no switch)."""
+    allowed = getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed", None)
+    return None if allowed is None else bool(allowed())
 
 
 class FlashAttnCore(nn.Module):

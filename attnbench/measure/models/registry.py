@@ -266,13 +266,18 @@ def option_problem(case: Case) -> str | None:
     return None
 
 
-def _probe_tiny(case: Case, device: str) -> str | None:
+def _tiny(case: Case) -> Case:
+    """The case at the probe's size: batch 1, 16 tokens, one layer, a small vocabulary; its widths kept."""
     options = dict(case.options)
     if "vocab" in options or case.option("scope") == "model":
         options["vocab"] = min(_PROBE_VOCAB, int(case.option("vocab")))
     if int(case.option("max_len")):
         options["max_len"] = _PROBE_SEQ_LEN + (case.span - case.seq_len)  # a decode also needs position n
-    tiny = replace(case, batch=_PROBE_BATCH, seq_len=_PROBE_SEQ_LEN, layers=1, options=tuple(sorted(options.items())))
+    return replace(case, batch=_PROBE_BATCH, seq_len=_PROBE_SEQ_LEN, layers=1, options=tuple(sorted(options.items())))
+
+
+def _probe_tiny(case: Case, device: str) -> str | None:
+    tiny = _tiny(case)
     with warnings.catch_warnings(record=True) as caught, _rng_untouched(device):
         # Torch explains why a fused kernel was skipped in UserWarnings; keep every one for the reason.
         warnings.simplefilter("always")
@@ -387,3 +392,36 @@ def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
         return None  # includes OOM for a case too big to hold even its inputs: that case will say so itself
     name = _BACKEND_NAMES.get(index)
     return None if name in (None, "ERROR") else name
+
+
+# The operator that gives each implementation of torch.nn.LSTM/GRU away, in the order they are looked for. bf16
+# LSTM/GRU run on cuDNN only where torch was built against cuDNN 9.13+ (and on sm80+); elsewhere CUDA runs fused
+# cells step by step. On a CPU, oneDNN takes LSTM (float32, bf16) and everything else is a loop of aten ops.
+RNN_PATHS: tuple[tuple[str, str], ...] = (
+    ("aten::_cudnn_rnn", "cudnn"),
+    ("aten::miopen_rnn", "miopen"),
+    ("aten::mkldnn_rnn_layer", "onednn"),
+    ("aten::_thnn_fused_lstm_cell", "fused-cell-loop"),
+    ("aten::_thnn_fused_gru_cell", "fused-cell-loop"),
+)
+RNN_LOOP = "aten-loop"  # none of the above: one aten matmul and element-wise ops per step, from Python-free C++
+
+
+def rnn_path(case: Case, device: str) -> str | None:
+    """Which implementation ``case``'s LSTM/GRU runs on (``RNN_PATHS``, else ``RNN_LOOP``); None for other models.
+
+    Found, not predicted: one forward of the probe-sized model under the profiler (CPU activity: operator names
+    only), outside any timed region. The choice depends on device, dtype, cuDNN's build and flags, not on sizes."""
+    if case.model not in ("lstm", "gru"):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    tiny = _tiny(case)
+    dtype = torch_dtype(case.dtype)
+    with _rng_untouched(device):
+        model, x = build_model(tiny, device, dtype), make_input(tiny, device, dtype)
+        grad = torch.inference_mode() if case.mode == "forward" else contextlib.nullcontext()
+        with grad, profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(x)
+    names = {event.name() for event in prof.profiler.kineto_results.events()}
+    return next((path for op, path in RNN_PATHS if op in names), RNN_LOOP)

@@ -6,16 +6,20 @@ The sources (``nvml``, ``cpu``) fill the plain records below; nothing here talks
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from attnbench.measure.telemetry import reduce
+from attnbench.measure.telemetry.buffers import BUFFERED
+from attnbench.measure.telemetry.gpm import GPM_RELIABLE_S
 from attnbench.measure.telemetry.sampler import Sample
-from attnbench.results.telemetry import GPM_METRICS, GPU_METRICS, MetricValue
+from attnbench.results.telemetry import GPM_METRICS, GPM_WINDOW_METRICS, NVML_METRICS, MetricValue
 
 Metrics = dict[str, MetricValue]
 Unavailable = dict[str, str]
 _Reducer = Callable[[list[float]], MetricValue]
+POWER_AVERAGING_S = 1.0  # nvmlDeviceGetPowerUsage's trailing average on Ampere (but GA100) and newer (nvml.h)
 
 
 @dataclass(frozen=True)
@@ -41,19 +45,25 @@ class CpuWindow:
 @dataclass(frozen=True)
 class GpuWindow:
     window_s: float
-    samples: Sequence[Sample]  # polled readings, t_s from window start (names: see nvml.READINGS)
-    failures: Mapping[str, str] = field(default_factory=dict)  # reading -> reason
+    samples: Sequence[Sample]  # polled readings, t_s from window start (names: see nvml.NvmlDevice.channels)
+    failures: Mapping[str, str] = field(default_factory=dict)  # polled reading -> reason
     fatal: str = ""  # the driver went away mid-run: every NVML metric is void
-    # (NVML timestamp µs, %) from nvmlDeviceGetSamples, and the (after, until] bounds of the window on that clock
-    util_samples: Sequence[tuple[int, float]] = ()
-    util_bounds_us: tuple[int, int] = (0, 0)
-    util_samples_failure: str = "not read"  # "" when util_samples were read
+    # NVML's own samples inside the window (nvmlDeviceGetSamples): reading -> (t_s, or None when the timestamps'
+    # clock is unknown; value). A reading here is not polled.
+    buffered: Mapping[str, Sequence[tuple[float | None, float]]] = field(default_factory=dict)
+    buffer_failures: Mapping[str, str] = field(default_factory=dict)  # reading -> why NVML did not buffer it
+    buffer_clock: str = ""  # the host clock the buffers' timestamps are on ("wall", "boottime", …; "" unknown)
+    util_timestamps_us: Sequence[int] = ()  # the GPU-utilisation samples' own stamps: NVML's averaging period
+    at_end: Mapping[str, float] = field(default_factory=dict)  # one reading at the window's end, where no sample fell
+    at_end_failures: Mapping[str, str] = field(default_factory=dict)
     energy_mj: tuple[int, int] | None = None  # total-energy counter at window start and end
     energy_failure: str = ""
     max_sm_clock_mhz: float | None = None
     max_sm_clock_failure: str = ""
     gpm: Mapping[str, float] = field(default_factory=dict)
     gpm_unavailable: Mapping[str, str] = field(default_factory=dict)
+    gpm_window_s: float | None = None  # the span between GPM's two samples
+    gpm_marked: bool = True  # the first GPM sample was taken where sampling began (not at the window's start)
 
 
 def cpu_metrics(w: CpuWindow) -> tuple[Metrics, Unavailable]:
@@ -82,33 +92,24 @@ def gpu_metrics(w: GpuWindow, tokens: int) -> tuple[Metrics, Unavailable, list[s
 
     ``tokens`` is calls × tokens per call over the window, the denominator of ``joules_per_token``.
     """
-    period = reduce.sample_period_s([ts for ts, _ in w.util_samples])
+    period = reduce.sample_period_s(list(w.util_timestamps_us))
     if w.fatal:
         reason = f"driver gone mid-run: {w.fatal}"
-        return {}, dict.fromkeys(GPU_METRICS + GPM_METRICS, reason), [], period
+        return {}, dict.fromkeys(NVML_METRICS, reason), [], period
     metrics: Metrics = {}
     unavailable: Unavailable = {}
-    notes: list[str] = []
-    series = _Series(w)
-
-    after, until = w.util_bounds_us
-    util = [v for _, v in reduce.in_window(((float(t), v) for t, v in w.util_samples), after + 1, until)]
-    if util:
-        metrics["gpu_util_pct"], metrics["gpu_util_max_pct"] = reduce.mean(util), max(util)
-        notes.append(f"gpu_util_pct from {len(util)} NVML sample(s), period {period:.3f} s")
-    else:
-        polled = series.values("gpu_util_pct")
-        why = w.util_samples_failure or "no NVML utilisation sample in the window"
-        if polled:
-            metrics["gpu_util_pct"], metrics["gpu_util_max_pct"] = reduce.mean(polled), max(polled)
-            notes.append(f"gpu_util_pct from polled nvmlDeviceGetUtilizationRates ({why})")
-        else:
-            unavailable["gpu_util_pct"] = unavailable["gpu_util_max_pct"] = series.why("gpu_util_pct")
-
-    series.put(metrics, unavailable, "mem_util_pct", "mem_util_pct", reduce.mean)
-    series.put(metrics, unavailable, "gpu_mem_used_max_bytes", "gpu_mem_used_bytes", lambda v: int(max(v)))
-    series.put(metrics, unavailable, "power_w", "power_w", reduce.mean)
-    energy, how = _energy(w, series)
+    readings = _Readings(w)
+    readings.put(metrics, unavailable, "gpu_util_pct", "gpu_util_pct", reduce.mean)
+    readings.put(metrics, unavailable, "gpu_util_max_pct", "gpu_util_pct", max)
+    readings.put(metrics, unavailable, "mem_util_pct", "mem_util_pct", reduce.mean)
+    readings.put(metrics, unavailable, "gpu_mem_used_max_bytes", "gpu_mem_used_bytes", lambda v: int(max(v)))
+    readings.put(metrics, unavailable, "power_w", "power_w", reduce.mean)
+    notes = readings.notes()
+    if readings.source("power_w") in ("poll", "end") and w.window_s < POWER_AVERAGING_S:
+        # nvmlDeviceGetPowerUsage is a ~1 s trailing average on Ampere and newer: a shorter window partly
+        # reads the previous case or idle time. The energy counter (energy_j) has no such lag.
+        notes.append(f"power_w averages over ~{POWER_AVERAGING_S:g} s, longer than this {w.window_s:.2f} s window")
+    energy, how = _energy(w, readings)
     if energy is None:
         unavailable["energy_j"] = unavailable["joules_per_token"] = how
     else:
@@ -118,35 +119,73 @@ def gpu_metrics(w: GpuWindow, tokens: int) -> tuple[Metrics, Unavailable, list[s
             metrics["joules_per_token"] = energy / tokens
         else:
             unavailable["joules_per_token"] = "no tokens counted"
-    series.put(metrics, unavailable, "sm_clock_mhz", "sm_clock_mhz", reduce.mean)
-    series.put(metrics, unavailable, "sm_clock_min_mhz", "sm_clock_mhz", min)
+    readings.put(metrics, unavailable, "sm_clock_mhz", "sm_clock_mhz", reduce.mean)
+    readings.put(metrics, unavailable, "sm_clock_min_mhz", "sm_clock_mhz", min)
     if w.max_sm_clock_mhz is None:
         unavailable["sm_clock_max_mhz"] = w.max_sm_clock_failure or "not read"
     else:
         metrics["sm_clock_max_mhz"] = w.max_sm_clock_mhz
-    series.put(metrics, unavailable, "mem_clock_mhz", "mem_clock_mhz", reduce.mean)
-    series.put(metrics, unavailable, "temp_max_c", "temp_c", max)
+    readings.put(metrics, unavailable, "mem_clock_mhz", "mem_clock_mhz", reduce.mean)
+    readings.put(metrics, unavailable, "temp_max_c", "temp_c", max)
+    notes += _throttling(w, readings, metrics, unavailable)
+    notes += _gpm(w, metrics, unavailable)
+    return metrics, unavailable, notes, period
 
-    masks = [int(m) for m in series.values("throttle_mask")]
-    if series.has("throttle_mask"):
+
+def _throttling(w: GpuWindow, readings: _Readings, metrics: Metrics, unavailable: Unavailable) -> list[str]:
+    """The clock-event reasons seen, how far the SM clock sat below its maximum, and whether that is throttling."""
+    masks = [int(m) for m in readings.values("throttle_mask")]
+    if masks:
         metrics["throttle_reasons"] = reduce.reasons_seen(masks)
     else:
-        unavailable["throttle_reasons"] = series.why("throttle_mask")
-    clocks = series.values("sm_clock_mhz")
-    if series.has("throttle_mask") or (clocks and w.max_sm_clock_mhz is not None):
-        metrics["throttled"] = reduce.is_throttled(clocks, w.max_sm_clock_mhz, masks)
-    else:
-        unavailable["throttled"] = f"no clock-event reasons ({series.why('throttle_mask')}) and no SM clock vs max"
+        unavailable["throttle_reasons"] = readings.why("throttle_mask")
+    clocks = readings.values("sm_clock_mhz")
+    drop = reduce.clock_drop_pct(clocks, w.max_sm_clock_mhz)
+    if drop is None:
+        why = readings.why("sm_clock_mhz") if not clocks else w.max_sm_clock_failure or "no maximum SM clock"
+        unavailable["sm_clock_drop_pct"] = why
+        unavailable["throttled"] = f"no SM clock against its maximum to tell whether the clock fell ({why})"
+        return []
+    metrics["sm_clock_drop_pct"] = drop
+    if not masks:
+        unavailable["throttled"] = f"no clock-event reasons ({readings.why('throttle_mask')})"
+        return []
+    metrics["throttled"] = reduce.is_throttled(drop, masks)
+    power_or_heat = reduce.reasons_seen(m & reduce.THERMAL_OR_POWER_MASK for m in masks)
+    if not power_or_heat:
+        return []
+    mean = reduce.mean(clocks)
+    clock = f"{mean:.0f} of {w.max_sm_clock_mhz:.0f} MHz"
+    if metrics["throttled"]:
+        return [f"throttled: {power_or_heat} with the SM clock {drop:.1f} % below its maximum ({clock})"]
+    return [
+        f"{power_or_heat} set, but the SM clock held within {reduce.THROTTLE_DROP_PCT:g} % of its maximum "
+        f"({clock}): not throttled"
+    ]
 
+
+def _gpm(w: GpuWindow, metrics: Metrics, unavailable: Unavailable) -> list[str]:
     metrics.update(w.gpm)
     unavailable.update({k: v for k, v in w.gpm_unavailable.items() if k not in w.gpm})
     for name in GPM_METRICS:
         if name not in metrics and name not in unavailable:
             unavailable[name] = "not read"
-    return metrics, unavailable, notes, period
+    if not w.gpm or w.gpm_window_s is None:
+        reason = next(iter(w.gpm_unavailable.values()), "not read")
+        unavailable.update(dict.fromkeys(GPM_WINDOW_METRICS, reason))
+        return []
+    metrics["gpm_window_s"] = w.gpm_window_s
+    metrics["gpm_reliable"] = w.gpm_window_s >= GPM_RELIABLE_S
+    notes = [] if w.gpm_marked else ["GPM over the whole window, warm-up included (sampling was never marked)"]
+    if w.gpm_window_s < GPM_RELIABLE_S:
+        notes.append(
+            f"GPM over {w.gpm_window_s:.2f} s (< {GPM_RELIABLE_S:g} s): its counters refresh every ~100 ms, so "
+            "the GPM metrics are quantised and unreliable"
+        )
+    return notes
 
 
-def _energy(w: GpuWindow, series: _Series) -> tuple[float | None, str]:
+def _energy(w: GpuWindow, readings: _Readings) -> tuple[float | None, str]:
     """(joules, how) — the counter delta where the counter exists, else the power integral; (None, why) if neither."""
     counter_why = w.energy_failure or "not read"
     if w.energy_mj is not None:
@@ -154,33 +193,49 @@ def _energy(w: GpuWindow, series: _Series) -> tuple[float | None, str]:
         if joules is not None:
             return joules, "the total-energy counter (nvmlDeviceGetTotalEnergyConsumption delta)"
         counter_why = "counter went backwards (reset?)"
-    points = series.points("power_w")
+    points = readings.points("power_w")
     joules = reduce.energy_from_power(points, 0.0, w.window_s) if points else None
+    if joules is None and readings.values("power_w"):  # samples on an unknown clock: their mean over the window
+        joules = statistics.fmean(readings.values("power_w")) * w.window_s
     if joules is None:
-        return None, f"total-energy counter: {counter_why}; power: {series.why('power_w')}"
+        return None, f"total-energy counter: {counter_why}; power: {readings.why('power_w')}"
     return joules, f"power × time (sampled power integrated; total-energy counter: {counter_why})"
 
 
-class _Series:
-    """The polled samples of one window, read as per-reading series that know why they are missing."""
+class _Readings:
+    """One window's readings, from wherever each came: NVML's buffer, the poll, or one read at the window's end."""
 
     def __init__(self, w: GpuWindow) -> None:
         self._w = w
         self._rows = [s for s in w.samples if 0.0 <= float(s["t_s"] or 0.0) <= w.window_s]
 
-    def has(self, reading: str) -> bool:
-        return reading not in self._w.failures and any(r.get(reading) is not None for r in self._rows)
+    def source(self, reading: str) -> str:
+        if self._w.buffered.get(reading):
+            return "buffer"
+        if reading not in self._w.failures and any(r.get(reading) is not None for r in self._rows):
+            return "poll"
+        return "end" if reading in self._w.at_end else ""
 
     def points(self, reading: str) -> list[tuple[float, float]]:
-        if reading in self._w.failures:
-            return []
-        return [(float(r["t_s"] or 0.0), float(v)) for r in self._rows if (v := r.get(reading)) is not None]
+        """(seconds from window start, value), where each value's time is known."""
+        source = self.source(reading)
+        if source == "buffer":
+            return [(t, v) for t, v in self._w.buffered[reading] if t is not None]
+        if source == "poll":
+            return [(float(r["t_s"] or 0.0), float(v)) for r in self._rows if (v := r.get(reading)) is not None]
+        return []
 
     def values(self, reading: str) -> list[float]:
+        source = self.source(reading)
+        if source == "buffer":
+            return [v for _, v in self._w.buffered[reading]]
+        if source == "end":
+            return [self._w.at_end[reading]]
         return [v for _, v in self.points(reading)]
 
     def why(self, reading: str) -> str:
-        return self._w.failures.get(reading, "no samples")
+        w = self._w
+        return w.failures.get(reading) or w.at_end_failures.get(reading) or "no samples"
 
     def put(self, metrics: Metrics, unavailable: Unavailable, name: str, reading: str, reduce_fn: _Reducer) -> None:
         values = self.values(reading)
@@ -188,6 +243,23 @@ class _Series:
             metrics[name] = reduce_fn(values)
         else:
             unavailable[name] = self.why(reading)
+
+    def notes(self) -> list[str]:
+        """Where the buffered kinds of reading came from, one note per source."""
+        by_source: dict[str, list[str]] = {}
+        for reading, _, _ in BUFFERED:
+            by_source.setdefault(self.source(reading), []).append(reading)
+        notes = []
+        if by_source.get("buffer"):
+            counts = ", ".join(f"{r} {len(self._w.buffered[r])}" for r in by_source["buffer"])
+            clock = self._w.buffer_clock or "an unknown clock"
+            notes.append(f"NVML's buffered samples: {counts} (timestamps on {clock})")
+        if by_source.get("poll"):
+            reasons = sorted({self._w.buffer_failures.get(r, "not buffered") for r in by_source["poll"]})
+            notes.append(f"polled ({'; '.join(reasons)}): {', '.join(by_source['poll'])}")
+        if by_source.get("end"):
+            notes.append(f"one reading at the window's end (no NVML sample inside it): {', '.join(by_source['end'])}")
+        return notes
 
 
 def _max_int(samples: Sequence[Sample], reading: str) -> int | None:

@@ -1,25 +1,34 @@
-"""GPU telemetry through NVML (the nvidia-ml-py distribution, module ``pynvml``).
+"""GPU telemetry through NVML (the nvidia-ml-py distribution, module ``pynvml``): one GPU for one window.
 
-The only module that touches pynvml, and only through a module object handed in (``load_nvml`` imports it lazily),
-so tests pass a fake. Nothing here raises for an NVML problem: an error becomes the reason a metric is missing.
-Units as NVML gives them: power mW, energy mJ, clocks MHz, memory bytes, sample timestamps µs.
+pynvml is reached only through a module object handed in (``load_nvml`` imports it lazily), so tests pass a fake;
+``buffers``, ``gpm`` and ``settings`` use the same object. Nothing here raises for an NVML problem: an error becomes
+the reason a metric is missing. Units as NVML gives them: power mW, energy mJ, clocks MHz, memory bytes.
+
+What is read how, so that the thread beside the timed calls makes as few calls as possible (issue 12, item 8):
+
+* buffered by the driver, read at the window's ends and drained twice a second (``buffers``): utilisation (GPU
+  and memory), power, SM and memory clocks. A type the driver will not buffer (MIG has no utilisation samples) is
+  polled instead; one with no sample inside the window (a window shorter than the driver's period) gets one
+  reading at the window's end;
+* counters, read at the ends: the total-energy counter, GPM (from the start of sampling, ``gpm``);
+* polled every interval, as nothing buffers them: device memory in use, temperature, clock-event reasons.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import time
+from collections.abc import Callable
 from typing import Any
 
 from attnbench.measure.telemetry.assemble import GpuWindow
+from attnbench.measure.telemetry.buffers import Buffers
 from attnbench.measure.telemetry.errors import TelemetryUnavailable
+from attnbench.measure.telemetry.gpm import Gpm, gpm_support
 from attnbench.measure.telemetry.identity import GpuIdentity
-from attnbench.measure.telemetry.sampler import Channel, Failure, Sampler
-from attnbench.results.telemetry import GPM_METRICS
+from attnbench.measure.telemetry.sampler import Channel, Failure, Reading, Sampler
 
 GROUP = "nvml"
-_UTIL_SAMPLES = "_nvml_util_samples"  # a channel that collects nvmlDeviceGetSamples output, records nothing itself
+_DRAIN = "_nvml_buffers"  # the channel that drains the sample buffers; records nothing itself
 # Errors after which no NVML call on the device can succeed: the driver or the GPU went away.
 FATAL_ERRORS = frozenset(
     {
@@ -31,15 +40,6 @@ FATAL_ERRORS = frozenset(
         "NVMLError_LibraryNotFound",
     }
 )
-GPM_IDS: tuple[tuple[str, str], ...] = (
-    ("gpm_sm_util_pct", "NVML_GPM_METRIC_SM_UTIL"),
-    ("gpm_sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
-    ("gpm_tensor_util_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
-    ("gpm_dram_bw_util_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
-)
-GPM_NEEDS = "GPM needs Hopper or newer (compute capability 9.0+)"
-# nvmlValueType_t -> the c_nvmlValue_t union member holding a sample's value.
-_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def load_nvml() -> Any:
@@ -74,25 +74,8 @@ def nvml_handle_for(uuid: str | None, pci_bus_id: str | None, nvml: Any) -> Any:
     raise TelemetryUnavailable("no NVML device matches (" + "; ".join(tried) + ")")
 
 
-def gpm_support(nvml: Any, handle: Any) -> str:
-    """The reason GPM metrics cannot be read on this device, or "" when they can."""
-    try:
-        supported = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-    except nvml.NVMLError as exc:
-        return f"GPM support query failed: {describe(exc)}"
-    except AttributeError:
-        return "these NVML bindings have no GPM functions (nvidia-ml-py ≥ 12 needed)"
-    if supported:
-        return ""
-    try:
-        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-        return f"{GPM_NEEDS}; this GPU is {major}.{minor}"
-    except nvml.NVMLError:
-        return GPM_NEEDS
-
-
 class NvmlDevice:
-    """One GPU for the duration of one window: polled readings, counters at both ends, GPM at level "full"."""
+    """One GPU for the duration of one window: its buffers, counters at both ends, polled readings, GPM."""
 
     def __init__(self, nvml: Any, handle: Any, *, gpm: bool) -> None:
         self.nvml, self.handle = nvml, handle
@@ -103,17 +86,15 @@ class NvmlDevice:
             self.max_sm_clock_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
         except nvml.NVMLError as exc:
             self.max_sm_clock_failure = describe(exc)
-        self.gpm_failure = gpm_support(nvml, handle) if gpm else "telemetry level basic (GPM needs level full)"
-        self._gpm_samples: list[Any] = []
-        self._gpm: dict[str, float] = {}
-        self._gpm_unavailable: dict[str, str] = {}
-        self._util: dict[int, float] = {}  # NVML timestamp µs -> %, every sample drained (for the period too)
-        self._util_failure = ""
-        self._after_us = 0
-        self._wall_start_us = 0
+        self.buffers = Buffers(nvml, handle, self._is_fatal)
+        failure = gpm_support(nvml, handle) if gpm else "telemetry level basic (GPM needs level full)"
+        self.gpm = Gpm(nvml, handle, failure, self._note_fatal)
         self._energy: list[int] = []
         self._energy_failure = ""
         self._old_reasons_api = False
+        self._polled: set[str] = set()  # buffered types the driver would not buffer, polled instead
+        self._at_end: dict[str, float] = {}
+        self._at_end_failures: dict[str, str] = {}
 
     @classmethod
     def open(cls, nvml: Any, identity: GpuIdentity, *, gpm: bool) -> NvmlDevice:
@@ -137,20 +118,43 @@ class NvmlDevice:
         return Failure(name)
 
     def channels(self) -> list[Channel]:
+        """What is polled: the readings no buffer holds, and the buffers' drain."""
         nvml, h = self.nvml, self.handle
-        readings: dict[str, Any] = {
-            "gpu_util_pct": lambda: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),
-            "mem_util_pct": lambda: float(nvml.nvmlDeviceGetUtilizationRates(h).memory),
-            "gpu_mem_used_bytes": lambda: int(nvml.nvmlDeviceGetMemoryInfo(h).used),
+        polled: list[tuple[str, Callable[[], Reading]]] = [
+            ("gpu_mem_used_bytes", lambda: int(nvml.nvmlDeviceGetMemoryInfo(h).used)),
+            ("temp_c", lambda: float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))),
+            ("throttle_mask", self._throttle_mask),
+        ]
+        unbuffered = set(self.buffers.failures)
+        self._polled = unbuffered
+        getters = self._getters()
+        polled += [(n, getters[n]) for n in ("power_w", "sm_clock_mhz", "mem_clock_mhz") if n in unbuffered]
+        channels = [Channel(name, read, self.classify, GROUP) for name, read in polled]
+        utilisation = tuple(n for n in ("gpu_util_pct", "mem_util_pct") if n in unbuffered)
+        if utilisation:  # one call answers both: never two per poll
+            channels.append(Channel("utilization", self._utilisation, self.classify, GROUP, utilisation))
+        if self.buffers.buffers:
+            channels.append(Channel(_DRAIN, self._drain, self.classify, GROUP))
+        return channels
+
+    def _getters(self) -> dict[str, Callable[[], float]]:
+        """One reading each, for polling a type the driver does not buffer or reading one at the window's end."""
+        nvml, h = self.nvml, self.handle
+        return {
             # On Ampere (but GA100) and newer this is a 1 s average, on older boards instantaneous (nvml.h).
             "power_w": lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "sm_clock_mhz": lambda: float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
             "mem_clock_mhz": lambda: float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM)),
-            "temp_c": lambda: float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
-            "throttle_mask": self._throttle_mask,
+            "gpu_util_pct": lambda: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+            "mem_util_pct": lambda: float(nvml.nvmlDeviceGetUtilizationRates(h).memory),
         }
-        readings[_UTIL_SAMPLES] = self._drain_util
-        return [Channel(name, read, self.classify, GROUP) for name, read in readings.items()]
+
+    def _utilisation(self) -> dict[str, Reading]:
+        rates = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+        return {"gpu_util_pct": float(rates.gpu), "mem_util_pct": float(rates.memory)}
+
+    def _drain(self) -> None:
+        self.buffers.drain_if_due()
 
     def _throttle_mask(self) -> int:
         # "Clocks event reasons" is the current name (driver 535+); older drivers only know the "throttle" one.
@@ -161,84 +165,78 @@ class NvmlDevice:
                 self._old_reasons_api = True
         return int(self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle))
 
-    def _drain_util(self) -> None:
-        """Collect the utilisation samples NVML took since the last call (its buffer is finite, so keep up)."""
-        last = max(self._util, default=self._after_us)
-        try:
-            kind, samples = self.nvml.nvmlDeviceGetSamples(self.handle, self.nvml.NVML_GPU_UTILIZATION_SAMPLES, last)
-        except self.nvml.NVMLError_NotFound:  # no sample newer than `last` yet
-            return None
-        field = _VALUE_FIELDS.get(int(kind), "uiVal")
-        for sample in samples:
-            value = float(getattr(sample.sampleValue, field))
-            if math.isfinite(value):
-                self._util[int(sample.timeStamp)] = value
-        return None
-
     def start(self) -> None:
-        """Counters at window start: the utilisation-sample cursor, the energy counter, the first GPM sample."""
-        self._wall_start_us = time.time_ns() // 1000
+        """Counters at window start: the buffers' cursors, the energy counter, the first GPM sample."""
         try:
-            self._drain_util()
-            # Samples NVML took before the window mark where the window starts on NVML's clock; with none yet,
-            # assume its timestamps are host wall-clock µs (they are CPU timestamps per nvml.h).
-            self._after_us = max(self._util, default=self._wall_start_us)
-        except self.nvml.NVMLError as exc:
-            self._util_failure = f"nvmlDeviceGetSamples: {describe(exc)}"
+            self.buffers.start()
+        except self.nvml.NVMLError as exc:  # only fatal errors leave Buffers
             self._note_fatal(exc)
         self._read_energy()
-        if not self.gpm_failure:
-            self._gpm_sample()
+        self.gpm.start()
+
+    def mark_sampling(self) -> None:
+        """The timing loop's sampling phase starts: GPM is measured from here."""
+        if not self.fatal:
+            self.gpm.mark()
 
     def stop(self, sampler: Sampler) -> None:
         """Counters at window end (skipped once the driver has gone)."""
         self.fatal = self.fatal or sampler.fatal.get(GROUP, "")
         if self.fatal:
             return
-        if not self._util_failure and _UTIL_SAMPLES not in sampler.failures:
-            try:
-                self._drain_util()
-            except self.nvml.NVMLError as exc:
-                self._note_fatal(exc)
+        try:
+            self.buffers.stop()
+        except self.nvml.NVMLError as exc:
+            self._note_fatal(exc)
+            return
         self._read_energy()
-        if not self.gpm_failure and self._gpm_sample():
-            self._gpm_metrics()
+        self.gpm.stop()
+        self._read_at_end(sampler)
+
+    def _read_at_end(self, sampler: Sampler) -> None:
+        """One reading at the window's end of each buffered type that had no sample inside the window."""
+        series, getters = self.buffers.series(), self._getters()
+        for name in [name for name in getters if not series.get(name) and name not in self._polled]:
+            try:
+                self._at_end[name] = getters[name]()
+            except self.nvml.NVMLError as exc:
+                self._at_end_failures[name] = describe(exc)
+                self._note_fatal(exc)
+                if self.fatal:
+                    return
 
     def window(self, sampler: Sampler) -> GpuWindow:
-        util_failure = self._util_failure or sampler.failures.get(_UTIL_SAMPLES, "")
-        if util_failure and not util_failure.startswith("nvmlDeviceGetSamples"):
-            util_failure = f"nvmlDeviceGetSamples: {util_failure}"
-        failures = {k: v for k, v in sampler.failures.items() if k != _UTIL_SAMPLES}
-        gpm_unavailable = dict.fromkeys(GPM_METRICS, self.gpm_failure) if self.gpm_failure else self._gpm_unavailable
+        reading = self.gpm.reading
         return GpuWindow(
             window_s=sampler.window_s,
             samples=sampler.samples,
-            failures=failures,
+            failures={k: v for k, v in sampler.failures.items() if k != _DRAIN},
             fatal=self.fatal,
-            util_samples=tuple(sorted(self._util.items())),
-            util_bounds_us=(self._after_us, max(self._util, default=self._after_us)),
-            util_samples_failure=util_failure,
+            buffered=self.buffers.series(),
+            buffer_failures=dict(self.buffers.failures),
+            buffer_clock=self.buffers.domain,
+            util_timestamps_us=tuple(self.buffers.timestamps("gpu_util_pct")),
+            at_end=dict(self._at_end),
+            at_end_failures=dict(self._at_end_failures),
             energy_mj=(self._energy[0], self._energy[1]) if len(self._energy) == 2 else None,
             energy_failure=self._energy_failure,
             max_sm_clock_mhz=self.max_sm_clock_mhz,
             max_sm_clock_failure=self.max_sm_clock_failure,
-            gpm=dict(self._gpm),
-            gpm_unavailable=gpm_unavailable,
+            gpm=dict(reading.values),
+            gpm_unavailable=self.gpm.unavailable(),
+            gpm_window_s=reading.window_s,
+            gpm_marked=reading.marked,
         )
 
-    def util_rows(self) -> list[dict[str, float | int | None]]:
-        """NVML's own utilisation samples inside the window, for the raw sidecar; t_s assumes host wall-clock µs."""
-        return [
-            {"t_s": (ts - self._wall_start_us) / 1e6, "nvml_sample_ts_us": ts, "nvml_sample_gpu_util_pct": v}
-            for ts, v in sorted(self._util.items())
-            if ts > self._after_us
-        ]
+    def raw_rows(self) -> list[dict[str, float | int | None]]:
+        """NVML's own buffered samples inside the window, for the raw sidecar (t_s None on an unknown clock)."""
+        rows: list[dict[str, float | int | None]] = []
+        for name, points in self.buffers.series().items():
+            rows += [{"t_s": t, f"nvml_sample_{name}": v} for t, v in points]
+        return rows
 
     def close(self) -> None:
-        for sample in self._gpm_samples:
-            with contextlib.suppress(self.nvml.NVMLError):  # the driver may be gone; nothing left to free
-                self.nvml.nvmlGpmSampleFree(sample)
-        self._gpm_samples.clear()
+        self.gpm.close()
         self._shutdown(self.nvml)
 
     @staticmethod
@@ -246,6 +244,10 @@ class NvmlDevice:
         # Reference-counted by NVML: pairs with this session's nvmlInit only. Nothing to release if the driver went.
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+
+    def _is_fatal(self, exc: Exception) -> bool:
+        failure = self.classify(exc)
+        return failure is not None and failure.fatal
 
     def _note_fatal(self, exc: Exception) -> None:
         failure = self.classify(exc)
@@ -261,41 +263,6 @@ class NvmlDevice:
             self._energy_failure = describe(exc)
             self._energy.clear()
             self._note_fatal(exc)
-
-    def _gpm_sample(self) -> bool:
-        try:
-            sample = self.nvml.nvmlGpmSampleAlloc()
-            self._gpm_samples.append(sample)
-            self.nvml.nvmlGpmSampleGet(self.handle, sample)
-            return True
-        except self.nvml.NVMLError as exc:
-            self.gpm_failure = f"GPM sample failed: {describe(exc)}"
-            self._note_fatal(exc)
-            return False
-
-    def _gpm_metrics(self) -> None:
-        """The four GPM metrics between the window's two samples (nvmlGpmMetricsGet, one request)."""
-        nvml = self.nvml
-        request = nvml.c_nvmlGpmMetricsGet_t()
-        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(GPM_IDS)
-        request.sample1, request.sample2 = self._gpm_samples[0], self._gpm_samples[1]
-        for i, (_, constant) in enumerate(GPM_IDS):
-            request.metrics[i].metricId = getattr(nvml, constant)
-        try:
-            nvml.nvmlGpmMetricsGet(request)
-        except nvml.NVMLError as exc:
-            self.gpm_failure = f"nvmlGpmMetricsGet: {describe(exc)}"
-            self._note_fatal(exc)
-            return
-        for i, (name, _) in enumerate(GPM_IDS):
-            metric = request.metrics[i]
-            if metric.nvmlReturn != nvml.NVML_SUCCESS:  # e.g. counters held by a profiler
-                self._gpm_unavailable[name] = describe(nvml.NVMLError(metric.nvmlReturn))
-            elif not math.isfinite(metric.value):
-                self._gpm_unavailable[name] = f"non-finite value {metric.value}"
-            else:
-                self._gpm[name] = float(metric.value)
 
 
 def _safe_str(exc: BaseException) -> str:

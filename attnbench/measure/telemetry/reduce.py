@@ -29,8 +29,9 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
 )
 # The reasons that mean the board cut clocks for power or heat (as opposed to idling or a clock the user set).
 THERMAL_OR_POWER_MASK = 0x004 | 0x008 | 0x020 | 0x040 | 0x080
-LOW_CLOCK_FRACTION = 0.75  # an SM clock below 75 % of the maximum counts as a low-clock sample...
-LOW_CLOCK_SHARE = 0.05  # ...and more than 5 % of samples at low clock means the case ran throttled
+# A thermal or power reason counts as throttling only once the SM clock actually fell: an H200 under bf16 load
+# shows SwPowerCap constantly while its clock holds near the maximum.
+THROTTLE_DROP_PCT = 5.0
 
 ENERGY_COUNTER_MODULUS = 2**64  # nvmlDeviceGetTotalEnergyConsumption is an unsigned long long in mJ
 # No board draws more than this; a larger "delta" means the counter was reset (driver reload), not used.
@@ -88,19 +89,19 @@ def reasons_seen(masks: Iterable[int]) -> str:
     return ";".join(throttle_reason_names(combined))
 
 
-def low_clock_share(sm_clocks_mhz: Sequence[float], max_clock_mhz: float) -> float:
-    """Share of samples whose SM clock was below ``LOW_CLOCK_FRACTION`` of the device's maximum."""
-    if not sm_clocks_mhz or max_clock_mhz <= 0:
-        return 0.0
-    low = sum(1 for c in sm_clocks_mhz if c < LOW_CLOCK_FRACTION * max_clock_mhz)
-    return low / len(sm_clocks_mhz)
+def clock_drop_pct(sm_clocks_mhz: Sequence[float], max_clock_mhz: float | None) -> float | None:
+    """How far the mean SM clock sat below the device's maximum, in percent (0 at or above it); None unknown."""
+    if not sm_clocks_mhz or not max_clock_mhz or max_clock_mhz <= 0:
+        return None
+    return max(0.0, 100.0 * (1.0 - statistics.fmean(sm_clocks_mhz) / max_clock_mhz))
 
 
-def is_throttled(sm_clocks_mhz: Sequence[float], max_clock_mhz: float | None, masks: Iterable[int]) -> bool:
-    """True when the SM clock was below 75 % of max in more than 5 % of samples, or a thermal/power reason fired."""
-    if any(mask & THERMAL_OR_POWER_MASK for mask in masks):
-        return True
-    return max_clock_mhz is not None and low_clock_share(sm_clocks_mhz, max_clock_mhz) > LOW_CLOCK_SHARE
+def is_throttled(drop_pct: float, masks: Iterable[int]) -> bool:
+    """A thermal or power reason fired and the SM clock fell more than ``THROTTLE_DROP_PCT`` below its maximum.
+
+    Neither alone: a clock below the maximum with no such reason is the GPU idling between launches (or a clock
+    the user set), and a reason with the clock at its maximum changed nothing the timing could see."""
+    return any(mask & THERMAL_OR_POWER_MASK for mask in masks) and drop_pct > THROTTLE_DROP_PCT
 
 
 def sample_period_s(timestamps_us: Sequence[int], default: float = DEFAULT_UTIL_PERIOD_S) -> float:

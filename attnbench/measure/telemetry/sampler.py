@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 Reading = float | int | None
@@ -27,12 +27,18 @@ class Failure:
 
 @dataclass(frozen=True)
 class Channel:
-    """One reading: ``read()`` returns a value, or None for "nothing this time" (the sample leaves it out)."""
+    """One call per poll: ``read()`` returns a value, or None for "nothing this time" (the sample leaves it out),
+    or, for a call that answers several readings at once (``readings``), a mapping of them."""
 
     name: str
-    read: Callable[[], Reading]
+    read: Callable[[], Reading | Mapping[str, Reading]]
     classify: Callable[[Exception], Failure | None]  # a known failure, or None: a bug, re-raised by ``stop``
     group: str = ""
+    readings: tuple[str, ...] = ()  # what a mapping-valued read provides; () = the one reading ``name``
+
+    @property
+    def provides(self) -> tuple[str, ...]:
+        return self.readings or (self.name,)
 
 
 class Sampler:
@@ -107,18 +113,20 @@ class Sampler:
                     return
                 self._fail(channel, failure)
                 continue
-            if value is not None:
+            if isinstance(value, Mapping):
+                row.update({name: v for name, v in value.items() if v is not None})
+            elif value is not None:
                 row[channel.name] = value
         self.samples.append(row)
 
     def _fail(self, channel: Channel, failure: Failure) -> None:
         if not failure.fatal:
             self._channels.remove(channel)
-            self.failures[channel.name] = failure.reason
+            self.failures.update(dict.fromkeys(channel.provides, failure.reason))
             return
         # A lost driver takes every reading of the source with it, including the ones that worked until now:
         # their samples cover only part of the window.
         self.fatal[channel.group] = failure.reason
         for other in [c for c in self._channels if c.group == channel.group]:
             self._channels.remove(other)
-            self.failures[other.name] = failure.reason
+            self.failures.update(dict.fromkeys(other.provides, failure.reason))

@@ -2,6 +2,11 @@
 
 ``open_telemetry`` never raises for a hardware or driver problem: a source that cannot be used turns into reasons
 in ``TelemetrySummary.unavailable``, and the CPU metrics still come.
+
+A source (``cpu.HostProcess``, ``nvml.NvmlDevice``) gives the sampler its polled ``channels()`` and reads its
+counters when the window opens and closes; ``assemble`` turns what it read into metrics. A new source (the
+processes sharing the GPU, system-wide CPU load) follows the same shape: channels for what must be polled,
+readings at the edges for what the system counts itself, a record of its own in ``assemble``.
 """
 
 from __future__ import annotations
@@ -22,14 +27,11 @@ from attnbench.measure.telemetry.nvml import NvmlDevice, load_nvml, nvml_status
 from attnbench.measure.telemetry.sampler import Channel, Sampler
 from attnbench.results.telemetry import CPU_METRICS, NVML_METRICS, MetricValue, TelemetrySummary
 
-DEFAULT_INTERVAL_S = 0.02
+DEFAULT_INTERVAL_S = 0.1
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 NvmlLoader = Callable[[], Any]
 IdentityLookup = Callable[[str], GpuIdentity]
-
-
-_POWER_AVERAGING_S = 1.0
 
 
 class Telemetry(Protocol):
@@ -40,6 +42,10 @@ class Telemetry(Protocol):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+    def mark_sampling(self) -> None:
+        """The timing loop has finished warming up: what is measured over the sampling phase only (GPM) starts."""
+        ...
 
     def summary(self, *, calls: int, tokens_per_call: int) -> TelemetrySummary: ...
 
@@ -54,6 +60,9 @@ class _Off:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        return None
+
+    def mark_sampling(self) -> None:
         return None
 
     def summary(self, *, calls: int, tokens_per_call: int) -> TelemetrySummary:
@@ -98,6 +107,10 @@ class _Session:
             self._host_counters.append(self._host.read_counters())
         self._sampler.start()  # last: the window starts here
         return self
+
+    def mark_sampling(self) -> None:
+        if self._gpu is not None and self._state == "running":
+            self._gpu.mark_sampling()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -152,12 +165,8 @@ class _Session:
             cpu_values, cpu_missing = cpu_metrics(cpu)
             metrics.update(cpu_values)
             unavailable.update(cpu_missing)
-        if "power_w" in metrics and window_s < _POWER_AVERAGING_S:
-            # nvmlDeviceGetPowerUsage is a ~1 s trailing average on Ampere and newer: a shorter window partly
-            # reads the previous case or idle time. The energy counter (energy_j) has no such lag.
-            notes.append(f"power_w averages over ~{_POWER_AVERAGING_S:g} s, longer than this {window_s:.2f} s window")
         reliable, why = reduce.reliability(window_s, len(samples), period)
-        raw = [dict(s) for s in samples] + (self._gpu.util_rows() if self._gpu is not None else [])
+        raw = [dict(s) for s in samples] + (self._gpu.raw_rows() if self._gpu is not None else [])
         return TelemetrySummary(
             source="nvml+psutil" if self._gpu is not None and not getattr(self._gpu, "fatal", False) else "psutil",
             level=self.level,

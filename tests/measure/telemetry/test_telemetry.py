@@ -18,12 +18,13 @@ from attnbench.measure.telemetry.errors import TelemetryUnavailable
 from attnbench.measure.telemetry.identity import GpuIdentity, nvml_uuid, pci_bus_id
 from attnbench.measure.telemetry.nvml import nvml_handle_for
 from attnbench.measure.telemetry.sampler import Channel, Failure, Sampler
-from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary
+from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, METRICS, NVML_METRICS, TelemetrySummary
 from tests import fake_pynvml
-from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.fake_pynvml import CONSTANTS, FakeGpu, FakeNvml
 from tests.support import ROOT
 
-NVML_METRICS = GPU_METRICS + GPM_METRICS
+UTIL_SAMPLES = CONSTANTS["NVML_GPU_UTILIZATION_SAMPLES"]
+POWER_SAMPLES = CONSTANTS["NVML_TOTAL_POWER_SAMPLES"]
 
 
 def session(fake: FakeNvml, gpu: int = 0, level: str = "basic", seconds: float = 0.2, **kw: Any) -> TelemetrySummary:
@@ -71,7 +72,9 @@ def test_gpu_metrics_means_and_maxima_from_polled_samples() -> None:
         temp_c=[50.0, 61.0, 55.0, 52.0, 53.0],
         throttle_mask=[0, 0, 0x004, 0, 0x001],
     )
-    w = GpuWindow(1.0, rows, util_samples_failure="NVMLError_NotSupported", energy_mj=(1_000, 201_000))
+    names = ["gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz"]
+    unbuffered = dict.fromkeys(names, "nvmlDeviceGetSamples: NVMLError_NotSupported")
+    w = GpuWindow(1.0, rows, buffer_failures=unbuffered, energy_mj=(1_000, 201_000), max_sm_clock_mhz=1980.0)
     metrics, unavailable, notes, _ = gpu_metrics(w, tokens=400)
     assert metrics["gpu_util_pct"] == 30.0 and metrics["gpu_util_max_pct"] == 50.0
     assert metrics["mem_util_pct"] == 6.0
@@ -80,26 +83,34 @@ def test_gpu_metrics_means_and_maxima_from_polled_samples() -> None:
     assert metrics["sm_clock_mhz"] == 1800.0 and metrics["sm_clock_min_mhz"] == 1700.0
     assert metrics["mem_clock_mhz"] == 2619.0 and metrics["temp_max_c"] == 61.0
     assert metrics["throttle_reasons"] == "GpuIdle;SwPowerCap"
-    assert metrics["throttled"] is True  # SwPowerCap is a power reason
+    assert metrics["sm_clock_drop_pct"] == pytest.approx(100 * (1 - 1800 / 1980))
+    assert metrics["throttled"] is True  # SwPowerCap, and the clock 9 % below its maximum
     assert metrics["energy_j"] == 200.0 and metrics["joules_per_token"] == 0.5
-    assert unavailable["sm_clock_max_mhz"] == "not read"
-    assert any("polled nvmlDeviceGetUtilizationRates (NVMLError_NotSupported)" in n for n in notes)
+    assert unavailable == {m: "not read" for m in (*GPM_METRICS, "gpm_window_s", "gpm_reliable")}
+    assert f"polled (nvmlDeviceGetSamples: NVMLError_NotSupported): {', '.join(names)}" in notes
+    assert "throttled: SwPowerCap with the SM clock 9.1 % below its maximum (1800 of 1980 MHz)" in notes
 
 
-def test_gpu_util_prefers_nvml_samples_inside_the_window() -> None:
-    # NVML samples at 1/6 s; two before the window (idle), three inside (busy), one after (idle again).
-    util = [(1_000_000, 0.0), (1_166_666, 0.0), (1_333_333, 90.0), (1_500_000, 70.0), (1_666_666, 80.0)]
-    util.append((1_900_000, 0.0))
+def test_nvml_buffered_samples_are_the_readings_and_a_missing_one_is_read_at_the_end() -> None:
+    # NVML's utilisation samples at 1/6 s, three inside the window; power sampled faster; no SM-clock sample fell
+    # inside this short window, so the one reading taken at its end stands in.
+    util = [(0.1, 90.0), (0.27, 70.0), (0.43, 80.0)]
+    power = [(0.05 * i, 300.0 + i) for i in range(10)]
     w = GpuWindow(
         0.5,
-        samples(3, 0.5, gpu_util_pct=10.0),
-        util_samples=util,
-        util_bounds_us=(1_166_666, 1_666_666),
-        util_samples_failure="",
+        samples(5, 0.5, gpu_mem_used_bytes=7, temp_c=50.0, throttle_mask=0),
+        buffered={"gpu_util_pct": util, "mem_util_pct": [(0.1, 40.0)], "power_w": power, "mem_clock_mhz": []},
+        buffer_clock="boottime",
+        util_timestamps_us=(1_100_000, 1_266_666, 1_433_333),
+        at_end={"sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0},
+        max_sm_clock_mhz=1980.0,
     )
     metrics, _, notes, period = gpu_metrics(w, tokens=1)
     assert metrics["gpu_util_pct"] == 80.0 and metrics["gpu_util_max_pct"] == 90.0
-    assert "from 3 NVML sample(s)" in notes[0]
+    assert metrics["power_w"] == pytest.approx(304.5)
+    assert metrics["sm_clock_mhz"] == 1980.0 and metrics["sm_clock_drop_pct"] == 0.0 and metrics["throttled"] is False
+    assert notes[0] == "NVML's buffered samples: gpu_util_pct 3, mem_util_pct 1, power_w 10 (timestamps on boottime)"
+    assert notes[1] == "one reading at the window's end (no NVML sample inside it): sm_clock_mhz, mem_clock_mhz"
     assert period == pytest.approx(1 / 6, rel=1e-3)
 
 
@@ -145,33 +156,44 @@ def test_joules_per_token_needs_tokens() -> None:
 
 
 @pytest.mark.parametrize(
-    ("low", "expected"),
-    [(0, False), (1, False), (2, True)],  # of 20 samples: 1 = exactly 5 % (not more), 2 = 10 %
-)
-def test_throttled_when_sm_clock_below_75_percent_in_more_than_5_percent(low: int, expected: bool) -> None:
-    clocks = [1400.0] * low + [1900.0] * (20 - low)  # 1400 < 0.75 × 1980 = 1485
-    assert reduce.is_throttled(clocks, 1980.0, []) is expected
-    w = GpuWindow(1.0, samples(20, sm_clock_mhz=clocks, throttle_mask=0), max_sm_clock_mhz=1980.0)
-    metrics, _, _, _ = gpu_metrics(w, tokens=1)
-    assert metrics["throttled"] is expected and metrics["throttle_reasons"] == ""
-
-
-@pytest.mark.parametrize(
-    ("mask", "expected", "names"),
+    ("clock", "mask", "throttled"),
     [
-        (0x020, True, "SwThermalSlowdown"),
-        (0x040, True, "HwThermalSlowdown"),
-        (0x080, True, "HwPowerBrakeSlowdown"),
-        (0x008, True, "HwSlowdown"),
-        (0x001, False, "GpuIdle"),  # idling is not throttling
-        (0x010 | 0x1000, False, "SyncBoost;0x1000"),
+        (1980.0, 0x004, False),  # SwPowerCap set while the clock holds at its maximum: an H200 under bf16 load
+        (1900.0, 0x004, False),  # 4 % below: within the 5 % an unthrottled board boosts around
+        (1800.0, 0x004, True),  # 9 % below, power-capped: throttled
+        (1400.0, 0x000, False),  # far below with no reason: idling between launches, not throttling
+        (1400.0, 0x001, False),  # GpuIdle says so
+        (1400.0, 0x020, True),  # SwThermalSlowdown
+        (1400.0, 0x040, True),  # HwThermalSlowdown
+        (1400.0, 0x080, True),  # HwPowerBrakeSlowdown
+        (1400.0, 0x008, True),  # HwSlowdown
+        (1400.0, 0x010 | 0x1000, False),  # SyncBoost, an unknown bit
     ],
 )
-def test_throttled_when_a_thermal_or_power_reason_fires(mask: int, expected: bool, names: str) -> None:
-    rows = samples(10, sm_clock_mhz=1900.0, throttle_mask=[0] * 9 + [mask])
-    metrics, _, _, _ = gpu_metrics(GpuWindow(1.0, rows, max_sm_clock_mhz=1980.0), tokens=1)
-    assert metrics["throttled"] is expected
-    assert metrics["throttle_reasons"] == names
+def test_throttled_only_when_a_power_or_heat_reason_fires_and_the_clock_fell(
+    clock: float, mask: int, throttled: bool
+) -> None:
+    rows = samples(10, sm_clock_mhz=clock, throttle_mask=[0] * 9 + [mask])
+    metrics, _, notes, _ = gpu_metrics(GpuWindow(1.0, rows, max_sm_clock_mhz=1980.0), tokens=1)
+    assert metrics["throttled"] is throttled
+    assert metrics["sm_clock_drop_pct"] == pytest.approx(100 * (1 - clock / 1980))
+    if mask == 0x004 and not throttled:
+        assert any(n.startswith("SwPowerCap set, but the SM clock held within 5 % of its maximum") for n in notes)
+
+
+def test_throttle_reason_names_and_unknowns() -> None:
+    assert reduce.reasons_seen([0x001, 0x004]) == "GpuIdle;SwPowerCap"
+    assert reduce.reasons_seen([0x010 | 0x1000]) == "SyncBoost;0x1000"
+    assert reduce.clock_drop_pct([], 1980.0) is None and reduce.clock_drop_pct([2000.0], 1980.0) == 0.0
+
+
+def test_throttled_is_unknown_without_a_maximum_clock_or_reasons() -> None:
+    _, unavailable, _, _ = gpu_metrics(GpuWindow(1.0, samples(5, sm_clock_mhz=1400.0, throttle_mask=4)), tokens=1)
+    assert unavailable["throttled"].startswith("no SM clock against its maximum")
+    failures = {"throttle_mask": "NVMLError_NotSupported"}
+    w = GpuWindow(1.0, samples(5, sm_clock_mhz=1400.0), failures=failures, max_sm_clock_mhz=1980.0)
+    _, unavailable, _, _ = gpu_metrics(w, tokens=1)
+    assert unavailable["throttled"] == "no clock-event reasons (NVMLError_NotSupported)"
 
 
 def test_reliability_short_window_and_few_samples() -> None:
@@ -378,7 +400,7 @@ def test_full_session_on_hopper_reads_everything_and_cleans_up() -> None:
     assert s.metrics["energy_j"] == pytest.approx(300.0 * s.window_s, rel=0.02)
     assert s.metrics["joules_per_token"] == pytest.approx(s.metrics["energy_j"] / 10_000)  # type: ignore[operator]
     assert "total-energy counter" in s.note
-    assert s.samples >= 5 and len(s.raw) >= s.samples
+    assert s.samples >= 3 and len(s.raw) > s.samples  # polled rows, then NVML's buffered samples
     assert fake.init_count == 0 and fake.gpm_live == []  # nvmlShutdown called, GPM samples freed
 
 
@@ -393,9 +415,97 @@ def test_nvml_samples_before_the_window_are_dropped() -> None:
         time.sleep(0.2)
     s = tel.summary(calls=1, tokens_per_call=1)
     assert s.metrics["gpu_util_pct"] == 90.0 and s.metrics["gpu_util_max_pct"] == 90.0
-    assert "NVML sample(s)" in s.note
+    assert "NVML's buffered samples: gpu_util_pct" in s.note
     nvml_rows = [r for r in s.raw if "nvml_sample_gpu_util_pct" in r]
     assert nvml_rows and all(r["nvml_sample_gpu_util_pct"] == 90 for r in nvml_rows)
+    assert all(0 <= r["t_s"] <= s.window_s for r in nvml_rows)  # type: ignore[operator]
+
+
+POLLED_EVERY_TIME = ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTemperature", "nvmlDeviceGetCurrentClocksEventReasons")
+
+
+def test_what_nvml_buffers_is_read_from_its_buffers_and_the_poll_makes_three_calls() -> None:
+    """Utilisation, power and clocks come from nvmlDeviceGetSamples at the window's ends (and a drain every half
+    second); the thread beside the timed calls polls only what nothing buffers (issue 12, item 8)."""
+    fake = FakeNvml([FakeGpu(util_period_s=0.05)])
+    s = session(fake, level="full", seconds=0.3, interval_s=0.02)
+    polls = s.samples
+    assert polls >= 5
+    for name in POLLED_EVERY_TIME:
+        assert fake.calls[name] == polls, name
+    for name in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo"):
+        assert fake.calls[name] == 0, name
+    # Five sampling types, each read when the device opens, at both ends of the window and at most once per drain.
+    assert fake.calls["nvmlDeviceGetSamples"] <= 5 * 5
+    assert s.metrics["power_w"] == 300.0 and s.metrics["sm_clock_mhz"] == 1755.0 and s.metrics["gpu_util_pct"] == 80
+    assert "NVML's buffered samples" in s.note and "(timestamps on wall)" in s.note
+
+
+def test_a_type_nvml_will_not_buffer_is_polled_with_one_call_for_both_utilisations() -> None:
+    """MIG has no utilisation samples: then one nvmlDeviceGetUtilizationRates per poll answers GPU and memory
+    utilisation together (it used to be called once for each)."""
+    unbuffered = {UTIL_SAMPLES, CONSTANTS["NVML_MEMORY_UTILIZATION_SAMPLES"]}
+    fake = FakeNvml([FakeGpu(unbuffered=unbuffered, util_pct=55.0, mem_util_pct=25.0)])
+    s = session(fake, seconds=0.2, interval_s=0.02)
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == s.samples
+    assert s.metrics["gpu_util_pct"] == 55.0 and s.metrics["mem_util_pct"] == 25.0
+    assert "polled (nvmlDeviceGetSamples: NVMLError_NotSupported): gpu_util_pct, mem_util_pct" in s.note
+
+
+def test_samples_stamped_on_boottime_are_found_from_an_empty_buffer() -> None:
+    """Drivers stamp samples on the epoch or on CLOCK_BOOTTIME. With no sample before the window, the old cursor
+    started at the host's epoch time, above every boottime stamp: every sample of the window was lost."""
+    fake = FakeNvml([FakeGpu(sample_clock="boottime", history_s=0.0, util_period_s=0.04, util_pct=70.0)])
+    s = session(fake, seconds=0.25)
+    assert s.metrics["gpu_util_pct"] == 70.0
+    assert "timestamps on boottime" in s.note
+    rows = [r for r in s.raw if "nvml_sample_gpu_util_pct" in r]
+    assert rows and all(0 <= r["t_s"] <= s.window_s + 1e-3 for r in rows)  # type: ignore[operator]
+
+
+def test_a_window_shorter_than_the_drivers_sampling_period_reads_once_at_its_end() -> None:
+    fake = FakeNvml([FakeGpu(sample_period_s=5.0, util_period_s=0.02, power_w=250.0)])
+    s = session(fake, seconds=0.1)
+    assert s.metrics["power_w"] == 250.0
+    assert "one reading at the window's end (no NVML sample inside it): power_w, sm_clock_mhz, mem_clock_mhz" in s.note
+    assert "power_w averages over ~1 s" in s.note
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1
+
+
+def _gpm_session(fake: FakeNvml, warmup_s: float, sampling_s: float, mark: bool = True) -> TelemetrySummary:
+    ident = GpuIdentity("cuda:0", fake.gpus[0].uuid, None)
+    tel = open_telemetry("cuda:0", "full", nvml=lambda: fake, identity=lambda d: ident)
+    with tel:
+        time.sleep(warmup_s)
+        if mark:
+            tel.mark_sampling()
+        time.sleep(sampling_s)
+    return tel.summary(calls=1, tokens_per_call=1)
+
+
+def test_gpm_covers_the_sampling_phase_only_and_says_when_it_is_too_short_to_trust() -> None:
+    s = _gpm_session(FakeNvml(), warmup_s=0.3, sampling_s=0.2)
+    assert s.metrics["gpm_sm_util_pct"] == 61.5
+    assert 0.18 <= s.metrics["gpm_window_s"] < 0.3 <= s.window_s  # type: ignore[operator]
+    assert s.metrics["gpm_reliable"] is False
+    assert "the GPM metrics are quantised and unreliable" in s.note
+    unmarked = _gpm_session(FakeNvml(), warmup_s=0.0, sampling_s=0.15, mark=False)
+    assert "GPM over the whole window, warm-up included" in unmarked.note
+
+
+def test_gpm_over_a_second_or_more_is_reliable() -> None:
+    s = _gpm_session(FakeNvml(), warmup_s=0.0, sampling_s=1.05)
+    assert s.metrics["gpm_reliable"] is True and s.metrics["gpm_window_s"] >= 1.0  # type: ignore[operator]
+    assert "quantised" not in s.note
+
+
+def test_gpm_refuses_a_sampling_phase_under_100_ms() -> None:
+    fake = FakeNvml()
+    s = _gpm_session(fake, warmup_s=0.2, sampling_s=0.03)
+    covers_every_metric(s)
+    for name in (*GPM_METRICS, "gpm_window_s", "gpm_reliable"):
+        assert s.unavailable[name].startswith("GPM needs more than 100 ms between its samples"), name
+    assert fake.calls["nvmlGpmMetricsGet"] == 0 and fake.gpm_live == []
 
 
 def test_gpm_only_at_level_full() -> None:
@@ -414,19 +524,20 @@ def test_gpm_unsupported_before_hopper() -> None:
 
 def test_gpm_metric_busy_counters_are_reported_per_metric() -> None:
     fake = FakeNvml([FakeGpu(gpm_errors={fake_pynvml.GPM_TENSOR: 19})])  # NVML_ERROR_IN_USE
-    s = session(fake, level="full", seconds=0.05)
+    s = session(fake, level="full", seconds=0.15)
     assert s.unavailable["gpm_tensor_util_pct"] == "NVMLError_InUse"
     assert s.metrics["gpm_sm_util_pct"] == 61.5
 
 
 def test_one_metric_not_supported_degrades_only_that_metric() -> None:
-    fake = FakeNvml([FakeGpu(not_supported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"})])
-    s = session(fake, seconds=0.1)
+    gpu = FakeGpu(not_supported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"}, unbuffered={POWER_SAMPLES})
+    fake = FakeNvml([gpu])
+    s = session(fake, seconds=0.25, interval_s=0.02)
     covers_every_metric(s)
     assert s.unavailable["power_w"] == "NVMLError_NotSupported"
     assert s.unavailable["temp_max_c"] == "NVMLError_NotSupported"
     assert "energy_j" in s.metrics and "gpu_util_pct" in s.metrics  # the counter does not need sampled power
-    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1  # dropped after the first failure, not retried
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1  # polled (not buffered), dropped after the first failure
 
 
 def test_energy_counter_not_supported_uses_power_and_says_so() -> None:
@@ -591,3 +702,13 @@ def test_importing_telemetry_needs_no_torch_psutil_or_pynvml() -> None:
     code = "import attnbench.measure.telemetry, sys; print(sorted({'torch', 'pynvml', 'psutil'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_clock_nvml_stamps_samples_with_is_found_from_the_newest_one() -> None:
+    from attnbench.measure.telemetry.buffers import clock_domain
+
+    host = {"wall": 1_700_000_000_000_000, "boottime": 86_400_000_000, "monotonic": 86_399_000_000}
+    assert clock_domain(1_700_000_000_500_000, host) == "wall"
+    assert clock_domain(86_400_200_000, host) == "boottime"  # named first where boottime and monotonic agree
+    assert clock_domain(86_399_000_000 - 20_000_000, {"monotonic": 86_399_000_000}) == ""  # too far: unknown
+    assert clock_domain(5, {}) == ""

@@ -1,0 +1,117 @@
+"""``attnbench merge SHARD_RUN... -o RUN``: the shards of a sweep joined into one run folder (needs no torch).
+
+Exit codes: 0 merged, 2 refused (different configs, conflicting rows, an incomplete set without --partial, bad
+input), 3 the environments are not comparable (unless --allow-mismatch).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from attnbench.cli.common import handles_errors, print_warnings, print_wrote, stdout
+from attnbench.core.cases import Case
+from attnbench.core.errors import ConfigError
+from attnbench.results.records import Run
+
+if TYPE_CHECKING:
+    from attnbench.analysis.merge import MergePlan
+
+AllowMismatchOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-mismatch",
+        help="Merge although this environment key differs between the runs (repeatable): device_type, cpu_model, "
+        "gpu_name, driver_major, torch, torch_cuda, cudnn, torch_threads, attnbench, git_commit, flash_attn.",
+        show_default=False,
+    ),
+]
+
+
+@handles_errors
+def merge(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Shard run folders (sweep --shard i/N), or folders that hold them.", show_default=False),
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The merged run folder to write.", show_default=False)],
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Merge an incomplete set: say what is missing instead of refusing.")
+    ] = False,
+    allow_mismatch: AllowMismatchOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the paths written.")] = False,
+) -> None:
+    """Join the shards of one sweep into one run folder that report, compare and claims read as any run.
+
+    Refuses shards of different configs, a case with two different rows, environments that differ (exit 3,
+    unless --allow-mismatch) and, without --partial, an incomplete set. Never writes to its inputs; merging the
+    same inputs again gives the same folder.
+    """
+    plan, paths, problem = merge_runs(runs, output, partial=partial, allow_mismatch=allow_mismatch or ())
+    if not quiet:
+        stdout.print(merge_summary(plan, output), markup=False, highlight=False)
+    print_wrote(paths)
+    if problem is not None:
+        print_warnings([problem])
+
+
+def config_cases(run: Run) -> list[Case] | None:
+    """Every case of a stored run's config (on its kind of device), or None when the config no longer reads."""
+    from attnbench.config.experiment import stored_experiment
+
+    try:
+        experiment = stored_experiment(run.config, run.config_source)
+    except ConfigError:
+        return None
+    return experiment.cases(str(run.environment.get("device") or "cpu"))
+
+
+def merge_runs(
+    paths: Sequence[Path], output: Path, *, partial: bool, allow_mismatch: Sequence[str] = ()
+) -> tuple[MergePlan, list[Path], str | None]:
+    """Plan the merge, build the folder beside ``output``, render its summaries and put it in place. Returns the
+    plan, the paths written (under ``output``) and the one line to show when plots could not be drawn."""
+    from attnbench.analysis.merge import plan_merge
+    from attnbench.report.run_files import write_run_files
+    from attnbench.results.merged import discard, publish, staging_folder, write_run_folder
+
+    plan = plan_merge(
+        paths, output, expected=config_cases, partial=partial, allow_mismatch=allow_mismatch, command=tuple(sys.argv)
+    )
+    print_warnings(plan.warnings)
+    staging = staging_folder(output)
+    discard(staging)  # left by an earlier merge of this process id that was killed
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_run_folder(staging, plan.run, plan.results, plan.telemetry)
+        _, written, problem = write_run_files(staging)
+        publish(staging, output)
+    except BaseException:
+        discard(staging)
+        raise
+    names = [staging / name for name in ("run.json", "results.jsonl", "telemetry.jsonl")]
+    moved = [output / p.relative_to(staging) for p in [*names, *written] if (output / p.relative_to(staging)).exists()]
+    return plan, moved, problem
+
+
+def merge_summary(plan: MergePlan, output: Path) -> str:
+    """What was merged, and what is missing: the lines a person reads after a merge."""
+    shards = sorted({str(s.shard) for s in plan.run.merged_from if s.shard is not None})
+    what = f"{len(plan.sources)} run(s)" + (f" (shards {', '.join(shards)})" if shards else "")
+    total = f" of {plan.expected}" if plan.expected is not None else ""
+    lines = [f"merged {what} of {plan.run.config_source}: {len(plan.results)}{total} cases → {output}"]
+    hosts = sorted({s.hostname for s in plan.run.merged_from if s.hostname})
+    if len(hosts) > 1:
+        lines.append(f"measured on {len(hosts)} hosts: {', '.join(hosts)}")
+    if plan.duplicates:
+        lines.append(f"{plan.duplicates} identical row(s) given twice were kept once")
+    lines += [f"allowed: {m.describe('first run', 'another')}" for m in plan.allowed]
+    lines += [f"left out: {text}" for text in plan.skipped]
+    lines += [f"missing: {gap}" for gap in plan.gaps()]
+    if not plan.complete:
+        lines.append("partial: the merged run is marked interrupted; rerun the merge once the shards are finished")
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Stored runs as pandas DataFrames, for notebooks and scripts: one row per case and run, or per raw sample.
+
+``frame`` holds every ``summary.csv`` column (same names, same units: ms, MiB), typed — numbers as numbers
+(nullable ``Int64`` for counts, ``float64`` with NaN for measurements), booleans as pandas' nullable
+``boolean``, text as ``string`` — plus each case option as a column of its own (named as the option: ``scope``,
+``positional``, ``scan``, …; empty where a model has no such option) and what identifies the run: ``run_id``,
+``started_utc`` (a UTC timestamp), ``git_commit`` (the benchmarked checkout, when the sweep ran in one),
+``label`` and ``device_name`` (the GPU's name, else the CPU model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnbench.core.catalogue import MODELS
+from attnbench.core.errors import AttnbenchError
+from attnbench.report.rows import COLUMN_TYPES, COLUMNS, summary_rows
+from attnbench.report.samples import COLUMNS as SAMPLE_COLUMNS
+from attnbench.report.samples import sample_rows
+from attnbench.results.records import Result, Run
+from attnbench.results.store import StoredRun
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# What identifies the run a row came from, first in every frame.
+RUN_COLUMNS: tuple[str, ...] = ("run_id", "started_utc", "git_commit", "label", "device_name")
+# Every option any model takes, in catalogue order, with its type: a column each in ``frame``. An option name
+# means one thing, of one type, in every model that takes it (a test holds the catalogue to that).
+OPTION_TYPES: dict[str, type] = {o.name: o.type for spec in MODELS.values() for o in spec.options}
+OPTION_COLUMNS: tuple[str, ...] = tuple(OPTION_TYPES)
+
+_PANDAS_DTYPES = {int: "Int64", float: "float64", bool: "boolean", str: "string"}
+
+
+def _run_columns(stored: StoredRun) -> dict[str, Any]:
+    environment = stored.run.environment
+    return {
+        "run_id": stored.run.run_id,
+        "started_utc": stored.run.created_utc,
+        "git_commit": stored.run.commit,
+        "label": stored.run.label,
+        "device_name": environment.get("gpu_name") or environment.get("cpu_model"),
+    }
+
+
+def frame(runs: Sequence[StoredRun]) -> pd.DataFrame:
+    """One row per case and run, runs in the order given, cases in each run's order."""
+    import pandas as pd
+
+    rows = []
+    for stored in runs:
+        identity = _run_columns(stored)
+        for result, row in zip(stored.results, summary_rows(stored.results, stored.run), strict=True):
+            options = dict(result.case.options)
+            rows.append({**identity, **row, **{name: options.get(name) for name in OPTION_COLUMNS}})
+    table = pd.DataFrame(rows, columns=[*RUN_COLUMNS, *COLUMNS, *OPTION_COLUMNS])
+    for column, kind in COLUMN_TYPES.items():
+        table[column] = table[column].astype(_PANDAS_DTYPES[kind])  # type: ignore[call-overload]
+    for name in ("run_id", "git_commit", "label", "device_name"):
+        table[name] = table[name].astype("string")
+    table["started_utc"] = pd.to_datetime(table["started_utc"], utc=True, format="ISO8601")
+    for name, kind in OPTION_TYPES.items():
+        table[name] = table[name].astype(_PANDAS_DTYPES[kind])  # type: ignore[call-overload]
+    return table
+
+
+def samples_frame(runs: Sequence[StoredRun]) -> pd.DataFrame:
+    """One row per raw timing sample: the run, the case (key, fields, options text, status), the sample's index
+    in the order taken, its ``seconds`` per call and ``calls_per_sample``."""
+    import pandas as pd
+
+    rows = [{**_run_columns(stored), **row} for stored in runs for row in sample_rows(stored.run, stored.results)]
+    columns = [*RUN_COLUMNS, *(c for c in SAMPLE_COLUMNS if c != "run_id")]
+    table = pd.DataFrame(rows, columns=columns)
+    for column in columns:
+        kind = COLUMN_TYPES.get(column)
+        if column == "seconds":
+            table[column] = table[column].astype("float64")
+        elif column in ("sample", "calls_per_sample"):
+            table[column] = table[column].astype("Int64")
+        elif kind is not None:
+            table[column] = table[column].astype(_PANDAS_DTYPES[kind])  # type: ignore[call-overload]
+        elif column != "started_utc":
+            table[column] = table[column].astype("string")
+    table["started_utc"] = pd.to_datetime(table["started_utc"], utc=True, format="ISO8601")
+    return table
+
+
+def parquet_missing() -> str | None:
+    """Why Parquet cannot be written here, or None when it can."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        return f"writing Parquet needs pyarrow ({exc.name or exc} is not installed)"
+    return None
+
+
+def write_parquet(table: pd.DataFrame, path: Path, *, instead: str) -> None:
+    """``table`` as a Parquet file; without pyarrow an error whose hint installs it or names ``instead``."""
+    reason = parquet_missing()
+    if reason is not None:
+        raise AttnbenchError(f"-o {path}: {reason}", hint=f"pip install pyarrow, or {instead}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_parquet(path, index=False)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path}: {exc.strerror or exc}", hint="choose another -o path") from None
+
+
+def write_samples_parquet(run: Run, results: Sequence[Result], path: Path) -> None:
+    """``report -f samples -o FILE.parquet``: the samples export's columns, as Parquet."""
+    import pandas as pd
+
+    table = pd.DataFrame(list(sample_rows(run, results)), columns=list(SAMPLE_COLUMNS))
+    table["heads"] = table["heads"].astype("Int64")  # recurrent rows have none; keep the column integer
+    write_parquet(table, path, instead="write JSON lines (-o FILE.jsonl) or CSV (-o FILE.csv)")

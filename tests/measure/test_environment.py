@@ -1,0 +1,150 @@
+"""What a run records about its machine: the GPU's settings through a fake pynvml, numerics switches, and old
+run.json files reading back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+
+from attnbench.measure.environment import collect_environment, nvml_environment
+from attnbench.measure.telemetry.errors import TelemetryUnavailable
+from attnbench.measure.telemetry.identity import GpuIdentity
+from attnbench.measure.telemetry.settings import read_settings
+from attnbench.results.environment import Environment
+from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.support import FIXTURE, ROOT
+
+
+def _opened(gpu: FakeGpu) -> tuple[FakeNvml, Any]:
+    fake = FakeNvml([gpu])
+    fake.nvmlInit()
+    return fake, fake.nvmlDeviceGetHandleByUUID(gpu.uuid)
+
+
+def test_settings_of_an_h200_nvl_at_its_600_w_limit() -> None:
+    fake, handle = _opened(
+        FakeGpu(
+            name="NVIDIA H200 NVL",
+            power_limit_mw=600_000,
+            power_default_limit_mw=600_000,
+            power_limit_range_mw=(200_000, 600_000),
+            ecc_mode=(1, 0),
+            persistence_mode=0,
+        )
+    )
+    settings = read_settings(fake, handle)
+    assert settings.values == {
+        "gpu_power_limit_w": 600.0,
+        "gpu_power_default_limit_w": 600.0,
+        "gpu_power_max_limit_w": 600.0,
+        "gpu_max_sm_clock_mhz": 1980,
+        "gpu_app_sm_clock_mhz": 1980,
+        "gpu_app_mem_clock_mhz": 2619,
+        "gpu_persistence_mode": False,
+        "gpu_ecc": True,
+        "gpu_ecc_pending": False,
+        "gpu_mig": False,
+        "gpu_mig_pending": False,
+    }
+    assert settings.unavailable == {} and settings.note == ""
+
+
+def test_a_mig_slice_says_so() -> None:
+    fake, handle = _opened(FakeGpu(mig_mode=(1, 1)))
+    assert read_settings(fake, handle).values["gpu_mig"] is True
+
+
+def test_settings_a_gpu_cannot_report_are_reasons_and_no_mig_support_means_whole() -> None:
+    unsupported = {"nvmlDeviceGetEccMode", "nvmlDeviceGetMigMode", "nvmlDeviceGetEnforcedPowerLimit"}
+    fake, handle = _opened(FakeGpu(name="NVIDIA GeForce RTX 4090", not_supported=unsupported))
+    settings = read_settings(fake, handle)
+    assert settings.values["gpu_mig"] is False and "gpu_mig" not in settings.unavailable
+    assert settings.unavailable == {
+        "gpu_power_limit_w": "NVMLError_NotSupported",
+        "gpu_ecc": "NVMLError_NotSupported",
+        "gpu_ecc_pending": "NVMLError_NotSupported",
+    }
+    assert settings.note == "gpu_power_limit_w, gpu_ecc, gpu_ecc_pending: NVMLError_NotSupported"
+
+
+def test_nvml_environment_reads_driver_and_settings_of_the_torch_device() -> None:
+    fake = FakeNvml([FakeGpu(power_limit_mw=650_000)])
+    ident = GpuIdentity("cuda:0", fake.gpus[0].uuid, None)
+    found = nvml_environment("cuda:0", lambda: fake, lambda d: ident)
+    assert found["nvml"] == "available" and found["driver"] == "550.54.15"
+    assert found["gpu_power_limit_w"] == 650.0 and found["gpu_mig"] is False
+    assert found["gpu_settings_note"] == ""
+    assert fake.init_count == 0  # shut down again
+
+
+def test_nvml_environment_without_nvml_or_device_is_a_reason() -> None:
+    assert nvml_environment("cuda:0", lambda: FakeNvml(init_error=9))["nvml"].startswith("unavailable:")
+
+    def unknown(device: str) -> GpuIdentity:
+        raise TelemetryUnavailable("cannot query cuda:0 through torch: no device")
+
+    found = nvml_environment("cuda:0", FakeNvml, unknown)
+    assert found["nvml"] == "available" and "cannot query cuda:0" in found["gpu_settings_note"]
+    assert "gpu_power_limit_w" not in found
+
+
+def test_environment_records_new_fields_and_old_run_json_reads_back() -> None:
+    env = collect_environment("cpu")
+    assert env.sdpa_math_reduced_precision is True  # torch 2.13 has the switch; every executor turns it on
+    data = json.loads(json.dumps(env.to_dict()))
+    assert Environment.from_dict(data) == env
+    # A run.json written before these fields: the same fingerprint, every new field unknown.
+    stored = json.loads((FIXTURE / "run.json").read_text())["environment"]
+    old = Environment.from_dict(stored)
+    assert old.fingerprint() == stored["fingerprint"]
+    assert old.gpu_mig is None and old.cudnn_compile is None and old.gpu_settings_note == ""
+
+
+@pytest.fixture
+def math_upcasts() -> Any:
+    """torch's default (math upcasts fp16/bf16 to float32) for the test, whatever earlier tests set."""
+    before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(False)
+    yield
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(before)
+
+
+def test_sdpa_math_in_bf16_computes_in_bf16_and_the_row_says_so(math_upcasts: None) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attnbench.core.cases import TimingPolicy
+    from attnbench.measure.executor import ExecutorSettings
+    from attnbench.measure.models import build_model, make_input, pinned_backend
+    from attnbench.measure.torch_executor import TorchExecutor
+    from tests.support import QUICK_TIMING, tiny_case
+
+    class MatmulDtypes(TorchDispatchMode):
+        seen: set[torch.dtype]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is torch.ops.aten.bmm.default:
+                self.seen.update(a.dtype for a in args if isinstance(a, torch.Tensor))
+            return func(*args, **(kwargs or {}))
+
+    case = tiny_case("sdpa-math", dtype="bfloat16")
+    executor = TorchExecutor(ExecutorSettings("cpu", TimingPolicy(**QUICK_TIMING), telemetry="off"))  # type: ignore[arg-type]
+    model, x = build_model(case, "cpu", torch.bfloat16), make_input(case, "cpu", torch.bfloat16)
+    spy = MatmulDtypes()
+    with torch.no_grad(), pinned_backend(model), spy:  # (under inference_mode the spy sees sdpa whole)
+        model(x)
+    assert spy.seen == {torch.bfloat16}  # torch's default would have run both bmm in float32
+    result = executor.run(case)
+    assert result.ok and result.extra["math_sdp_reduced_precision"] is True
+    assert "math_sdp_reduced_precision" not in executor.run(tiny_case("sdpa-math")).extra  # float32: moot
+
+
+def test_readme_states_the_precision_decision() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert "allow_fp16_bf16_reduction_math_sdp" in text
