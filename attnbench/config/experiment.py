@@ -8,7 +8,8 @@ yaml or pydantic exception leaves these modules.
 
 This module is the schema and the public API. Reading the source (file, YAML, line index, ``--set``) lives in
 ``config.source``; pydantic's errors in plain words, and where each error points, in ``config.messages``; the
-``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``.
+``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``; decode cases
+(``modes: [decode]`` or a ``decode:`` section) in ``config.decoding``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Annotated, Any, Literal, cast
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from attnbench.config.decoding import check_decode, decode_section
 from attnbench.config.messages import (
     OVERRIDE,
     Context,
@@ -191,6 +193,18 @@ class PresetsModel(_Strict):
     """The presets' sequence lengths; null = the grid's."""
 
 
+class DecodeModel(_Strict):
+    """Decode cases beside the grid, at their own context lengths; each key left out is the grid's (models: the
+    config's). Always causal: a decode step sees the tokens before it only."""
+
+    models: Names | None = None
+    """Models that decode (the config's models when left out); attention decodes causally."""
+    seq_len: SeqLens | None = None
+    """Context lengths n: the KV cache or recurrent state holds n tokens when the next one is timed."""
+    batch: Batches | None = None
+    """Sequences decoded side by side (the grid's batch when left out)."""
+
+
 class TimingModel(_Strict):
     """``TimingPolicy``'s fields with their ranges; the defaults are the policy's own (a test holds them)."""
 
@@ -239,7 +253,8 @@ class ConfigModel(_Strict):
     model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Options per model, e.g. {sdpa: {scope: block}}; a list of values crosses them, each a variant of its own."""
     modes: Names = Field(default_factory=lambda: ["forward", "train"])
-    """forward (under inference_mode), train (forward + backward) and backward (the backward pass alone)."""
+    """forward (under inference_mode), train (forward + backward), backward (the backward pass alone) and decode
+    (one new token after a context of seq_len: a KV cache or a recurrent state filled outside the timing)."""
     dtype: Names = Field(default_factory=lambda: ["float32"])
     """Floating-point types to time."""
     grid: GridModel
@@ -247,6 +262,8 @@ class ConfigModel(_Strict):
     presets: Annotated[PresetsModel | None, BeforeValidator(preset_names)] = None
     """Published-size models (bert-base, lstm-110m, mingru-110m) beside the grid, at their own batch and seq_len;
     a bare list of names is short for {names: [...]}."""
+    decode: DecodeModel | None = None
+    """Decode cases (one new token after a context of seq_len) with lengths, batches and models of their own."""
     d_model: DModels | None = None
     """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
     heads: HeadCounts | None = None
@@ -283,6 +300,7 @@ _SECTIONS: dict[Path_, type[BaseModel]] = {
     ("grid",): GridModel,
     ("timing",): TimingModel,
     ("presets",): PresetsModel,
+    ("decode",): DecodeModel,
 }
 
 
@@ -307,6 +325,7 @@ class Experiment:
     telemetry: Level = "basic"
     telemetry_interval_s: float | None = None
     presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets, cased after the grid
+    decode: Axes | None = None  # the decode: section's grid, cased after the grid and before the presets
 
     def interval_for(self, device: str) -> float:
         """The telemetry sampler's polling interval on ``device`` (see ConfigModel.telemetry_interval_s)."""
@@ -326,9 +345,10 @@ class Experiment:
         return self.case_timeout_s if self.case_timeout_s is not None else 60.0 + 10.0 * self.timing.max_case_s
 
     def cases(self, device: str) -> list[Case]:
-        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the presets'
-        cases follow the grid's."""
-        presets = [case for axes in self.presets for case in expand(dataclasses.replace(axes, device=device))]
+        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the decode
+        section's and then the presets' cases follow the grid's."""
+        extra = (*(() if self.decode is None else (self.decode,)), *self.presets)
+        presets = [case for axes in extra for case in expand(dataclasses.replace(axes, device=device))]
         if self.tokens is None:
             grid = expand(dataclasses.replace(self.axes, device=device))
         else:
@@ -433,6 +453,10 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
     if any(not is_recurrent(model) for model in m.models):
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
     options, written_options = check_model_options(m, axes, ctx)
+    if "decode" in m.modes:
+        causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
+        check_decode(m.models, axes["causal"], causal_path, options, m.grid.seq_len, ctx)
+    decode, written_decode = decode_section(m, axes, options, ctx)
     presets, written_presets = check_presets(m, ctx)
     _check_timing(m.timing, ctx)
 
@@ -462,6 +486,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         "model_options": written_options,
         # Only when given, so that configs without presets keep the sha256 they always had.
         **({"presets": written_presets} if written_presets is not None else {}),
+        **({"decode": written_decode} if written_decode is not None else {}),
         "modes": m.modes,
         "dtype": m.dtype,
         "grid": grid,
@@ -493,6 +518,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         telemetry=m.telemetry,
         telemetry_interval_s=m.telemetry_interval_s,
         presets=presets,
+        decode=decode,
     )
     _check_size(experiment, ctx, force)
     return experiment

@@ -7,6 +7,7 @@ import math
 KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
+TIB = 1024**4
 
 
 def to_ms(seconds: float) -> float:
@@ -39,7 +40,7 @@ def format_seconds(seconds: float) -> str:
 def format_bytes(n_bytes: float) -> str:
     if not math.isfinite(n_bytes):
         return "n/a"
-    for scale, unit in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+    for scale, unit in ((TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
         if abs(n_bytes) >= scale:
             return f"{_digits(n_bytes / scale)} {unit}"
     return f"{n_bytes:.0f} B"

@@ -16,6 +16,10 @@ side and ``extra`` the exact bounds.
 measures, whose units are fixed: nanoseconds and operations per second (an operation here is one token). Peak
 memory goes to a measure of our own, ``peak-memory-bytes``, named with its unit because Bencher creates it on
 first sight without one.
+
+Decode rows export as any other (latency = one step, throughput = batch ÷ its median), plus the state a step
+reads where it was measured: ``|metric=state_memory`` (MiB) and ``state-memory-bytes``, so a dashboard tracks
+a KV cache that grows.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ GAB_TOOL = "customSmallerIsBetter"
 BMF_LATENCY = "latency"  # built-in: nanoseconds
 BMF_THROUGHPUT = "throughput"  # built-in: operations (tokens) per second
 BMF_MEMORY = "peak-memory-bytes"
+BMF_STATE = "state-memory-bytes"
 
 
 def _round(x: float) -> float:
@@ -101,6 +106,17 @@ def gab_entries(results: Sequence[Result]) -> list[dict[str, Any]]:
                     "extra": f"peak memory of one call above the post-setup baseline ({r.memory.method})",
                 }
             )
+        held = r.state_mem_bytes
+        if held is not None:
+            entries.append(
+                {
+                    "name": f"{r.case.key}|metric=state_memory",
+                    "unit": "MiB",
+                    "value": _round(to_mib(held)),
+                    "extra": f"KV cache or recurrent state a decode step reads, measured "
+                    f"({r.extra.get('state_mem_method')}); computed: {r.state_bytes} bytes",
+                }
+            )
     return entries
 
 
@@ -134,6 +150,8 @@ def bmf_document(results: Sequence[Result]) -> dict[str, dict[str, dict[str, flo
         peak = _peak_bytes(r)
         if peak is not None:
             measures[BMF_MEMORY] = _metric(peak)
+        if r.state_mem_bytes is not None:
+            measures[BMF_STATE] = _metric(r.state_mem_bytes)
         document[r.case.key] = measures
     return document
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnbench.core.units import format_bytes, format_rate, format_seconds
-from attnbench.report.cells import column_headers, memory_text, run_checks, speedup_text, time_text
+from attnbench.report.cells import column_headers, memory_text, run_checks, speedup_text, state_text, time_text
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.telemetry import INTRO, telemetry_table
 from attnbench.results.records import Result, Run
@@ -39,8 +39,10 @@ def comparison_tables(
     for table in pivot_tables(results, baseline_model):
         renderables.append(_Fitted(_time_layouts(table)))
         if memory:
-            title = f"peak memory MiB · {table.title}"
-            renderables.append(_Fitted(_chunks(table, title, memory_text)))
+            what, cell_text = (
+                ("cache/state computed / measured", state_text) if table.decode else ("peak memory MiB", memory_text)
+            )
+            renderables.append(_Fitted(_chunks(table, f"{what} · {table.title}", cell_text)))
         for line in table.crossovers:
             renderables.append(Text(f"  {line}", style="italic"))
         for scaling in table.scaling:
@@ -84,10 +86,11 @@ def _time_layouts(table: PivotTable) -> list[list[Table]]:
     """Medians with their speed-ups in one table; where that is too wide for the terminal, medians and speed-ups
     in two tables; where even that is too wide, the lengths split over several tables. A cell never wraps."""
     noisy = "~ = noisy"
+    what = "time per decode step at context n " if table.decode else ""
     if table.baseline is None:
-        return _chunks(table, table.title, time_text, f"({noisy})")
-    both = _chunks(table, table.title, time_text, f"(speed-up vs {table.baseline}; {noisy})")
-    times = _chunks(table, table.title, lambda cell: time_text(cell, speedup=False), f"({noisy})")
+        return _chunks(table, table.title, time_text, f"{what}({noisy})")
+    both = _chunks(table, table.title, time_text, f"{what}(speed-up vs {table.baseline}; {noisy})")
+    times = _chunks(table, table.title, lambda cell: time_text(cell, speedup=False), f"{what}({noisy})")
     ups = _chunks(table, f"speed-up vs {table.baseline} (the table above)", speedup_text, f"(> 1× = faster; {noisy})")
     return [both[0], times[0] + ups[0], *both[1:]]
 

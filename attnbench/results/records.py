@@ -9,6 +9,10 @@ Schema history (``SCHEMA_VERSION``):
       ``Source`` runs ``attnbench merge`` joined into this one); measurement ``warmup_moved``,
       ``replicate_medians_s``, ``injected_delay_s``. A reader older than a key refuses a file that carries it
       (unknown keys are errors), with the hint to upgrade.
+      Mode ``decode`` (issue 13) is a value a case may hold since; a reader from before refuses such a row.
+      ``extra`` is open-ended (scalars by name); decode rows carry ``state_bytes`` (the KV cache or
+      recurrent state, computed), ``state_mem_bytes`` and ``state_mem_method`` (the same, measured) and
+      ``prefill_s`` (the set-up's prefill, untimed).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -103,6 +107,16 @@ class Result:
         return self.timing.median_s
 
     @property
+    def state_bytes(self) -> int | None:
+        """A decode row's KV cache or recurrent state, computed from shapes and dtype; None for other rows."""
+        return _count(self.extra.get("state_bytes"))
+
+    @property
+    def state_mem_bytes(self) -> int | None:
+        """The same state, measured (``extra["state_mem_method"]`` says how); None where not measured."""
+        return _count(self.extra.get("state_mem_bytes"))
+
+    @property
     def tokens_per_s(self) -> float | None:
         if self.measurement is None or self.measurement.median_s <= 0:
             return None
@@ -151,6 +165,10 @@ class Result:
             extra=_extra(r.get("extra", {})),
             telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
         )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 _RESULT_OPTIONAL = (

@@ -17,6 +17,7 @@ def test_values_that_round_past_the_unit_print_as_integers() -> None:
     assert format_seconds(1500.0) == "1500 s"
     assert format_bytes(1023 * 1024) == "1023 KiB"
     assert format_bytes(1000 * MIB) == "1000 MiB"
+    assert format_bytes(256 * 1024**4) == "256 TiB"
     assert "e+" not in format_rate(999_600)
 
 

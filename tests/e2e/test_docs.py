@@ -128,13 +128,20 @@ def test_sweeps_device_default_is_the_configs() -> None:
 # ------------------------------------------------------------------------------------------- the configs' headers
 def test_the_default_sweeps_size_and_time_agree_between_readme_and_its_config() -> None:
     text = builtin_config_text("cpu")
-    models, modes, lengths, cases, budget = re.search(  # type: ignore[union-attr]
-        r"(\d+) models x (\d+) modes x (\d+) lengths = (\d+) cases, each held to a ([\d.]+) s budget", text
-    ).groups()
+    said = re.search(
+        r"(\d+) models x (\d+) modes x (\d+) lengths = (\d+) cases, and (\d+) models x (\d+) context lengths "
+        r"decoding \((\d+) cases\), each held to a ([\d.]+) s budget",
+        " ".join(line.lstrip("# ") for line in text.splitlines()),
+    )
+    assert said is not None, "default-cpu.yaml's header no longer states its size"
+    models, modes, lengths, cases, decoders, contexts, decodes, budget = said.groups()
     experiment = load_experiment(None, device_type="cpu")
     axes = experiment.axes
     assert (int(models), int(modes), int(lengths)) == (len(axes.models), len(axes.modes), len(axes.seq_len))
-    assert int(cases) == len(experiment.cases("cpu")) and float(budget) == experiment.timing.max_case_s
+    every = experiment.cases("cpu")
+    decoding = [case for case in every if case.mode == "decode"]
+    assert int(decodes) == len(decoding) == int(decoders) * int(contexts)
+    assert int(cases) == len(every) - len(decoding) and float(budget) == experiment.timing.max_case_s
     in_config = re.search(r"about (\d+) s on a quiet 2-core CPU", " ".join(text.split()))
     in_readme = _one(r"about (\d+) s on a quiet 2-core CPU")
     assert in_config is not None and in_config[1] == in_readme[1], "README and default-cpu.yaml disagree on the time"
@@ -142,10 +149,10 @@ def test_the_default_sweeps_size_and_time_agree_between_readme_and_its_config() 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_a_case_count_in_a_configs_header_is_its_grids(path: Path) -> None:
-    """'… = N cases' in a header counts the grid (a preset's cases are counted beside it)."""
+    """'… = N cases' in a header counts the grid (a preset's and the decode section's are counted beside it)."""
     header = " ".join(line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#"))
     said = re.search(r"= (\d+) cases", header)
     if said is None:
         pytest.skip("the header states no case count")
-    grid = load_experiment(path, ("presets=null",))
+    grid = load_experiment(path, ("presets=null", "decode=null"))
     assert int(said[1]) == len(grid.cases("cuda:0")), f"{path.name} says {said[1]} cases"
