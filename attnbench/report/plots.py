@@ -557,13 +557,14 @@ def _draw(
     log_y = metric != "memory" or min(values) > 0  # a 0-byte peak (a CPU RSS reading) has no logarithm
     ax.set_xscale("log")
     ax.set_yscale("log" if log_y else "linear")
+    # The x range before any line: one length alone is a zero-width range, which log axes cannot transform.
+    seq_lens = sorted({p.n for s in lines for p in s.points})
+    _x_axis(ax, table, seq_lens)
     banded, noisy = _plot_lines(ax, lines, colours)
     if metric == "speedup":
         ax.axhline(1.0, color="0.2", linewidth=1.1, linestyle="--", zorder=1)
     failing = _failures(lines)
     _y_axis(ax, table, metric, log_y, len(failing))
-    seq_lens = sorted({p.n for s in lines for p in s.points})
-    _x_axis(ax, table, seq_lens)
     ax.tick_params(labelsize=8.5)
     ax.grid(True, which="major", color="0.85", linewidth=0.8, zorder=0)
     ax.grid(True, which="minor", axis="y", color="0.93", linewidth=0.5, zorder=0)
