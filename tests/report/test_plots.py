@@ -170,9 +170,9 @@ def test_render_plots_draws_each_metric_for_each_table(stored: StoredRun) -> Non
 
 @needs_matplotlib
 def test_one_length_draws_without_a_numpy_warning() -> None:
-    """A sweep at one seq_len (tests/data/runs/aa-cpu-one-length: configs/aa-cpu.yaml) is a zero-width x range until the axis
-    is set: drawn in the wrong order, a lone error bar made matplotlib's log transform divide by zero and a
-    RuntimeWarning reached the user's terminal."""
+    """A sweep at one seq_len (tests/data/runs/aa-cpu-one-length, from configs/aa-cpu.yaml) is a zero-width x
+    range until the axis is set: drawn in the wrong order, a lone error bar made matplotlib's log transform divide
+    by zero and a RuntimeWarning reached the user's terminal."""
     stored = load_run(DATA / "runs" / "aa-cpu-one-length")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
