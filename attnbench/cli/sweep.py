@@ -130,6 +130,13 @@ def sweep(
             if interrupts.signal is None and not caused_by_interrupt(exc):
                 raise
             raise interrupted(interrupts.signal or signal.SIGINT, "stopped before the first case") from None
+        if interrupts.signal is not None:
+            # The signal came while starting, and an import swallowed it (torch imports numpy inside a try, which
+            # can leave a half-imported module behind): measure and render nothing in this interpreter.
+            run.stop_before_start()
+            raise interrupted(
+                interrupts.signal, f"stopped before the first case; resume with: attnbench sweep --resume {run.folder}"
+            )
         plan, environment = run.plan, run.environment
         print_warnings(run.warnings)
         if not quiet:

@@ -282,6 +282,11 @@ class Sweep:
                 if not quietly:
                     raise
 
+    def stop_before_start(self) -> None:
+        """Close the run as interrupted without measuring anything: it holds its run.json and resumes as any
+        other (the caller saw a signal during start-up that something in it swallowed)."""
+        self._close(complete=False)
+
     def abort(self) -> None:
         """Stop a worker that may be running a case, now (a second Ctrl-C). Safe from a signal handler."""
         if isinstance(self._executor, WorkerPool):

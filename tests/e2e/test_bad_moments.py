@@ -309,6 +309,37 @@ def test_ctrl_c_while_starting_is_one_line_and_leaves_no_folder(
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_ctrl_c_an_import_swallowed_while_starting_stops_before_any_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch imports numpy inside a try: a Ctrl-C then can vanish into a half-imported numpy, the start-up goes on,
+    and rendering the summaries with that numpy crashed with a traceback. The signal is seen after start-up:
+    nothing is measured or rendered, the run is closed as interrupted and says how to resume."""
+    import attnbench.measure.sweep as library
+
+    real = library._environment
+
+    def swallowing(*args: Any) -> Any:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            pass  # what the import's own except clause did
+        return real(*args)
+
+    monkeypatch.setattr(library, "_environment", swallowing)
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    done = sweep(str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"))
+    assert done.exit_code == 130, done.output
+    (folder,) = (tmp_path / "out").iterdir()
+    assert done.stderr == (
+        f"interrupted by SIGINT: stopped before the first case; resume with: attnbench sweep --resume {folder}\n"
+    )
+    stored = load_run(folder)
+    assert stored.run.state == "interrupted" and stored.results == ()
+    assert not (folder / "summary.csv").exists()
+
+
 def import_interrupted(*args: Any) -> None:
     """What an extension does that catches the KeyboardInterrupt of a Ctrl-C during its import: raise its own."""
     try:
