@@ -118,7 +118,8 @@ def formula_id(case: Case) -> str:
     """The id of the formula ``count_flops`` uses for ``case``: family (or cell), scope and decode, versioned."""
     scope = str(case.option("scope"))
     if case.model == "linear-attn":
-        formula = LINEAR_FORMULAS[str(case.option("form"))]
+        # A decode step is the recurrent form's step whatever form computed the context.
+        formula = LINEAR_FORMULAS["recurrent" if case.mode == "decode" else str(case.option("form"))]
         if scope != "core":
             formula = formula.replace("-v1", f"-{scope}-v1")
     elif case.family == "attention":
