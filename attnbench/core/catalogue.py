@@ -179,6 +179,14 @@ _LINEAR_OPTIONS = (
     ),
     OptionSpec("chunk", int, 64, "tokens per chunk of the chunked form", minimum=1, maximum=65_536),
     OptionSpec(
+        "kernel",
+        str,
+        "torch",
+        "torch: the plain-torch forms (every device); fla: the chunked form as flash-linear-attention's fused Triton "
+        "kernel (chunk_linear_attn; CUDA, when the fla package is installed: an unsupported row otherwise)",
+        choices=("torch", "fla"),
+    ),
+    OptionSpec(
         "feature",
         str,
         "elu",
@@ -430,8 +438,10 @@ def option_problem(model: str, name: str, options: dict[str, bool | int | float 
         return "max_len sizes the learned position table, which exists with positional: learned only"
     if name == "match" and scope == "core":
         return "match sizes the recurrent block; at scope core the layer has hidden = d_model"
-    if name == "chunk" and value("form") != "chunked":
-        return "chunk sizes the chunks of form chunked only"
+    if name == "chunk" and (value("form") != "chunked" or value("kernel") == "fla"):
+        return "chunk sizes the chunks of form chunked only (fla's kernel chooses its own)"
+    if name == "kernel" and value("form") != "chunked":
+        return "kernel fla is the chunked form's kernel; the recurrent and parallel forms are plain torch"
     if name == "ffn_mult":
         if spec.heads and scope == "core":
             return "ffn_mult sizes the FFN of a block; scope core has none"

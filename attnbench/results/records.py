@@ -14,7 +14,7 @@ Schema history (``SCHEMA_VERSION``):
       recurrent state, computed), ``state_mem_bytes`` and ``state_mem_method`` (the same, measured) and
       ``prefill_s`` (the set-up's prefill, untimed).
       Issue 14: models ``linear-attn`` and ``flex`` and options ``heads_kv``, ``window``, ``compile``, ``form``,
-      ``chunk``, ``feature``, ``decay`` (a reader from before refuses them as unknown); ``extra`` may carry
+      ``chunk``, ``feature``, ``decay``, ``kernel`` (a reader from before refuses them as unknown); ``extra`` may carry
       ``gqa_path`` (how a core read fewer K/V heads), ``compile_s`` (torch.compile's first call, untimed) and
       ``recompiles`` (graphs dynamo compiled during the timing: nonzero means the timing saw a recompilation).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else

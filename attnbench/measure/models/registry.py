@@ -264,10 +264,27 @@ def probe(case: Case, device: str) -> str | None:
     allowed = _DTYPE_LIMITS.get(case.model)
     if allowed is not None and case.dtype not in allowed:
         return f"{case.model}: supports only {' and '.join(allowed)}, not {case.dtype}"
-    problem = option_problem(case)
+    problem = option_problem(case) or _kernel_problem(case, device_type)
     if problem is not None:
         return problem
     return _probe_tiny(case, device)
+
+
+def _kernel_problem(case: Case, device_type: str) -> str | None:
+    """Why an option-chosen package kernel (linear-attn's kernel: fla) cannot run here, found before building."""
+    if case.model != "linear-attn" or case.option("kernel") != "fla":
+        return None
+    if device_type != "cuda":
+        return "linear-attn kernel fla: flash-linear-attention's kernels are Triton, CUDA only"
+    if case.option("decay") != "none":
+        return "linear-attn kernel fla: chunk_linear_attn has no decay (use kernel torch for decay retnet)"
+    try:
+        importlib.import_module("fla.ops.linear_attn")
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "fla":
+            return "linear-attn kernel fla: package fla (flash-linear-attention) is not installed"
+        return f"linear-attn kernel fla: package fla does not import: {_one_line(str(exc))}"
+    return None
 
 
 def option_problem(case: Case) -> str | None:

@@ -339,3 +339,30 @@ def test_gpu_decode_of_gqa_windows_and_linear_attention_equals_the_forward(model
         pytest.skip(reason)
     decoded, reference = decoded_against_forward(case, "cuda")
     torch.testing.assert_close(decoded.float(), reference.float(), atol=5e-2, rtol=0.05)
+
+
+def test_the_fla_kernel_is_an_unsupported_row_with_its_reason_where_it_cannot_run() -> None:
+    for mode in ("forward", "train", "decode"):
+        case = replace(case_of("linear-attn", kernel="fla"), mode=mode)  # type: ignore[arg-type]
+        assert probe(case, "cpu") == "linear-attn kernel fla: flash-linear-attention's kernels are Triton, CUDA only"
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads_kv", [4, 2])
+def test_the_fla_kernel_computes_the_chunked_form_or_says_why_not(heads_kv: int) -> None:
+    case = replace(
+        case_of("linear-attn", dtype="bfloat16", seq_len=200, kernel="fla", heads_kv=heads_kv), device="cuda"
+    )
+    reason = probe(case, "cuda")
+    if reason is not None:
+        assert reason.startswith("linear-attn kernel fla:")
+        pytest.skip(reason)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(2, 200, 32, generator=generator, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(2, 200, 32, generator=generator, device="cuda", dtype=torch.bfloat16)
+    reference = replace(case, options=tuple(o for o in case.options if o[0] != "kernel"))
+    ref, ref_grads = forward_and_grads(reference, x, grad, "cuda", compute_dtype=torch.float32)
+    out, grads = forward_and_grads(case, x, grad, "cuda")
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(grads["input"].float(), ref_grads["input"], atol=3e-2, rtol=3e-2)
