@@ -20,6 +20,7 @@ at all (``nn.LSTM``: "Dynamo does not support RNN, GRU, or LSTM") runs eager beh
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,15 @@ def fresh() -> None:
     """Forget every compiled graph and counter of the cases before (step 1 of the module notes)."""
     torch._dynamo.reset()
     _counters().clear()
+
+
+def replayable_backward(case_mode: str, compiling: bool) -> contextlib.AbstractContextManager[object]:
+    """A ``backward`` row replays one graph's backward (``retain_graph=True``), which AOTAutograd's donated buffers
+    forbid ("compiled with non-empty donated buffers which requires ... retain_graph=False"): they are turned off
+    for such a row, a memory optimisation of the backward that train rows keep."""
+    if not compiling or case_mode != "backward":
+        return contextlib.nullcontext()
+    return torch._functorch.config.patch(donated_buffer=False)
 
 
 def wrap(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:

@@ -21,7 +21,14 @@ from attnbench.core.cases import Case, Level
 from attnbench.core.catalogue import MODELS
 from attnbench.core.flops import count_flops, executed_flops
 from attnbench.measure.clocks import clock_for
-from attnbench.measure.compiled import CompileWatch, compile_mode, fresh, is_compiler_failure, wrap
+from attnbench.measure.compiled import (
+    CompileWatch,
+    compile_mode,
+    fresh,
+    is_compiler_failure,
+    replayable_backward,
+    wrap,
+)
 from attnbench.measure.decode import DecodeSetup
 from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.measure.failures import describe, is_oom
@@ -152,6 +159,13 @@ class TorchExecutor:
         compiling = mode is not None or case.model == "flex"  # flex is compiled by construction
         if compiling:
             fresh()  # no graph of an earlier case serves this one (attnbench.measure.compiled)
+        with replayable_backward(case.mode, compiling):
+            return self._measure_built(case, mode, compiling, on_timed)
+
+    def _measure_built(
+        self, case: Case, mode: str | None, compiling: bool, on_timed: Callable[[Result], None] | None
+    ) -> Result:
+        """The case built, set up, (compiled,) timed and measured; ``mode`` is its torch.compile mode or None."""
         torch.manual_seed(self.seed)
         dtype = torch_dtype(case.dtype)
         model = build_model(case, str(self.device), dtype)

@@ -20,7 +20,7 @@ from tests.measure.test_torch_executor import executor
 from tests.support import ROOT, tiny_case
 
 
-@pytest.mark.parametrize("mode", ["forward", "train", "decode"])
+@pytest.mark.parametrize("mode", ["forward", "train", "backward", "decode"])
 def test_a_compiled_row_records_its_compile_time_apart_and_no_recompilation(mode: str) -> None:
     case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default", heads_kv=2)
     result = executor().run(case)
