@@ -252,7 +252,8 @@ class TorchExecutor:
         except Exception as exc:
             if is_oom(exc) or not is_compiler_failure(exc):
                 raise
-            what = "flex's compiled kernel" if case.model == "flex" else f"torch.compile(mode={watch.mode})"
+            compiled_model = case.option("compile") != "none"
+            what = f"torch.compile(mode={watch.mode})" if compiled_model else "flex's compiled kernel"
             return Result(case, "unsupported", f"{what} cannot compile {case.model} here: {describe(exc)}")
         return None
 
