@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from attnbench.core.cases import Case, Mode
-from attnbench.core.catalogue import is_recurrent
+from attnbench.core.catalogue import has_heads, is_recurrent
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -72,6 +72,7 @@ def tiny_case(
     """A small ``Case`` for tests: recurrent models get no heads and are causal (as configs make them);
     ``options`` become the case's model options."""
     recurrent = is_recurrent(model)
+    headless = not has_heads(model)
     return Case(
         model,
         mode,
@@ -80,7 +81,7 @@ def tiny_case(
         batch,
         seq_len,
         d_model,
-        None if recurrent else heads,
+        None if headless else heads,
         layers,
         recurrent if causal is None else causal,
         tuple(sorted(options.items())),

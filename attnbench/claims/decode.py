@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from attnbench.analysis.scaling import PowerLaw, fit_power_law
-from attnbench.claims.selection import Series, describe_series, family, series, variant
+from attnbench.claims.selection import Series, article_variant, describe_series, family, series, variant
 from attnbench.claims.verdicts import MIN_SLOPE_POINTS, ClaimResult, Verdict, exponent_text, thin_slope, undecided
 from attnbench.core.units import KIB, format_bytes, format_seconds
 from attnbench.results.records import Result
@@ -46,7 +46,7 @@ def _decode_series(results: Sequence[Result]) -> list[Series]:
     """Per model variant, the decode curve the claims read (see the module notes)."""
     by_variant: dict[str, list[Series]] = {}
     for s in series(results):
-        if s.shape.mode == "decode" and len(s.points) >= 2:
+        if s.shape.mode == "decode" and len(s.points) >= 2 and article_variant(s.shape):
             by_variant.setdefault(variant(s.shape), []).append(s)
     chosen = []
     for curves in by_variant.values():

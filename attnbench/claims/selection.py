@@ -39,6 +39,13 @@ def option(case: Case, name: str) -> OptionValue | None:
         return None
 
 
+def article_variant(case: Case) -> bool:
+    """Whether ``case`` is a model the article's complexity claims are about: not a sliding window (a band of W
+    keys changes the complexity those claims state) and not linear attention (neither the RNN nor the attention
+    the article means: its forms are compared in their own right, results/README.md)."""
+    return not option(case, "window") and case.model != "linear-attn"
+
+
 def peak_of(run: Run, result: Result) -> Peak | None:
     """The peak FLOP/s a row is held against (calibrated, else vendor; ``peak_use``), or None where unknown."""
     return PeakTable.for_run(run).for_case(result.case)

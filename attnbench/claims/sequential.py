@@ -26,7 +26,16 @@ from collections.abc import Sequence
 
 from attnbench.analysis.scaling import PowerLaw, fit_power_law
 from attnbench.claims.decode import decode_rows
-from attnbench.claims.selection import Series, describe_series, family, option, pct_of_peak, series, variant
+from attnbench.claims.selection import (
+    Series,
+    article_variant,
+    describe_series,
+    family,
+    option,
+    pct_of_peak,
+    series,
+    variant,
+)
 from attnbench.claims.verdicts import (
     GPU_CONFIG,
     MIN_SLOPE_POINTS,
@@ -57,7 +66,9 @@ def _slope_series(results: Sequence[Result]) -> list[Series]:
     with ≥ 3 lengths (else the one with most lengths). Variants with a single length cannot show a slope, and
     positional variants are left to claim 5 where the model also ran without one."""
     by_variant: dict[tuple[str, tuple[tuple[str, OptionValue], ...]], list[Series]] = {}
-    curves = [s for s in series(results) if len(s.points) >= 2 and s.shape.mode != "decode"]
+    curves = [
+        s for s in series(results) if len(s.points) >= 2 and s.shape.mode != "decode" and article_variant(s.shape)
+    ]
     # Positional encodings are claim 5's business: a model's positional=none curve speaks for it when it has one.
     plain = {s.shape.model for s in curves if option(s.shape, "positional") in (None, "none")}
     for s in curves:

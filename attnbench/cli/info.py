@@ -89,8 +89,8 @@ def schema(output: OutputOpt = None) -> None:
 def models(
     device: DeviceOpt = None, dtype: Annotated[str, typer.Option("--dtype", help="dtype to probe with.")] = "float32"
 ) -> None:
-    """List every model and whether it runs on this device (and why not)."""
-    from attnbench.core.catalogue import DTYPES, MODELS
+    """List every model, whether it runs on this device (and why not), and its options."""
+    from attnbench.core.catalogue import DTYPES, MODELS, option_summary
     from attnbench.measure.devices import resolve_device
     from attnbench.measure.models import availability
 
@@ -99,15 +99,16 @@ def models(
     resolved = resolve_device(device or "auto")
     status = availability(resolved, dtype)
     table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
-    for column in ("model", "family", "status", "what it is"):
+    for column in ("model", "family", "status", "what it is", "options (default, values)"):
         table.add_column(column)
     for name, spec in MODELS.items():
         reason = status[name]
         table.add_row(
             name,
             spec.family,
-            "[green]available[/]" if reason is None else f"[red]unavailable[/]: {reason}",
-            spec.summary,
+            "[green]available[/]" if reason is None else f"[red]unavailable[/]: {escape(reason)}",
+            escape(spec.summary),
+            escape(option_summary(spec)),
         )
     stdout.print(table)
 

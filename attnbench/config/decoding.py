@@ -117,5 +117,6 @@ def decode_section(
         causal=(True,),
         device=m.device,
         model_options={model: options[model] for model in models if model in options},
+        heads_kv=tuple(axes.get("heads_kv", (0,))),
     )
     return grid, {"models": models, "seq_len": seq_lens, "batch": batch}

@@ -66,7 +66,7 @@ from attnbench.core.cases import (  # the size caps, re-exported here with the c
     default_interval_s,
     expand,
 )
-from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODES, is_recurrent
+from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODELS, MODES, has_heads
 from attnbench.core.errors import ConfigError
 
 __all__ = [
@@ -172,6 +172,9 @@ class GridModel(_Strict):
     """Model width: the RNN hidden size, the attention embedding size (here or at the top level)."""
     heads: HeadCounts | None = None
     """Attention heads, each must divide d_model; ignored by recurrent models (here or at the top level)."""
+    heads_kv: HeadCounts | None = None
+    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
+    heads (here or at the top level); left out = heads."""
     layers: LayerCounts | None = None
     """Stacked layers (or blocks) of each model (here or at the top level)."""
     causal: Flags | None = None
@@ -268,6 +271,9 @@ class ConfigModel(_Strict):
     """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
     heads: HeadCounts | None = None
     """Attention heads, each must divide d_model; ignored by recurrent models (here or under grid)."""
+    heads_kv: HeadCounts | None = None
+    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
+    heads (here or under grid); left out = heads."""
     layers: LayerCounts | None = None
     """Stacked layers (or blocks) of each model (here or under grid)."""
     causal: Flags | None = None
@@ -450,8 +456,10 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
 
     if m.grid.tokens is not None:
         axes["batch"] = _tied_batches(m.grid.tokens, m.grid.seq_len, ctx)
-    if any(not is_recurrent(model) for model in m.models):
+    if any(has_heads(model) for model in m.models):
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
+    heads_kv_path = _check_heads_kv(m, axes["heads"], ctx)
+    axes["heads_kv"] = (m.heads_kv or m.grid.heads_kv or [0]) if heads_kv_path else [0]
     options, written_options = check_model_options(m, axes, ctx)
     if "decode" in m.modes:
         causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
@@ -473,9 +481,12 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         causal=tuple(axes["causal"]),
         device=m.device,
         model_options=options,
+        heads_kv=tuple(axes["heads_kv"]),
     )
     grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
     grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
+    if heads_kv_path:  # only when given, so that configs without it keep the sha256 they always had
+        grid["heads_kv"] = axes["heads_kv"]
     # The axes all sit under grid here, wherever they were written, so that equal experiments hash equal;
     # the result is itself a valid config.
     resolved: dict[str, Any] = {
@@ -568,6 +579,36 @@ def _check_heads(heads: list[int], d_models: list[int], path: Path_ | None, ctx:
                     ctx.item(path, i) if path else ("heads",),
                     hint=f"heads that divide {d}: {', '.join(divisors)}" + (", …" if d > 128 else ""),
                 )
+
+
+def _check_heads_kv(m: ConfigModel, heads: list[int], ctx: Context) -> Path_ | None:
+    """Where the grid's heads_kv was given (top level or under grid), after checking every value divides every
+    heads and some model takes it; None when it was not given."""
+    if m.heads_kv is not None and m.grid.heads_kv is not None:
+        raise ctx.error("heads_kv is given both at the top level and under grid; keep one", ("grid", "heads_kv"))
+    values = m.heads_kv or m.grid.heads_kv
+    if values is None:
+        return None
+    path: Path_ = ("heads_kv",) if m.heads_kv is not None else ("grid", "heads_kv")
+    check_unique(values, "heads_kv", path, ctx)
+    takers = [model for model in m.models if MODELS[model].option("heads_kv") is not None]
+    if not takers:
+        raise ctx.error(
+            f"heads_kv has no effect: no model listed ({', '.join(m.models)}) has key/value heads",
+            path,
+            hint="add an attention model (sdpa, vanilla, flash-attn, flex) or linear-attn, or remove heads_kv",
+        )
+    for i, kv in enumerate(values):
+        for h in heads:
+            if kv > h or h % kv:
+                divisors = [str(k) for k in range(1, h + 1) if h % k == 0]
+                raise ctx.error(
+                    f"heads_kv {kv} does not divide heads {h}: each key/value head serves heads / heads_kv query "
+                    "heads, which must be whole",
+                    ctx.item(path, i),
+                    hint=f"heads_kv values that divide {h}: {', '.join(divisors)} (1 = multi-query, {h} = multi-head)",
+                )
+    return path
 
 
 def _check_timing(t: TimingModel, ctx: Context) -> None:

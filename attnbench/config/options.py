@@ -96,10 +96,14 @@ def check_model_options(
             option = spec.option(name)
             if option is None:
                 known = ", ".join(o.name for o in spec.options if o.name != "preset") or "none"
+                takers = [m for m, s in MODELS.items() if s.option(name) is not None and name != "preset"]
+                elsewhere = f"{name} is an option of {', '.join(takers)}" if takers else ""
                 raise ctx.error(
                     f"unknown option {name!r} for {model}; its options: {known}",
                     (*path, name),
-                    hint=did_you_mean(name, [o.name for o in spec.options]),
+                    hint=did_you_mean(name, [o.name for o in spec.options])
+                    or elsewhere
+                    or "`attnbench models` lists every model's options",
                 )
             if name == "preset":
                 raise ctx.error(
@@ -177,7 +181,7 @@ def _check_combination(
                     (*path, "max_len"),
                     hint=f"raise max_len to at least {max(axes['seq_len'])}, or set 0 (= each case's seq_len)",
                 )
-    if is_recurrent(model):
+    if MODELS[model].option("bidirectional") is not None or MODELS[model].option("match") is not None:
         bidirectional = bool(chosen.get("bidirectional", False))
         if bidirectional:
             for d in axes["d_model"]:
@@ -198,6 +202,24 @@ def _check_combination(
                         hint="use a larger d_model (the sizes move in coarse steps when it is small), or match: hidden",
                     )
         return
+    if value("heads_kv"):
+        kv = value("heads_kv")
+        for h in axes["heads"]:
+            if kv > h or h % kv:
+                raise ctx.error(
+                    f"heads_kv {kv} does not divide heads {h}: each key/value head serves heads / heads_kv query "
+                    "heads, which must be whole",
+                    (*path, "heads_kv"),
+                    hint=f"heads_kv values that divide {h}: {', '.join(str(k) for k in range(1, h + 1) if h % k == 0)}",
+                )
+    if MODELS[model].option("window") is not None and value("window"):
+        window, longest = value("window"), max(axes["seq_len"])
+        if window >= longest:
+            raise ctx.error(
+                f"window {window} covers every seq_len (the longest is {longest}), so it changes nothing",
+                (*path, "window"),
+                hint=f"give a window below {longest}, or remove window (0 = the whole sequence)",
+            )
     if value("positional") == "rope":
         for h in axes["heads"]:
             for d in axes["d_model"]:
@@ -221,7 +243,9 @@ def _option_value(value: Any, option: OptionSpec, model: str, path: Path_, ctx: 
     if kind is int and isinstance(value, int) and not isinstance(value, bool):
         low, high = option.minimum, option.maximum
         if (low is not None and value < low) or (high is not None and value > high):
-            raise ctx.error(f"must be an integer from {low} to {high}, got {value}", path)
+            raise ctx.error(
+                f"must be an integer from {low} to {high}, got {value}", path, hint=f"{option.name}: {option.help}"
+            )
         return value
     if kind is str and isinstance(value, str):
         if option.name == "positional" and value == "rope" and is_recurrent(model):
@@ -234,7 +258,7 @@ def _option_value(value: Any, option: OptionSpec, model: str, path: Path_, ctx: 
             raise ctx.error(
                 f"{option.name} {value!r} is not one of: {', '.join(option.choices)}",
                 path,
-                hint=did_you_mean(value, option.choices),
+                hint=did_you_mean(value, option.choices) or f"{option.name}: {option.help}",
             )
         return value
     word = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}[kind]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from attnbench.core.catalogue import DECODE_INERT, MODELS, is_recurrent
+from attnbench.core.catalogue import DECODE_INERT, MODELS, has_heads
 
 # Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero or
 # two) before it turns into an hour of allocator failures. Configs are held to them (config.experiment), and so
@@ -40,9 +40,10 @@ def option_text(name: str, value: OptionValue) -> str:
 class Case:
     """One measured configuration. All models map (batch, seq_len, d_model) to the same shape.
 
-    ``heads`` is ``None`` for recurrent models. ``causal`` says whether position t sees only ≤ t: a flag for
-    attention, and a property of the architecture for a recurrent model (unidirectional ⇒ causal), so that a
-    ``causal: [true, false]`` grid does not time the same LSTM twice.
+    ``heads`` is ``None`` for models without heads (LSTM, GRU, min-RNNs); linear attention has them. ``causal``
+    says whether position t sees only ≤ t: a flag for attention, and a property of the architecture for a
+    recurrent model (unidirectional ⇒ causal), so that a ``causal: [true, false]`` grid does not time the same
+    LSTM twice.
 
     ``mode == "decode"``: ``seq_len`` is the context length n already held in the KV cache or recurrent state,
     and one call produces one new token per sequence (position n); such a case is always causal.
@@ -77,6 +78,19 @@ class Case:
     @property
     def head_dim(self) -> int | None:
         return None if self.heads is None else self.d_model // self.heads
+
+    @property
+    def heads_kv(self) -> int | None:
+        """Key/value heads: ``heads`` for multi-head attention, fewer for GQA, 1 for MQA; None without heads."""
+        if self.heads is None:
+            return None
+        spec = MODELS[self.model].option("heads_kv")
+        return (int(self.option("heads_kv")) if spec is not None else 0) or self.heads
+
+    @property
+    def window(self) -> int:
+        """The sliding window's width in positions, or 0 for attention over the whole sequence."""
+        return int(self.option("window")) if MODELS[self.model].option("window") is not None else 0
 
     def option(self, name: str) -> OptionValue:
         """The case's value for a model option, or the catalogue default."""
@@ -187,6 +201,8 @@ class Axes:
     # Per model, the option sets to cross it with (a config may list several values for an option); a model
     # left out runs once, with every option at its default.
     model_options: Mapping[str, tuple[Options, ...]] = field(default_factory=dict)
+    # The grid's key/value head counts, crossed into every model that has the heads_kv option (0: = heads).
+    heads_kv: tuple[int, ...] = (0,)
 
 
 def expand(axes: Axes) -> list[Case]:
@@ -200,8 +216,9 @@ def expand(axes: Axes) -> list[Case]:
     seen: set[Case] = set()
     cases: list[Case] = []
     variants = [(model, options) for model in axes.models for options in axes.model_options.get(model, ((),))]
-    for (model, options), mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
+    for (model, options), heads_kv, mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
         variants,
+        axes.heads_kv,
         axes.modes,
         axes.dtypes,
         axes.batch,
@@ -213,10 +230,22 @@ def expand(axes: Axes) -> list[Case]:
     ):
         if mode == "decode":
             options = tuple(o for o in options if o[0] not in DECODE_INERT)
-        if is_recurrent(model):
+        options = _with_heads_kv(model, options, heads_kv, heads)
+        spec = MODELS[model]
+        if spec.family == "recurrent":
             bidirectional = bool(dict(options).get("bidirectional", False))
             case = Case(
-                model, mode, dtype, axes.device, batch, seq_len, d_model, None, layers, not bidirectional, options
+                model,
+                mode,
+                dtype,
+                axes.device,
+                batch,
+                seq_len,
+                d_model,
+                heads if has_heads(model) else None,
+                layers,
+                not bidirectional,
+                options,
             )
         else:
             case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
@@ -226,6 +255,19 @@ def expand(axes: Axes) -> list[Case]:
             seen.add(case)
             cases.append(case)
     return cases
+
+
+def _with_heads_kv(model: str, options: Options, grid_value: int, heads: int) -> Options:
+    """``options`` with the grid's heads_kv (where the model has the option and its own options leave it at the
+    default), and without a heads_kv equal to ``heads``: that is multi-head attention, whose key says nothing."""
+    if MODELS[model].option("heads_kv") is None:
+        return options
+    chosen = dict(options)
+    value = int(chosen.get("heads_kv", 0)) or grid_value
+    chosen.pop("heads_kv", None)
+    if value and value != heads:
+        chosen["heads_kv"] = value
+    return tuple(sorted(chosen.items()))
 
 
 # How much hardware telemetry a case records: none, NVML/psutil basics, or those plus GPM metrics (Hopper and newer).

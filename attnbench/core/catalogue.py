@@ -42,6 +42,8 @@ class ModelSpec:
     # A Python package the model needs beyond torch (import name).
     package: str | None = None
     options: tuple[OptionSpec, ...] = ()
+    # Whether the model splits d_model into heads (attention, linear attention): its cases carry ``heads``.
+    heads: bool = False
 
     def option(self, name: str) -> OptionSpec | None:
         return next((o for o in self.options if o.name == name), None)
@@ -127,7 +129,86 @@ _MATCH = OptionSpec(
     "attention block of the same d_model and ffn_mult (within 1 %), with a Linear back to d_model",
     choices=("hidden", "params"),
 )
-_ATTENTION_OPTIONS = (_SCOPE, _FFN_MULT, _VOCAB, _positional(*POSITIONAL), _MAX_LEN, _preset("bert-base"))
+COMPILE_MODES: tuple[str, ...] = ("none", "default", "reduce-overhead", "max-autotune")
+_COMPILE = OptionSpec(
+    "compile",
+    str,
+    "none",
+    "torch.compile the model with this mode before timing (none: eager); the compile wall time is recorded "
+    "apart (compile_s) and a recompilation during timing is flagged",
+    choices=COMPILE_MODES,
+)
+_HEADS_KV = OptionSpec(
+    "heads_kv",
+    int,
+    0,
+    "key/value heads (grouped-query attention, Ainslie et al. 2023; 1 = multi-query, Shazeer 2019); must divide "
+    "heads; 0 = heads (multi-head). The grid key heads_kv sets it for every model that has it",
+    minimum=0,
+    maximum=65_536,
+)
+_WINDOW = OptionSpec(
+    "window",
+    int,
+    0,
+    "sliding-window (local) attention: each query sees the last `window` positions (itself included; both "
+    "sides when causal is false); 0 = the whole sequence. Decode keeps a ring buffer of `window` slots",
+    minimum=0,
+    maximum=2**22,
+)
+_ATTENTION_OPTIONS = (
+    _SCOPE,
+    _FFN_MULT,
+    _VOCAB,
+    _positional(*POSITIONAL),
+    _MAX_LEN,
+    _preset("bert-base"),
+    _HEADS_KV,
+    _WINDOW,
+    _COMPILE,
+)
+LINEAR_FORMS: tuple[str, ...] = ("chunked", "recurrent", "parallel")
+_LINEAR_OPTIONS = (
+    OptionSpec(
+        "form",
+        str,
+        "chunked",
+        "chunked: the parallel form inside chunks, a state carried across them (the training form of fla, GLA, "
+        "RetNet); recurrent: one step at a time with a d×d state; parallel: the quadratic masked form",
+        choices=LINEAR_FORMS,
+    ),
+    OptionSpec("chunk", int, 64, "tokens per chunk of the chunked form", minimum=1, maximum=65_536),
+    OptionSpec(
+        "kernel",
+        str,
+        "torch",
+        "torch: the plain-torch forms (every device); fla: the chunked form as flash-linear-attention's fused Triton "
+        "kernel (chunk_linear_attn; CUDA, when the fla package is installed: an unsupported row otherwise)",
+        choices=("torch", "fla"),
+    ),
+    OptionSpec(
+        "feature",
+        str,
+        "elu",
+        "feature map φ: elu (elu + 1, Katharopoulos et al. 2020) or relu",
+        choices=("elu", "relu"),
+    ),
+    OptionSpec(
+        "decay",
+        str,
+        "none",
+        "none, or retnet: a fixed per-head decay γ_h = 1 − 2^(−5−h) of the state (Sun et al. 2023, RetNet)",
+        choices=("none", "retnet"),
+    ),
+    _HEADS_KV,
+    _SCOPE,
+    _FFN_MULT,
+    _VOCAB,
+    _positional("none", "sinusoidal", "learned"),
+    _MAX_LEN,
+    _preset(),
+    _COMPILE,
+)
 
 
 def _recurrent_options(model: str) -> tuple[OptionSpec, ...]:
@@ -162,6 +243,7 @@ def _recurrent_options(model: str) -> tuple[OptionSpec, ...]:
         _positional("none", "sinusoidal", "learned"),
         _MAX_LEN,
         _preset(*presets),
+        _COMPILE,
     )
 
 
@@ -229,6 +311,12 @@ _ATTENTION_MODELS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
         None,
     ),
     ("flash-attn", "flash_attn.flash_attn_func from the Dao-AILab package", ("cuda",), "flash_attn"),
+    (
+        "flex",
+        "torch.nn.attention.flex_attention, compiled; causal, window and GQA as block masks (inference only on CPU)",
+        ("cpu", "cuda"),
+        None,
+    ),
 )
 
 MODELS: dict[str, ModelSpec] = {
@@ -258,8 +346,18 @@ MODELS: dict[str, ModelSpec] = {
             "minLSTM (Feng et al. 2024): normalised forget/input gates from x_t alone, parallel scan",
             options=_recurrent_options("minlstm"),
         ),
+        ModelSpec(
+            "linear-attn",
+            "recurrent",
+            "causal linear attention (Katharopoulos et al. 2020, 'Transformers are RNNs'): φ(q)ᵀS_t with a d×d "
+            "state per head; trains in parallel (form), decodes as an RNN",
+            options=_LINEAR_OPTIONS,
+            heads=True,
+        ),
         *(
-            ModelSpec(name, "attention", summary, devices=devices, package=package, options=_ATTENTION_OPTIONS)
+            ModelSpec(
+                name, "attention", summary, devices=devices, package=package, options=_ATTENTION_OPTIONS, heads=True
+            )
             for name, summary, devices, package in _ATTENTION_MODELS
         ),
     )
@@ -276,11 +374,33 @@ MODES: tuple[str, ...] = ("forward", "train", "backward", "decode")
 # Options that change only how the whole sequence is computed, so a decode step is the same whatever their value
 # (minGRU/minLSTM decode by the recurrence's single step; the scan only fills the state, outside the timing):
 # decode cases leave them out, so that two values do not time one step twice.
-DECODE_INERT: tuple[str, ...] = ("scan",)
+DECODE_INERT: tuple[str, ...] = ("scan", "form", "chunk")
+
+
+def option_summary(spec: ModelSpec) -> str:
+    """``spec``'s options as one line: ``name=default`` and what else it takes (``attnbench models``)."""
+    parts = []
+    for option in spec.options:
+        if option.name == "preset":
+            continue  # set by the config's presets key, never by hand
+        default = str(option.default).lower() if isinstance(option.default, bool) else str(option.default)
+        if option.choices is not None:
+            allowed = "|".join(option.choices)
+        elif option.type is bool:
+            allowed = "true|false"
+        else:
+            allowed = f"{option.minimum}…{option.maximum}"
+        parts.append(f"{option.name}={default} ({allowed})")
+    return ", ".join(parts)
 
 
 def is_recurrent(model: str) -> bool:
     return MODELS[model].family == "recurrent"
+
+
+def has_heads(model: str) -> bool:
+    """Whether ``model``'s cases carry ``heads`` (attention and linear attention)."""
+    return MODELS[model].heads
 
 
 def decode_problem(model: str, causal: bool) -> str | None:
@@ -318,8 +438,12 @@ def option_problem(model: str, name: str, options: dict[str, bool | int | float 
         return "max_len sizes the learned position table, which exists with positional: learned only"
     if name == "match" and scope == "core":
         return "match sizes the recurrent block; at scope core the layer has hidden = d_model"
+    if name == "chunk" and (value("form") != "chunked" or value("kernel") == "fla"):
+        return "chunk sizes the chunks of form chunked only (fla's kernel chooses its own)"
+    if name == "kernel" and value("form") != "chunked":
+        return "kernel fla is the chunked form's kernel; the recurrent and parallel forms are plain torch"
     if name == "ffn_mult":
-        if spec.family == "attention" and scope == "core":
+        if spec.heads and scope == "core":
             return "ffn_mult sizes the FFN of a block; scope core has none"
         if spec.family == "recurrent" and (scope == "core" or value("match") != "params"):
             return "ffn_mult sizes the attention block a recurrent block matches, so needs match: params"

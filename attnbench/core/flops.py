@@ -44,6 +44,12 @@ LSTM_FORMULA = "lstm-v1"
 GRU_FORMULA = "gru-v1"
 MINGRU_FORMULA = "mingru-v1"
 MINLSTM_FORMULA = "minlstm-v1"
+# Linear attention, one formula per form (they do different work for the same function).
+LINEAR_FORMULAS = {form: f"linear-attn-{form}-v1" for form in ("chunked", "recurrent", "parallel")}
+# Inserted before the version where the attention formula counts fewer K/V heads or a band of keys:
+# attention-gqa-v1, attention-block-window-v1, … (multi-head, full attention keeps the v1 id it always had).
+GQA_SUFFIX = "-gqa"
+WINDOW_SUFFIX = "-window"
 DECODE_SUFFIX = "-decode"  # inserted before the version: attention-decode-v1, lstm-block-decode-v1, …
 
 # Backward / forward FLOP ratios.
@@ -81,9 +87,17 @@ FULL_SCORE_MODELS = frozenset({"vanilla", "sdpa-math"})
 
 def scores_in_full(case: Case, sdpa_kernel: str | None = None) -> bool:
     """Whether ``case``'s core computes all n² scores though its mask keeps fewer: a causal case on a
-    ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend (``sdpa_kernel`` "MATH")."""
+    ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend (``sdpa_kernel`` "MATH"); a
+    window on any SDPA model too (its band is an explicit mask, applied to every tile); linear attention's
+    parallel form (the whole T × T score matrix, masked after)."""
+    if case.model == "linear-attn":
+        return case.option("form") == "parallel" and case.mode != "decode"
+    if case.mode == "decode":
+        return False
     full = case.model in FULL_SCORE_MODELS or (case.model == "sdpa" and sdpa_kernel == "MATH")
-    return case.family == "attention" and case.causal and full
+    if case.window and case.model.startswith("sdpa"):
+        full = True
+    return case.family == "attention" and (case.causal or bool(case.window)) and full
 
 
 def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
@@ -92,7 +106,7 @@ def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
     ``full_scores`` counts every (query, key) pair of the core, masked or not: the work executed by a core that
     masks after computing (``scores_in_full``), rather than the useful work the mask keeps."""
     formula = formula_id(case)
-    forward, backward = _attention(case, full_scores) if case.family == "attention" else _recurrent(case)
+    forward, backward = _attention(case, full_scores) if case.heads is not None else _recurrent(case)
     # forward and decode count the forward pass, backward the backward pass alone, train both.
     detail = dict(forward) if case.mode != "backward" else {}
     if case.mode in ("train", "backward"):
@@ -103,8 +117,16 @@ def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
 def formula_id(case: Case) -> str:
     """The id of the formula ``count_flops`` uses for ``case``: family (or cell), scope and decode, versioned."""
     scope = str(case.option("scope"))
-    if case.family == "attention":
+    if case.model == "linear-attn":
+        # A decode step is the recurrent form's step whatever form computed the context.
+        formula = LINEAR_FORMULAS["recurrent" if case.mode == "decode" else str(case.option("form"))]
+        if scope != "core":
+            formula = formula.replace("-v1", f"-{scope}-v1")
+    elif case.family == "attention":
         formula = {"core": ATTENTION_FORMULA, "block": ATTENTION_BLOCK_FORMULA, "model": TRANSFORMER_FORMULA}[scope]
+        stem, version = formula.rsplit("-", 1)
+        gqa = GQA_SUFFIX if case.heads_kv != case.heads else ""
+        formula = f"{stem}{gqa}{WINDOW_SUFFIX if case.window else ''}-{version}"
     elif case.model not in GATES:
         raise ValueError(f"no FLOP formula for recurrent model {case.model!r}; known: {', '.join(GATES)}")
     else:
@@ -127,6 +149,18 @@ def causal_pairs(q_len: int, k_len: int) -> int:
     return rows * (rows + 1) // 2 + (q_len - rows) * k_len
 
 
+def window_pairs(length: int, window: int, *, causal: bool) -> int:
+    """How many (query, key) pairs a band of ``window`` keeps in self-attention over ``length`` positions: causal,
+    query i sees keys i − W < j ≤ i, Σ_i min(i + 1, W); not causal, |i − j| < W, each side of the diagonal
+    Σ_i min(i, W − 1) plus the diagonal itself."""
+    if window <= 0 or window >= length:
+        return causal_pairs(length, length) if causal else length * length
+    causal_part = window * (window + 1) // 2 + (length - window) * window
+    if causal:
+        return causal_part
+    return 2 * causal_part - length  # both triangles' bands, the diagonal counted once
+
+
 def executed_flops(case: Case, sdpa_kernel: str | None = None) -> int:
     """FLOPs one call executes: ``count_flops`` with the full score matrix where the core computes it all."""
     return count_flops(case, full_scores=scores_in_full(case, sdpa_kernel)).flops
@@ -139,20 +173,28 @@ def _attention(case: Case, full_scores: bool = False) -> tuple[dict[str, int], d
     b, d = case.batch, case.d_model
     # Tokens the matmuls see per sequence: all S, or the one new token of a decode step.
     s = 1 if case.mode == "decode" else case.seq_len
-    # Projections: the fused qkv Linear(d, 3d) and the out Linear(d, d) are 4·d² weights applied to B·S tokens,
-    # 2 FLOPs each (issue 3: 2·B·S·d_model²·4). Bias adds are not counted.
-    projections = 2 * b * s * d * d * 4
+    # Projections: the fused qkv Linear(d, d + 2·H_kv·D) and the out Linear(d, d) are (2d + 2·H_kv·D)·d weights
+    # applied to B·S tokens, 2 FLOPs each (issue 3: 2·B·S·d_model²·4 for multi-head attention, H_kv·D = d).
+    # Bias adds are not counted.
+    projections = 2 * b * s * d * (2 * d + 2 * kv_width(case))
     # Core: QKᵀ and P·V each take D multiply-adds per kept (query, key) pair and head: 2·2·B·H·D per pair,
     # i.e. 4·B·H·Sq·Sk·D unmasked (FlashAttention's benchmark count). Causal counts the pairs the mask keeps
     # exactly, where FlashAttention's benchmark halves: S(S+1)/2, not S²/2, which matters at short lengths (and
     # causal_pairs handles Sq ≠ Sk). Self-attention here: Sq = Sk = S and H·D = d_model. A decode step has one
     # query against the n cached keys and its own: n + 1 pairs, 4·B·H·(n + 1)·D (the KV-cache read), unmasked.
+    # GQA changes neither: every query head still scores every key it sees. A window of W keeps the band's pairs
+    # (window_pairs), and a decode step min(n + 1, W) keys, the ring buffer's.
     if case.mode == "decode":
-        pairs = case.seq_len + 1
+        pairs = min(case.span, case.window) if case.window else case.span
+    elif full_scores:
+        pairs = s * s
     else:
-        pairs = causal_pairs(s, s) if case.causal and not full_scores else s * s
+        pairs = window_pairs(s, case.window, causal=case.causal) if case.window else causal_pairs(s, s)
+        pairs = pairs if case.causal or case.window else s * s
     core = 4 * b * d * pairs
-    numerator, denominator = _CORE_BACKWARD
+    if case.model == "linear-attn":
+        core = _linear_core(case, full_scores)
+    numerator, denominator = _CORE_BACKWARD if case.model != "linear-attn" else (_MATMUL_BACKWARD, 1)
     forward = {"projections": case.layers * projections, "core": case.layers * core}
     if case.option("scope") != "core":
         # The block's FFN: Linear(d, m·d) then Linear(m·d, d), 2·m·d² weights per token (Vaswani et al. 2017
@@ -163,6 +205,42 @@ def _attention(case: Case, full_scores: bool = False) -> tuple[dict[str, int], d
         for name, flops in forward.items()
     }
     return forward, backward
+
+
+def kv_width(case: Case) -> int:
+    """Features of K (and of V) per token: H_kv·D, which is d_model for multi-head attention."""
+    if case.heads is None or case.heads_kv is None:
+        raise ValueError(f"{case.model} has no key/value heads")
+    return case.heads_kv * (case.d_model // case.heads)
+
+
+def _linear_core(case: Case, full_scores: bool) -> int:
+    """One layer's core matmuls of causal linear attention (Katharopoulos et al. 2020), per form.
+
+    Per query head the readout φ(q)ᵀ[S z] is a D × (D + 1) product, and per key/value head the state update
+    φ(k)[vᵀ 1] one outer product of the same size: the normaliser z rides along as an extra value column.
+    - recurrent (and a decode step, which is one of its steps): per token 2·H·D·(D+1) + 2·H_kv·D·(D+1).
+    - parallel: QKᵀ and P·V over the causal pairs, 4·H·D per pair as softmax attention's core (the row sums of
+      the normaliser are additions); ``full_scores``: all T² (it computes the whole matrix and masks it); plus
+      the final state for a prefill is not counted (the forward does not form it).
+    - chunked with C: the parallel form inside each of T/C chunks (C² pairs computed, C(C+1)/2 kept: counted
+      kept), the readout from each chunk's start state (2·H·D·(D+1) per token) and each chunk's state update
+      (2·H_kv·D·(D+1) per token).
+    """
+    b, t = case.batch, (1 if case.mode == "decode" else case.seq_len)
+    heads, kv = case.heads or 0, case.heads_kv or 0
+    d = case.d_model // heads
+    readout, update = 2 * b * t * heads * d * (d + 1), 2 * b * t * kv * d * (d + 1)
+    form = "recurrent" if case.mode == "decode" else str(case.option("form"))
+    if form == "recurrent":
+        return readout + update
+    if form == "parallel":
+        pairs = t * t if full_scores else causal_pairs(t, t)
+        return 4 * b * heads * d * pairs
+    chunk = int(case.option("chunk"))
+    full, rest = divmod(t, chunk)
+    pairs = full * causal_pairs(chunk, chunk) + causal_pairs(rest, rest)
+    return 4 * b * heads * d * pairs + readout + update
 
 
 def _recurrent(case: Case) -> tuple[dict[str, int], dict[str, int]]:
@@ -200,11 +278,13 @@ def _directions(case: Case) -> int:
     return 1
 
 
-def attention_block_parameters(d_model: int, ffn_mult: int) -> int:
-    """Parameters of one pre-norm Transformer block: 2 LayerNorms, QKV + output projections, the FFN."""
+def attention_block_parameters(d_model: int, ffn_mult: int, kv_width: int | None = None) -> int:
+    """Parameters of one pre-norm Transformer block: 2 LayerNorms, QKV + output projections, the FFN. ``kv_width``
+    is H_kv·D, the width of K and of V (d_model, its default, for multi-head attention)."""
     d, m = d_model, ffn_mult
+    kv = d if kv_width is None else kv_width
     norms = 2 * 2 * d
-    attention = (3 * d * d + 3 * d) + (d * d + d)
+    attention = (d * (d + 2 * kv) + d + 2 * kv) + (d * d + d)
     ffn = (d * m * d + m * d) + (m * d * d + d)
     return norms + attention + ffn
 
@@ -298,10 +378,10 @@ def positions(case: Case) -> int:
 def count_parameters(case: Case) -> int:
     """The parameter count of ``case``'s model as attnbench.measure.models builds it (a test holds them equal)."""
     d, scope = case.d_model, case.option("scope")
-    if case.family == "attention":
-        per_layer = (
-            4 * d * d + 4 * d if scope == "core" else attention_block_parameters(d, int(case.option("ffn_mult")))
-        )
+    if case.heads is not None:  # attention and linear attention: the same projections
+        kv = kv_width(case)
+        per_layer = attention_block_parameters(d, int(case.option("ffn_mult")), kv) if scope != "core" else 0
+        per_layer = per_layer or (d * (d + 2 * kv) + d + 2 * kv) + (d * d + d)
         body = case.layers * per_layer
     else:
         directions, hidden = _directions(case), recurrent_hidden(case)

@@ -31,6 +31,7 @@ from torch import nn
 from attnbench.core.cases import Case
 from attnbench.core.decode_state import state_bytes
 from attnbench.core.units import format_bytes
+from attnbench.measure.compiled import wrap
 from attnbench.measure.failures import describe, is_oom
 from attnbench.measure.memory import ResidentPages
 from attnbench.measure.models import make_input
@@ -46,9 +47,13 @@ PREFILL_CHUNK = 4096
 class DecodeSetup:
     """A filled state and the token to decode against it; ``extra`` gathers what the row records of both."""
 
-    def __init__(self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype):
-        """Steps 1–3 of the module notes, under ``inference_mode`` as the step is timed."""
+    def __init__(
+        self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype, *, compile_mode: str | None = None
+    ):
+        """Steps 1–3 of the module notes, under ``inference_mode`` as the step is timed. ``compile_mode``: the step
+        (not the prefill) goes through ``torch.compile`` with it (``attnbench.measure.compiled``)."""
         self._decoder = decodable(model)
+        self._step: Any = self._decoder.step if compile_mode is None else wrap(self._decoder.step, compile_mode)
         self._device = device
         model.eval()
         with torch.inference_mode():
@@ -70,7 +75,7 @@ class DecodeSetup:
 
     def step(self) -> object:
         """The timed call: one new token per sequence at context n."""
-        return self._decoder.step(self._token, self._state)
+        return self._step(self._token, self._state)
 
     def release(self) -> None:
         """Measure the state, then free it (the step cannot run after this)."""

@@ -18,8 +18,17 @@ import torch
 from torch import nn
 
 from attnbench.core.cases import Case, Level
+from attnbench.core.catalogue import MODELS
 from attnbench.core.flops import count_flops, executed_flops
 from attnbench.measure.clocks import clock_for
+from attnbench.measure.compiled import (
+    CompileWatch,
+    compile_mode,
+    fresh,
+    is_compiler_failure,
+    replayable_backward,
+    wrap,
+)
 from attnbench.measure.decode import DecodeSetup
 from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.measure.failures import describe, is_oom
@@ -27,6 +36,7 @@ from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, prof
 from attnbench.measure.memory import RssPeak
 from attnbench.measure.models import (
     build_model,
+    gqa_path,
     make_input,
     math_precision_flag,
     parameter_count,
@@ -145,10 +155,23 @@ class TorchExecutor:
         return None
 
     def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
+        mode = compile_mode(case.option("compile")) if MODELS[case.model].option("compile") is not None else None
+        compiling = mode is not None or case.model == "flex"  # flex is compiled by construction
+        if compiling:
+            fresh()  # no graph of an earlier case serves this one (attnbench.measure.compiled)
+        with replayable_backward(case.mode, compiling):
+            return self._measure_built(case, mode, compiling, on_timed)
+
+    def _measure_built(
+        self, case: Case, mode: str | None, compiling: bool, on_timed: Callable[[Result], None] | None
+    ) -> Result:
+        """The case built, set up, (compiled,) timed and measured; ``mode`` is its torch.compile mode or None."""
         torch.manual_seed(self.seed)
         dtype = torch_dtype(case.dtype)
         model = build_model(case, str(self.device), dtype)
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
+        if case.heads is not None and case.heads_kv != case.heads:
+            extra["gqa_path"] = gqa_path(case.model, case.heads, case.heads_kv or case.heads)
         if case.model == "sdpa":
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
         if case.model in ("lstm", "gru"):
@@ -166,15 +189,21 @@ class TorchExecutor:
         x: torch.Tensor | None = None
         decode: DecodeSetup | None = None
         if case.mode == "decode":
-            decode = DecodeSetup(model, case, self.device, dtype)
+            decode = DecodeSetup(model, case, self.device, dtype, compile_mode=mode)
             grad_mode: Callable[[], contextlib.AbstractContextManager[object]] = torch.inference_mode
             step = decode.step
         else:
             x = make_input(case, str(self.device), dtype)
-            grad_mode, step = _whole_sequence(case, model, x)
+            grad_mode, step = _whole_sequence(case, model, x, model if mode is None else wrap(model, mode))
 
         # A forced SDPA backend is set once around every call below, not per layer inside each (SdpaCore).
         with grad_mode(), pinned_backend(model):
+            watch = CompileWatch(mode or "default") if compiling else None
+            if watch is not None:
+                refusal = self._compile(case, watch, step)
+                if refusal is not None:
+                    return refusal
+                extra.update(watch.extra)
             timed = step
             if self.device.type == "cuda":
                 if self.policy.cuda_graph:  # forward and decode: run() refused the others before any setup
@@ -182,6 +211,10 @@ class TorchExecutor:
                     extra["cuda_graph"] = True
                 torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
             measurement, telemetry = self._timed_with_telemetry(timed, case, extra)
+            if watch is not None:
+                flagged = watch.after_timing()
+                extra.update(watch.extra)
+                measurement = replace(measurement, warnings=(*measurement.warnings, *flagged))
             model.zero_grad(set_to_none=True)
             if x is not None:
                 x.grad = None
@@ -206,6 +239,23 @@ class TorchExecutor:
             decode.release()  # after the profile, which still steps: measures the state, then frees it
             extra.update(decode.extra)
         return replace(result, extra=extra)
+
+    def _compile(self, case: Case, watch: CompileWatch, step: Callable[[], object]) -> Result | None:
+        """The first, compiling call, outside the timing; an ``unsupported`` row if the compiler cannot run here."""
+
+        def synchronize() -> None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        try:
+            watch.first_call(step, synchronize)
+        except Exception as exc:
+            if is_oom(exc) or not is_compiler_failure(exc):
+                raise
+            compiled_model = case.option("compile") != "none"
+            what = f"torch.compile(mode={watch.mode})" if compiled_model else "flex's compiled kernel"
+            return Result(case, "unsupported", f"{what} cannot compile {case.model} here: {describe(exc)}")
+        return None
 
     def _timed_with_telemetry(
         self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
@@ -267,14 +317,15 @@ class TorchExecutor:
 
 
 def _whole_sequence(
-    case: Case, model: nn.Module, x: torch.Tensor
+    case: Case, model: nn.Module, x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
 ) -> tuple[Callable[[], contextlib.AbstractContextManager[object]], Callable[[], object]]:
-    """The grad mode and the timed call of a forward, train or backward case over the whole input ``x``."""
+    """The grad mode and the timed call of a forward, train or backward case over the whole input ``x``; ``run``
+    is the model's call (the model itself, or compiled)."""
     if case.mode == "forward":
         model.eval()
 
         def forward() -> object:
-            return model(x)
+            return run(x)
 
         return torch.inference_mode, forward
     model.train()
@@ -288,14 +339,14 @@ def _whole_sequence(
         def train() -> object:
             model.zero_grad(set_to_none=True)
             x.grad = None
-            out = model(x)
+            out = run(x)
             out.backward(grad_out)
             return None
 
         return contextlib.nullcontext, train
     # backward alone: one forward builds the graph outside the timed region; each call replays its backward
     # (retain_graph keeps the saved tensors), with grads cleared as train clears them.
-    graph_out = model(x)
+    graph_out = run(x)
     grad_backward = torch.randn_like(graph_out)
 
     def backward() -> object:

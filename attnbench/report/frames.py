@@ -30,7 +30,9 @@ RUN_COLUMNS: tuple[str, ...] = ("run_id", "started_utc", "git_commit", "label", 
 # Every option any model takes, in catalogue order, with its type: a column each in ``frame``. An option name
 # means one thing, of one type, in every model that takes it (a test holds the catalogue to that).
 OPTION_TYPES: dict[str, type] = {o.name: o.type for spec in MODELS.values() for o in spec.options}
-OPTION_COLUMNS: tuple[str, ...] = tuple(OPTION_TYPES)
+# Options summary.csv already has a column for, resolved (heads_kv: the count, = heads where left at 0), are not
+# repeated raw beside it.
+OPTION_COLUMNS: tuple[str, ...] = tuple(name for name in OPTION_TYPES if name not in COLUMNS)
 
 _PANDAS_DTYPES = {int: "Int64", float: "float64", bool: "boolean", str: "string"}
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_of_peak
 from attnbench.core.cases import Case
+from attnbench.core.catalogue import MODELS
 from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.results.records import Result, Run
@@ -96,6 +97,11 @@ COLUMNS: tuple[str, ...] = (
     "state_bytes",
     "state_mem_bytes",
     "state_mem_method",
+    # Issue 14: key/value heads (= heads for multi-head attention, fewer for GQA, 1 for MQA), the sliding window
+    # (0 = the whole sequence), and torch.compile's wall time before the timing (compile or flex rows).
+    "heads_kv",
+    "window",
+    "compile_s",
 )
 
 
@@ -118,6 +124,8 @@ _INTEGER_COLUMNS = frozenset(
         "executed_flops",
         "state_bytes",
         "state_mem_bytes",
+        "heads_kv",
+        "window",
     }
 )
 _BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound"})
@@ -212,6 +220,10 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     for name in ("kernels_per_call", "launch_bound", "rnn_path", "state_mem_method"):
         row[name] = result.extra.get(name)
     row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
+    row["heads_kv"] = case.heads_kv
+    row["window"] = case.window if MODELS[case.model].option("window") is not None else None
+    compile_s = result.extra.get("compile_s")
+    row["compile_s"] = compile_s if isinstance(compile_s, float) else None
     t = result.telemetry
     if t is not None:
         row.update({name: t.metrics.get(name) for name in METRICS})

@@ -13,6 +13,10 @@ Schema history (``SCHEMA_VERSION``):
       ``extra`` is open-ended (scalars by name); decode rows carry ``state_bytes`` (the KV cache or
       recurrent state, computed), ``state_mem_bytes`` and ``state_mem_method`` (the same, measured) and
       ``prefill_s`` (the set-up's prefill, untimed).
+      Issue 14: models ``linear-attn`` and ``flex`` and options ``heads_kv``, ``window``, ``compile``, ``form``,
+      ``chunk``, ``feature``, ``decay``, ``kernel`` (a reader from before refuses them as unknown); ``extra`` may carry
+      ``gqa_path`` (how a core read fewer K/V heads), ``compile_s`` (torch.compile's first call, untimed) and
+      ``recompiles`` (graphs dynamo compiled during the timing: nonzero means the timing saw a recompilation).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -214,6 +218,9 @@ def _case_from_dict(data: object) -> Case:
         if not fits:
             raise fields.expected(fields.path("options", name), f"a {kind.__name__} ({model}'s option)", value)
         _bounded(value, fields.path("options", name))
+    heads_kv = c.get("options", {}).get("heads_kv")
+    if isinstance(heads_kv, int) and heads_kv and (not isinstance(c["heads"], int) or c["heads"] % heads_kv):
+        raise fields.expected(fields.path("options", "heads_kv"), f"a divisor of heads ({c['heads']})", heads_kv)
     return Case.from_dict(c)
 
 

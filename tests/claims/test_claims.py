@@ -220,6 +220,17 @@ def test_1b_flat_attention_latency_is_supported() -> None:
     assert only(curve("sdpa-flash", 0.1, tele=BUSY), "1b").verdict == "supported"
 
 
+def test_1_leaves_windows_and_linear_attention_to_their_own_section() -> None:
+    # A window of W keys and linear attention change the complexity the article's claims state: neither is judged.
+    rows = [
+        *curve("sdpa-flash", 0.1, tele=BUSY),
+        *curve("sdpa-flash", 1.0, tele=UNDERUSED, options=(("window", 64),)),
+        *curve("linear-attn", 2.0, tele=UNDERUSED),
+    ]
+    judged = [c.claim for c in claims(rows) if c.claim_id in ("1a", "1b", "1c", "1d")]
+    assert judged and not any("window" in claim or "linear-attn" in claim for claim in judged)
+
+
 def test_1b_growth_on_an_underused_gpu_contradicts() -> None:
     c = only(curve("vanilla", 1.0, tele=UNDERUSED), "1b")
     assert c.verdict == "contradicted" and "underused throughout" in c.why

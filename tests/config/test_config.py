@@ -357,6 +357,19 @@ BAD_CASES: dict[str, tuple[str, str, int | None]] = {
     "decode-model-not-listed.yaml": ("'gru' is not in models (lstm, sdpa)", "decode.models[1]", 10),
     "decode-learned-max-len.yaml": ("max_len 512 does not reach position 512", "model_options.sdpa.max_len", 11),
     "decode-preset-encoder.yaml": ("bert-base is an encoder", "presets.names", 8),
+    "heads-kv-not-dividing.yaml": ("heads_kv 3 does not divide heads 4", "heads_kv[0]", 9),
+    "heads-kv-option-not-dividing.yaml": ("heads_kv 8 does not divide heads 4", "model_options.sdpa.heads_kv", 10),
+    "heads-kv-no-taker.yaml": ("heads_kv has no effect: no model listed (lstm)", "grid.heads_kv", 7),
+    "window-covers-every-seq-len.yaml": ("window 128 covers every seq_len", "model_options.sdpa.window", 10),
+    "window-negative.yaml": ("must be an integer from 0 to 4194304, got -4", "model_options.sdpa.window", 10),
+    "window-on-recurrent.yaml": ("unknown option 'window' for lstm", "model_options.lstm.window", 10),
+    "linear-form-unknown.yaml": ("form 'quadratic' is not one of: chunked", "model_options.linear-attn.form", 10),
+    "compile-unknown.yaml": ("compile 'fast' is not one of: none, default", "model_options.sdpa.compile[1]", 10),
+    "linear-chunk-without-chunked.yaml": (
+        "chunk sizes the chunks of form chunked only",
+        "model_options.linear-attn.chunk",
+        10,
+    ),
 }
 
 HINTS = {
@@ -368,6 +381,11 @@ HINTS = {
     "decode-not-causal.yaml": "set causal: true",
     "decode-bidirectional.yaml": "set bidirectional: false",
     "decode-learned-max-len.yaml": "at least 513",
+    "heads-kv-not-dividing.yaml": "heads_kv values that divide 4: 1, 2, 4",
+    "heads-kv-no-taker.yaml": "add an attention model",
+    "window-covers-every-seq-len.yaml": "give a window below 128",
+    "window-on-recurrent.yaml": "window is an option of vanilla",
+    "compile-unknown.yaml": "torch.compile the model",
 }
 
 
@@ -625,3 +643,47 @@ def test_a_number_yaml_reads_as_text_gets_a_hint_with_its_yaml_spelling(value: s
     assert caught.value.hint.startswith(f"YAML reads {value} as text, not a number; write {spelled}")
     fixed = load_experiment_text(source, "builtin", [f"telemetry_interval_s={spelled}"])
     assert fixed.telemetry_interval_s == pytest.approx(float(value))
+
+
+# ------------------------------------------------------------------------------------------ issue 14 variants
+VARIANTS = """\
+name: variants
+models: [lstm, sdpa, vanilla, linear-attn]
+modes: [forward]
+grid:
+  batch: [1]
+  seq_len: [64, 128]
+  heads_kv: [4, 2, 1]
+d_model: 32
+heads: 4
+model_options:
+  vanilla: {heads_kv: 1, window: 16}
+"""
+
+
+def test_grid_heads_kv_crosses_every_model_with_kv_heads_and_mha_keeps_its_key() -> None:
+    cases = load(VARIANTS).cases("cpu")
+    by_model: dict[str, set[Any]] = {}
+    for case in cases:
+        by_model.setdefault(case.model, set()).add(case.heads_kv)
+    assert by_model == {"lstm": {None}, "sdpa": {4, 2, 1}, "vanilla": {1}, "linear-attn": {4, 2, 1}}
+    mha = next(c for c in cases if c.model == "sdpa" and c.heads_kv == 4)
+    assert "heads_kv" not in mha.key  # heads_kv = heads is multi-head attention: the key it always had
+    windowed = [c for c in cases if c.model == "vanilla"]
+    assert {c.window for c in windowed} == {16} and len(windowed) == 2  # the model's own heads_kv wins
+
+
+def test_a_config_without_heads_kv_resolves_as_it_always_did() -> None:
+    assert "heads_kv" not in load().resolved["grid"]
+    assert load(VARIANTS).resolved["grid"]["heads_kv"] == [4, 2, 1]
+
+
+def test_linear_attention_cases_carry_heads_and_decode_without_their_form() -> None:
+    text = VARIANTS.replace("modes: [forward]", "modes: [forward, decode]\ncausal: true").replace(
+        "  vanilla: {heads_kv: 1, window: 16}", "  linear-attn: {form: [chunked, recurrent]}"
+    )
+    cases = [c for c in load(text).cases("cpu") if c.model == "linear-attn"]
+    assert all(c.heads == 4 for c in cases)
+    decode = [c for c in cases if c.mode == "decode"]
+    assert all(c.option("form") == "chunked" for c in decode)  # the default: a step is the same in every form
+    assert len(decode) == 2 * 3  # seq_len × heads_kv, not × form

@@ -144,9 +144,11 @@ def test_unknown_model_in_config_lists_valid_names(tmp_path: Path) -> None:
 def test_models_lists_every_model_with_availability() -> None:
     out = runner.invoke(app, ["models", "--device", "cpu"])
     assert out.exit_code == 0
-    for name in ("lstm", "gru", "vanilla", "sdpa-flash", "sdpa-efficient", "flash-attn"):
+    for name in ("lstm", "gru", "vanilla", "sdpa-flash", "sdpa-efficient", "flash-attn", "flex", "linear-attn"):
         assert name in out.output
     assert "unavailable" in out.output and "available" in out.output
+    for option in ("heads_kv", "window", "compile", "form", "chunked"):  # each model's options, with their values
+        assert option in out.output
 
 
 def test_env_prints_the_environment() -> None:

@@ -5,7 +5,7 @@ The names and options live in the torch-free ``attnbench.core.catalogue``; this 
 
 from __future__ import annotations
 
-from attnbench.measure.models.attention import math_precision_flag, pinned_backend, reduced_precision_math
+from attnbench.measure.models.attention import gqa_path, math_precision_flag, pinned_backend, reduced_precision_math
 from attnbench.measure.models.registry import (
     BUILDERS,
     availability,
@@ -23,6 +23,7 @@ __all__ = [
     "BUILDERS",
     "availability",
     "build_model",
+    "gqa_path",
     "make_decode_inputs",
     "make_input",
     "math_precision_flag",

@@ -4,13 +4,18 @@ A layer is: fused QKV projection → split heads → *core* → merge heads → 
 only thing that differs between the attention models, and it owns no parameters, so two models built from the
 same seed with different cores hold identical weights and must compute the same function (a test holds them
 equal).
-Every core takes and returns ``(B, H, T, D)``.
+Every core takes q as ``(B, H, T, D)`` and k, v as ``(B, H_kv, T, D)`` and returns ``(B, H, T, D)``: with
+grouped-query attention (Ainslie et al. 2023, arXiv:2305.13245) H_kv divides H and key/value head j serves query
+heads j·G…j·G+G−1 (G = H / H_kv; multi-query attention, Shazeer 2019, is H_kv = 1), as SDPA's ``enable_gqa`` and
+flash-attn order them. A core with ``window`` W > 0 is local attention: query i sees keys j with i − W < j ≤ i
+(causal), or |i − j| < W (not causal), the band of Longformer (Beltagy et al. 2020) and Mistral's sliding window.
 
 Decoding (``attnbench.measure.models.decoding``): ``step(q, k, v, cache)`` takes the new token's (B, H, 1, D)
 query, key and value, writes the key and value into the cache's slot n and attends to slots 0…n. The prefill that
 fills slots 0…n−1 is the layer's, the same for every core: K and V are projections of the layer's input, and the
 context's own attention runs through SDPA's causal kernel (the same function as every core's, in O(n) memory,
-so vanilla's n×n scores never limit the context a decode step is timed at).
+so vanilla's n×n scores never limit the context a decode step is timed at; a window needs its band as an explicit
+mask there). A windowed core's cache is a ring of W slots (``KVCache``), so its step reads min(n + 1, W) keys.
 """
 
 from __future__ import annotations
@@ -26,6 +31,40 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.measure.models.decoding import KVCache, LayerStack, Layout
+
+# SDPA's enable_gqa (torch 2.5+): K/V with fewer heads than Q, read in place. Older torch repeats them.
+SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, H_kv, T, D) -> (B, H, T, D), each key/value head repeated for the H / H_kv query heads it serves."""
+    groups = heads // t.shape[1]
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def band_mask(length: int, *, causal: bool, window: int, device: torch.device) -> torch.Tensor | None:
+    """(T, T) bool, True where query i may see key j: causal j ≤ i, within a window i − j < W (and j − i < W when
+    not causal). None when every pair is visible. Built per call: a mask made under inference_mode could not be
+    saved for a later backward, and T² bytes are small beside the B·H·T² scores."""
+    if not causal and not window:
+        return None
+    i = torch.arange(length, device=device)[:, None]
+    j = torch.arange(length, device=device)[None, :]
+    distance = i - j
+    keep = distance >= 0 if causal else torch.ones(length, length, dtype=torch.bool, device=device)
+    if window:
+        keep = keep & (distance < window) & (distance > -window)
+    return keep
+
+
+def gqa_path(model: str, heads: int, heads_kv: int) -> str | None:
+    """How ``model``'s core reads fewer key/value heads than query heads: ``enable_gqa`` (SDPA reads them in place),
+    ``native`` (flash-attn, flex), ``repeat`` (copied per query head first), or None under multi-head attention."""
+    if heads_kv == heads:
+        return None
+    if model.startswith("sdpa"):
+        return "enable_gqa" if SDPA_GQA else "repeat"
+    return "native" if model in ("flash-attn", "flex") else "repeat"
 
 
 class DecodingCore(Protocol):
@@ -46,26 +85,28 @@ class VanillaCore(nn.Module):
 
     cache_layout: Layout = "bhnd"
 
-    def __init__(self, causal: bool) -> None:
+    def __init__(self, causal: bool, window: int = 0) -> None:
         super().__init__()
         self.causal = causal
+        self.window = window
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One query against the cache, written out: scores over all n + 1 slots (no mask: all are in the past)."""
-        n = cache.length
+        """One query against the cache, written out: scores over the n + 1 slots (the last W in a window's ring;
+        no mask: all are in the past). GQA's keys and values are repeated per query head, as in the forward."""
+        n, heads = cache.length, q.shape[1]
         cache.check_room()
         cache.write(k, v, n)
-        scores = (q @ cache.keys(n + 1).transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, 1, n + 1)
-        return scores.softmax(dim=-1) @ cache.values(n + 1)  # (B, H, 1, D)
+        keys, values = repeat_kv(cache.keys(n + 1), heads), repeat_kv(cache.values(n + 1), heads)
+        scores = (q @ keys.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, 1, min(n + 1, W))
+        return scores.softmax(dim=-1) @ values  # (B, H, 1, D)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        seq_len, head_dim = q.shape[-2], q.shape[-1]
+        heads, seq_len, head_dim = q.shape[1], q.shape[-2], q.shape[-1]
+        k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # (B, H, T, D): the textbook form has a K/V per head
         scores = (q @ k.transpose(-2, -1)) * head_dim**-0.5  # (B, H, T, T)
-        if self.causal:
-            # Built per call rather than cached: a mask made under inference_mode could not be saved for a
-            # later backward, and T² bytes are small beside the B·H·T² scores.
-            mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).triu(1)
-            scores = scores.masked_fill(mask, float("-inf"))
+        keep = band_mask(seq_len, causal=self.causal, window=self.window, device=q.device)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
         return scores.softmax(dim=-1) @ v  # (B, H, T, D)
 
 
@@ -89,31 +130,55 @@ class SdpaCore(nn.Module):
 
     cache_layout: Layout = "bhnd"
 
-    def __init__(self, causal: bool, backend: SDPBackend | None = None) -> None:
+    def __init__(self, causal: bool, backend: SDPBackend | None = None, window: int = 0) -> None:
         super().__init__()
         self.causal = causal
         self.backend = backend
+        self.window = window
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self._attend(q, k, v, is_causal=self.causal)
+        if not self.window:
+            return self._attend(q, k, v, is_causal=self.causal)
+        # A window is an explicit boolean mask: SDPA has no band of its own. A backend that takes no mask
+        # (CUDA's flash) raises, and the probe turns that into an unsupported row.
+        keep = band_mask(q.shape[-2], causal=self.causal, window=self.window, device=q.device)
+        return self._attend(q, k, v, is_causal=False, mask=keep)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """A query of length 1 against the n + 1 cached keys. ``is_causal=False``: SDPA aligns its causal mask
-        top-left, so with one query it would let the new token see key 0 alone (every key here is in the past)."""
+        """A query of length 1 against the n + 1 cached keys (a window's ring: the last W). ``is_causal=False``:
+        SDPA aligns its causal mask top-left, so with one query it would let the new token see key 0 alone (every
+        key here is in the past)."""
         n = cache.length
         cache.check_room()
         cache.write(k, v, n)
         return self._attend(q, cache.keys(n + 1), cache.values(n + 1), is_causal=False)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.backend is None or (_PINNED and _PINNED[-1] == self.backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+            return sdpa(q, k, v, is_causal=is_causal, mask=mask)
         with sdpa_kernel(self.backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+            return sdpa(q, k, v, is_causal=is_causal, mask=mask)
 
     def extra_repr(self) -> str:
         name = "dispatch" if self.backend is None else self.backend.name
-        return f"backend={name}, causal={self.causal}"
+        return f"backend={name}, causal={self.causal}, window={self.window}"
+
+
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with K/V of fewer heads than Q read in place (``enable_gqa``), or repeated
+    where this torch has no such flag."""
+    if k.shape[1] == q.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+    if SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+    heads = q.shape[1]
+    return F.scaled_dot_product_attention(
+        q, repeat_kv(k, heads), repeat_kv(v, heads), attn_mask=mask, is_causal=is_causal
+    )
 
 
 def forced_backend(model: nn.Module) -> SDPBackend | None:
@@ -177,16 +242,22 @@ class FlashAttnCore(nn.Module):
 
     cache_layout: Layout = "bnhd"
 
-    def __init__(self, causal: bool) -> None:
+    def __init__(self, causal: bool, window: int = 0) -> None:
         super().__init__()
         self.causal = causal
+        self.window = window
+        # flash-attn's band: (left, right) keys beside the query's own, -1 = unbounded.
+        self._window_size = (-1, -1) if not window else (window - 1, 0 if causal else window - 1)
         # Imported here, not at module import: the package is optional and its import needs CUDA libraries.
         package = importlib.import_module("flash_attn")
         self._func: Any = package.flash_attn_func
         self._kvcache: Any = getattr(package, "flash_attn_with_kvcache", None)  # older releases lack it
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = self._func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=self.causal)
+        # GQA is native: k and v keep their H_kv heads (nheads_k in the package's words).
+        out = self._func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=self.causal, window_size=self._window_size
+        )
         return out.transpose(1, 2)  # (B, T, H, D) -> (B, H, T, D)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -195,6 +266,12 @@ class FlashAttnCore(nn.Module):
         if self._kvcache is None:
             raise NotImplementedError("this flash_attn release has no flash_attn_with_kvcache (added in 2.2)")
         cache.check_room()
+        if cache.visible is not None:
+            # A window's ring: the kernel would write at slot cache_seqlens, but the token's slot is n mod W. So
+            # the token is written here and the kernel reads the min(n + 1, W) filled slots, every one visible.
+            cache.write(k, v, cache.length)
+            out = self._kvcache(q.transpose(1, 2), cache.k, cache.v, cache_seqlens=cache.visible, causal=True)
+            return out.transpose(1, 2)
         out = self._kvcache(
             q.transpose(1, 2),  # (B, 1, H, D)
             cache.k,  # (B, capacity, H, D)
@@ -205,6 +282,66 @@ class FlashAttnCore(nn.Module):
             causal=True,
         )
         return out.transpose(1, 2)  # (B, 1, H, D) -> (B, H, 1, D)
+
+
+_COMPILED_FLEX: list[Any] = []  # torch.compile(flex_attention), made once per process on first use
+
+
+def compiled_flex() -> Any:
+    """``flex_attention`` compiled, as its docs require for the fused kernel (eager materialises the scores)."""
+    if not _COMPILED_FLEX:
+        module = importlib.import_module("torch.nn.attention.flex_attention")  # torch 2.5+
+        _COMPILED_FLEX.append(torch.compile(module.flex_attention, dynamic=False))
+    return _COMPILED_FLEX[0]
+
+
+class FlexCore(nn.Module):
+    """FlexAttention (``torch.nn.attention.flex_attention``), compiled, with causal and window as a block mask.
+
+    The mask is a ``mask_mod`` turned into a ``BlockMask`` once per sequence length (``create_block_mask`` with
+    B = H = None, on the inputs' device: the mask does not depend on batch or head, and its default device is
+    the accelerator whatever the inputs): tiles wholly outside the band are skipped, which is what makes flex
+    fast for a window. GQA goes in as ``enable_gqa``. Compilation happens on the first call, which the executor
+    makes and times apart (``compile_s``); on a CPU flex has no backward, so train and backward rows are
+    ``unsupported`` with torch's reason, found by the probe. A decode step attends over the cache's visible
+    slots with no mask: every one is in the past (a window's ring holds only its band).
+    """
+
+    cache_layout: Layout = "bhnd"
+
+    def __init__(self, causal: bool, window: int = 0) -> None:
+        super().__init__()
+        self.causal = causal
+        self.window = window
+        self._flex = compiled_flex()
+        self._create = importlib.import_module("torch.nn.attention.flex_attention").create_block_mask
+        self._masks: dict[tuple[int, str], Any] = {}
+
+    def _block_mask(self, length: int, device: torch.device) -> Any:
+        if not self.causal and not self.window:
+            return None
+        key = (length, str(device))
+        if key not in self._masks:
+            causal, window = self.causal, self.window
+
+            def keep(b: Any, h: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+                distance = q_idx - kv_idx
+                visible = distance >= 0 if causal else distance > -window
+                return visible & (distance < window) if window else visible
+
+            self._masks[key] = self._create(keep, None, None, length, length, device=device)
+        return self._masks[key]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = self._block_mask(q.shape[-2], q.device)
+        return self._flex(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        n = cache.length
+        cache.check_room()
+        cache.write(k, v, n)
+        keys, values = cache.keys(n + 1), cache.values(n + 1)
+        return self._flex(q, keys, values, enable_gqa=keys.shape[1] != q.shape[1])
 
 
 class SelfAttention(nn.Module):
@@ -220,22 +357,32 @@ class SelfAttention(nn.Module):
         device: str,
         dtype: torch.dtype,
         rotary: nn.Module | None = None,
+        heads_kv: int | None = None,
     ) -> None:
         super().__init__()
+        heads_kv = heads_kv or heads
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
-        self.heads = heads
+        if heads % heads_kv:
+            raise ValueError(f"heads_kv {heads_kv} does not divide heads {heads}")
+        self.heads, self.heads_kv = heads, heads_kv
+        self.head_dim = d_model // heads
         self.rotary = rotary
-        # Created in this order for every core, so a given seed yields the same weights whatever the core.
-        self.qkv = nn.Linear(d_model, 3 * d_model, device=device, dtype=dtype)
+        # Created in this order for every core, so a given seed yields the same weights whatever the core. Q takes
+        # d_model rows, K and V H_kv·D each: GQA shrinks the projection (and the KV cache) by H / H_kv.
+        width = d_model + 2 * heads_kv * self.head_dim
+        self.qkv = nn.Linear(d_model, width, device=device, dtype=dtype)
         self.core = core
         self.out = nn.Linear(d_model, d_model, device=device, dtype=dtype)
 
     def _heads(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v as 3 × (B, H, T, D) views of one fused projection, rotated for positions position…"""
-        batch, seq_len, d_model = x.shape
-        qkv = self.qkv(x).view(batch, seq_len, 3, self.heads, d_model // self.heads)  # (B, T, 3, H, D)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, T, D), views, no copy
+        """q (B, H, T, D), k and v (B, H_kv, T, D): views of one fused projection, rotated for positions position…"""
+        batch, seq_len, _ = x.shape
+        d, kv = self.head_dim, self.heads_kv * self.head_dim
+        q, k, v = self.qkv(x).split([self.heads * d, kv, kv], dim=-1)  # views, no copy
+        q = q.view(batch, seq_len, self.heads, d).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)
         if self.rotary is not None:
             q, k = self.rotary(q, position), self.rotary(k, position)  # (B, H, T, D), rotated by position
         return q, k, v
@@ -248,10 +395,20 @@ class SelfAttention(nn.Module):
         return self._merge(self.core(q, k, v))
 
     def init_state(self, batch: int, capacity: int) -> KVCache:
-        weight = self.qkv.weight  # (3·d_model, d_model)
-        head_dim = weight.shape[1] // self.heads
+        """H_kv heads of K and V for ``capacity`` positions, or a ring of the core's window."""
+        weight = self.qkv.weight
         layout: Layout = getattr(self.core, "cache_layout", "bhnd")
-        return KVCache(batch, self.heads, head_dim, capacity, layout=layout, device=weight.device, dtype=weight.dtype)
+        window = int(getattr(self.core, "window", 0))
+        return KVCache(
+            batch,
+            self.heads_kv,
+            self.head_dim,
+            capacity,
+            layout=layout,
+            device=weight.device,
+            dtype=weight.dtype,
+            window=window,
+        )
 
     def prefill(self, x: torch.Tensor, state: KVCache, *, output: bool = True) -> torch.Tensor | None:
         """K and V of the n context tokens into the cache; the context's causal attention only if ``output``."""
@@ -259,7 +416,11 @@ class SelfAttention(nn.Module):
         state.fill(k, v)
         if not output:
             return None
-        return self._merge(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        window = int(getattr(self.core, "window", 0))
+        if not window:
+            return self._merge(sdpa(q, k, v, is_causal=True))
+        keep = band_mask(q.shape[-2], causal=True, window=window, device=q.device)
+        return self._merge(sdpa(q, k, v, is_causal=False, mask=keep))
 
     def step(self, x: torch.Tensor, state: KVCache) -> torch.Tensor:
         """(B, 1, d_model) at position n = the cache's length -> (B, 1, d_model)."""

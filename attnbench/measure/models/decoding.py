@@ -71,8 +71,15 @@ class KVCache:
     """K and V of one attention layer for ``capacity`` positions, preallocated as one zeroed tensor.
 
     ``length`` positions hold the context; a step writes the new token into slot ``length``. The views
-    ``keys(end)``/``values(end)`` are (B, H, end, D) whatever the layout. flash-attn's layout also keeps the int32
-    ``seqlens`` its kernel reads (one per sequence, preallocated: an int would cost an allocation per call).
+    ``keys(end)``/``values(end)`` are (B, H_kv, slots, D) whatever the layout: the slots that hold positions
+    0…end−1 (H_kv: the key/value heads, fewer than the query heads under GQA/MQA). flash-attn's layout also keeps the
+    int32 ``seqlens`` its kernel reads (one per sequence, preallocated: an int would cost an allocation per call).
+
+    ``window`` > 0 makes it a ring buffer of ``min(window, capacity)`` slots: position p lives in slot p mod W, so
+    the cache holds the last W positions and a step at any n ≥ W reads W slots, in memory that stops growing at
+    n = W. The slots are out of position order then, which softmax attention does not see (a query attends to a
+    set of keys; RoPE is applied before a key is cached). ``visible`` holds min(n + 1, W) per sequence for
+    flash-attn's kernel, which reads that many slots.
     """
 
     def __init__(
@@ -85,15 +92,24 @@ class KVCache:
         layout: Layout,
         device: torch.device,
         dtype: torch.dtype,
+        window: int = 0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"a KV cache needs at least one position, got capacity {capacity}")
-        shape = (2, batch, heads, capacity, head_dim) if layout == "bhnd" else (2, batch, capacity, heads, head_dim)
+        self.slots = min(capacity, window) if window else capacity
+        shape = (2, batch, heads, self.slots, head_dim) if layout == "bhnd" else (2, batch, self.slots, heads, head_dim)
         self.storage = torch.zeros(shape, device=device, dtype=dtype)
         self.layout: Layout = layout
         self.capacity = capacity
+        self.window = window
         self.length = 0
         self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device) if layout == "bnhd" else None
+        self.visible = torch.ones(batch, dtype=torch.int32, device=device) if layout == "bnhd" and window else None
+
+    @property
+    def ring(self) -> bool:
+        """Whether positions wrap around (a sliding window shorter than the capacity)."""
+        return self.slots < self.capacity
 
     @property
     def k(self) -> torch.Tensor:
@@ -108,23 +124,30 @@ class KVCache:
         return t if self.layout == "bhnd" else t.transpose(1, 2)
 
     def keys(self, end: int) -> torch.Tensor:
-        """K of positions [0, end), (B, H, end, D)."""
-        return self._bhnd(self.k)[:, :, :end]
+        """K of the slots holding positions [0, end) (the last ``window`` of them in a ring), (B, H_kv, ·, D)."""
+        return self._bhnd(self.k)[:, :, : min(end, self.slots)]
 
     def values(self, end: int) -> torch.Tensor:
-        return self._bhnd(self.v)[:, :, :end]
+        return self._bhnd(self.v)[:, :, : min(end, self.slots)]
 
     def write(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
-        """Store (B, H, T, D) keys and values at positions start…start+T−1, in place."""
+        """Store (B, H_kv, T, D) keys and values of positions start…start+T−1, in place (a ring keeps the last
+        ``slots`` of them, position p in slot p mod slots)."""
         end = start + k.shape[-2]
         if end > self.capacity:
             raise ValueError(f"positions {start}…{end - 1} do not fit a KV cache of {self.capacity}")
-        self._bhnd(self.k)[:, :, start:end].copy_(k)
-        self._bhnd(self.v)[:, :, start:end].copy_(v)
+        if end - start > self.slots:  # only the last positions survive in a ring
+            k, v, start = k[:, :, -self.slots :], v[:, :, -self.slots :], end - self.slots
+        first = start % self.slots
+        head = min(end - start, self.slots - first)  # up to the ring's end, then from slot 0
+        for src, dst in ((k, self._bhnd(self.k)), (v, self._bhnd(self.v))):
+            dst[:, :, first : first + head].copy_(src[:, :, :head])
+            if head < end - start:
+                dst[:, :, : end - start - head].copy_(src[:, :, head:])
 
     def fill(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Hold (B, H, n, D) keys and values as the whole context (prefill: the context's own attention needs all
-        of it at once, so an attention layer's prefill is one pass)."""
+        """Hold (B, H_kv, n, D) keys and values as the whole context (prefill: the context's own attention needs
+        all of it at once, so an attention layer's prefill is one pass)."""
         if self.length:
             raise ValueError("an attention prefill fills an empty cache in one pass; this one holds a context")
         self.write(k, v, 0)
@@ -139,6 +162,8 @@ class KVCache:
         self.length = length
         if self.seqlens is not None:
             self.seqlens.fill_(length)
+        if self.visible is not None:
+            self.visible.fill_(min(length + 1, self.slots))  # what a step at this length reads
 
     def advance(self) -> None:
         self.check_room()

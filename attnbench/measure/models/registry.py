@@ -22,9 +22,17 @@ from torch.nn.attention import SDPBackend
 from attnbench.core.cases import Case
 from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, decode_problem
 from attnbench.core.flops import positions, recurrent_hidden
-from attnbench.measure.models.attention import AttentionStack, FlashAttnCore, SdpaCore, SelfAttention, VanillaCore
+from attnbench.measure.models.attention import (
+    AttentionStack,
+    FlashAttnCore,
+    FlexCore,
+    SdpaCore,
+    SelfAttention,
+    VanillaCore,
+)
 from attnbench.measure.models.blocks import Network, RecurrentBlock, Stack, TransformerBlock
 from attnbench.measure.models.decoding import decodable, prefill
+from attnbench.measure.models.linear import LinearAttention, LinearCore
 from attnbench.measure.models.minrnn import MinCell, MinRNN, MinRNNStack, Scan
 from attnbench.measure.models.positional import Rotary, input_encoding
 from attnbench.measure.models.rnn import Cell, Recurrent
@@ -68,17 +76,19 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; one of: {', '.join(DTYPES)}") from None
 
 
-def _forced_core(model: str, causal: bool) -> nn.Module:
+def _forced_core(model: str, causal: bool, window: int) -> nn.Module:
     backend = getattr(SDPBackend, _FORCED_BACKENDS[model], None)
     if backend is None:
         raise NotImplementedError(f"torch {torch.__version__} has no SDPBackend.{_FORCED_BACKENDS[model]}")
-    return SdpaCore(causal, backend)
+    return SdpaCore(causal, backend, window)
 
 
-_CORES: dict[str, Callable[[bool], nn.Module]] = {
+# Each builds a parameter-free core from (causal, window).
+_CORES: dict[str, Callable[[bool, int], nn.Module]] = {
     "vanilla": VanillaCore,
-    "sdpa": SdpaCore,
+    "sdpa": lambda causal, window: SdpaCore(causal, None, window),
     "flash-attn": FlashAttnCore,
+    "flex": FlexCore,
     **{model: partial(_forced_core, model) for model in _FORCED_BACKENDS},
 }
 
@@ -141,19 +151,39 @@ def _build_recurrent(cell: Cell | MinCell, case: Case, device: str, dtype: torch
     return _network(case, Stack(*blocks), front, device, dtype)
 
 
+def _linear_core(case: Case) -> nn.Module:
+    return LinearCore(
+        str(case.option("form")),
+        str(case.option("feature")),
+        case.option("decay") == "retnet",
+        int(case.option("chunk")),
+    )
+
+
 def _build_attention(model: str, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+    """Attention layers (or blocks) around the model's core; linear-attn is the same layer with a linear core."""
     if case.heads is None or case.head_dim is None:
         raise ValueError(f"attention model {model!r} needs heads")
     front = _front(case, device, dtype)
-    make_core = _CORES[model]
+    layer_type = LinearAttention if model == "linear-attn" else SelfAttention
+
+    def make_core(causal: bool, window: int) -> nn.Module:
+        return _linear_core(case) if model == "linear-attn" else _CORES[model](causal, window)
+
     rotary = None
     if case.option("positional") == "rope":
         # One table shared by every layer: it holds no parameters, only cos/sin of the positions.
         rotary = Rotary(case.head_dim, case.span, device=device, dtype=dtype)
 
     def attention() -> SelfAttention:
-        return SelfAttention(
-            case.d_model, case.heads or 0, make_core(case.causal), device=device, dtype=dtype, rotary=rotary
+        return layer_type(
+            case.d_model,
+            case.heads or 0,
+            make_core(case.causal, case.window),
+            device=device,
+            dtype=dtype,
+            rotary=rotary,
+            heads_kv=case.heads_kv,
         )
 
     if case.option("scope") == "core":
@@ -171,6 +201,7 @@ BUILDERS: dict[str, Builder] = {
     "mingru": partial(_build_recurrent, "mingru"),
     "minlstm": partial(_build_recurrent, "minlstm"),
     **{model: partial(_build_attention, model) for model in _CORES},
+    "linear-attn": partial(_build_attention, "linear-attn"),
 }
 
 
@@ -233,10 +264,27 @@ def probe(case: Case, device: str) -> str | None:
     allowed = _DTYPE_LIMITS.get(case.model)
     if allowed is not None and case.dtype not in allowed:
         return f"{case.model}: supports only {' and '.join(allowed)}, not {case.dtype}"
-    problem = option_problem(case)
+    problem = option_problem(case) or _kernel_problem(case, device_type)
     if problem is not None:
         return problem
     return _probe_tiny(case, device)
+
+
+def _kernel_problem(case: Case, device_type: str) -> str | None:
+    """Why an option-chosen package kernel (linear-attn's kernel: fla) cannot run here, found before building."""
+    if case.model != "linear-attn" or case.option("kernel") != "fla":
+        return None
+    if device_type != "cuda":
+        return "linear-attn kernel fla: flash-linear-attention's kernels are Triton, CUDA only"
+    if case.option("decay") != "none":
+        return "linear-attn kernel fla: chunk_linear_attn has no decay (use kernel torch for decay retnet)"
+    try:
+        importlib.import_module("fla.ops.linear_attn")
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "fla":
+            return "linear-attn kernel fla: package fla (flash-linear-attention) is not installed"
+        return f"linear-attn kernel fla: package fla does not import: {_one_line(str(exc))}"
+    return None
 
 
 def option_problem(case: Case) -> str | None:
@@ -258,7 +306,7 @@ def option_problem(case: Case) -> str | None:
         if case.mode == "decode":
             needs = f"the {case.span} positions of a decode step at n={case.seq_len}"
         return f"{case.model}: learned positions cover max_len={max_len} tokens, fewer than {needs}"
-    if case.family == "recurrent":
+    if case.family == "recurrent" and case.heads is None:
         try:
             recurrent_hidden(case)
         except ValueError as exc:
@@ -337,6 +385,7 @@ def availability(device: str, dtype: str = "float32") -> dict[str, str | None]:
 
 def _default_case(model: str, device: str, dtype: str) -> Case:
     recurrent = MODELS[model].family == "recurrent"
+    heads = 4 if MODELS[model].heads else None
     return Case(
         model,
         "forward",
@@ -345,7 +394,7 @@ def _default_case(model: str, device: str, dtype: str) -> Case:
         _PROBE_BATCH,
         _PROBE_SEQ_LEN,
         d_model=64,
-        heads=None if recurrent else 4,
+        heads=heads,
         layers=1,
         causal=recurrent,
     )
@@ -371,23 +420,29 @@ def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
     dtype = torch_dtype(case.dtype)
     try:
         with torch.set_grad_enabled(train):
+            kv_heads = case.heads_kv or case.heads
+            gqa = kv_heads != case.heads
+            mask = None
             if case.mode == "decode":
+                keys = min(case.span, case.window) if case.window else case.span
                 q = torch.empty(case.batch, case.heads, 1, case.head_dim, device=device, dtype=dtype)
-                k = v = torch.empty(case.batch, case.heads, case.span, case.head_dim, device=device, dtype=dtype)
-                index = int(choose(q, k, v, None, 0.0, False))
+                k = v = torch.empty(case.batch, kv_heads, keys, case.head_dim, device=device, dtype=dtype)
+                causal = False
             else:
+                d, width = case.head_dim, (case.heads + 2 * kv_heads) * case.head_dim
                 qkv = torch.empty(
-                    case.batch,
-                    case.seq_len,
-                    3,
-                    case.heads,
-                    case.head_dim,
-                    device=device,
-                    dtype=dtype,
-                    requires_grad=train,
-                )  # (B, T, 3, H, D)
-                q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, T, D)
-                index = int(choose(q, k, v, None, 0.0, case.causal))
+                    case.batch, case.seq_len, width, device=device, dtype=dtype, requires_grad=train
+                )  # (B, T, (H + 2·H_kv)·D), split as SelfAttention splits it
+                q_, k_, v_ = qkv.split([case.heads * d, kv_heads * d, kv_heads * d], dim=-1)
+                q = q_.view(case.batch, case.seq_len, case.heads, d).transpose(1, 2)
+                k = k_.view(case.batch, case.seq_len, kv_heads, d).transpose(1, 2)
+                v = v_.view(case.batch, case.seq_len, kv_heads, d).transpose(1, 2)
+                causal = case.causal and not case.window
+                if case.window:  # the band goes in as an explicit mask, as SdpaCore passes it
+                    mask = torch.ones(case.seq_len, case.seq_len, dtype=torch.bool, device=device)
+            index = int(
+                choose(q, k, v, mask, 0.0, causal, enable_gqa=gqa) if gqa else choose(q, k, v, mask, 0.0, causal)
+            )
     except (RuntimeError, NotImplementedError, TypeError):
         return None  # includes OOM for a case too big to hold even its inputs: that case will say so itself
     name = _BACKEND_NAMES.get(index)

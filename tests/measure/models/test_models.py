@@ -123,7 +123,8 @@ AVAILABLE_ON_CPU = [m for m, reason in availability("cpu").items() if reason is 
 @pytest.mark.parametrize("layers", [1, 2])
 def test_attention_shapes(model: str, layers: int) -> None:
     case = attention_case(model, batch=3, seq_len=5, layers=layers)
-    out = build_model(case, "cpu", torch.float32)(torch.randn(3, 5, 32))
+    with torch.inference_mode():  # as a forward row runs (flex has no CPU backward, so no graph may be built)
+        out = build_model(case, "cpu", torch.float32)(torch.randn(3, 5, 32))
     assert out.shape == (3, 5, 32)
 
 

@@ -1,0 +1,102 @@
+"""torch.compile and the compiled cores in the executor (issue 14): compiled before the timing, its time stored
+apart, recompilations counted, and a compiler that cannot run here an ``unsupported`` row.
+
+Real compilation on tiny shapes (a few seconds each with a warm inductor cache); the broken compiler is a real
+one too: inductor pointed at a C++ compiler that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from attnbench.measure.compiled import CompileWatch, fresh, is_compiler_failure
+from tests.measure.test_torch_executor import executor
+from tests.support import ROOT, tiny_case
+
+
+@pytest.mark.parametrize("mode", ["forward", "train", "backward", "decode"])
+def test_a_compiled_row_records_its_compile_time_apart_and_no_recompilation(mode: str) -> None:
+    case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default", heads_kv=2)
+    result = executor().run(case)
+    assert result.status == "ok", result.reason
+    assert isinstance(result.extra["compile_s"], float) and result.extra["compile_s"] > 0
+    assert result.extra["compile_mode"] == "default" and int(result.extra["compile_graphs"] or 0) >= 1
+    assert result.extra["recompiles"] == 0
+    assert result.extra["gqa_path"] == "enable_gqa"
+    assert not any("recompiled" in w for w in result.measurement.warnings)  # type: ignore[union-attr]
+
+
+def test_an_lstm_that_dynamo_cannot_capture_says_its_timing_is_eager() -> None:
+    result = executor().run(tiny_case("lstm", seq_len=16, compile="default"))
+    assert result.status == "ok"
+    assert result.extra["compile_graphs"] == 0
+    assert any("captured no graph" in w for w in result.measurement.warnings)  # type: ignore[union-attr]
+
+
+def test_a_recompilation_during_the_timing_is_counted_and_flagged() -> None:
+    fresh()
+    shapes = iter([torch.randn(2, 3), torch.randn(2, 3)] + [torch.randn(n, 5) for n in range(3, 40)])
+    compiled = torch.compile(lambda x: x.sin() + 1)
+    watch = CompileWatch("default")
+    watch.first_call(lambda: compiled(next(shapes)), lambda: None)
+    compiled(next(shapes))  # same shape: the graph serves it
+    assert watch.after_timing() == [] or watch.extra["recompiles"] == 0
+    for _ in range(3):
+        compiled(next(shapes))  # a new shape: a guard fails, dynamo compiles again
+    warnings = watch.after_timing()
+    assert int(watch.extra["recompiles"] or 0) >= 1 and any("recompiled during timing" in w for w in warnings)
+
+
+_BROKEN_COMPILER = """
+import json
+import torch._inductor.config as inductor
+inductor.cpp.cxx = ("/nonexistent/g++",)
+inductor.force_disable_caches = True  # a warm cache must not hide the missing compiler
+from tests.measure.test_torch_executor import executor
+from tests.support import ROOT, tiny_case
+# minGRU's scan is element-wise work inductor must generate C++ for (attention alone may lower to library calls
+# and need no compiler at all).
+result = executor().run(tiny_case("mingru", seq_len=16, d_model=16, compile="default"))
+print(json.dumps([result.status, result.reason]))
+"""
+
+
+def test_a_compiler_that_cannot_run_makes_the_row_unsupported_with_its_reason() -> None:
+    # In a process of its own: inductor remembers what it found out about the C++ compiler.
+    done = subprocess.run(
+        [sys.executable, "-c", _BROKEN_COMPILER], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    status, reason = json.loads(done.stdout.strip().splitlines()[-1])
+    assert status == "unsupported", reason
+    assert "torch.compile(mode=default) cannot compile mingru here" in reason
+    assert "compiler" in reason.lower()
+
+
+def test_a_model_error_under_compile_is_not_mistaken_for_the_compiler() -> None:
+    assert not is_compiler_failure(RuntimeError("shapes do not match"))
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    try:
+        raise BackendCompilerFailed.__new__(BackendCompilerFailed)
+    except BackendCompilerFailed as exc:
+        assert is_compiler_failure(exc)
+
+
+@pytest.mark.parametrize("mode", ["forward", "decode", "train"])
+def test_flex_runs_compiled_forward_and_decode_on_cpu_and_says_why_not_train(mode: str) -> None:
+    case = tiny_case("flex", mode=mode, seq_len=64, d_model=32, heads=4, causal=True, window=16, heads_kv=1)
+    result = executor().run(case)
+    if mode == "train":
+        assert result.status == "unsupported" and "does not support backward on CPU" in (result.reason or "")
+        return
+    assert result.status == "ok", result.reason
+    assert isinstance(result.extra["compile_s"], float) and result.extra["recompiles"] == 0
+    assert result.extra["gqa_path"] == "native"
+    if mode == "decode":
+        assert result.state_bytes == replace(case, seq_len=15).layers * 2 * 2 * 16 * 8 * 4  # K, V × batch × W × D
