@@ -19,7 +19,9 @@ Verdict, with threshold t for the case's model: ``regressed`` when the interval 
 larger than the threshold *and* significant to regress, so noise alone cannot fail a build. Statuses decide before
 timings: ok → anything else (oom, unsupported, error, timeout, crashed) is ``regressed``, a non-ok case that now
 runs is ``improved``, a case that newly ends error/timeout/crashed is ``regressed``, two non-ok ends are ``same``;
-``new`` and ``missing`` cases have no counterpart and never fail.
+``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that was contended
+(``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
+and says which side.
 
 Runs are compared only when their environments agree on the hard keys (``HARD_KEYS``); otherwise ``compare``
 refuses (exit 3) and lists the differences, unless ``allow_mismatch`` names them.
@@ -369,6 +371,14 @@ class CaseComparison:
     base_n: int = 0  # processes (evidence "processes") or samples (evidence "samples")
     current_n: int = 0
     note: str = ""
+    # The sides whose timing of the case was contended (another process competed for the machine): the verdict is
+    # then ``noisy``, whatever the numbers say.
+    contended: tuple[Role, ...] = ()
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as tables show it: ``noisy (contended: base)`` when contention decided it."""
+        return f"{self.verdict} (contended: {' and '.join(self.contended)})" if self.contended else self.verdict
 
 
 def process_medians(measurement: Measurement) -> tuple[float, ...]:
@@ -426,7 +436,28 @@ def _verdict(lo: float, hi: float, threshold: float) -> Verdict:
 
 
 def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:
-    """The verdict for one case key from its rows on each side (one row per run; either side may be empty)."""
+    """The verdict for one case key from its rows on each side (one row per run; either side may be empty).
+
+    A timed verdict resting on a contended row (either side) is ``noisy``: a machine busy with other work slows
+    a case by an amount nobody measured, so neither a regression nor an improvement, nor sameness, follows."""
+    decided = _compare_case(key, base, current, policy)
+    if decided.evidence not in ("processes", "samples"):
+        return decided
+    both: tuple[tuple[Role, Sequence[Result]], ...] = (("base", base), ("current", current))
+    sides = tuple(role for role, rows in both if any(r.contended for r in rows))
+    if not sides:
+        return decided
+    reasons = [
+        f"{role}: {'; '.join(r.contention.reasons)}"
+        for role, rows in both
+        for r in rows
+        if r.contended and r.contention is not None
+    ]
+    note = f"timed on a busy machine, so no verdict ({' | '.join(reasons)})"
+    return replace(decided, verdict="noisy", contended=sides, note=_clip(note, 300))
+
+
+def _compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:
     case = (current or base)[0].case
     threshold = policy.thresholds.for_model(case.model)
     if not base:
@@ -554,6 +585,7 @@ def _case_dict(c: CaseComparison) -> dict[str, Any]:
         "base_n": c.base_n,
         "current_n": c.current_n,
         "note": c.note,
+        "contended": list(c.contended),
     }
 
 

@@ -19,6 +19,7 @@ import torch
 from attnbench.core.cases import Case, Level
 from attnbench.core.flops import count_flops, executed_flops
 from attnbench.measure.clocks import clock_for
+from attnbench.measure.contention import ContentionWatch
 from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels, profile_refusal
 from attnbench.measure.memory import RssPeak
@@ -36,6 +37,7 @@ from attnbench.measure.models import (
 )
 from attnbench.measure.telemetry import open_telemetry
 from attnbench.measure.timing import measure
+from attnbench.results.contention import Contention
 from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
@@ -228,7 +230,7 @@ class TorchExecutor:
                     timed = graphed(step, self.device)
                     extra["cuda_graph"] = True
                 torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
-            measurement, telemetry = self._timed_with_telemetry(timed, case, extra)
+            measurement, telemetry, contention = self._timed_with_telemetry(timed, case, extra)
             model.zero_grad(set_to_none=True)
             x.grad = None
             # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
@@ -241,6 +243,7 @@ class TorchExecutor:
                 parameters=parameter_count(model),
                 extra=dict(extra),
                 telemetry=telemetry,
+                contention=contention,
             )
             if on_timed is not None:
                 on_timed(result)  # the timing is safe whatever the profile below does
@@ -250,12 +253,14 @@ class TorchExecutor:
 
     def _timed_with_telemetry(
         self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
-    ) -> tuple[Measurement, TelemetrySummary | None]:
-        """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls). A failure of
-        the telemetry itself costs the row its telemetry, never its measurement."""
+    ) -> tuple[Measurement, TelemetrySummary | None, Contention | None]:
+        """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls), watched for
+        contention over the same calls. A failure of the telemetry itself costs the row its telemetry, never its
+        measurement."""
         measurement: Measurement | None = None
+        watch = ContentionWatch(str(self.device), torch.get_num_threads())  # NVML opened outside the window
         try:
-            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
+            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler, watch:
                 measurement = measure(
                     step,
                     self.clock,
@@ -264,12 +269,12 @@ class TorchExecutor:
                     on_sampling=sampler.mark_sampling,
                 )
             calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
-            return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens)
+            return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens), watch.result()
         except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed
             if measurement is None:
                 raise
             extra["telemetry_error"] = _describe(exc)
-            return measurement, None
+            return measurement, None, watch.result() if watch.done else None
 
     def _profile(
         self, step: Callable[[], object], measurement: Measurement, extra: dict[str, str | int | float | bool | None]

@@ -23,12 +23,30 @@ SCALING_LEGEND = (
 )
 
 
+CONTENDED_MARK = "!"  # before a cell's time: the case ran on a busy machine (the headline lists why)
+
+
+def contention_lines(results: Sequence[Result]) -> tuple[str, list[str]]:
+    """The headline ("3 of 32 cases ran on a busy machine …") and one line per contended case naming its evidence;
+    ("", []) when no timed case was contended."""
+    timed = [r for r in results if r.is_timed]
+    busy = [r for r in timed if r.contended]
+    if not busy:
+        return "", []
+    headline = (
+        f"{len(busy)} of {len(timed)} cases ran on a busy machine (marked {CONTENDED_MARK}): their timings are not "
+        "reliable, and compare draws no verdict from them."
+    )
+    return headline, [f"{r.case.label}: {'; '.join(r.contention.reasons)}" for r in busy if r.contention is not None]
+
+
 def time_text(cell: Cell | None) -> str:
     if cell is None:
         return ""
     if cell.median_s is None:
         return cell.status_text
-    text = ("~" if cell.noisy else "") + format_seconds(cell.median_s)
+    mark = CONTENDED_MARK if cell.result.contended else ""
+    text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if cell.speedup is not None:
         text += f" ({cell.speedup:.2f}×)"
     return text

@@ -92,6 +92,9 @@ COLUMNS: tuple[str, ...] = (
     *ADDED_METRICS,
     # Which implementation an LSTM/GRU ran on: cudnn, onednn, fused-cell-loop (CUDA, step by step), aten-loop.
     "rnn_path",
+    # Issue 17: whether other work competed for the machine while the case was timed, and the evidence.
+    "contended",
+    "contention",
 )
 
 
@@ -114,11 +117,11 @@ _INTEGER_COLUMNS = frozenset(
         "executed_flops",
     }
 )
-_BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound"})
+_BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound", "contended"})
 _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
-        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path"),
+        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "contention"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -205,6 +208,10 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row["executed_flops"] = executed_count
     for name in ("kernels_per_call", "launch_bound", "rnn_path"):
         row[name] = result.extra.get(name)
+    if result.contention is not None:
+        c = result.contention
+        row["contended"] = c.contended
+        row["contention"] = "; ".join([*c.reasons, c.evidence]) if c.reasons else c.evidence
     t = result.telemetry
     if t is not None:
         row.update({name: t.metrics.get(name) for name in METRICS})

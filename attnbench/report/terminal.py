@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnbench.core.units import format_bytes, format_rate, format_seconds
-from attnbench.report.cells import column_headers, memory_text, run_checks, time_text
+from attnbench.report.cells import column_headers, contention_lines, memory_text, run_checks, time_text
 from attnbench.report.pivot import pivot_tables
 from attnbench.results.records import Result, Run
 
@@ -34,6 +34,10 @@ def comparison_tables(
     results: Sequence[Result], baseline_model: str | None = None, memory: bool = False, run: Run | None = None
 ) -> Group:
     renderables: list[Table | Text] = []
+    headline, busy = contention_lines(results)
+    if headline:
+        renderables.append(Text(headline, style="bold yellow"))
+        renderables += [Text(f"  {line}", style="yellow") for line in busy]
     for table in pivot_tables(results, baseline_model):
         caption = f"(speed-up vs {table.baseline}; ~ = noisy)" if table.baseline else "(~ = noisy)"
         out = Table(title=table.title, caption=caption, title_justify="left")

@@ -7,7 +7,9 @@ Schema history (``SCHEMA_VERSION``):
       ``calibration``, ``code`` (the benchmarked checkout), ``label``, ``shard`` ({index, count}: the slice
       ``sweep --shard i/N`` measured; ``config_sha256`` stays the full config's) and ``merged_from`` (the
       ``Source`` runs ``attnbench merge`` joined into this one); measurement ``warmup_moved``,
-      ``replicate_medians_s``, ``injected_delay_s``. A reader older than a key refuses a file that carries it
+      ``replicate_medians_s``, ``injected_delay_s``; row ``contention`` (``results.contention``: whether other work
+      competed for the machine while the case was timed, with the evidence) and run.json ``contended_cases`` (how
+      many rows say so, counted as they are appended). A reader older than a key refuses a file that carries it
       (unknown keys are errors), with the hint to upgrade.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
@@ -24,6 +26,7 @@ from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVE
 from attnbench.core.shards import MAX_SHARDS, Shard
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
+from attnbench.results.contention import Contention
 from attnbench.results.environment import CodeIdentity
 from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
@@ -80,6 +83,9 @@ class Result:
     duration_s: float = 0.0
     extra: Extra = field(default_factory=dict)
     telemetry: TelemetrySummary | None = None
+    # Whether other work competed for the machine while the case was timed (``measure.contention``); None when it
+    # was not watched (a row that was never timed, or written before the watch existed).
+    contention: Contention | None = None
 
     @property
     def ok(self) -> bool:
@@ -103,6 +109,11 @@ class Result:
         return self.timing.median_s
 
     @property
+    def contended(self) -> bool:
+        """A timed row measured while other work competed for the machine: its timing is not reliable."""
+        return self.is_timed and self.contention is not None and self.contention.contended
+
+    @property
     def tokens_per_s(self) -> float | None:
         if self.measurement is None or self.measurement.median_s <= 0:
             return None
@@ -124,6 +135,7 @@ class Result:
             "extra": dict(self.extra),
             # Absent rather than null when there is none, so rows from before telemetry read back unchanged.
             **({} if self.telemetry is None else {"telemetry": self.telemetry.to_dict(include_raw=include_raw)}),
+            **({} if self.contention is None else {"contention": self.contention.to_dict()}),
         }
 
     @classmethod
@@ -134,7 +146,7 @@ class Result:
         if "key" in r:
             fields.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
         timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
-        telemetry = r.get("telemetry")
+        telemetry, contention = r.get("telemetry"), r.get("contention")
         status = fields.choice(r["status"], "status", STATUSES, "status")
         if status == "ok" and timed is None:
             # Contradictory: every reader would take "ok" as a timing and find none (compare called it regressed).
@@ -150,6 +162,7 @@ class Result:
             duration_s=fields.duration(r.get("duration_s", 0.0), "duration_s"),
             extra=_extra(r.get("extra", {})),
             telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
+            contention=None if contention is None else fields.nested("contention", Contention.from_dict, contention),
         )
 
 
@@ -163,6 +176,7 @@ _RESULT_OPTIONAL = (
     "duration_s",
     "extra",
     "telemetry",
+    "contention",
 )
 
 # The same caps a config is held to: a stored case beyond them was not written by a sweep.
@@ -290,6 +304,9 @@ class Run:
     shard: Shard | None = None
     # The runs `attnbench merge` joined into this one, in shard order; empty for a run a sweep wrote.
     merged_from: tuple[Source, ...] = ()
+    # How many rows were timed on a busy machine (``Result.contended``), counted by the writer as rows land; None
+    # for a run written before the watch existed (readers then count the rows themselves).
+    contended_cases: int | None = None
 
     @property
     def commit(self) -> str | None:
@@ -314,6 +331,7 @@ class Run:
             **({"label": self.label} if self.label else {}),
             **({} if self.shard is None else {"shard": self.shard.to_dict()}),
             **({"merged_from": [s.to_dict() for s in self.merged_from]} if self.merged_from else {}),
+            **({} if self.contended_cases is None else {"contended_cases": self.contended_cases}),
         }
 
     @classmethod
@@ -333,6 +351,7 @@ class Run:
         if not isinstance(environment, dict):
             raise fields.expected("environment", "an object", environment)
         calibration, code, shard = d.get("calibration"), d.get("code"), d.get("shard")
+        contended = d.get("contended_cases")
         return cls(
             run_id=run_id,
             created_utc=fields.text(d["created_utc"], "created_utc"),
@@ -352,6 +371,7 @@ class Run:
             label=fields.text(d.get("label", ""), "label"),
             shard=None if shard is None else fields.nested("shard", _shard_from_dict, shard),
             merged_from=tuple(fields.items(d.get("merged_from", []), "merged_from", _source)),
+            contended_cases=None if contended is None else fields.integer(contended, "contended_cases", minimum=0),
         )
 
 
@@ -369,6 +389,7 @@ _RUN_OPTIONAL = (
     "label",
     "shard",
     "merged_from",
+    "contended_cases",
 )
 
 
