@@ -126,9 +126,9 @@ def method_text(comparison: Comparison) -> str:
         lines.append(
             f"Evidence for {evidence['samples']} cases: one process per side, so the interval is a bootstrap of "
             f"the median ratio over the raw samples ({policy.resamples} resamples), widened by a ±"
-            f"{format_percent(policy.noise_floor)} noise floor for the variation between processes that samples from "
-            "one process cannot show. Measure that variation instead with `timing.processes` or by comparing "
-            "folders of repeated runs."
+            f"{format_percent(policy.noise_floor or 0.0)} noise floor for the variation between processes that "
+            f"samples from one process cannot show; the floor is {policy.floor_source}. Measure that variation "
+            "instead with `timing.processes` or by comparing folders of repeated runs."
         )
     return " ".join(lines)
 
