@@ -71,7 +71,11 @@ class SweepDisplay:
         prefix = f"[{len(self.results)}/{self.total}]"
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task)
-            style = "green" if result.ok else ("yellow" if result.status in ("oom", "unsupported") else "red")
+            style = (
+                "green"
+                if result.ok
+                else ("yellow" if result.status in ("oom", "unsupported", "too_slow_for_budget") else "red")
+            )
             self.console.print(
                 f"[dim]{prefix}[/] [{style}]{escape(case_line(result))}[/]",
                 markup=True,

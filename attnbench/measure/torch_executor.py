@@ -36,7 +36,7 @@ from attnbench.measure.models import (
     torch_dtype,
 )
 from attnbench.measure.telemetry import open_telemetry
-from attnbench.measure.timing import measure
+from attnbench.measure.timing import TOO_SLOW, measure
 from attnbench.results.contention import Contention
 from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
@@ -235,9 +235,11 @@ class TorchExecutor:
             x.grad = None
             # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
             memory = self._peak_memory(step)
+            slow = measurement.stop_reason == "too_slow_for_budget"
             result = Result(
                 case,
-                "ok",
+                "too_slow_for_budget" if slow else "ok",
+                reason=next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "") if slow else "",
                 measurement=measurement,
                 memory=memory,
                 parameters=parameter_count(model),

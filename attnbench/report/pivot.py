@@ -22,7 +22,14 @@ from attnbench.analysis.scaling import (
 from attnbench.core.catalogue import is_recurrent
 from attnbench.results.records import Result
 
-_STATUS_TEXT = {"oom": "OOM", "unsupported": "n/a", "error": "error", "timeout": "timeout", "crashed": "crashed"}
+_STATUS_TEXT = {
+    "oom": "OOM",
+    "unsupported": "n/a",
+    "error": "error",
+    "timeout": "timeout",
+    "crashed": "crashed",
+    "too_slow_for_budget": "too slow",
+}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ Schema history (``SCHEMA_VERSION``):
       ``Source`` runs ``attnbench merge`` joined into this one); measurement ``warmup_moved``,
       ``replicate_medians_s``, ``injected_delay_s``; row ``contention`` (``results.contention``: whether other work
       competed for the machine while the case was timed, with the evidence) and run.json ``contended_cases`` (how
-      many rows say so, counted as they are appended). A reader older than a key refuses a file that carries it
+      many rows say so, counted as they are appended); the status ``too_slow_for_budget`` (and measurement
+      ``stop_reason`` of the same name). A reader older than a key refuses a file that carries it
       (unknown keys are errors), with the hint to upgrade.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
@@ -34,9 +35,11 @@ from attnbench.results.telemetry import TelemetrySummary
 
 SCHEMA_VERSION = 1
 
-Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed"]
+# too_slow_for_budget: timing.min_samples samples of the case do not fit in timing.max_case_s. Not a failure of the
+# case (exit 0, like unsupported), and never a timing: one or two samples are no evidence (issue 17, item 4).
+Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget"]
 
-STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", "crashed")
+STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget")
 
 # Statuses that make `sweep` exit 1: the case broke, rather than the hardware saying no.
 FAILED: frozenset[str] = frozenset({"error", "timeout", "crashed"})

@@ -19,7 +19,9 @@ from attnbench.measure.models import attention, build_model, make_input, pinned_
 from attnbench.measure.torch_executor import TorchExecutor
 from tests.support import QUICK_TIMING, tiny_case
 
-QUICK = TimingPolicy(**QUICK_TIMING)  # type: ignore[arg-type]
+# A roomy budget: these tests check what a row says, not how fast; a tiny case on a loaded machine can take
+# 200 ms a call, and min_samples samples must fit or the row is too_slow_for_budget (issue 17, item 4).
+QUICK = replace(TimingPolicy(**QUICK_TIMING), max_case_s=5.0)  # type: ignore[arg-type]
 
 
 def executor(**settings: Any) -> TorchExecutor:
@@ -51,7 +53,7 @@ def test_a_forced_backend_is_entered_once_per_case_not_per_call_and_layer(
 ) -> None:
     layers = 4
     case = tiny_case("sdpa-math", mode=mode, layers=layers)  # type: ignore[arg-type]
-    result = executor(timing=replace(QUICK, max_case_s=1.0, warmup_max_s=0.3)).run(case)
+    result = executor(timing=replace(QUICK, warmup_max_s=0.3)).run(case)
     assert result.ok, result.reason
     m = result.timing
     calls = m.warmup_calls + len(m.samples_s) * m.calls_per_sample + 1  # + the peak-memory call
@@ -200,3 +202,18 @@ def test_each_recurrent_row_says_which_implementation_ran() -> None:
         with torch.backends.mkldnn.flags(enabled=False):
             assert rnn_path(tiny_case("lstm", mode="train"), "cpu") == "aten-loop"
     assert rnn_path(tiny_case("mingru"), "cpu") is None and "rnn_path" not in executor().run(tiny_case("sdpa")).extra
+
+
+def test_a_case_too_slow_for_its_budget_is_a_row_that_says_so_not_a_timing() -> None:
+    """Issue 17, item 4: min_samples samples that cannot fit in max_case_s give no "ok" row."""
+    policy = TimingPolicy(max_case_s=1e-6, min_samples=10, warmup_max_s=1e-6)
+    result = executor(timing=policy).run(tiny_case("lstm", seq_len=64))
+    assert result.status == "too_slow_for_budget" and not result.is_timed
+    assert result.reason.startswith("too slow for the budget") and "timing.max_case_s" in result.reason
+    assert result.measurement is not None and result.measurement.stop_reason == "too_slow_for_budget"
+    assert result.memory is not None  # the memory pass is outside the budget, and still measured
+    back = type(result).from_dict(result.to_dict())
+    assert back.status == "too_slow_for_budget"
+    # Every timed row rests on at least min_samples samples.
+    ok = executor().run(tiny_case("lstm", seq_len=16))
+    assert ok.ok and len(ok.timing.samples_s) >= QUICK.min_samples
