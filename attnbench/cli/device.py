@@ -20,7 +20,7 @@ from attnbench.cli.common import (
     stdout,
     write_or_print,
 )
-from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.core.peaks import PEAK_DTYPES
 from attnbench.core.units import format_percent
 
@@ -184,12 +184,23 @@ def selfcheck(
     rounds: Annotated[
         int | None, typer.Option("--rounds", min=1, help="Interleaved rounds per op.", show_default="7, quick 3")
     ] = None,
+    max_rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--max-rounds",
+            min=1,
+            help="Rounds an op may get while its interval straddles the tolerance.",
+            show_default="3 × rounds",
+        ),
+    ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the table as markdown.")] = None,
     threads: ThreadsOpt = None,
 ) -> None:
     """Time a fixed list of ops with attnbench and with torch.utils.benchmark (and triton's do_bench on a GPU),
-    interleaved; exit 1 if an op of ≥ 100 µs disagrees beyond ±5 % (±3 % against do_bench)."""
-    from attnbench.analysis.selfcheck import judge, noise_note, summary_line
+    interleaved. An op of ≥ 100 µs (attnbench's time) fails when the 95 % interval of its ratio lies beyond ±5 %
+    (±3 % against do_bench), passes when inside; otherwise rounds are added, and it stays inconclusive. Exit 1 on
+    a failure, 5 when some op is inconclusive and none failed, else 0."""
+    from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
     from attnbench.measure.devices import resolve_device, use_threads
     from attnbench.measure.selfcheck import run_selfcheck
     from attnbench.report.selfcheck_md import render_markdown, table_rows
@@ -197,7 +208,12 @@ def selfcheck(
     resolved = resolve_device(device or "auto")
     use_threads(threads)
     timings = run_selfcheck(
-        resolved, quick=quick, rounds=rounds, progress=lambda line: stderr.print(f"selfcheck {line}", markup=False)
+        resolved,
+        quick=quick,
+        rounds=rounds,
+        progress=lambda line: stderr.print(f"selfcheck {line}", markup=False),
+        decided=decided,
+        max_rounds=max_rounds,
     )
     report = judge(timings)
     header, rows = table_rows(report)
@@ -219,5 +235,5 @@ def selfcheck(
     stdout.print(summary_line(report), markup=False)
     if output is not None:
         write_or_print(render_markdown(report), output)
-    if report.failures:
-        raise typer.Exit(EXIT_CASE_FAILED)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
