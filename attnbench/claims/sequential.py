@@ -102,13 +102,25 @@ def _launches(s: Series) -> str:
     return text + (f" (∝ {_exp(fit)})" if fit is not None and fit.points >= MIN_SLOPE_POINTS else "")
 
 
-def _thin_slope(fit: PowerLaw | None, points: Sequence[Result]) -> str:
+def _few_points(fit: PowerLaw | None) -> str:
     if fit is None or fit.points < MIN_SLOPE_POINTS:
         have = 0 if fit is None else fit.points
         return f"only {have} usable length{'s' * (have != 1)}; a slope needs ≥ {MIN_SLOPE_POINTS}"
-    rough = [r for r in points if noisy(r)]
+    return ""
+
+
+def _thin_slope(fit: PowerLaw | None, points: Sequence[Result]) -> str:
+    """Why a *time* slope cannot carry a verdict: too few lengths, or most of them noisy or timed on a busy
+    machine. Memory slopes are judged by ``_few_points`` alone: timing noise says nothing about a peak."""
+    few = _few_points(fit)
+    if few:
+        return few
+    rough = [r for r in points if noisy(r) or r.contended]
     if 2 * len(rough) > len(points):
-        return f"{len(rough)} of {len(points)} points are noisy (IQR > 10 % of the median or CI target missed)"
+        return (
+            f"{len(rough)} of {len(points)} points are noisy (IQR > 10 % of the median or CI target missed) or "
+            "were timed on a busy machine"
+        )
     return ""
 
 
@@ -238,7 +250,7 @@ def _memory_row(s: Series) -> ClaimResult | None:
         f"peak memory ∝ {_exp(fit)}, {format_bytes(peaks[0])} → {format_bytes(peaks[-1])} "
         f"({_describe(Series(s.shape, tuple(points)))}, {method})"
     )
-    thin = _thin_slope(fit, points)
+    thin = _few_points(fit)  # a peak is measured on its own: the timing's noise is no reason to doubt it
     if not thin and method == "rss-hwm" and max(peaks) < RSS_MIN_BYTES:
         thin = f"peaks below {format_bytes(RSS_MIN_BYTES)}: RSS page granularity and allocator caching dominate"
     recurrent = family(s.shape.model) == "recurrent"

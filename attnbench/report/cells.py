@@ -13,7 +13,8 @@ from attnbench.results.records import Result, Run
 
 LEGEND = (
     "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "
-    "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached)."
+    "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached). Speed-ups, crossovers "
+    "and fits use only cells that converged or whose CI is within ±5 %, and that were not timed on a busy machine."
 )
 CROSSOVER_LEGEND = (
     "Where the time curves cross (interpolated on log-log between the two measured lengths around the crossing):"
@@ -35,7 +36,7 @@ def contention_lines(results: Sequence[Result]) -> tuple[str, list[str]]:
         return "", []
     headline = (
         f"{len(busy)} of {len(timed)} cases ran on a busy machine (marked {CONTENDED_MARK}): their timings are not "
-        "reliable, and compare draws no verdict from them."
+        "reliable: speed-ups, crossovers and fits leave them out, and compare draws no verdict from them."
     )
     return headline, [f"{r.case.label}: {'; '.join(r.contention.reasons)}" for r in busy if r.contention is not None]
 

@@ -641,3 +641,11 @@ def test_cli_bad_run_is_a_clean_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["claims", str(tmp_path / "nope")])
     assert result.exit_code == 2
     assert "no such run folder" in result.output and "Traceback" not in result.output
+
+
+def test_1c_memory_verdicts_rest_on_memory_not_on_timing_noise() -> None:
+    """Issue 17, item 6: a clean n² peak stays "supported" however noisy the timings of those cases were."""
+    noisy = curve("vanilla", 1.0, memory=2.0, spread=0.5, converged=False)
+    assert by_variant(noisy, "1c", "vanilla").verdict == "supported"
+    assert only(curve("lstm", 1.0, memory=0.0, spread=0.5, converged=False), "1d").verdict == "supported"
+    assert only(curve("lstm", 1.0, spread=0.5, converged=False), "1a").verdict == "inconclusive"  # time: still

@@ -216,11 +216,12 @@ def test_the_report_headlines_contended_cases_and_marks_their_cells() -> None:
     run = Run("r", "2026-12-03T00:00:00Z", "tiny.yaml", {}, "0" * 64, TimingPolicy(), {})
     busy = replace(_row(True), case=tiny_case(seq_len=32))
     text = render_markdown(run, [_row(False), busy])
-    assert "**1 of 2 cases ran on a busy machine (marked !): their timings are not reliable" in text
+    assert "**1 of 2 cases ran on a busy machine (marked !): their timings are not reliable: speed-ups" in text
+    assert "time not fitted: 1 of 2 lengths noisy or contended (n=32)" in text
     assert "other processes kept 1.0 of 2 cores busy" in text
     table = text.split("## ")[1]
     assert "| !" in table and table.count("!") == 1  # the busy cell, not the quiet one
-    assert "busy machine" not in render_markdown(run, [_row(False)])
+    assert "ran on a busy machine" not in render_markdown(run, [_row(False)])
 
 
 def test_compare_never_concludes_from_contended_evidence() -> None:
