@@ -192,6 +192,7 @@ class TimingModel(_Strict):
     processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
     cache: Literal["warm", "cold"] = _POLICY.cache
     cuda_graph: bool = _POLICY.cuda_graph
+    process_warmup_s: Annotated[float, Field(ge=0, le=60)] = _POLICY.process_warmup_s
 
 
 class ConfigModel(_Strict):

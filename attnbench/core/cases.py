@@ -151,6 +151,10 @@ class TimingPolicy:
     cache: Literal["warm", "cold"] = "warm"
     # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
     cuda_graph: bool = False
+    # Before the first case of each process: this long of a mixed, parallel workload (``measure.process_warmup``),
+    # so the first case does not pay for the thread pool's start, the autograd engine's, clock ramp-up and
+    # first-use initialisation that every later case finds done. 0 = none.
+    process_warmup_s: float = 0.5
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -35,6 +35,7 @@ from attnbench.measure.models import (
     sdpa_kernel_chosen,
     torch_dtype,
 )
+from attnbench.measure.process_warmup import warm_process
 from attnbench.measure.telemetry import open_telemetry
 from attnbench.measure.timing import TOO_SLOW, measure
 from attnbench.results.contention import Contention
@@ -89,6 +90,7 @@ class TorchExecutor:
         # per case: a quarter of a small case's cost). Freezing them keeps gc.collect() to this run's garbage.
         gc.freeze()
         self.broken = ""  # why no case can run any more (the CUDA context died), or "" while it can
+        self._process_warmup_s: float | None = None  # None: the process warm-up has not run yet
         self._host_memory: RssPeak | None = None
         self._host_memory_note = ""
         if self.device.type == "cpu":
@@ -110,8 +112,15 @@ class TorchExecutor:
 
         early = None if on_timed is None else lambda result: on_timed(stamped(result))
         try:
+            if self._process_warmup_s is None:  # before the first case only: see measure.process_warmup
+                self._process_warmup_s = warm_process(self.device, self.policy.process_warmup_s)
+                first = self._process_warmup_s
+            else:
+                first = None
             reason = self._policy_problem(case) or probe(case, str(self.device))
             result = Result(case, "unsupported", reason) if reason is not None else self._measure(case, early)
+            if first is not None and result.ok:  # the row says its process was warmed up just before it
+                result = replace(result, extra={**result.extra, "process_warmup_s": first})
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
             result = Result(case, "oom" if is_oom(exc) else "error", _describe(exc))
         except BaseException:

@@ -217,3 +217,52 @@ def test_a_case_too_slow_for_its_budget_is_a_row_that_says_so_not_a_timing() -> 
     # Every timed row rests on at least min_samples samples.
     ok = executor().run(tiny_case("lstm", seq_len=16))
     assert ok.ok and len(ok.timing.samples_s) >= QUICK.min_samples
+
+
+def test_the_process_is_warmed_up_once_before_its_first_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17, item 8: what the first case of a process pays (thread pools, the autograd engine, clocks,
+    first-use initialisation) is paid by a process warm-up before it, outside every timed window."""
+    import attnbench.measure.torch_executor as module
+
+    calls: list[tuple[str, float]] = []
+    real = module.warm_process
+
+    def spy(device: torch.device, seconds: float) -> float:
+        calls.append((str(device), seconds))
+        return real(device, seconds)
+
+    monkeypatch.setattr(module, "warm_process", spy)
+    ex = executor(timing=replace(QUICK, process_warmup_s=0.05))
+    assert calls == []  # not at construction: a worker that never gets a case pays nothing
+    first, second = ex.run(tiny_case("lstm")), ex.run(tiny_case("lstm", seq_len=32))
+    assert calls == [("cpu", 0.05)]
+    assert isinstance(first.extra["process_warmup_s"], float) and first.extra["process_warmup_s"] >= 0.05
+    assert "process_warmup_s" not in second.extra
+    off = executor(timing=replace(QUICK, process_warmup_s=0.0)).run(tiny_case("lstm"))
+    assert off.extra["process_warmup_s"] == 0.0
+
+
+def test_the_first_of_identical_cases_is_not_systematically_slower() -> None:
+    """Three processes, each timing the same case three times: the first reading must not stand above the others
+    in most of them. A timing comparison, so it runs only on a quiet machine (the contention check decides)."""
+    from attnbench.measure.contention import busy_now, logical_cores
+
+    if busy_now("cpu", logical_cores(), nvml=None).contended:
+        pytest.skip("the machine is busy: timings of the first case cannot be told from the neighbours' load")
+    code = (
+        "from attnbench.measure.torch_executor import TorchExecutor\n"
+        "from attnbench.measure.executor import ExecutorSettings\n"
+        "from attnbench.core.cases import Case, TimingPolicy\n"
+        "e = TorchExecutor(ExecutorSettings('cpu', TimingPolicy(max_case_s=1, min_time_s=0.2), telemetry='off'))\n"
+        "case = Case('sdpa', 'forward', 'float32', 'cpu', 1, 8, 16, 2, 8, False)\n"
+        "print(' '.join(str(e.run(case).median_s) for _ in range(3)))\n"
+    )
+    import subprocess
+    import sys
+
+    slower = 0
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        first, *rest = (float(x) for x in out.stdout.split())
+        slower += first > 1.25 * max(rest)
+    assert slower <= 1
