@@ -232,7 +232,10 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts) -> int:
     from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE
 
     interrupts.on_second.append(run.abort)
-    display = SweepDisplay(stdout, len(run.plan.todo), quiet=quiet, errors=stderr)
+    plan = run.plan
+    display = SweepDisplay(
+        stdout, len(plan.todo), quiet=quiet, errors=stderr, cases=plan.todo, policy=plan.experiment.timing
+    )
     failure: ResultsError | None = None
     try:
         with display:
