@@ -137,10 +137,12 @@ claims_sweep() {
     "$PY" -m attnbench sweep configs/claims.yaml --device cuda --out "$WORK/claims" -q \
       --set 'grid.batch=[1]' --set 'model_options.lstm={scope: core}' --set 'model_options.vanilla={scope: core}' \
       --set 'model_options.sdpa-flash={scope: core}' --set 'presets.seq_len=[128]' \
+      --set 'decode.models=[lstm,sdpa-flash]' --set 'decode.seq_len=[2048,16384,131072]' \
       --set timing.max_case_s=0.3 --set timing.min_time_s=0.1
   else
     "$PY" -m attnbench sweep configs/claims-cpu.yaml --device cpu --out "$WORK/claims" -q \
       --set 'grid.seq_len=[16,32,64]' --set d_model=32 --set heads=2 --set 'presets.seq_len=[8]' \
+      --set 'decode.seq_len=[64,256,1024]' \
       --set timing.max_case_s=0.3 --set timing.warmup_max_s=0.1 --set timing.min_time_s=0.02
   fi
 }

@@ -24,6 +24,8 @@ GOLDEN = DATA / "golden"
 BAD_CONFIGS = DATA / "bad_configs"
 BAD_RUNS = DATA / "bad_runs"
 FIXTURE = DATA / "runs" / "tiny-cpu"  # a real CPU run, committed: every renderer's golden input
+# A real CPU decode run, committed: lstm, mingru, vanilla, sdpa-flash at n = 64…4096, d_model 64, batch 2.
+DECODE_FIXTURE = DATA / "runs" / "tiny-decode-cpu"
 
 # A timing policy for real sweeps in tests: converges loosely, stops fast. Not for numbers anyone reads.
 QUICK_TIMING: dict[str, float | int] = {

@@ -8,7 +8,9 @@ anything else may import it without torch or numpy. Three parts:
 - ``group_curves`` / ``scaling_laws`` / ``crossover_lines``: the same applied to a run, one curve per pivot row.
 
 ``group_curves`` is the one definition of "which rows form one curve along seq_len"; the pivot tables are laid
-out from it, so a fitted line always describes exactly one table row.
+out from it, so a fitted line always describes exactly one table row. Decode rows (mode ``decode``) form groups of
+their own; their memory curve is the KV cache or recurrent state a step reads (measured, beside the computed
+bytes), not the step's peak, and their crossovers read "lstm decodes faster than sdpa from n ≈ …".
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from attnbench.core.catalogue import is_recurrent
 from attnbench.core.stats import student_t_975
+from attnbench.core.units import format_bytes
 
 if TYPE_CHECKING:
     from attnbench.results.records import Result
@@ -300,14 +303,22 @@ class ScalingLine:
     time_top: PowerLaw | None = None  # the two longest lengths alone, when the whole fit has ≥ 3 points
     memory_top: PowerLaw | None = None
     notes: tuple[str, ...] = ()  # why a fit is missing
+    # Decode: the state's computed bytes against n (``memory`` is then the measured state, not the peak).
+    state: PowerLaw | None = None
 
     @property
     def per_token(self) -> bool:
         return self.batch is None
 
     @property
+    def decode(self) -> bool:
+        return self.mode == "decode"
+
+    @property
     def text(self) -> str:
         """'vanilla: time ∝ n^1.93 (95 % CI 1.85–2.01, n=64–1024, 4 points), memory ∝ n^2.00 (…)'."""
+        if self.decode:
+            return self._decode_text()
         unit = " per token" if self.per_token else ""
         parts = []
         if self.time is not None:
@@ -315,6 +326,23 @@ class ScalingLine:
         if self.memory is not None:
             parts.append(_law_text(f"memory{unit}", self.memory, self.memory_top, self.time))
         return f"{self.label}: " + ", ".join(parts + list(self.notes))
+
+    def _decode_text(self) -> str:
+        """'sdpa: time per token ∝ n^0.78 (…), KV cache ∝ n^1.00 (computed; measured ∝ n^1.00, 95 % CI …)'."""
+        parts = [] if self.time is None else [_law_text("time per token", self.time, self.time_top, None)]
+        what = "state" if is_recurrent(self.model) else "KV cache"
+        if self.state is not None:
+            if self.state.exponent == 0:  # the same bytes at every n: a fit says nothing a number does not
+                computed = f"{what} fixed at {format_bytes(self.state.prefactor)}"
+            else:
+                computed = f"{what} ∝ n^{_num(self.state.exponent)}"
+            measured = self.notes[-1] if self.memory is None and self.notes else "not measured"
+            if self.memory is not None:
+                measured = _law_text("measured", self.memory, self.memory_top, self.state)
+            parts.append(f"{computed} (computed; {measured})")
+        elif self.time is None:
+            parts += self.notes
+        return f"{self.label}: " + ", ".join(parts)
 
 
 def _num(x: float) -> str:
@@ -354,7 +382,7 @@ def _fits(xs: list[int], ys: list[float]) -> tuple[PowerLaw | None, PowerLaw | N
 
 def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
     """Fit one curve: median time per call (per token when batch is tied to seq_len) and peak memory, over its
-    ok lengths."""
+    ok lengths; for decode, the state a step reads in place of the peak (measured, and computed in ``state``)."""
     timed = _timed(curve)
     good = [(n, r) for n, r in timed if good_evidence(r)]
 
@@ -362,15 +390,21 @@ def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
     def scale(r: Result) -> float:
         return 1 / r.case.tokens if group.tied else 1.0
 
-    # Time from the lengths whose timing is good evidence; memory from every length that ran (it is measured on
-    # its own, and neither noise nor a neighbour's load changes what a call allocates).
+    # Time from the lengths whose timing is good evidence; memory (or a decode step's state) from every length
+    # that ran: it is measured on its own, and neither noise nor a neighbour's load changes what a call allocates.
     xs = [n for n, _ in good]
     time, time_top = _fits(xs, [r.median_s * scale(r) for _, r in good])
-    measured = [
-        (n, r.memory.peak_bytes * scale(r))
-        for n, r in timed
-        if r.memory is not None and r.memory.peak_bytes is not None
-    ]
+    state = None
+    if group.mode == "decode":
+        measured = [(n, float(b) * scale(r)) for n, r in timed if (b := r.state_mem_bytes) is not None]
+        computed = [(n, float(r.state_bytes or 0) * scale(r)) for n, r in timed]
+        state = fit_power_law([n for n, _ in computed], [b for _, b in computed])
+    else:
+        measured = [
+            (n, r.memory.peak_bytes * scale(r))
+            for n, r in timed
+            if r.memory is not None and r.memory.peak_bytes is not None
+        ]
     memory, memory_top = _fits([n for n, _ in measured], [b for _, b in measured])
     notes = []
     left_out = [n for n, r in timed if not good_evidence(r)]
@@ -381,7 +415,7 @@ def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
     elif left_out:
         notes.append(f"time fit leaves out {_lengths(left_out)} ({LEFT_OUT})")
     if memory is None:
-        notes.append(_memory_note(measured))
+        notes.append(_state_note(measured) if group.mode == "decode" else _memory_note(measured))
     return ScalingLine(
         label=curve.label,
         model=curve.model,
@@ -396,6 +430,7 @@ def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
         time_top=time_top,
         memory_top=memory_top,
         notes=tuple(notes),
+        state=state,
     )
 
 
@@ -408,6 +443,17 @@ def _memory_note(measured: list[tuple[int, float]]) -> str:
         # rss-hwm grows in pages and allocator chunks: a small case can stay inside what is already resident.
         text += f"; 0 at n={', '.join(zero)}: below what the method resolves"
     return text + ")"
+
+
+def _state_note(measured: list[tuple[int, float]]) -> str:
+    """Why a decode row's measured state has no fit: every reading, or all but one, was 0 B (a method that could
+    not see the state)."""
+    if not measured:
+        return "not measured"
+    zero = [str(n) for n, held in measured if held <= 0]
+    if len(zero) == len(measured):
+        return "measured 0 B at every n: smaller than what the method resolves"
+    return f"measured, not fitted: {_count(len(measured) - len(zero), 'nonzero reading')}; 0 at n={', '.join(zero)}"
 
 
 def _count(n: int, what: str) -> str:
@@ -479,6 +525,11 @@ class CrossoverLine:
         if self.crossings:
             parts = []
             for i, c in enumerate(self.crossings):
+                if self.mode == "decode":  # in the faster model's words: "lstm decodes faster than sdpa from n ≈ …"
+                    faster, slower = (self.b, self.a) if c.direction == SLOWER else (self.a, self.b)
+                    head = f"{faster} decodes faster than {slower}" if i == 0 else f"then {faster}"
+                    parts.append(f"{head} from {self._where(c)}")
+                    continue
                 word = "slower" if c.direction == SLOWER else "faster"
                 head = f"{self.a} becomes {word} than {self.b}" if i == 0 else f"then {word}"
                 parts.append(f"{head} at {self._where(c)}")

@@ -7,7 +7,8 @@ One module per job; each claim's verdict rules are in its module's docstring:
 
 - ``verdicts``: the verdict vocabulary, ``ClaimResult``, ratio intervals and the thin-evidence rules.
 - ``selection``: which rows count (the later of two rows of one case), curves, variations, row readings.
-- ``sequential`` (claim 1: O(n) vs O(1) steps, memory against n), ``utilisation`` (claim 2: GPU utilisation),
+- ``sequential`` (claim 1: O(n) vs O(1) steps, memory against n) with ``decode`` (claim 1 from the generation
+  side: per-token cost and state against the context n), ``utilisation`` (claim 2: GPU utilisation),
   ``training`` (claim 3: BERT-base vs an LSTM of its size), ``flash`` (claim 4: FlashAttention at n = 2048),
   ``descriptive`` (claims 5–6: heads, positional encodings, structure, GLUE; costs shown, no verdict).
 - ``evaluate``: every claim in the article's order, as a ``ClaimsReport``.

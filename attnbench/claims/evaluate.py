@@ -57,13 +57,15 @@ def _device_words(run: Run) -> str:
 def evaluate_claims(run: Run, results: Sequence[Result]) -> ClaimsReport:
     """Every claim of the article against this run, in the article's order."""
     results = latest_rows(results)
+    # Decode rows speak to claim 1 only (``claims.decode``): the other claims are about a whole sequence's work.
+    whole = [r for r in results if r.case.mode != "decode"]
     rows = [
         *claim_sequential(run, results),
-        *claim_utilisation(run, results),
-        *claim_training(run, results),
-        *claim_flash(run, results),
-        claim_heads(results),
-        claim_positional(run, results),
+        *claim_utilisation(run, whole),
+        *claim_training(run, whole),
+        *claim_flash(run, whole),
+        claim_heads(whole),
+        claim_positional(run, whole),
         *claim_structure(),
     ]
     notes = (NVML_NOTE, INTERVALS_NOTE)

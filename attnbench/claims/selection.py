@@ -61,10 +61,11 @@ def label(case: Case) -> str:
 
 
 def variant(case: Case) -> str:
-    """Model and options; a scan mode always, since it decides whether the recurrence is sequential."""
+    """Model and options; a scan mode always, since it decides whether the recurrence is sequential (but not for
+    decode, which steps the recurrence one token at a time whatever the scan)."""
     options = dict(case.options)
     scan = option(case, "scan")
-    if scan is not None:
+    if scan is not None and case.mode != "decode":
         options.setdefault("scan", scan)
     return " ".join([case.model, *(f"{k}={v}" for k, v in sorted(options.items()))])
 
@@ -79,6 +80,17 @@ class Series:
     @property
     def lengths(self) -> list[int]:
         return [r.case.seq_len for r in self.points]
+
+
+def lengths_text(xs: Sequence[int]) -> str:
+    return f"n={xs[0]}" if len(xs) == 1 else f"n={xs[0]}–{xs[-1]}"
+
+
+def describe_series(s: Series) -> str:
+    """'forward b=1 float32 d=256 h=4 n=128–2048': what a curve held fixed, and its lengths."""
+    c = s.shape
+    heads = "" if c.heads is None else f" h={c.heads}"
+    return f"{c.mode} b={c.batch} {c.dtype} d={c.d_model}{heads} {lengths_text(s.lengths)}"
 
 
 def series(results: Iterable[Result]) -> list[Series]:

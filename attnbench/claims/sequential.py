@@ -15,6 +15,9 @@ utilisation < 50 %).
   supported if k_high ≤ 0.3, contradicted if k_low ≥ 0.7.
 
 Kernels per call (the executor's profile, ``extra["kernels_per_call"]``) are shown where rows carry them.
+
+These rows read whole-sequence modes; decode rows give claim 1 its generation side (``claims.decode``), placed
+after the rows of the same claim.
 """
 
 from __future__ import annotations
@@ -22,15 +25,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attnbench.analysis.scaling import PowerLaw, fit_power_law
-from attnbench.claims.selection import Series, family, option, pct_of_peak, series, variant
+from attnbench.claims.decode import decode_rows
+from attnbench.claims.selection import Series, describe_series, family, option, pct_of_peak, series, variant
 from attnbench.claims.verdicts import (
     GPU_CONFIG,
+    MIN_SLOPE_POINTS,
     RSS_MIN_BYTES,
     ClaimResult,
     Verdict,
     config_for,
-    noisy,
+    exponent_text,
+    few_points,
     not_measurable,
+    thin_slope,
     undecided,
 )
 from attnbench.core.cases import OptionValue
@@ -42,7 +49,6 @@ SEQUENTIAL_MIN = 0.8
 PARALLEL_MAX = 0.5
 QUADRATIC_MIN, QUADRATIC_NOT = 1.7, 1.3
 FIXED_MAX, FIXED_NOT = 0.3, 0.7
-MIN_SLOPE_POINTS = 3
 UNDERUSED_UTIL_PCT = 50.0
 UNDERUSED_PEAK_PCT = 10.0
 
@@ -52,7 +58,7 @@ def _slope_series(results: Sequence[Result]) -> list[Series]:
     with ≥ 3 lengths (else the one with most lengths). Variants with a single length cannot show a slope, and
     positional variants are left to claim 5 where the model also ran without one."""
     by_variant: dict[tuple[str, tuple[tuple[str, OptionValue], ...]], list[Series]] = {}
-    curves = [s for s in series(results) if len(s.points) >= 2]
+    curves = [s for s in series(results) if len(s.points) >= 2 and s.shape.mode != "decode"]
     # Positional encodings are claim 5's business: a model's positional=none curve speaks for it when it has one.
     plain = {s.shape.model for s in curves if option(s.shape, "positional") in (None, "none")}
     for s in curves:
@@ -65,21 +71,6 @@ def _slope_series(results: Sequence[Result]) -> list[Series]:
         pool = enough or forward
         chosen.append(min(pool, key=lambda s: (s.shape.batch if enough else -len(s.points), s.shape.batch)))
     return chosen
-
-
-def _lengths(xs: Sequence[int]) -> str:
-    return f"n={xs[0]}" if len(xs) == 1 else f"n={xs[0]}–{xs[-1]}"
-
-
-def _describe(s: Series) -> str:
-    c = s.shape
-    heads = "" if c.heads is None else f" h={c.heads}"
-    return f"{c.mode} b={c.batch} {c.dtype} d={c.d_model}{heads} {_lengths(s.lengths)}"
-
-
-def _exp(fit: PowerLaw) -> str:
-    ci = "no CI" if fit.points < MIN_SLOPE_POINTS else f"{fit.exponent_low:.2f}–{fit.exponent_high:.2f}"
-    return f"n^{fit.exponent:.2f} [{ci}]"
 
 
 def kernels_per_call(r: Result) -> int | None:
@@ -99,29 +90,7 @@ def _launches(s: Series) -> str:
         return ""
     text = f"; kernels/call {known[0][1]} at n={known[0][0]} → {known[-1][1]} at n={known[-1][0]}"
     fit = fit_power_law([n for n, _ in known], [c for _, c in known])
-    return text + (f" (∝ {_exp(fit)})" if fit is not None and fit.points >= MIN_SLOPE_POINTS else "")
-
-
-def _few_points(fit: PowerLaw | None) -> str:
-    if fit is None or fit.points < MIN_SLOPE_POINTS:
-        have = 0 if fit is None else fit.points
-        return f"only {have} usable length{'s' * (have != 1)}; a slope needs ≥ {MIN_SLOPE_POINTS}"
-    return ""
-
-
-def _thin_slope(fit: PowerLaw | None, points: Sequence[Result]) -> str:
-    """Why a *time* slope cannot carry a verdict: too few lengths, or most of them noisy or timed on a busy
-    machine. Memory slopes are judged by ``_few_points`` alone: timing noise says nothing about a peak."""
-    few = _few_points(fit)
-    if few:
-        return few
-    rough = [r for r in points if noisy(r) or r.contended]
-    if 2 * len(rough) > len(points):
-        return (
-            f"{len(rough)} of {len(points)} points are noisy (IQR > 10 % of the median or CI target missed) or "
-            "were timed on a busy machine"
-        )
-    return ""
+    return text + (f" (∝ {exponent_text(fit)})" if fit is not None and fit.points >= MIN_SLOPE_POINTS else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -192,12 +161,12 @@ def _latency_row(run: Run, s: Series) -> ClaimResult:
     fit = fit_power_law(s.lengths, [r.median_s for r in s.points])
     keys = tuple(r.case.key for r in s.points)
     if fit is None:
-        return ClaimResult(cid, claim, figure, f"no slope ({_describe(s)})", keys, "inconclusive", "no usable fit")
-    measured = (
-        f"time ∝ {_exp(fit)}, {format_seconds(s.points[0].median_s)} → {format_seconds(s.points[-1].median_s)} "
-        f"({_describe(s)}){_launches(s)}"
-    )
-    thin = _thin_slope(fit, s.points)
+        return ClaimResult(
+            cid, claim, figure, f"no slope ({describe_series(s)})", keys, "inconclusive", "no usable fit"
+        )
+    times = f"{format_seconds(s.points[0].median_s)} → {format_seconds(s.points[-1].median_s)}"
+    measured = f"time ∝ {exponent_text(fit)}, {times} ({describe_series(s)}){_launches(s)}"
+    thin = thin_slope(fit, s.points)
     verdict: Verdict
     if thin:
         verdict, why = "inconclusive", thin
@@ -247,10 +216,10 @@ def _memory_row(s: Series) -> ClaimResult | None:
         return None
     method = points[0].memory.method if points[0].memory is not None else "?"
     measured = (
-        f"peak memory ∝ {_exp(fit)}, {format_bytes(peaks[0])} → {format_bytes(peaks[-1])} "
-        f"({_describe(Series(s.shape, tuple(points)))}, {method})"
+        f"peak memory ∝ {exponent_text(fit)}, {format_bytes(peaks[0])} → {format_bytes(peaks[-1])} "
+        f"({describe_series(Series(s.shape, tuple(points)))}, {method})"
     )
-    thin = _few_points(fit)  # a peak is measured on its own: the timing's noise is no reason to doubt it
+    thin = few_points(fit)  # a peak is measured on its own: the timing's noise is no reason to doubt it
     if not thin and method == "rss-hwm" and max(peaks) < RSS_MIN_BYTES:
         thin = f"peaks below {format_bytes(RSS_MIN_BYTES)}: RSS page granularity and allocator caching dominate"
     recurrent = family(s.shape.model) == "recurrent"
@@ -270,9 +239,10 @@ def _memory_row(s: Series) -> ClaimResult | None:
 
 
 def claim_sequential(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
-    """Claim 1: latency and peak-memory exponents of seq_len, per model variant."""
+    """Claim 1: latency and peak-memory exponents of seq_len, per model variant; then the decode view."""
     chosen = _slope_series(results)
-    if not chosen:
+    decode_latency, decode_memory = decode_rows(results)
+    if not chosen and not (decode_latency or decode_memory):
         return [
             not_measurable(
                 "1",
@@ -285,7 +255,9 @@ def claim_sequential(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
     # Recurrent rows first (the premise), attention after; within each, catalogue order.
     order = {name: i for i, name in enumerate(MODELS)}
     chosen.sort(key=lambda s: (family(s.shape.model) != "recurrent", order[s.shape.model], s.shape.options))
-    rows = [_latency_row(run, s) for s in chosen]
-    memory = [row for row in (_memory_row(s) for s in chosen) if row is not None]
-    # 1c (attention ∝ n²) before 1d (RNN fixed), as the article's table reads.
-    return rows + sorted(memory, key=lambda row: row.claim_id)
+    rows = [_latency_row(run, s) for s in chosen] + decode_latency
+    memory = [row for row in (_memory_row(s) for s in chosen) if row is not None] + decode_memory
+    # 1a before 1b, and 1c (attention ∝ n²) before 1d (RNN fixed), as the article's table reads; decode rows after
+    # the whole-sequence rows of the same claim (a stable sort).
+    by_id = lambda row: row.claim_id  # noqa: E731
+    return sorted(rows, key=by_id) + sorted(memory, key=by_id)

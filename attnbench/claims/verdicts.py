@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from attnbench.analysis.scaling import PowerLaw
 from attnbench.claims.selection import label
 from attnbench.core.units import MIB
 from attnbench.results.records import Result, Run
@@ -41,6 +42,8 @@ VERDICTS: tuple[Verdict, ...] = (
     "not a performance claim",
 )
 
+# A slope (an exponent of n) needs this many lengths for a CI.
+MIN_SLOPE_POINTS = 3
 GPU_CONFIG = "configs/claims.yaml"
 CPU_CONFIG = "configs/claims-cpu.yaml"
 # Below this an RSS high-water mark mostly measures page granularity and allocator caching, not the case.
@@ -84,6 +87,36 @@ def not_measurable(claim_id: str, claim: str, figure: str, why: str) -> ClaimRes
 
 def join_reasons(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
+
+
+def exponent_text(fit: PowerLaw) -> str:
+    """'n^1.02 [0.97–1.08]' (or '[no CI]' from fewer than ``MIN_SLOPE_POINTS`` lengths)."""
+    ci = "no CI" if fit.points < MIN_SLOPE_POINTS else f"{fit.exponent_low:.2f}–{fit.exponent_high:.2f}"
+    return f"n^{fit.exponent:.2f} [{ci}]"
+
+
+def few_points(fit: PowerLaw | None) -> str:
+    """Why a slope has too few lengths to judge ("" when it has enough)."""
+    if fit is None or fit.points < MIN_SLOPE_POINTS:
+        have = 0 if fit is None else fit.points
+        return f"only {have} usable length{'s' * (have != 1)}; a slope needs ≥ {MIN_SLOPE_POINTS}"
+    return ""
+
+
+def thin_slope(fit: PowerLaw | None, points: Sequence[Result]) -> str:
+    """Why a *time* slope is too thin to judge ("" when it is not): too few lengths, or most of them noisy or
+    timed on a busy machine. A memory slope is judged by ``few_points`` alone: timing noise says nothing about a
+    peak (issue 17, item 6)."""
+    few = few_points(fit)
+    if few:
+        return few
+    rough = [r for r in points if noisy(r) or r.contended]
+    if 2 * len(rough) > len(points):
+        return (
+            f"{len(rough)} of {len(points)} points are noisy (IQR > 10 % of the median or CI target missed) or "
+            "were timed on a busy machine"
+        )
+    return ""
 
 
 def undecided(low: float, high: float) -> str:

@@ -3,7 +3,7 @@
 This package builds the typer app and registers each command module's functions on it; the modules never import
 ``app`` back. Each command is thin: parse typed options (declared once in ``common``), call the library, hand the
 result to a renderer. torch is imported only inside the commands that run models, so ``report``, ``compare``,
-``claims``, ``validate`` and ``--help`` work on a machine without it.
+``claims``, ``validate``, ``schema``, ``sweep --dry-run`` and ``--help`` work on a machine without it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Annotated
 import typer
 
 from attnbench.cli import claims, compare, device, history, info, merge, report, submit, sweep
-from attnbench.cli.common import interrupted, state
+from attnbench.cli.common import Command, Group, interrupted, state
 
 app = typer.Typer(
     name="attnbench",
+    cls=Group,
     help="Measure recurrent networks against self-attention across sequence lengths, honestly.",
     no_args_is_help=True,
     add_completion=False,
@@ -37,6 +38,7 @@ for command in (
     sweep.sweep,
     report.report,
     info.validate,
+    info.schema,
     info.models,
     info.env,
     claims.claims,
@@ -47,7 +49,7 @@ for command in (
     device.calibrate,
     device.selfcheck,
 ):
-    app.command()(command)
+    app.command(cls=Command)(command)
 
 
 def run() -> None:

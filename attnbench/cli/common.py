@@ -8,6 +8,7 @@ reaches the terminal as a visible escape, never as a command to it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ import typer
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.markup import escape
 from rich.segment import Segment
+from typer.core import TyperCommand, TyperGroup
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.text import safe_text
@@ -57,6 +59,37 @@ state = {"debug": False, "interrupt_said": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+# ------------------------------------------------------------------------------------------- the command classes
+def _no_flag_metavar(params: list[Any]) -> list[Any]:
+    """A flag takes no value, so --help must not print one after it (typer writes ``<bool>``)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """Every command's class (``app.command(cls=Command)``): flags, --help included, show no metavar, and a
+    docstring's paragraphs read as paragraphs (rich help would keep the line breaks of the source)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            paragraphs = inspect.cleandoc(self.help).split("\n\n")
+            self.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavar(list(super().get_params(ctx)))
+
+
+class Group(TyperGroup):
+    """The app's class: as ``Command``, for the options before the command (--debug, --help)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavar(list(super().get_params(ctx)))
+
+
 # ------------------------------------------------------------------------------------------ options, declared once
 ConfigArg = Annotated[
     Path | None, typer.Argument(help="YAML experiment; omit for the built-in default.", show_default=False)
@@ -79,13 +112,18 @@ ThreadsOpt = Annotated[
 
 
 # ------------------------------------------------------------------------------------------------- the error path
-def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
-    """The one way errors reach the user: a red 'error:' line, a 'hint:' line, an exit code."""
+def print_error(message: str, hint: str = "") -> None:
+    """How an error reads: a red 'error:' line and a 'hint:' line, on stderr."""
     # User text (paths, keys, values) may hold brackets: escape it so rich never reads it as markup; and newlines
     # (a stored reason quoted in a message) are escaped, so the error stays one line.
     stderr.print(f"[bold red]error:[/] {escape(safe_text(message, lines=False))}", markup=True, soft_wrap=True)
     if hint:
         stderr.print(f"[yellow]hint:[/] {escape(safe_text(hint, lines=False))}", markup=True, soft_wrap=True)
+
+
+def fail(message: str, hint: str = "", code: int = 2) -> typer.Exit:
+    """The one way errors end a command: the error printed, then the exit code to raise."""
+    print_error(message, hint)
     return typer.Exit(code)
 
 

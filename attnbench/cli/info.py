@@ -1,4 +1,5 @@
-"""``validate``, ``models`` and ``env``: what a config expands to, which models run here, what a run would record."""
+"""``validate``, ``schema``, ``models`` and ``env``: what a config expands to, the schema editors check configs
+against, which models run here, what a run would record."""
 
 from __future__ import annotations
 
@@ -9,21 +10,79 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.cli.common import DeviceOpt, SetOpt, handles_errors, stdout
-from attnbench.core.errors import AttnbenchError
+from attnbench.cli.common import (
+    DeviceOpt,
+    OutputOpt,
+    SetOpt,
+    handles_errors,
+    print_error,
+    state,
+    stdout,
+    write_or_print,
+)
+from attnbench.core.errors import EXIT_BAD_INPUT, AttnbenchError
+from attnbench.core.units import format_bytes
 
 
 @handles_errors
 def validate(
-    config: Annotated[Path, typer.Argument(help="YAML experiment to check.")], overrides: SetOpt = None
+    configs: Annotated[
+        list[Path],
+        typer.Argument(help="YAML experiments to check; a folder means every *.yaml in it.", show_default=False),
+    ],
+    overrides: SetOpt = None,
 ) -> None:
-    """Check a config without running it; print how many cases it expands to."""
+    """Check configs without running them: one line each, ok with the number of cases, or the error and a hint;
+    exit 2 if any failed."""
     from attnbench.config.experiment import load_experiment
 
-    experiment = load_experiment(config, tuple(overrides or ()))
-    cases = experiment.cases(experiment.device)
-    models = sorted({c.model for c in cases})
-    stdout.print(f"ok: {config} → {len(cases)} cases ({', '.join(models)}), sha256 {experiment.sha256[:12]}")
+    paths = _config_files(configs)
+    failed = 0
+    for path in paths:
+        try:
+            experiment = load_experiment(path, tuple(overrides or ()))
+        except AttnbenchError as exc:
+            if state["debug"]:
+                raise
+            print_error(exc.message, exc.hint)
+            failed += 1
+            continue
+        cases = experiment.cases(experiment.device)
+        models = sorted({c.model for c in cases})
+        stdout.print(
+            f"ok: {path} → {len(cases)} cases ({', '.join(models)}), sha256 {experiment.sha256[:12]}",
+            markup=False,
+            highlight=False,
+        )
+    if len(paths) > 1:
+        stdout.print(f"{len(paths)} configs: {len(paths) - failed} ok, {failed} failed", markup=False)
+    if failed:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _config_files(given: list[Path]) -> list[Path]:
+    """The files to validate, in the order given; a folder stands for its *.yaml and *.yml files, sorted."""
+    paths: list[Path] = []
+    for path in given:
+        if path.is_dir():
+            inside = sorted([*path.glob("*.yaml"), *path.glob("*.yml")])
+            if not inside:
+                raise AttnbenchError(
+                    f"{path}: no *.yaml files in this folder", hint="give config files or a folder of them"
+                )
+            paths += inside
+        else:
+            paths.append(path)
+    return paths
+
+
+@handles_errors
+def schema(output: OutputOpt = None) -> None:
+    """Print the JSON Schema of a config, for editors: with a '# yaml-language-server: $schema=FILE' line at its top,
+    a config gets completion, key descriptions and marks on a wrong key as it is typed."""
+    from attnbench.config.schema import render_schema
+
+    write_or_print(render_schema(), output)
 
 
 @handles_errors
@@ -65,6 +124,9 @@ def env(device: DeviceOpt = None) -> None:
     environment = collect_environment(resolved)
     table = Table(show_header=False, box=None)
     for key, value in environment.to_dict().items():
+        if key.endswith("_bytes"):
+            # Sizes for a person to read; run.json keeps the bytes.
+            key, value = key.removesuffix("_bytes"), format_bytes(value) if isinstance(value, int) else value
         table.add_row(key, "" if value is None else escape(str(value)))
     for key, value in telemetry_status(resolved).items():
         table.add_row(f"telemetry.{key}", escape(value))

@@ -67,13 +67,17 @@ def report(
             for path in write_plots(figures, plots_dir or stored.folder / "plots", in_run=plots_dir is None):
                 stderr.print(f"wrote {path}", markup=False)
     if telemetry:
-        from attnbench.report.telemetry import render_telemetry_markdown
-
         if format not in ("table", "md"):
             raise AttnbenchError(
-                f"--telemetry renders a markdown table, not {format}",
+                f"--telemetry renders a table (-f table) or markdown (-f md), not {format}",
                 hint="the raw samples are in telemetry.jsonl; per-case figures are in the csv",
             )
+        if format == "table" and output in (None, "-"):
+            from attnbench.report.terminal import telemetry_renderable
+
+            stdout.print(telemetry_renderable(stored.results))
+            return
+        from attnbench.report.telemetry import render_telemetry_markdown
 
         write_or_print(render_telemetry_markdown(stored.results), output)
         return

@@ -27,12 +27,13 @@ from attnbench.cli.progress import SweepDisplay
 from attnbench.cli.signals import Interrupts
 from attnbench.core.cases import Case
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError, ResultsError, StorageError
+from attnbench.core.units import format_duration
 from attnbench.results.records import FAILED, Result
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from attnbench.measure.sweep import Sweep
+    from attnbench.measure.sweep import Sweep, SweepPlan
     from attnbench.results.contention import Contention
     from attnbench.results.store import StoredRun
 
@@ -43,7 +44,9 @@ def sweep(
     device: SweepDeviceOpt = None,
     out: Annotated[Path, typer.Option("--out", help="Folder that receives the run folder.")] = Path("results/runs"),
     overrides: SetOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cases and stop.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the cases and the time budget, then stop (no torch).")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the paths written.")] = False,
     isolate: Annotated[
         bool | None,
@@ -101,7 +104,8 @@ def sweep(
         ),
     ] = 0.0,
 ) -> None:
-    """Run an experiment and write results/<run_id>/ (run.json, results.jsonl, summary.csv, summary.md)."""
+    """Run an experiment into a new run folder, results/runs/<run_id>/ by default (run.json, results.jsonl,
+    summary.csv, summary.md, plots/)."""
     from attnbench.core.shards import parse_shard
     from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
 
@@ -119,26 +123,14 @@ def sweep(
         force=force,
         inject_slowdown=inject_slowdown,
         label=label,
+        dry_run=dry_run,
         shard=None if shard is None else parse_shard(shard),
         devices=devices,
         allow_mixed_devices=allow_mixed_devices,
         wait_idle_s=wait_idle,
     )
     if dry_run:
-        plan = plan_sweep(request)
-        print_warnings(plan.warnings)
-        for case in plan.todo:
-            stdout.print(case.key, markup=False, highlight=False)
-        where = _where(plan.device, plan.devices)
-        if plan.shard is not None:
-            whole = len(plan.experiment.cases(plan.device))
-            stdout.print(
-                f"{len(plan.todo)} cases of shard {plan.shard} ({whole} in the config) on {where} "
-                "(dry run: nothing measured)",
-                markup=False,
-            )
-        else:
-            stdout.print(f"{len(plan.todo)} cases on {where} (dry run: nothing measured)", markup=False)
+        _print_plan(plan_sweep(request))
         return
     interrupts = Interrupts()
     with interrupts.installed(), ExitStack() as stack:
@@ -190,6 +182,33 @@ def _waiting(quiet: bool) -> Callable[[Contention, float], None]:
         said = True
 
     return on_busy
+
+
+def _print_plan(plan: SweepPlan) -> None:
+    """--dry-run: every case key, the count, how the device was told (without torch), and the time budget."""
+    print_warnings(plan.warnings)
+    for case in plan.todo:
+        stdout.print(case.key, markup=False, highlight=False)
+    where = _where(plan.device, plan.devices)
+    if plan.shard is not None:
+        whole = len(plan.experiment.cases(plan.device))
+        stdout.print(
+            f"{len(plan.todo)} cases of shard {plan.shard} ({whole} in the config) on {where} "
+            "(dry run: nothing measured)",
+            markup=False,
+        )
+    else:
+        stdout.print(f"{len(plan.todo)} cases on {where} (dry run: nothing measured)", markup=False)
+    if plan.device_basis:
+        stdout.print(f"device: auto → {plan.device} ({plan.device_basis})", markup=False)
+    timing = plan.experiment.timing
+    processes = f" × {timing.processes} processes" if timing.processes > 1 else ""
+    stdout.print(
+        f"estimate: up to {format_duration(plan.budget_s)} of warm-up and sampling ({len(plan.todo)} cases"
+        f"{processes} × timing.max_case_s {timing.max_case_s:g} s); cases that converge stop sooner, and "
+        "building models and starting up come on top",
+        markup=False,
+    )
 
 
 def _where(device: str, devices: tuple[str, ...]) -> str:

@@ -8,7 +8,8 @@ yaml or pydantic exception leaves these modules.
 
 This module is the schema and the public API. Reading the source (file, YAML, line index, ``--set``) lives in
 ``config.source``; pydantic's errors in plain words, and where each error points, in ``config.messages``; the
-``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``.
+``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``; decode cases
+(``modes: [decode]`` or a ``decode:`` section) in ``config.decoding``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Annotated, Any, Literal, cast
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from attnbench.config.decoding import check_decode, decode_section
 from attnbench.config.messages import (
     OVERRIDE,
     Context,
@@ -152,82 +154,148 @@ _POLICY = TimingPolicy()
 
 class _Strict(BaseModel):
     # strict: no "128" → 128, no true → 1, no 1.5 → 1; an int is still accepted where a float is asked for.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    # The docstring under each field is its description in the JSON Schema (`attnbench schema`), which editors
+    # show on hover: say what the key does and what it takes, in one or two sentences.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 
 class GridModel(_Strict):
+    """The axes crossed into cases: every combination is one case."""
+
     batch: Batches | None = None
+    """Sequences per call; each value is crossed with every seq_len. Give batch or tokens."""
     tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
+    """Tokens per call instead of batch: batch = tokens // seq_len, so every case moves the same number."""
     seq_len: SeqLens
+    """Tokens per sequence: the axis the comparison is about."""
     d_model: DModels | None = None
+    """Model width: the RNN hidden size, the attention embedding size (here or at the top level)."""
     heads: HeadCounts | None = None
+    """Attention heads, each must divide d_model; ignored by recurrent models (here or at the top level)."""
     layers: LayerCounts | None = None
+    """Stacked layers (or blocks) of each model (here or at the top level)."""
     causal: Flags | None = None
+    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
 
 
 class PresetsModel(_Strict):
     """Fixed-size models (``catalogue.PRESETS``) cased beside the grid; batch and seq_len default to the grid's."""
 
     names: Names
-    core: Names = Field(default_factory=lambda: ["sdpa"])  # the attention model(s) attention presets run on
+    """Presets to run: bert-base, lstm-110m, mingru-110m."""
+    core: Names = Field(default_factory=lambda: ["sdpa"])
+    """The attention model(s) an attention preset (bert-base) is built on."""
     modes: Names | None = None
+    """The presets' modes; null = the config's modes."""
     batch: Batches | None = None
+    """The presets' batch sizes; null = the grid's."""
     seq_len: SeqLens | None = None
+    """The presets' sequence lengths; null = the grid's."""
+
+
+class DecodeModel(_Strict):
+    """Decode cases beside the grid, at their own context lengths; each key left out is the grid's (models: the
+    config's). Always causal: a decode step sees the tokens before it only."""
+
+    models: Names | None = None
+    """Models that decode (the config's models when left out); attention decodes causally."""
+    seq_len: SeqLens | None = None
+    """Context lengths n: the KV cache or recurrent state holds n tokens when the next one is timed."""
+    batch: Batches | None = None
+    """Sequences decoded side by side (the grid's batch when left out)."""
 
 
 class TimingModel(_Strict):
     """``TimingPolicy``'s fields with their ranges; the defaults are the policy's own (a test holds them)."""
 
     target_ci: Annotated[float, Field(gt=0, lt=1)] = _POLICY.target_ci
+    """Stop sampling once the 95 % CI of the median is within ± this fraction of it (0.01 = ±1 %)."""
     min_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.min_samples
+    """Never stop with fewer samples than this."""
     max_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.max_samples
+    """Never take more samples than this."""
     min_time_s: Seconds = _POLICY.min_time_s
+    """Sample for at least this many seconds."""
     max_case_s: Seconds = _POLICY.max_case_s
+    """The whole budget of a case in seconds, warm-up included; a case that runs out says converged: false."""
     warmup_min_calls: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = _POLICY.warmup_min_calls
+    """Untimed calls first: the last this many must agree (warmup_settle) before timing starts."""
     warmup_max_s: Seconds = _POLICY.warmup_max_s
+    """The longest warm-up in seconds before timing starts anyway."""
     warmup_settle: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_settle
+    """Warm-up calls within this fraction of their median count as settled."""
     min_sample_s: Seconds = _POLICY.min_sample_s
+    """A sample shorter than this many seconds is built from several calls, so clock resolution vanishes."""
     warmup_audit: Annotated[int, Field(ge=0, le=1000)] = _POLICY.warmup_audit
+    """The first this many timed samples must agree with the later ones, else they join the warm-up; 0 = off."""
     warmup_agree: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_agree
+    """How closely (a fraction) the audited samples' median must agree with the later samples'."""
     processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
+    """Run every case in this many fresh worker processes; the spread of their medians widens the CI."""
     cache: Literal["warm", "cold"] = _POLICY.cache
+    """GPU only. cold: flush the device's L2 before every timed call (not timed); warm: do not."""
     cuda_graph: bool = _POLICY.cuda_graph
+    """GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost."""
     process_warmup_s: Annotated[float, Field(ge=0, le=60)] = _POLICY.process_warmup_s
+    """Before the first case of each process, this many seconds of a mixed parallel workload, so the first case does
+    not pay for thread pools, clock ramp-up and first-use initialisation; 0 = none."""
 
 
 class ConfigModel(_Strict):
+    """An attnbench experiment: which models to time, on which grid, how carefully."""
+
     name: str
+    """Names the experiment and its run folders (results/runs/<time>-<name>-<device>/): lower-case letters,
+    digits, '.', '_' and '-'."""
     description: str = ""
+    """Free text, kept in run.json."""
     device: str = "auto"
+    """auto (CUDA when torch can use it, else the CPU), cpu, cuda or cuda:N; --device overrides it."""
     models: Names
+    """The models to time; `attnbench models` says which run here and why not."""
     model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Options per model, e.g. {sdpa: {scope: block}}; a list of values crosses them, each a variant of its own."""
     modes: Names = Field(default_factory=lambda: ["forward", "train"])
+    """forward (under inference_mode), train (forward + backward), backward (the backward pass alone) and decode
+    (one new token after a context of seq_len: a KV cache or a recurrent state filled outside the timing)."""
     dtype: Names = Field(default_factory=lambda: ["float32"])
+    """Floating-point types to time."""
     grid: GridModel
-    # Published-size models (bert-base, lstm-110m, …) beside the grid, at their own batch and seq_len; a bare
-    # list of names is short for {names: [...]}.
+    """The axes crossed into cases: batch (or tokens) and seq_len, and optionally d_model, heads, layers, causal."""
     presets: Annotated[PresetsModel | None, BeforeValidator(preset_names)] = None
+    """Published-size models (bert-base, lstm-110m, mingru-110m) beside the grid, at their own batch and seq_len;
+    a bare list of names is short for {names: [...]}."""
+    decode: DecodeModel | None = None
+    """Decode cases (one new token after a context of seq_len) with lengths, batches and models of their own."""
     d_model: DModels | None = None
+    """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
     heads: HeadCounts | None = None
+    """Attention heads, each must divide d_model; ignored by recurrent models (here or under grid)."""
     layers: LayerCounts | None = None
+    """Stacked layers (or blocks) of each model (here or under grid)."""
     causal: Flags | None = None
+    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
+    """torch CPU threads; null = torch's default (one per core)."""
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    """Seeds inputs and weights, so reruns time the same numbers."""
     timing: TimingModel = Field(default_factory=TimingModel)
-    # Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
-    # sweep. null = on for CUDA devices (where those failures happen), off on CPU.
+    """How carefully each case is timed (seconds throughout)."""
     isolate: bool | None = None
-    # A case still running after this long is killed and recorded as `timeout`. null = 60 s + 10 × max_case_s.
+    """Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
+    sweep; null = on for CUDA devices (where those failures happen), off on a CPU."""
     case_timeout_s: Seconds | None = None
-    # Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them.
+    """A case still running after this many seconds is killed and recorded as timeout (with isolation);
+    null = 60 s + 10 × timing.max_case_s."""
     skip_larger_after_oom: bool = True
-    # Hardware telemetry sampled in a background thread around each case's timed window: off, basic (NVML
-    # utilisation/memory/power/clocks on a GPU, psutil CPU use), or full (basic + NVML GPM counters on Hopper+).
+    """Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them."""
     telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(_yaml_off)] = "basic"
-    # null = 100 ms (core.cases.default_interval_s): on a CPU the sampler shares the cores being measured (at 20 ms
-    # it cost 1.4 % there: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks come from
-    # NVML's own sample buffers, so the poll reads only memory in use, temperature and clock-event reasons.
+    """Hardware telemetry around each case's timed window: off; basic (NVML utilisation, memory, power and clocks
+    on a GPU, psutil CPU use); full (basic + NVML GPM counters on Hopper and newer)."""
     telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
+    """The sampler's polling interval in seconds; null = 100 ms: on a CPU the sampler shares the cores being
+    measured (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks
+    come from NVML's own sample buffers, so the poll reads only memory in use, temperature and clock reasons."""
 
 
 _SECTIONS: dict[Path_, type[BaseModel]] = {
@@ -235,6 +303,7 @@ _SECTIONS: dict[Path_, type[BaseModel]] = {
     ("grid",): GridModel,
     ("timing",): TimingModel,
     ("presets",): PresetsModel,
+    ("decode",): DecodeModel,
 }
 
 
@@ -259,6 +328,7 @@ class Experiment:
     telemetry: Level = "basic"
     telemetry_interval_s: float | None = None
     presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets, cased after the grid
+    decode: Axes | None = None  # the decode: section's grid, cased after the grid and before the presets
 
     def interval_for(self, device: str) -> float:
         """The telemetry sampler's polling interval on ``device`` (see ConfigModel.telemetry_interval_s)."""
@@ -278,9 +348,10 @@ class Experiment:
         return self.case_timeout_s if self.case_timeout_s is not None else 60.0 + 10.0 * self.timing.max_case_s
 
     def cases(self, device: str) -> list[Case]:
-        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the presets'
-        cases follow the grid's."""
-        presets = [case for axes in self.presets for case in expand(dataclasses.replace(axes, device=device))]
+        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the decode
+        section's and then the presets' cases follow the grid's."""
+        extra = (*(() if self.decode is None else (self.decode,)), *self.presets)
+        presets = [case for axes in extra for case in expand(dataclasses.replace(axes, device=device))]
         if self.tokens is None:
             grid = expand(dataclasses.replace(self.axes, device=device))
         else:
@@ -385,6 +456,10 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
     if any(not is_recurrent(model) for model in m.models):
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
     options, written_options = check_model_options(m, axes, ctx)
+    if "decode" in m.modes:
+        causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
+        check_decode(m.models, axes["causal"], causal_path, options, m.grid.seq_len, ctx)
+    decode, written_decode = decode_section(m, axes, options, ctx)
     presets, written_presets = check_presets(m, ctx)
     _check_timing(m.timing, ctx)
 
@@ -414,6 +489,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         "model_options": written_options,
         # Only when given, so that configs without presets keep the sha256 they always had.
         **({"presets": written_presets} if written_presets is not None else {}),
+        **({"decode": written_decode} if written_decode is not None else {}),
         "modes": m.modes,
         "dtype": m.dtype,
         "grid": grid,
@@ -445,6 +521,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         telemetry=m.telemetry,
         telemetry_interval_s=m.telemetry_interval_s,
         presets=presets,
+        decode=decode,
     )
     _check_size(experiment, ctx, force)
     return experiment

@@ -267,6 +267,15 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
         )
     modes = p.modes or m.modes
     check_names(modes, MODES, "mode", ("presets", "modes"), ctx)
+    if "decode" in modes:
+        for i, name in enumerate(p.names):
+            if PRESETS[name].family == "attention":
+                raise ctx.error(
+                    f"{name} is an encoder: its attention sees the whole sequence, so it cannot decode one token "
+                    "at a time",
+                    ctx.item(("presets", "names"), i),
+                    hint="give presets.modes without decode (presets inherit the config's modes)",
+                )
     batch = p.batch or m.grid.batch
     if batch is None:
         raise ctx.error(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from attnbench.core.catalogue import MODELS, is_recurrent
+from attnbench.core.catalogue import DECODE_INERT, MODELS, is_recurrent
 
 # Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero or
 # two) before it turns into an hour of allocator failures. Configs are held to them (config.experiment), and so
@@ -26,7 +26,7 @@ MAX_TOKENS = 2**32
 MAX_THREADS = 4_096
 MAX_SAMPLES = 10_000_000
 
-Mode = Literal["forward", "train", "backward"]
+Mode = Literal["forward", "train", "backward", "decode"]
 OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 
@@ -43,6 +43,9 @@ class Case:
     ``heads`` is ``None`` for recurrent models. ``causal`` says whether position t sees only ≤ t: a flag for
     attention, and a property of the architecture for a recurrent model (unidirectional ⇒ causal), so that a
     ``causal: [true, false]`` grid does not time the same LSTM twice.
+
+    ``mode == "decode"``: ``seq_len`` is the context length n already held in the KV cache or recurrent state,
+    and one call produces one new token per sequence (position n); such a case is always causal.
     """
 
     model: str
@@ -63,7 +66,13 @@ class Case:
 
     @property
     def tokens(self) -> int:
-        return self.batch * self.seq_len
+        """Tokens one call produces: batch × seq_len, or for decode one per sequence (batch)."""
+        return self.batch if self.mode == "decode" else self.batch * self.seq_len
+
+    @property
+    def span(self) -> int:
+        """Positions one sequence covers: seq_len, and for decode the new token after the context too (n + 1)."""
+        return self.seq_len + 1 if self.mode == "decode" else self.seq_len
 
     @property
     def head_dim(self) -> int | None:
@@ -188,7 +197,9 @@ def expand(axes: Axes) -> list[Case]:
     """Cross every axis into cases, in a stable order, dropping combinations that do not apply.
 
     The order is model-major (then the model's option sets) with seq_len innermost, so a sweep walks each
-    model's length curve in turn and a progress line reads naturally.
+    model's length curve in turn and a progress line reads naturally. Decode cases are causal only (a non-causal
+    combination does not apply: config validation refuses a model left with none) and carry no ``DECODE_INERT``
+    option.
     """
     seen: set[Case] = set()
     cases: list[Case] = []
@@ -204,6 +215,8 @@ def expand(axes: Axes) -> list[Case]:
         axes.causal,
         axes.seq_len,
     ):
+        if mode == "decode":
+            options = tuple(o for o in options if o[0] not in DECODE_INERT)
         if is_recurrent(model):
             bidirectional = bool(dict(options).get("bidirectional", False))
             case = Case(
@@ -211,6 +224,8 @@ def expand(axes: Axes) -> list[Case]:
             )
         else:
             case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
+        if mode == "decode" and not case.causal:
+            continue
         if case not in seen:
             seen.add(case)
             cases.append(case)

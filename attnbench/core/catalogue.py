@@ -271,11 +271,32 @@ DEVICE_REQUEST = re.compile(r"auto|cpu|cuda|cuda:\d+")
 RESOLVED_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 # backward = the backward pass alone (graph kept, grads cleared), so train can be checked against forward + backward.
-MODES: tuple[str, ...] = ("forward", "train", "backward")
+# decode = one new token per sequence with a context of seq_len tokens already in the KV cache or recurrent state.
+MODES: tuple[str, ...] = ("forward", "train", "backward", "decode")
+# Options that change only how the whole sequence is computed, so a decode step is the same whatever their value
+# (minGRU/minLSTM decode by the recurrence's single step; the scan only fills the state, outside the timing):
+# decode cases leave them out, so that two values do not time one step twice.
+DECODE_INERT: tuple[str, ...] = ("scan",)
 
 
 def is_recurrent(model: str) -> bool:
     return MODELS[model].family == "recurrent"
+
+
+def decode_problem(model: str, causal: bool) -> str | None:
+    """Why a ``model`` case with this ``causal`` cannot decode, or None. A new token may see only the tokens
+    before it: attention must be causal, a recurrence unidirectional (``causal`` is False when bidirectional)."""
+    if causal:
+        return None
+    if is_recurrent(model):
+        return (
+            f"a bidirectional {model} reads the sequence backwards too, so it cannot produce one token at a time "
+            "(decode needs bidirectional: false)"
+        )
+    return (
+        f"{model} with causal=false lets every position see the whole sequence, so it cannot produce one token "
+        "at a time (decode needs causal attention)"
+    )
 
 
 def option_problem(model: str, name: str, options: dict[str, bool | int | float | str]) -> str | None:

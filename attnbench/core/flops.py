@@ -19,6 +19,8 @@ Conventions, shared by every formula:
   times that, and counting them would make the numbers disagree with the field's (and with
   ``torch.utils.flop_counter.FlopCounterMode``, which counts matmuls only);
 * ``train`` is one forward plus one backward; ``forward`` is the forward alone;
+* ``decode`` is one step at context n: every matmul applied to one token per sequence, and attention's core over
+  the n + 1 keys the new token sees (the context and itself), without a mask. Its ids end in ``-decode-v1``.
 * FLOPs are *useful* work: a causal core is credited the (query, key) pairs its mask keeps. Cores that compute
   every pair and mask afterwards (``vanilla``; SDPA's math backend, forced or chosen by dispatch) execute the full
   n² as well: ``executed_flops`` counts that, and a row stores both (``flops``, ``executed_flops``). The fused
@@ -42,6 +44,7 @@ LSTM_FORMULA = "lstm-v1"
 GRU_FORMULA = "gru-v1"
 MINGRU_FORMULA = "mingru-v1"
 MINLSTM_FORMULA = "minlstm-v1"
+DECODE_SUFFIX = "-decode"  # inserted before the version: attention-decode-v1, lstm-block-decode-v1, …
 
 # Backward / forward FLOP ratios.
 # The attention core's backward is 5 matmuls against the forward's 2 (QKᵀ recomputed, then dV, dP, dQ, dK), so
@@ -90,21 +93,26 @@ def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
     masks after computing (``scores_in_full``), rather than the useful work the mask keeps."""
     formula = formula_id(case)
     forward, backward = _attention(case, full_scores) if case.family == "attention" else _recurrent(case)
-    # forward counts the forward pass, backward the backward pass alone, train both.
+    # forward and decode count the forward pass, backward the backward pass alone, train both.
     detail = dict(forward) if case.mode != "backward" else {}
-    if case.mode != "forward":
+    if case.mode in ("train", "backward"):
         detail.update({f"{name}_backward": flops for name, flops in backward.items()})
     return FlopCount(flops=sum(detail.values()), formula=formula, detail=MappingProxyType(detail))
 
 
 def formula_id(case: Case) -> str:
-    """The id of the formula ``count_flops`` uses for ``case``: family (or cell) and scope, versioned."""
+    """The id of the formula ``count_flops`` uses for ``case``: family (or cell), scope and decode, versioned."""
     scope = str(case.option("scope"))
     if case.family == "attention":
-        return {"core": ATTENTION_FORMULA, "block": ATTENTION_BLOCK_FORMULA, "model": TRANSFORMER_FORMULA}[scope]
-    if case.model not in GATES:
+        formula = {"core": ATTENTION_FORMULA, "block": ATTENTION_BLOCK_FORMULA, "model": TRANSFORMER_FORMULA}[scope]
+    elif case.model not in GATES:
         raise ValueError(f"no FLOP formula for recurrent model {case.model!r}; known: {', '.join(GATES)}")
-    return _RNN_FORMULAS[case.model] if scope == "core" else f"{case.model}-{scope}-v1"
+    else:
+        formula = _RNN_FORMULAS[case.model] if scope == "core" else f"{case.model}-{scope}-v1"
+    if case.mode == "decode":
+        stem, version = formula.rsplit("-", 1)
+        formula = f"{stem}{DECODE_SUFFIX}-{version}"
+    return formula
 
 
 def causal_pairs(q_len: int, k_len: int) -> int:
@@ -128,15 +136,21 @@ def _attention(case: Case, full_scores: bool = False) -> tuple[dict[str, int], d
     """Forward and backward parts of ``case.layers`` attention layers or pre-norm blocks (attnbench.measure.models)."""
     if case.heads is None or case.heads <= 0 or case.d_model % case.heads:
         raise ValueError(f"attention case needs heads dividing d_model={case.d_model}, got heads={case.heads}")
-    b, s, d = case.batch, case.seq_len, case.d_model
+    b, d = case.batch, case.d_model
+    # Tokens the matmuls see per sequence: all S, or the one new token of a decode step.
+    s = 1 if case.mode == "decode" else case.seq_len
     # Projections: the fused qkv Linear(d, 3d) and the out Linear(d, d) are 4·d² weights applied to B·S tokens,
     # 2 FLOPs each (issue 3: 2·B·S·d_model²·4). Bias adds are not counted.
     projections = 2 * b * s * d * d * 4
     # Core: QKᵀ and P·V each take D multiply-adds per kept (query, key) pair and head: 2·2·B·H·D per pair,
     # i.e. 4·B·H·Sq·Sk·D unmasked (FlashAttention's benchmark count). Causal counts the pairs the mask keeps
     # exactly, where FlashAttention's benchmark halves: S(S+1)/2, not S²/2, which matters at short lengths (and
-    # causal_pairs handles Sq ≠ Sk). Self-attention here: Sq = Sk = S and H·D = d_model.
-    pairs = causal_pairs(s, s) if case.causal and not full_scores else s * s
+    # causal_pairs handles Sq ≠ Sk). Self-attention here: Sq = Sk = S and H·D = d_model. A decode step has one
+    # query against the n cached keys and its own: n + 1 pairs, 4·B·H·(n + 1)·D (the KV-cache read), unmasked.
+    if case.mode == "decode":
+        pairs = case.seq_len + 1
+    else:
+        pairs = causal_pairs(s, s) if case.causal and not full_scores else s * s
     core = 4 * b * d * pairs
     numerator, denominator = _CORE_BACKWARD
     forward = {"projections": case.layers * projections, "core": case.layers * core}
@@ -152,8 +166,10 @@ def _attention(case: Case, full_scores: bool = False) -> tuple[dict[str, int], d
 
 
 def _recurrent(case: Case) -> tuple[dict[str, int], dict[str, int]]:
-    """Forward and backward of a recurrent stack (core) or of recurrent blocks, as ``measure.models`` builds it."""
-    cell, d, tokens = case.model, case.d_model, case.batch * case.seq_len
+    """Forward and backward of a recurrent stack (core) or of recurrent blocks, as ``measure.models`` builds it.
+    A decode step is the same count for one token per sequence (``case.tokens``): the cell's work per step does
+    not depend on how many came before."""
+    cell, d, tokens = case.model, case.d_model, case.tokens
     directions = _directions(case)
     hidden = recurrent_hidden(case)
     gates = projection = 0
@@ -274,8 +290,9 @@ def recurrent_hidden(case: Case) -> int:
 
 
 def positions(case: Case) -> int:
-    """Rows of the learned position table: ``max_len``, or the case's seq_len where that is 0."""
-    return int(case.option("max_len")) or case.seq_len
+    """Rows of the learned position table: ``max_len``, or where that is 0 the positions the case covers (its
+    seq_len; for decode the context and the new token, n + 1)."""
+    return int(case.option("max_len")) or case.span
 
 
 def count_parameters(case: Case) -> int:

@@ -7,6 +7,7 @@ import math
 KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
+TIB = 1024**4
 
 
 def to_ms(seconds: float) -> float:
@@ -39,10 +40,24 @@ def format_seconds(seconds: float) -> str:
 def format_bytes(n_bytes: float) -> str:
     if not math.isfinite(n_bytes):
         return "n/a"
-    for scale, unit in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+    for scale, unit in ((TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
         if abs(n_bytes) >= scale:
             return f"{_digits(n_bytes / scale)} {unit}"
     return f"{n_bytes:.0f} B"
+
+
+def format_duration(seconds: float) -> str:
+    """A wall-clock span for a person: ``"48 s"``, ``"4 min 10 s"``, ``"2 h 5 min"`` (whole seconds or minutes)."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    total = round(seconds)
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        minutes, secs = divmod(total, 60)
+        return f"{minutes} min" + (f" {secs} s" if secs else "")
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
 
 
 def format_rate(per_second: float) -> str:

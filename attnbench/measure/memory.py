@@ -8,6 +8,12 @@ an earlier case's pages; ``malloc_trim(0)`` hands every free page of every arena
 (``mallopt``): forcing every block to be mmapped would add page faults to the timed calls and slow the
 models that allocate most — a memory method must not change the times. ``tests/test_memory.py`` checks the
 method against tensors of known size.
+
+Method ``resident-pages`` (``ResidentPages``): how many bytes of the pages that back given memory are resident,
+by ``mincore(2)`` — RSS's own accounting, restricted to that memory. A decode row measures its KV cache or
+recurrent state so: whatever else the process holds (allocator caches, freed-but-kept pages, a long-lived
+process's heap layout) cannot leak into the reading, and a state smaller than a page reads the one page it sits
+in.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,3 +83,43 @@ class RssPeak:
 
     def peak_bytes(self) -> int:
         return max(0, _read_status_bytes("VmHWM") - self._baseline)
+
+
+# mincore's vector holds one byte per page, its lowest bit set when the page is resident (the rest reserved).
+_RESIDENT_BIT = bytes(b & 1 for b in range(256))
+
+
+class ResidentPages:
+    """Resident bytes of the pages spanning some memory, each page counted once (``mincore``, Linux)."""
+
+    method = "resident-pages"
+
+    def __init__(self) -> None:
+        libc = _libc()
+        self._mincore = getattr(libc, "mincore", None) if libc is not None else None
+        if self._mincore is not None:
+            self._mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+            self._mincore.restype = ctypes.c_int
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    @property
+    def available(self) -> bool:
+        return self._mincore is not None
+
+    def bytes_of(self, spans: Iterable[tuple[int, int]]) -> int:
+        """Resident bytes of the pages that (address, length) spans touch; a page several spans share counts once."""
+        if self._mincore is None:
+            raise OSError("mincore is not available in this C library")
+        resident, last_page = 0, -1
+        for address, length in sorted(spans):
+            if length <= 0:
+                continue
+            first = address // self.page
+            pages = (address + length - 1) // self.page - first + 1
+            vector = (ctypes.c_ubyte * pages)()
+            if self._mincore(first * self.page, pages * self.page, vector) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore failed on {pages} pages at {address:#x}")
+            skip = min(pages, max(0, last_page - first + 1))  # pages an earlier span already counted
+            resident += bytes(vector)[skip:].translate(_RESIDENT_BIT).count(1)
+            last_page = max(last_page, first + pages - 1)
+        return resident * self.page

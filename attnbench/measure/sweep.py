@@ -26,7 +26,7 @@ from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ConfigError, DeviceError, ResultsError
 from attnbench.core.shards import Shard
 from attnbench.measure.contention import logical_cores, wait_for_idle
-from attnbench.measure.devices import device_slug, resolve_device, use_threads
+from attnbench.measure.devices import device_slug, guess_device, resolve_device, use_threads
 from attnbench.measure.environment import code_identity, collect_environment
 from attnbench.measure.events import SweepListener
 from attnbench.measure.executor import Executor, ExecutorSettings
@@ -58,6 +58,8 @@ class SweepRequest:
     # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
     inject_slowdown: float = 0.0
     label: str = ""  # a free label for this run (history and compare name runs by it)
+    # Plan only (--dry-run): tell the device without importing torch, which costs seconds (devices.guess_device).
+    dry_run: bool = False
     shard: Shard | None = None  # measure only this slice of the config's cases (sweep --shard i/N)
     devices: str | None = None  # one isolated worker per device: "all", "cuda:0,cuda:1", "cpu,cpu" (--devices)
     allow_mixed_devices: bool = False  # --devices may name GPUs of different models
@@ -80,6 +82,16 @@ class SweepPlan:
     warnings: tuple[str, ...] = ()
     shard: Shard | None = None  # cases and todo are this slice's (a resumed shard keeps its own)
     devices: tuple[str, ...] = ()  # a worker per device (--devices); empty: one executor on ``device``
+    device_basis: str = ""  # a dry run tells "auto" without torch: what its answer rests on
+
+    @property
+    def budget_s(self) -> float:
+        """The most the cases left should spend warming up and sampling: each case stops at timing.max_case_s,
+        warm-up included, in each of timing.processes workers. An estimate, not a promise: a case that converges
+        stops sooner, and building models, starting workers, the memory pass and a single call longer than the
+        budget come on top. With --devices the workers share the cases."""
+        timing = self.experiment.timing
+        return len(self.todo) * timing.processes * timing.max_case_s / max(1, len(self.devices))
 
     @property
     def settings(self) -> ExecutorSettings:
@@ -101,17 +113,28 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     Raises ``AttnbenchError`` with a hint for anything a person must change; writes nothing."""
     stored: StoredRun | None = None
     warnings: list[str] = []
+    basis: list[str] = []
+
+    def resolve(wanted: str) -> str:
+        if not request.dry_run:
+            return resolve_device(wanted)
+        guess = guess_device(wanted)
+        basis.append(guess.basis)
+        if guess.problem and guess.problem not in warnings:
+            warnings.append(guess.problem)
+        return guess.device
+
     pool = _pool_devices(request)
     requested = pool.devices[0] if pool is not None else request.device
     if request.resume is not None:
         stored = load_run(request.resume)
         warnings += stored.warnings
         experiment = _resume_experiment(request, stored)
-        device = _resume_device(requested, stored)
+        device = _resume_device(requested, stored, resolve)
     else:
-        device_type = resolve_device(requested or "auto").split(":")[0] if request.config is None else "cpu"
+        device_type = resolve(requested or "auto").split(":")[0] if request.config is None else "cpu"
         experiment = load_experiment(request.config, request.overrides, device_type=device_type, force=request.force)
-        device = resolve_device(requested or experiment.device)
+        device = resolve(requested or experiment.device)
     if request.inject_slowdown and not device.startswith("cpu"):
         raise AttnbenchError(
             f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
@@ -146,7 +169,10 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     todo = tuple(case for case in cases if case.key not in done)
     devices = pool.devices if pool is not None else ()
     warnings += pool.warnings if pool is not None else ()
-    return SweepPlan(request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings), shard, devices)
+    device_basis = basis[-1] if basis else ""  # the device's own, after the builtin config's choice
+    return SweepPlan(
+        request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings), shard, devices, device_basis
+    )
 
 
 def _pool_devices(request: SweepRequest) -> DeviceSet | None:
@@ -430,13 +456,13 @@ def _stored_problem(stored: StoredRun, key: str, problem: str, hint: str) -> Res
     return ResultsError(f"{stored.folder / RUN_FILE}, key '{key}': {problem}", hint=hint)
 
 
-def _resume_device(requested: str | None, stored: StoredRun) -> str:
+def _resume_device(requested: str | None, stored: StoredRun, resolve: Callable[[str], str]) -> str:
     """The device a resume runs on: the one asked for (--device, or --devices' first), else the run's own."""
     if requested is not None:
-        return resolve_device(requested)
+        return resolve(requested)
     device = stored.run.environment.get("device", "cpu")
     try:
-        return resolve_device(device if isinstance(device, str) else repr(device))
+        return resolve(device if isinstance(device, str) else repr(device))
     except DeviceError as exc:
         raise _stored_problem(
             stored,

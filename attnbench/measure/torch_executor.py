@@ -15,12 +15,15 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
+from torch import nn
 
 from attnbench.core.cases import Case, Level
 from attnbench.core.flops import count_flops, executed_flops
 from attnbench.measure.clocks import clock_for
 from attnbench.measure.contention import ContentionWatch
+from attnbench.measure.decode import DecodeSetup
 from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
+from attnbench.measure.failures import describe, is_oom
 from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels, profile_refusal
 from attnbench.measure.memory import RssPeak
 from attnbench.measure.models import (
@@ -43,28 +46,6 @@ from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
-
-# How the CPU allocator words an allocation it could not satisfy (c10/core/CPUAllocator.cpp, alloc_cpu.cpp).
-_OOM_MARKERS = (
-    "DefaultCPUAllocator: can't allocate memory",
-    "not enough memory",
-    "Cannot allocate memory",
-    # GPU libraries that report a failed allocation as their own status rather than OutOfMemoryError.
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-)
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MARKERS)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
 class TorchExecutor:
@@ -122,7 +103,7 @@ class TorchExecutor:
             if first is not None and result.ok:  # the row says its process was warmed up just before it
                 result = replace(result, extra={**result.extra, "process_warmup_s": first})
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
-            result = Result(case, "oom" if is_oom(exc) else "error", _describe(exc))
+            result = Result(case, "oom" if is_oom(exc) else "error", describe(exc))
         except BaseException:
             with contextlib.suppress(Exception):  # Ctrl-C propagates whatever state the device is in
                 self._release()
@@ -155,8 +136,8 @@ class TorchExecutor:
 
     def _policy_problem(self, case: Case) -> str | None:
         """Why this timing policy cannot time the case, found before any model is built."""
-        if self.device.type == "cuda" and self.policy.cuda_graph and case.mode != "forward":
-            return "cuda_graph replays forward passes only; time train and backward without it"
+        if self.device.type == "cuda" and self.policy.cuda_graph and case.mode not in ("forward", "decode"):
+            return "cuda_graph replays forward passes and decode steps only; time train and backward without it"
         return None
 
     def _release(self) -> str | None:
@@ -171,14 +152,13 @@ class TorchExecutor:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
         except Exception as exc:
-            return _describe(exc)
+            return describe(exc)
         return None
 
     def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
         torch.manual_seed(self.seed)
         dtype = torch_dtype(case.dtype)
         model = build_model(case, str(self.device), dtype)
-        x = make_input(case, str(self.device), dtype)
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         if case.model == "sdpa":
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
@@ -194,56 +174,32 @@ class TorchExecutor:
         sdpa_kernel = extra.get("sdpa_kernel")
         extra["executed_flops"] = executed_flops(case, sdpa_kernel if isinstance(sdpa_kernel, str) else None)
 
-        if case.mode == "forward":
-            model.eval()
+        x: torch.Tensor | None = None
+        decode: DecodeSetup | None = None
+        if case.mode == "decode":
+            decode = DecodeSetup(model, case, self.device, dtype)
             grad_mode: Callable[[], contextlib.AbstractContextManager[object]] = torch.inference_mode
-
-            def step() -> object:
-                return model(x)
-        elif case.mode == "train":
-            model.train()
-            # The input needs a gradient as a layer inside a network would: backward then computes dX too.
-            if x.is_floating_point():
-                x.requires_grad_(True)
-            with torch.no_grad():
-                grad_out = torch.randn_like(model(x))
-            grad_mode = contextlib.nullcontext
-
-            def step() -> object:
-                model.zero_grad(set_to_none=True)
-                x.grad = None
-                out = model(x)
-                out.backward(grad_out)
-                return None
+            step = decode.step
         else:
-            # backward alone: one forward builds the graph outside the timed region; each call replays its
-            # backward (retain_graph keeps the saved tensors), with grads cleared as train clears them.
-            model.train()
-            if x.is_floating_point():
-                x.requires_grad_(True)
-            graph_out = model(x)
-            grad_out = torch.randn_like(graph_out)
-            grad_mode = contextlib.nullcontext
-
-            def step() -> object:
-                model.zero_grad(set_to_none=True)
-                x.grad = None
-                graph_out.backward(grad_out, retain_graph=True)
-                return None
+            x = make_input(case, str(self.device), dtype)
+            grad_mode, step = _whole_sequence(case, model, x)
 
         # A forced SDPA backend is set once around every call below, not per layer inside each (SdpaCore).
         with grad_mode(), pinned_backend(model):
             timed = step
             if self.device.type == "cuda":
-                if self.policy.cuda_graph:  # forward only: run() refused the other modes before any setup
+                if self.policy.cuda_graph:  # forward and decode: run() refused the others before any setup
                     timed = graphed(step, self.device)
                     extra["cuda_graph"] = True
                 torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
             measurement, telemetry, contention = self._timed_with_telemetry(timed, case, extra)
             model.zero_grad(set_to_none=True)
-            x.grad = None
+            if x is not None:
+                x.grad = None
             # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
             memory = self._peak_memory(step)
+            if decode is not None:
+                extra.update(decode.extra)  # the computed state and the prefill, in the early row too
             slow = measurement.stop_reason == "too_slow_for_budget"
             result = Result(
                 case,
@@ -260,6 +216,9 @@ class TorchExecutor:
                 on_timed(result)  # the timing is safe whatever the profile below does
             if self.device.type == "cuda":
                 self._profile(timed, measurement, extra)
+        if decode is not None:
+            decode.release()  # after the profile, which still steps: measures the state, then frees it
+            extra.update(decode.extra)
         return replace(result, extra=extra)
 
     def _timed_with_telemetry(
@@ -284,7 +243,7 @@ class TorchExecutor:
         except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed
             if measurement is None:
                 raise
-            extra["telemetry_error"] = _describe(exc)
+            extra["telemetry_error"] = describe(exc)
             return measurement, None, watch.result() if watch.done else None
 
     def _profile(
@@ -300,7 +259,7 @@ class TorchExecutor:
         try:
             kernels = profile_kernels(step, self.device)
         except Exception as exc:
-            extra["profile_error"] = _describe(exc)
+            extra["profile_error"] = describe(exc)
             return
         extra["kernels_per_call"] = kernels.kernels
         extra["kernel_busy_s"] = kernels.busy_s
@@ -321,3 +280,44 @@ class TorchExecutor:
         self._host_memory.start()
         step()
         return Memory(self._host_memory.peak_bytes(), RssPeak.method)
+
+
+def _whole_sequence(
+    case: Case, model: nn.Module, x: torch.Tensor
+) -> tuple[Callable[[], contextlib.AbstractContextManager[object]], Callable[[], object]]:
+    """The grad mode and the timed call of a forward, train or backward case over the whole input ``x``."""
+    if case.mode == "forward":
+        model.eval()
+
+        def forward() -> object:
+            return model(x)
+
+        return torch.inference_mode, forward
+    model.train()
+    # The input needs a gradient as a layer inside a network would: backward then computes dX too.
+    if x.is_floating_point():
+        x.requires_grad_(True)
+    if case.mode == "train":
+        with torch.no_grad():
+            grad_out = torch.randn_like(model(x))
+
+        def train() -> object:
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            out = model(x)
+            out.backward(grad_out)
+            return None
+
+        return contextlib.nullcontext, train
+    # backward alone: one forward builds the graph outside the timed region; each call replays its backward
+    # (retain_graph keeps the saved tensors), with grads cleared as train clears them.
+    graph_out = model(x)
+    grad_backward = torch.randn_like(graph_out)
+
+    def backward() -> object:
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        graph_out.backward(grad_backward, retain_graph=True)
+        return None
+
+    return contextlib.nullcontext, backward

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
 from attnbench.analysis.efficiency import peak_flags
-from attnbench.core.units import format_seconds, to_mib
+from attnbench.core.units import format_bytes, format_seconds, to_mib
 from attnbench.report.pivot import Cell, PivotTable
 from attnbench.results.records import Result, Run
 
@@ -15,6 +15,20 @@ LEGEND = (
     "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "
     "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached). Speed-ups, crossovers "
     "and fits use only cells that converged or whose CI is within ±5 %, and that were not timed on a busy machine."
+)
+DECODE_LEGEND = (
+    "Per-token latency: the median time of one decode step, which produces the next token of every sequence in "
+    "the batch with n tokens already in the KV cache or recurrent state (filled by a prefill outside the timing; "
+    "tokens/s = batch ÷ this time)."
+)
+SPEEDUP_LEGEND = (
+    " In brackets the speed-up against {baseline} at the same n (> 1× = faster). ~ marks a noisy cell (IQR above "
+    "10 % of the median, or the CI target was not reached)."
+)
+STATE_LEGEND = (
+    "The KV cache (attention) or recurrent state a step reads: computed from shapes and dtype / measured "
+    "({methods}: on a CPU the resident pages backing it, so a state smaller than a page reads that page; on a GPU "
+    "the caching allocator's bytes):"
 )
 CROSSOVER_LEGEND = (
     "Where the time curves cross (interpolated on log-log between the two measured lengths around the crossing):"
@@ -41,16 +55,59 @@ def contention_lines(results: Sequence[Result]) -> tuple[str, list[str]]:
     return headline, [f"{r.case.label}: {'; '.join(r.contention.reasons)}" for r in busy if r.contention is not None]
 
 
-def time_text(cell: Cell | None) -> str:
+def time_text(cell: Cell | None, speedup: bool = True) -> str:
+    """``!~1.23 ms (0.85×)``: the median, ! when contended, ~ when noisy, and (unless ``speedup`` is False) the
+    speed-up."""
     if cell is None:
         return ""
     if cell.median_s is None:
         return cell.status_text
     mark = CONTENDED_MARK if cell.result.contended else ""
     text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
-    if cell.speedup is not None:
+    if speedup and cell.speedup is not None:
         text += f" ({cell.speedup:.2f}×)"
     return text
+
+
+def speedup_text(cell: Cell | None) -> str:
+    """``~0.85×``: the speed-up alone, for a table of its own; a cell without a timing says why."""
+    if cell is None:
+        return ""
+    if cell.median_s is None:
+        return cell.status_text
+    return "" if cell.speedup is None else ("~" if cell.noisy else "") + f"{cell.speedup:.2f}×"
+
+
+def time_legend(table: PivotTable, baseline: str) -> str:
+    """What a table's time cells mean; ``baseline`` is the baseline's name as the format marks it up."""
+    if not table.decode:
+        return LEGEND.format(baseline=baseline) if table.baseline else "Median time per call; ~ marks a noisy cell."
+    noisy = " ~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached)."
+    return DECODE_LEGEND + (SPEEDUP_LEGEND.format(baseline=baseline) if table.baseline else noisy)
+
+
+def state_legend(table: PivotTable) -> str:
+    methods = sorted(
+        {
+            str(c.result.extra.get("state_mem_method", "?"))
+            for _, cells in table.rows
+            for c in cells.values()
+            if c.result.ok
+        }
+    )
+    return STATE_LEGEND.format(methods=", ".join(methods) or "not measured")
+
+
+def state_text(cell: Cell | None) -> str:
+    """'258 KiB / 260 KiB': a decode step's state, computed / measured."""
+    if cell is None:
+        return ""
+    r = cell.result
+    if not r.ok:
+        return cell.status_text
+    computed = "?" if r.state_bytes is None else format_bytes(r.state_bytes)
+    measured = "?" if r.state_mem_bytes is None else format_bytes(r.state_mem_bytes)
+    return f"{computed} / {measured}"
 
 
 def memory_text(cell: Cell | None) -> str:

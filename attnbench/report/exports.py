@@ -16,6 +16,10 @@ side and ``extra`` the exact bounds.
 measures, whose units are fixed: nanoseconds and operations per second (an operation here is one token). Peak
 memory goes to a measure of our own, ``peak-memory-bytes``, named with its unit because Bencher creates it on
 first sight without one.
+
+Decode rows export as any other (latency = one step, throughput = batch ÷ its median), plus the state a step
+reads where it was measured: ``|metric=state_memory`` (MiB) and ``state-memory-bytes``, so a dashboard tracks
+a KV cache that grows.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ GAB_TOOL = "customSmallerIsBetter"
 BMF_LATENCY = "latency"  # built-in: nanoseconds
 BMF_THROUGHPUT = "throughput"  # built-in: operations (tokens) per second
 BMF_MEMORY = "peak-memory-bytes"
+BMF_STATE = "state-memory-bytes"
 
 
 def _round(x: float) -> float:
@@ -63,8 +68,11 @@ def _gab_extra(result: Result) -> str:
     else:
         lines.append("95% CI of the median: too few samples for one")
     lines.append(f"samples: {s.n} ({m.calls_per_sample} call{'s' if m.calls_per_sample != 1 else ''} each)")
-    noisy = Cell(result, None).noisy  # the tables' own rule, so a dashboard and the tables agree on "noisy"
-    lines.append(f"IQR: {s.iqr_rel:.1%} of the median{' (noisy)' if noisy else ''}")
+    if s.n == 1:
+        lines.append("IQR: 1 sample, no spread")  # not "0.0 % (noisy)": one sample says nothing about spread
+    else:
+        noisy = Cell(result, None).noisy  # the tables' own rule, so a dashboard and the tables agree on "noisy"
+        lines.append(f"IQR: {s.iqr_rel:.1%} of the median{' (noisy)' if noisy else ''}")
     if result.tokens_per_s is not None:
         lines.append(f"tokens/s: {format_rate(result.tokens_per_s)}")
     lines.append(f"converged: {'yes' if m.converged else 'no'}")
@@ -96,6 +104,17 @@ def gab_entries(results: Sequence[Result]) -> list[dict[str, Any]]:
                     "unit": "MiB",
                     "value": _round(to_mib(peak)),
                     "extra": f"peak memory of one call above the post-setup baseline ({r.memory.method})",
+                }
+            )
+        held = r.state_mem_bytes
+        if held is not None:
+            entries.append(
+                {
+                    "name": f"{r.case.key}|metric=state_memory",
+                    "unit": "MiB",
+                    "value": _round(to_mib(held)),
+                    "extra": f"KV cache or recurrent state a decode step reads, measured "
+                    f"({r.extra.get('state_mem_method')}); computed: {r.state_bytes} bytes",
                 }
             )
     return entries
@@ -131,6 +150,8 @@ def bmf_document(results: Sequence[Result]) -> dict[str, dict[str, dict[str, flo
         peak = _peak_bytes(r)
         if peak is not None:
             measures[BMF_MEMORY] = _metric(peak)
+        if r.state_mem_bytes is not None:
+            measures[BMF_STATE] = _metric(r.state_mem_bytes)
         document[r.case.key] = measures
     return document
 

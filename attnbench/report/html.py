@@ -22,6 +22,9 @@ from attnbench.report.cells import (
     contention_lines,
     environment_line,
     run_checks,
+    state_legend,
+    state_text,
+    time_legend,
 )
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.plots import Plot
@@ -102,17 +105,34 @@ def _time_cell(cell: Cell | None) -> str:
     return f'<td class="{classes}" title="{_e(_cell_title(cell))}">{text}</td>'
 
 
-def _memory_cell(cell: Cell | None) -> str:
+def _no_reading(cell: Cell | None) -> str | None:
+    """The cell of a length that did not run or did not end ok; None for an ok row."""
     if cell is None:
         return '<td class="num"></td>'
-    r = cell.result
-    if not r.ok:
+    if not cell.result.ok:
         return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
+    return None
+
+
+def _memory_cell(cell: Cell | None) -> str:
+    empty = _no_reading(cell)
+    if empty is not None or cell is None:
+        return empty or ""
+    r = cell.result
     if r.memory is None or r.memory.peak_bytes is None:
         reason = r.memory.note if r.memory is not None and r.memory.note else "not measured"
         return f'<td class="num" title="{_e(reason)}">?</td>'
     title = f"{r.memory.peak_bytes} bytes ({r.memory.method})"
     return f'<td class="num" title="{_e(title)}">{_e(format_bytes(r.memory.peak_bytes))}</td>'
+
+
+def _state_cell(cell: Cell | None) -> str:
+    empty = _no_reading(cell)
+    if empty is not None or cell is None:
+        return empty or ""
+    r = cell.result
+    title = f"computed {r.state_bytes} bytes; measured {r.state_mem_bytes} bytes ({r.extra.get('state_mem_method')})"
+    return f'<td class="num" title="{_e(title)}">{_e(state_text(cell))}</td>'
 
 
 def _pivot(table: PivotTable, render: Callable[[Cell | None], str]) -> list[str]:
@@ -144,14 +164,22 @@ def _figure(plot: Plot) -> str:
 
 def _table_section(index: int, table: PivotTable, plots: Sequence[Plot]) -> list[str]:
     out = [f'<section id="table-{index}">', f"<h2>{_e(table.title)}</h2>"]
-    if table.baseline:
+    if table.baseline and not table.decode:
         out.append(f'<p class="legend">{_e(LEGEND.format(baseline=table.baseline))}</p>')
+    elif table.decode:
+        out.append(
+            f'<p class="legend">{_e(time_legend(table, table.baseline or ""))} Hover a cell for its numbers.</p>'
+        )
     else:
         out.append('<p class="legend">Median time per call; ~ marks a noisy cell. Hover a cell for its numbers.</p>')
     out += _pivot(table, _time_cell)
     out += _lines(CROSSOVER_LEGEND, table.crossovers)
-    out.append("<h3>Peak memory of one call above the post-setup baseline</h3>")
-    out += _pivot(table, _memory_cell)
+    if table.decode:
+        out.append(f"<h3>{_e(state_legend(table).rstrip(':'))}</h3>")
+        out += _pivot(table, _state_cell)
+    else:
+        out.append("<h3>Peak memory of one call above the post-setup baseline</h3>")
+        out += _pivot(table, _memory_cell)
     out += _lines(SCALING_LEGEND, [line.text for line in table.scaling])
     mine = [p for p in plots if p.group == table.title]
     if mine:

@@ -8,13 +8,15 @@ from tabulate import tabulate
 
 from attnbench.report.cells import (
     CROSSOVER_LEGEND,
-    LEGEND,
     SCALING_LEGEND,
     column_headers,
     contention_lines,
     environment_line,
     memory_text,
     run_checks,
+    state_legend,
+    state_text,
+    time_legend,
     time_text,
 )
 from attnbench.report.pivot import pivot_tables
@@ -54,14 +56,19 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
     for table in pivot_tables(results, baseline_model):
         headers = ["model", *column_headers(table)]
         lines += ["", f"## {table.title}", ""]
-        if table.baseline:
-            lines += [LEGEND.format(baseline=f"`{table.baseline}`"), ""]
+        if table.baseline or table.decode:
+            lines += [time_legend(table, f"`{table.baseline}`"), ""]
         time_rows = [[label, *(time_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
         lines.append(tabulate(time_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.crossovers:
             lines += ["", CROSSOVER_LEGEND, ""] + [f"- {line}" for line in table.crossovers]
-        lines += ["", "Peak memory of one call above the post-setup baseline (MiB):", ""]
-        memory_rows = [[label, *(memory_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
+        if table.decode:  # what a step reads is the memory story of decoding; its own peak is a few vectors
+            lines += ["", state_legend(table), ""]
+            cell_text = state_text
+        else:
+            lines += ["", "Peak memory of one call above the post-setup baseline (MiB):", ""]
+            cell_text = memory_text
+        memory_rows = [[label, *(cell_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.scaling:
             lines += ["", SCALING_LEGEND, ""] + [f"- {line.text}" for line in table.scaling]

@@ -1,5 +1,8 @@
 """The comparison table people read: rows = model, columns = seq_len, one table per mode/dtype/shape.
 
+Decode rows have tables of their own (their mode differs): columns are then the context length n, a cell the time
+of one step, and the speed-ups are against the first recurrent model as everywhere.
+
 Pure Python. Both the markdown and the terminal renderers draw from ``pivot_tables``, so they always agree. Which
 results form a row is ``attnbench.analysis.scaling.group_curves``'s call, so every fitted line and crossover describes
 exactly one row of one table.
@@ -62,6 +65,12 @@ class PivotTable:
     baseline: str | None
     crossings: tuple[CrossoverLine, ...] = ()  # attention vs recurrent, and every row vs the baseline
     scaling: tuple[ScalingLine, ...] = ()  # how each row's time and peak memory grow with seq_len
+    mode: str = ""
+
+    @property
+    def decode(self) -> bool:
+        """Rows of decode steps: time per token at context n, and the state each step reads."""
+        return self.mode == "decode"
 
     @property
     def crossovers(self) -> tuple[str, ...]:
@@ -115,6 +124,7 @@ def pivot_tables(results: Sequence[Result], baseline_model: str | None = None) -
                 baseline=baseline_model if has_baseline else None,
                 crossings=crossings,
                 scaling=tuple(group_scaling_laws(group)),
+                mode=group.mode,
             )
         )
     return tables

@@ -1,11 +1,15 @@
 """PNG plots of a stored run: latency, peak memory, tokens/s and speed-up against sequence length.
 
 Torch-free. One PNG per metric per pivot table (``pivot_tables`` decides the grouping, so a plot
-always shows exactly the rows of one table). matplotlib is an optional extra (``pip install 'attnbench[plots]'``)
-imported only inside the drawing functions; figures are drawn on an Agg canvas directly, without pyplot, so no
-GUI backend is ever chosen, no window can open and no global figure state leaks between calls.
+always shows exactly the rows of one table). matplotlib is a dependency of the package, imported only inside the
+drawing functions; an install without it (``--no-deps``) skips the plots with a one-line notice. Figures are drawn
+on an Agg canvas directly, without pyplot, so no GUI backend is ever chosen, no window can open and no global
+figure state leaks between calls.
 
 The numbers drawn come from ``series``, which is pure Python and tested on its own; drawing only lays them out.
+
+A decode table's plots read per decode step and against the context length n; its memory plot draws the KV cache
+or recurrent state a step reads (computed, as lines; measured, as hollow markers) in place of the step's peak.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
 Metric = Literal["latency", "memory", "throughput", "speedup"]
 METRICS: tuple[Metric, ...] = ("latency", "memory", "throughput", "speedup")
 
-INSTALL_HINT = "pip install 'attnbench[plots]'"
+INSTALL_HINT = "pip install matplotlib"
 MISSING_NOTICE = f"plots skipped: matplotlib is not installed ({INSTALL_HINT})"
 
 # matplotlib's tab10, spelled out so colours are fixed without importing a colormap.
@@ -82,6 +86,13 @@ class Series:
     label: str
     is_baseline: bool
     points: tuple[Point, ...]
+    # A decode row's measured state, drawn as markers alone in the colour of its row (``label`` says which row).
+    measured: bool = False
+    row: str = ""  # the row whose colour it takes; "" = its own label
+
+    @property
+    def colour_key(self) -> str:
+        return self.row or self.label
 
     @property
     def values(self) -> list[Point]:
@@ -108,11 +119,14 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _point(metric: Metric, n: int, cell: Cell) -> Point | None:
-    """What ``metric`` draws for one cell; None when there is nothing to draw and nothing to flag."""
+def _point(metric: Metric, n: int, cell: Cell, decode: bool = False) -> Point | None:
+    """What ``metric`` draws for one cell; None when there is nothing to draw and nothing to flag. A decode
+    table's memory is the state a step reads, computed."""
     r = cell.result
     if not r.ok:
         return Point(n, None, status=cell.status_text)
+    if metric == "memory" and decode:
+        return None if r.state_bytes is None else Point(n, float(r.state_bytes))
     m = r.measurement
     if m is None:
         return None
@@ -153,11 +167,25 @@ def series(table: PivotTable, metric: Metric) -> list[Series]:
             cell = cells.get(n)
             if cell is None:
                 continue
-            point = _point(metric, n, cell)
+            point = _point(metric, n, cell, table.decode)
             if point is not None:
                 points.append(point)
         out.append(Series(label, is_baseline, tuple(points)))
+        if metric == "memory" and table.decode:
+            out.append(_measured_state(label, is_baseline, table, cells))
     return out
+
+
+def _measured_state(label: str, is_baseline: bool, table: PivotTable, cells: dict[int, Cell]) -> Series:
+    """A decode row's measured state, at the lengths where the method saw it (a 0 B reading has no logarithm,
+    and says only that the state is smaller than the method resolves)."""
+    points = []
+    for n in table.seq_lens:
+        cell = cells.get(n)
+        held = cell.result.state_mem_bytes if cell is not None and cell.result.ok else None
+        if held:
+            points.append(Point(n, float(held)))
+    return Series(f"{label} (measured)", is_baseline, tuple(points), measured=True, row=label)
 
 
 # ---------------------------------------------------------------------------------------------------- axes text
@@ -242,6 +270,23 @@ _TITLES: dict[Metric, str] = {
     "throughput": "Throughput vs sequence length",
     "speedup": "Speed-up vs {baseline}",
 }
+# A decode table's: per step, against the context length.
+_DECODE_Y: dict[Metric, str] = {
+    "latency": "median time per decode step\n(the next token of every sequence)",
+    "memory": "KV cache or recurrent state",
+    "throughput": "tokens per second\n(batch ÷ median time per step)",
+    "speedup": "speed-up",
+}
+_DECODE_TITLES: dict[Metric, str] = {
+    "latency": "Per-token latency vs context length",
+    "memory": "KV cache / recurrent state vs context length",
+    "throughput": "Decode throughput vs context length",
+    "speedup": "Decode speed-up vs {baseline}",
+}
+
+
+def _title(table: PivotTable, metric: Metric) -> str:
+    return (_DECODE_TITLES if table.decode else _TITLES)[metric].format(baseline=table.baseline)
 
 
 def _slug(text: str) -> str:
@@ -291,10 +336,13 @@ def _plot_lines(ax: Axes, lines: Sequence[Series], colours: dict[str, int]) -> t
     for s in lines:
         if not s.values:
             continue
-        colour, marker, style = _style(colours[s.label])
+        colour, marker, style = _style(colours[s.colour_key])
         # A case without a timing breaks the line (NaN) instead of being bridged; unmeasured lengths are skipped.
         xs = [p.n for p in s.points]
         ys = [p.value if p.value is not None else math.nan for p in s.points]
+        if s.measured:  # markers alone, hollow and larger, around the computed line's points
+            ax.plot(xs, ys, linestyle="", marker=marker, markersize=9, markerfacecolor="none", color=colour, zorder=4)
+            continue
         label = s.label + (" (baseline)" if s.is_baseline else "")
         width = 2.6 if s.is_baseline else 1.7
         ax.plot(xs, ys, style, color=colour, marker=marker, markersize=4.5, linewidth=width, label=label, zorder=3)
@@ -336,7 +384,7 @@ def _failures(lines: Sequence[Series]) -> Failures:
     Rows with nothing plotted at all are left to the notes under the axes."""
     rows: Failures = []
     for s in lines:
-        if not s.values or not s.failures:
+        if s.measured or not s.values or not s.failures:
             continue
         runs: list[tuple[str, list[int]]] = []
         previous_failed = False
@@ -368,7 +416,19 @@ def _y_axis(ax: Axes, table: PivotTable, metric: Metric, log_y: bool, levels: in
         ax.axhspan(low, data_low, color="0.94", zorder=0, linewidth=0)
     ax.set_ylim(low, high)
     label, fmt = _Y[metric]
-    if metric == "memory":
+    if table.decode:
+        label = _DECODE_Y[metric]
+    if metric == "memory" and table.decode:
+        methods = sorted(
+            {
+                str(c.result.extra.get("state_mem_method"))
+                for _, cells in table.rows
+                for c in cells.values()
+                if c.result.ok
+            }
+        )
+        label += f"\n(lines computed; markers measured, {', '.join(methods)})"
+    elif metric == "memory":
         methods = sorted({c.result.memory.method for _, cells in table.rows for c in cells.values() if c.result.memory})
         label += f"\nabove the post-setup baseline ({', '.join(methods)})"
     elif metric == "speedup":
@@ -391,6 +451,8 @@ def _x_axis(ax: Axes, table: PivotTable, seq_lens: Sequence[int]) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: seq_len_text(round(x))))
     ax.set_xlim(seq_lens[0] / 1.35, seq_lens[-1] * 1.35)
     label = "sequence length n (tokens, log scale)"
+    if table.decode:
+        label = "context length n (tokens already in the KV cache or state, log scale)"
     if table.batch_for_seq:
         label += " · batch tied to n (constant tokens per call)"
     ax.set_xlabel(label, fontsize=9.5)
@@ -421,12 +483,17 @@ def _mark_failures(ax: Axes, failing: Failures, colours: dict[str, int], first_n
             )
 
 
-def _legend(ax: Axes, metric: Metric, banded: bool, noisy: bool, failures: bool, baseline: str | None) -> None:
+def _legend(
+    ax: Axes, metric: Metric, banded: bool, noisy: bool, failures: bool, baseline: str | None, measured: bool = False
+) -> None:
     """Outside the axes on the right, so it never hides a line; with keys for the band, hollow and ✕ marks."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles, labels = ax.get_legend_handles_labels()
+    if measured:
+        handles.append(Line2D([], [], marker="o", linestyle="", color="0.3", markerfacecolor="none", markersize=9))
+        labels.append("measured (lines: computed)")
     if banded:
         handles.append(Patch(color="0.5", alpha=0.3, linewidth=0))
         labels.append("95 % CI" if metric != "speedup" else "CI (conservative)")
@@ -444,7 +511,7 @@ def _legend(ax: Axes, metric: Metric, banded: bool, noisy: bool, failures: bool,
 
 def _texts(ax: Axes, run: Run, table: PivotTable, metric: Metric, lines: Sequence[Series]) -> None:
     """Title (what, on which device), subtitle (the table), and below the axes what was not plotted and the run."""
-    title = f"{_TITLES[metric].format(baseline=table.baseline)} · {_device_name(run)}"
+    title = f"{_title(table, metric)} · {_device_name(run)}"
     # Offsets in points, not axes fractions: the layout holds whatever the figure's size.
     for text, dy, size, weight in ((title, 22, 12.0, "bold"), (table.title, 8, 9.5, "normal")):
         ax.annotate(
@@ -490,20 +557,22 @@ def _draw(
     log_y = metric != "memory" or min(values) > 0  # a 0-byte peak (a CPU RSS reading) has no logarithm
     ax.set_xscale("log")
     ax.set_yscale("log" if log_y else "linear")
+    # The x range before any line: one length alone is a zero-width range, which log axes cannot transform.
+    seq_lens = sorted({p.n for s in lines for p in s.points})
+    _x_axis(ax, table, seq_lens)
     banded, noisy = _plot_lines(ax, lines, colours)
     if metric == "speedup":
         ax.axhline(1.0, color="0.2", linewidth=1.1, linestyle="--", zorder=1)
     failing = _failures(lines)
     _y_axis(ax, table, metric, log_y, len(failing))
-    seq_lens = sorted({p.n for s in lines for p in s.points})
-    _x_axis(ax, table, seq_lens)
     ax.tick_params(labelsize=8.5)
     ax.grid(True, which="major", color="0.85", linewidth=0.8, zorder=0)
     ax.grid(True, which="minor", axis="y", color="0.93", linewidth=0.5, zorder=0)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     _mark_failures(ax, failing, colours, seq_lens[0])
-    _legend(ax, metric, banded, noisy, bool(failing), table.baseline if metric == "speedup" else None)
+    measured = any(s.measured and s.values for s in lines)
+    _legend(ax, metric, banded, noisy, bool(failing), table.baseline if metric == "speedup" else None, measured)
     _texts(ax, run, table, metric, lines)
     buffer = io.BytesIO()
     # No "Software" text chunk: the same run renders to the same bytes on the same matplotlib.
@@ -540,7 +609,7 @@ def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None
                 continue
             png = _draw(run, table, metric, series(table, metric), colours)
             if png is not None:
-                title = f"{_TITLES[metric].format(baseline=table.baseline)} · {table.title}"
+                title = f"{_title(table, metric)} · {table.title}"
                 plots.append(Plot(metric, table.title, f"{metric}-{stem}.png", title, png))
     return plots
 

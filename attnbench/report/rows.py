@@ -92,6 +92,10 @@ COLUMNS: tuple[str, ...] = (
     *ADDED_METRICS,
     # Which implementation an LSTM/GRU ran on: cudnn, onednn, fused-cell-loop (CUDA, step by step), aten-loop.
     "rnn_path",
+    # Decode rows (issue 13): the KV cache or recurrent state a step reads, computed and measured (bytes).
+    "state_bytes",
+    "state_mem_bytes",
+    "state_mem_method",
     # Issue 17: whether other work competed for the machine while the case was timed, and the evidence.
     "contended",
     "contention",
@@ -115,13 +119,16 @@ _INTEGER_COLUMNS = frozenset(
         "replicates",
         "kernels_per_call",
         "executed_flops",
+        "state_bytes",
+        "state_mem_bytes",
     }
 )
 _BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound", "contended"})
 _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
-        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "contention"),
+        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "state_mem_method"),
+        "contention",
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -206,8 +213,9 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     executed_count = result.extra.get("executed_flops")
     if isinstance(executed_count, int) and not isinstance(executed_count, bool):
         row["executed_flops"] = executed_count
-    for name in ("kernels_per_call", "launch_bound", "rnn_path"):
+    for name in ("kernels_per_call", "launch_bound", "rnn_path", "state_mem_method"):
         row[name] = result.extra.get(name)
+    row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
     if result.contention is not None:
         c = result.contention
         row["contended"] = c.contended

@@ -1,8 +1,14 @@
-"""``report RUN --telemetry``: one row per case with what the hardware did during its timed window."""
+"""``report RUN --telemetry``: one row per case with what the hardware did during its timed window.
+
+Only the columns some case has a value in are shown (a CPU run has no GPU columns), and a note every case shares
+is said once under the table rather than on every row. ``telemetry_table`` decides both; the markdown here and
+the rich table in ``report.terminal`` lay out the same table.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tabulate import tabulate
 
@@ -26,6 +32,11 @@ _HEADERS = [
     "reliable",
     "note",
 ]
+_ALWAYS = {"case", "samples", "window s", "reliable"}  # shown even when empty: they say there was no telemetry
+INTRO = (
+    "Sampled in a background thread over each case's timed window (warm-up included). GPU utilisation is NVML's "
+    "share of time in which any kernel ran, not how busy the SMs were."
+)
 
 
 def _num(value: object, digits: int = 1) -> str:
@@ -71,11 +82,32 @@ def telemetry_rows(results: Sequence[Result]) -> list[list[str]]:
     return rows
 
 
+@dataclass(frozen=True)
+class TelemetryTable:
+    headers: list[str]
+    rows: list[list[str]]
+    note: str  # the note every case shares, said once under the table; "" when the cases differ
+
+    def footer(self, shared: str = "") -> str:
+        """What the table leaves out: ``shared`` (what every case label has in common) and the shared note."""
+        every = "; ".join(part for part in (shared, self.note) if part)
+        return (f"Every case: {every}. " if every else "") + "Columns with no value in any case are left out."
+
+
+def telemetry_table(results: Sequence[Result]) -> TelemetryTable:
+    """The rows with only the columns that hold a value somewhere, and a shared note lifted out of them."""
+    rows = telemetry_rows(results)
+    notes = {row[-1] for row in rows}
+    note = notes.pop() if len(notes) == 1 else ""
+    keep = [
+        i
+        for i, header in enumerate(_HEADERS)
+        if header in _ALWAYS or ((header != "note" or not note) and any(row[i] for row in rows))
+    ]
+    return TelemetryTable([_HEADERS[i] for i in keep], [[row[i] for i in keep] for row in rows], note)
+
+
 def render_telemetry_markdown(results: Sequence[Result]) -> str:
-    text = tabulate(telemetry_rows(results), headers=_HEADERS, tablefmt="github", disable_numparse=True)
-    return (
-        "# Telemetry per case\n\nSampled in a background thread over each case's timed window (warm-up "
-        "included). GPU utilisation is NVML's share of time in which any kernel ran, not how busy the SMs were.\n\n"
-        + text
-        + "\n"
-    )
+    table = telemetry_table(results)
+    text = tabulate(table.rows, headers=table.headers, tablefmt="github", disable_numparse=True)
+    return f"# Telemetry per case\n\n{INTRO}\n\n{text}\n\n{table.footer()}\n"

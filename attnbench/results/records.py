@@ -12,6 +12,10 @@ Schema history (``SCHEMA_VERSION``):
       many rows say so, counted as they are appended); the status ``too_slow_for_budget`` (and measurement
       ``stop_reason`` of the same name). A reader older than a key refuses a file that carries it
       (unknown keys are errors), with the hint to upgrade.
+      Mode ``decode`` (issue 13) is a value a case may hold since; a reader from before refuses such a row.
+      ``extra`` is open-ended (scalars by name); decode rows carry ``state_bytes`` (the KV cache or
+      recurrent state, computed), ``state_mem_bytes`` and ``state_mem_method`` (the same, measured) and
+      ``prefill_s`` (the set-up's prefill, untimed).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -117,6 +121,16 @@ class Result:
         return self.is_timed and self.contention is not None and self.contention.contended
 
     @property
+    def state_bytes(self) -> int | None:
+        """A decode row's KV cache or recurrent state, computed from shapes and dtype; None for other rows."""
+        return _count(self.extra.get("state_bytes"))
+
+    @property
+    def state_mem_bytes(self) -> int | None:
+        """The same state, measured (``extra["state_mem_method"]`` says how); None where not measured."""
+        return _count(self.extra.get("state_mem_bytes"))
+
+    @property
     def tokens_per_s(self) -> float | None:
         if self.measurement is None or self.measurement.median_s <= 0:
             return None
@@ -167,6 +181,10 @@ class Result:
             telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
             contention=None if contention is None else fields.nested("contention", Contention.from_dict, contention),
         )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 _RESULT_OPTIONAL = (

@@ -161,16 +161,18 @@ def result(
     status: str = "ok",
     spread: float = 0.0,
     converged: bool = True,
+    extra: dict[str, str | int | float | bool | None] | None = None,
 ) -> Result:
     recurrent = model in ("lstm", "gru")
-    case = Case(model, mode, "float32", "cpu", batch, n, 64, None if recurrent else 4, 1, recurrent)  # type: ignore[arg-type]
+    causal = recurrent or mode == "decode"
+    case = Case(model, mode, "float32", "cpu", batch, n, 64, None if recurrent else 4, 1, causal)  # type: ignore[arg-type]
     if status != "ok":
         return Result(case, status, reason="why")  # type: ignore[arg-type]
     samples = tuple(median_s * (1 + spread * (i - 5) / 5) for i in range(11))
     stop = "converged" if converged else "budget"
     m = Measurement(samples, 1, 3, 0.0, converged, stop, 0.01)  # type: ignore[arg-type]
     memory = Memory(peak, "cuda-allocator") if peak is not None else None
-    return Result(case, "ok", measurement=m, memory=memory)
+    return Result(case, "ok", measurement=m, memory=memory, extra=dict(extra or {}))
 
 
 NS = (64, 256, 1024)
@@ -405,6 +407,77 @@ def test_terminal_shows_the_same_lines() -> None:
         assert line in text and line in markdown
     assert "train / (forward + backward), expected 0.9–1.1: 5 of 6 cases inside" in text
     assert "vanilla train float32 b=4 n=1024 d=64 h=4: 1.30" in text
+
+
+# --- decode ------------------------------------------------------------------------------------------------------
+DECODE_NS = (1024, 4096, 16384, 65536)
+
+
+def decode_run() -> list[Result]:
+    """lstm: 100 µs per token at any n, a 512 B state that reads 0 B measured; sdpa: 50 µs + 10 ns × n, a KV cache
+    of 2·(n + 1)·64·4 bytes measured a page above that; the two cross at n = 5000 in time."""
+    out = []
+    for n in DECODE_NS:
+        lstm = {"state_bytes": 512, "state_mem_bytes": 0, "state_mem_method": "resident-pages"}
+        out.append(result("lstm", n, 1e-4, mode="decode", batch=1, spread=0.02, extra=lstm))
+    for n in DECODE_NS:
+        cache = 2 * (n + 1) * 64 * 4
+        sdpa = {"state_bytes": cache, "state_mem_bytes": cache + 4096, "state_mem_method": "resident-pages"}
+        out.append(result("sdpa", n, 5e-5 + 1e-8 * n, mode="decode", batch=1, spread=0.02, extra=sdpa))
+    return out
+
+
+def test_decode_rows_are_a_table_of_their_own_with_the_state_as_memory() -> None:
+    tables = pivot_tables(report_run()[:6] + decode_run())
+    assert [t.title.split(" · ")[0] for t in tables] == ["forward", "decode"]
+    decode = tables[1]
+    assert decode.decode and not tables[0].decode and decode.baseline == "lstm"
+    lstm, sdpa = decode.scaling
+    assert lstm.time is not None and lstm.time.exponent == pytest.approx(0.0, abs=1e-9)
+    assert lstm.state is not None and lstm.state.exponent == 0 and lstm.memory is None
+    assert sdpa.state is not None and sdpa.state.exponent == pytest.approx(1.0, abs=1e-3)
+    assert sdpa.memory is not None and sdpa.memory.exponent == pytest.approx(1.0, abs=1e-2)  # measured
+    assert lstm.text == (
+        "lstm: time per token ∝ n^0.00 (95 % CI 0.00–0.00, n=1024–65536, 4 points), state fixed at 512 B "
+        "(computed; measured 0 B at every n: smaller than what the method resolves)"
+    )
+    assert sdpa.text.startswith("sdpa: time per token ∝ n^0.5")
+    assert sdpa.text.endswith(
+        "4 points; steepening to n^0.86 at n=16384–65536), KV cache ∝ n^1.00 (computed; measured ∝ n^1.00 "
+        "(95 % CI 0.99–1.00))"
+    )
+
+
+def test_decode_crossovers_read_as_who_decodes_faster_from_where() -> None:
+    (line,) = crossover_lines(decode_run())
+    assert (line.a, line.b, line.mode) == ("sdpa", "lstm", "decode")
+    assert line.text == "lstm decodes faster than sdpa from n ≈ 4800 (between 4096 and 16384)"
+    flipped = [result("lstm", n, 1e-4, mode="decode") for n in DECODE_NS]
+    flipped += [result("sdpa", n, 2e-4 * (1024 / n), mode="decode") for n in DECODE_NS]  # sdpa gets faster
+    (line,) = crossover_lines(flipped)
+    assert line.text.startswith("sdpa decodes faster than lstm from n ≈ 2000")
+
+
+def test_markdown_and_terminal_show_decode_tables_with_the_state() -> None:
+    text = render_markdown(RUN, decode_run())
+    assert "## decode · float32 · cpu · d_model 64, batch 1 · layers 1" in text
+    assert "Per-token latency: the median time of one decode step" in text
+    assert "In brackets the speed-up against `lstm`" in text
+    assert "- lstm decodes faster than sdpa from n ≈ 4800 (between 4096 and 16384)" in text
+    state = section(text, "The KV cache (attention) or recurrent state", "How cost grows")
+    assert state[0].endswith(
+        "(resident-pages: on a CPU the resident pages backing it, so a state smaller than a page reads that page; on a "
+        "GPU the caching allocator's bytes):"
+    )
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]] for line in state[4:6]}
+    assert rows["lstm"] == ["512 B / 0 B"] * 4
+    assert rows["sdpa"] == ["512 KiB / 516 KiB", "2 MiB / 2 MiB", "8 MiB / 8 MiB", "32 MiB / 32 MiB"]
+    assert "Peak memory of one call" not in text  # a step's own peak is in the CSV; the state is the story here
+    console = Console(width=200, record=True, color_system=None)
+    console.print(comparison_tables(decode_run(), memory=True))
+    shown = console.export_text()
+    assert "cache/state computed / measured · decode" in shown and "512 KiB / 516 KiB" in shown
+    assert "time per decode step at context n (speed-up vs lstm; ~ = noisy)" in shown
 
 
 # --- only good evidence enters fits, crossovers and speed-ups (issue 17, item 5) ---------------------------------

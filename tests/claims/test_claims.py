@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -286,6 +287,103 @@ def test_1_not_measurable_without_a_length_sweep() -> None:
     results = [row("lstm", 512, 1e-3), row("vanilla", 512, 1e-3)]
     (c,) = [c for c in claims(results) if c.claim_id.startswith("1")]
     assert c.verdict == "not measurable" and "configs/claims.yaml" in c.why
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Claim 1 from the generation side: decode rows
+
+
+DECODE_LENGTHS = (1024, 4096, 16384, 65536)
+
+
+def decode_curve(
+    model: str,
+    exponent: float,
+    *,
+    state: float = 0.0,
+    held: float | None = None,
+    method: str = "resident-pages",
+    spread: float = 0.0,
+) -> list[Result]:
+    """Decode rows with time per token ∝ n^exponent and a state of 1 MiB × (n/1024)^state bytes (measured ∝
+    n^held, or 0 B when ``held`` is None: smaller than the method resolves)."""
+    out = []
+    for n in DECODE_LENGTHS:
+        scale = n / DECODE_LENGTHS[0]
+        computed = int(MIB * scale**state)
+        measured = 0 if held is None else int(MIB * scale**held)
+        extra = {"state_bytes": computed, "state_mem_bytes": measured, "state_mem_method": method}
+        out.append(row(model, n, 1e-4 * scale**exponent, mode="decode", extra=extra, spread=spread))
+    return out
+
+
+def decoded(results: Sequence[Result], claim_id: str) -> list[ClaimResult]:
+    return [c for c in claims(results) if c.claim_id == claim_id and "decode" in c.claim]
+
+
+def test_1a_decode_flat_per_token_cost_is_supported_and_growth_contradicts() -> None:
+    (flat,) = decoded(decode_curve("lstm", 0.01), "1a")
+    assert flat.verdict == "supported" and "n tokens are n equal steps" in flat.why
+    assert "time per token ∝ n^0.01" in flat.measured and "decode b=1" in flat.measured
+    (grows,) = decoded(decode_curve("lstm", 1.0), "1a")
+    assert grows.verdict == "contradicted"
+    (between,) = decoded(decode_curve("lstm", 0.5), "1a")
+    assert between.verdict == "inconclusive" and "0.3–0.7" in between.why
+
+
+def test_decode_rows_on_noisy_points_say_what_the_exponent_alone_would_conclude() -> None:
+    (row,) = decoded(decode_curve("lstm", 0.0, spread=0.5), "1a")
+    assert row.verdict == "inconclusive"
+    assert row.why.startswith("would be supported (the step's time did not grow with the context (k ≤ 0.3)")
+    assert row.why.endswith("but 4 of 4 points are noisy (IQR > 10 % of the median or CI target missed)")
+
+
+def test_1b_decode_growing_per_token_cost_is_supported_and_flat_contradicts() -> None:
+    (grows,) = decoded(decode_curve("sdpa-flash", 0.9, state=1.0, held=1.0), "1b")
+    assert grows.verdict == "supported" and "reads all n cached keys and values" in grows.why
+    assert "; n^0.90 at n=16384–65536" in grows.measured  # the top of the range, where the cache read dominates
+    (flat,) = decoded(decode_curve("sdpa-flash", 0.05), "1b")
+    assert flat.verdict == "contradicted" and "longer contexts would show it" in flat.why
+    (between,) = decoded(decode_curve("sdpa-flash", 0.4), "1b")
+    assert between.verdict == "inconclusive"
+
+
+def test_1d_decode_judges_the_state_against_the_kv_cache() -> None:
+    rows = decode_curve("lstm", 0.0) + decode_curve("sdpa", 0.9, state=1.0, held=1.0)
+    (fixed,) = decoded(rows, "1d")
+    assert fixed.verdict == "supported" and "judged on the computed bytes" in fixed.why
+    assert "state 1 MiB at every n (computed; measured 0 B at 4 of 4 lengths, resident-pages)" in fixed.measured
+    assert "vs sdpa's KV cache 1 MiB → 64 MiB (measured, ∝ n^1.00 [1.00–1.00])" in fixed.measured
+    (measured,) = decoded(decode_curve("gru", 0.0, held=0.0, method="cuda-allocator"), "1d")
+    assert measured.verdict == "supported" and "measured (cuda-allocator)" in measured.measured
+    (grows,) = decoded(decode_curve("gru", 0.0, state=1.0, held=1.0, method="cuda-allocator"), "1d")
+    assert grows.verdict == "contradicted"
+
+
+def test_1d_decode_a_state_of_a_few_pages_is_judged_on_its_computed_bytes() -> None:
+    rows = decode_curve("mingru", 0.0)
+    pages = [4096, 8192, 4096, 8192]  # 1 KiB straddling one page or two: where it sits, not how large it is
+    rows = [
+        replace(r, extra={**r.extra, "state_bytes": 1024, "state_mem_bytes": b})
+        for r, b in zip(rows, pages, strict=True)
+    ]
+    (row,) = decoded(rows, "1d")
+    assert row.verdict == "supported" and "judged on the computed bytes" in row.why
+    assert (
+        "state 1 KiB at every n (computed; measured 4 KiB–8 KiB (resident-pages: the pages it sits in))" in row.measured
+    )
+    (thin,) = decoded(rows[:2], "1d")
+    assert thin.verdict == "inconclusive" and "a slope needs ≥ 3" in thin.why
+
+
+def test_decode_rows_follow_the_whole_sequence_rows_of_their_claim_and_stay_out_of_the_others() -> None:
+    rows = curve("lstm", 1.0, memory=0.0) + decode_curve("lstm", 0.0) + curve("vanilla", 0.2, memory=2.0)
+    rows += decode_curve("vanilla", 0.9, state=1.0, held=1.0)
+    ids = [(c.claim_id, "decode" in c.claim) for c in claims(rows) if c.claim_id[0] == "1"]
+    assert ids == [("1a", False), ("1a", True), ("1b", False), ("1b", True), ("1c", False), ("1d", False), ("1d", True)]
+    only_decode = claims(decode_curve("lstm", 0.0) + decode_curve("vanilla", 1.0, state=1.0, held=1.0))
+    assert {c.claim_id for c in only_decode if c.claim_id[0] == "1"} == {"1a", "1b", "1d"}
+    assert all(not any("decode" in key for key in c.evidence_cases) for c in only_decode if c.claim_id[0] != "1")
 
 
 # ---------------------------------------------------------------------------------------------------------------

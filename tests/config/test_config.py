@@ -235,7 +235,7 @@ def test_builtin_defaults_load(device_type: str) -> None:
     assert experiment.source == f"builtin:default-{kind}"
     assert set(experiment.axes.modes) == {"forward", "train"}
     assert {"lstm", "gru", "vanilla", "sdpa-flash"} <= set(experiment.axes.models)
-    assert len(experiment.cases(kind)) == (32 if kind == "cpu" else 96)
+    assert len(experiment.cases(kind)) == (44 if kind == "cpu" else 96)
 
 
 def test_builtin_default_takes_overrides_and_refuses_unknown_device_types() -> None:
@@ -253,8 +253,12 @@ def test_shipped_configs_validate(path: Path) -> None:
 
 
 def test_shipped_defaults_are_copies_of_the_builtins() -> None:
+    """Byte for byte, but for the editor's schema line the copy in configs/ starts with (config.schema)."""
+    from attnbench.config.schema import MODELINE
+
     for copy, builtin in (("default.yaml", "default-cpu.yaml"), ("default-cuda.yaml", "default-cuda.yaml")):
-        assert (ROOT / "configs" / copy).read_bytes() == (BUILTIN / builtin).read_bytes()
+        text = (ROOT / "configs" / copy).read_text(encoding="utf-8")
+        assert text == f"{MODELINE}\n" + (BUILTIN / builtin).read_text(encoding="utf-8")
     assert builtin_config_text("cpu") == (BUILTIN / "default-cpu.yaml").read_text(encoding="utf-8")
 
 
@@ -343,6 +347,16 @@ BAD_CASES: dict[str, tuple[str, str, int | None]] = {
     "timing-min-time-above-budget.yaml": ("min_time_s 5.0 is above max_case_s 1.0", "timing.min_time_s", 10),
     "timing-cache-unknown.yaml": ("'warm' or 'cold'", "timing.cache", 8),
     "timing-processes-zero.yaml": ("must be at least 1, got 0", "timing.processes", 8),
+    "decode-not-causal.yaml": ("sdpa cannot decode: causal is false", "causal", 9),
+    "decode-bidirectional.yaml": (
+        "a bidirectional lstm reads the sequence backwards",
+        "model_options.lstm.bidirectional",
+        11,
+    ),
+    "decode-mode-and-section.yaml": ("decode is listed under modes and has a decode: section too", "decode", 10),
+    "decode-model-not-listed.yaml": ("'gru' is not in models (lstm, sdpa)", "decode.models[1]", 10),
+    "decode-learned-max-len.yaml": ("max_len 512 does not reach position 512", "model_options.sdpa.max_len", 11),
+    "decode-preset-encoder.yaml": ("bert-base is an encoder", "presets.names", 8),
 }
 
 HINTS = {
@@ -351,6 +365,9 @@ HINTS = {
     "unknown-key-grid.yaml": "did you mean 'seq_len'?",
     "option-unknown.yaml": "did you mean 'bidirectional'?",
     "bad-name.yaml": "'my-sweep'",
+    "decode-not-causal.yaml": "set causal: true",
+    "decode-bidirectional.yaml": "set bidirectional: false",
+    "decode-learned-max-len.yaml": "at least 513",
 }
 
 
@@ -398,6 +415,52 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ConfigError, match="cannot be read: permission denied") as info:
         load_experiment(path)
     assert info.value.where == str(path)
+
+
+# ------------------------------------------------------------------------------------------------ decode
+DECODE = BASE.replace("[lstm, vanilla]", "[lstm, mingru, vanilla]").replace(
+    "modes: [forward, train]", "modes: [forward, decode]"
+)
+
+
+def test_decode_crosses_the_grid_causal_only_and_without_the_scan() -> None:
+    text = DECODE + "causal: [false, true]\nmodel_options:\n  mingru: {scan: [parallel, sequential]}\n"
+    cases = load(text).cases("cpu")
+    decode = [c for c in cases if c.mode == "decode"]
+    assert all(c.causal for c in decode)  # vanilla's causal=false combinations cannot decode: left out
+    assert [(c.model, c.seq_len) for c in decode if c.model == "vanilla"] == [("vanilla", n) for n in (8, 16, 32)]
+    mingru = [c for c in decode if c.model == "mingru"]
+    assert len(mingru) == 3 and all(c.options == () for c in mingru)  # one step is one step, whatever the scan
+    assert len([c for c in cases if c.model == "vanilla" and c.mode == "forward"]) == 6
+    assert all(c.tokens == c.batch for c in decode) and all(c.span == c.seq_len + 1 for c in decode)
+
+
+def test_decode_section_has_its_own_lengths_batches_and_models() -> None:
+    text = BASE + "decode:\n  models: [vanilla]\n  seq_len: [1024, 4096]\n  batch: [1, 4]\n"
+    experiment = load(text)
+    decode = [c for c in experiment.cases("cpu") if c.mode == "decode"]
+    assert [(c.model, c.batch, c.seq_len, c.causal) for c in decode] == [
+        ("vanilla", b, n, True) for b in (1, 4) for n in (1024, 4096)
+    ]
+    assert experiment.resolved["decode"] == {"models": ["vanilla"], "seq_len": [1024, 4096], "batch": [1, 4]}
+    assert "decode" not in load().resolved  # a config without one keeps the sha256 it always had
+    inherited = [c for c in load(BASE + "decode: {}\n").cases("cpu") if c.mode == "decode"]
+    assert {(c.model, c.batch, c.seq_len) for c in inherited} == {
+        (m, 2, n) for m in ("lstm", "vanilla") for n in (8, 16, 32)
+    }
+
+
+def test_decode_keeps_the_unidirectional_variant_of_a_recurrence() -> None:
+    text = DECODE + "causal: true\nmodel_options:\n  lstm: {bidirectional: [false, true]}\n"
+    lstm = [c for c in load(text).cases("cpu") if c.model == "lstm"]
+    assert {(c.mode, c.causal) for c in lstm} == {("forward", True), ("forward", False), ("decode", True)}
+
+
+def test_decode_with_tied_batches_needs_its_own_batch() -> None:
+    text = BASE.replace("  batch: [2]", "  tokens: 64") + "decode: {seq_len: [128]}\n"
+    with pytest.raises(ConfigError, match="decode needs batch sizes") as info:
+        load(text)
+    assert info.value.key == "decode"
 
 
 def test_heads_need_not_divide_when_only_recurrent_models_run() -> None:

@@ -18,6 +18,9 @@ FlopCounterMode counts matmul-like aten ops only, at 2 FLOPs per multiply-add, w
   train exact, parallel and sequential alike (no h₀ matmul to skip).
 * block and model scope: the FFN's Linears are ``addmm`` like the projections; LayerNorm, GELU, the embedding
   lookup (and its backward) and the positional encodings are not counted, nor are they in the formula.
+* decode: one step of the decoder, as the executor times it. vanilla and sdpa-math: the projections of one token
+  (``addmm``) and the query against the n + 1 cached keys (two ``bmm``) — exact; lstm/gru: one ``lstm_cell``/
+  ``gru_cell`` per layer, decomposed into ``mm``/``addmm`` — exact; mingru/minlstm: the gate Linear — exact.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench.core.cases import Case, Mode, Options
+from attnbench.core.decode_state import state_bytes, state_dtype
 from attnbench.core.flops import (
     FlopCount,
     causal_pairs,
@@ -39,7 +43,8 @@ from attnbench.core.flops import (
     matched_hidden,
     recurrent_hidden,
 )
-from attnbench.measure.models import build_model, make_input
+from attnbench.measure.models import build_model, make_decode_inputs, make_input
+from attnbench.measure.models.decoding import decodable, prefill
 
 BIDIRECTIONAL = (("bidirectional", True),)
 
@@ -125,6 +130,17 @@ HAND: list[tuple[Case, int, dict[str, int]]] = [
     (recurrent("mingru", "train", layers=2), 2304, {"gates": 768, "gates_backward": 1536}),
     (recurrent("minlstm"), 576, {"gates": 576}),
     (recurrent("minlstm", options=(("scan", "sequential"),)), 576, {"gates": 576}),  # the scan is not a matmul
+    # decode at n = 4, B=2 d=8 H=2: projections of one token 2·2·1·8²·4 = 1024; core over n + 1 = 5 keys
+    # 4·2·8·5 = 320; the block's FFN on one token 2·2·1·2·4·64 = 2048. Recurrent: the forward of T = 1.
+    (attention(mode="decode", causal=True), 1344, {"projections": 1024, "core": 320}),
+    (
+        attention(mode="decode", causal=True, layers=2, options=BLOCK),
+        6784,
+        {"projections": 2048, "core": 640, "ffn": 4096},
+    ),
+    (recurrent("lstm", "decode"), 512, {"gates": 512}),
+    (recurrent("gru", "decode", layers=2), 768, {"gates": 768}),
+    (recurrent("mingru", "decode"), 128, {"gates": 128}),
     # lstm block, hidden = d: as one core layer; layers stack with input d each time (H = d, so the same)
     (recurrent("lstm", layers=2, options=BLOCK), 3072, {"gates": 3072}),
     # lstm block matched at d = 64 (H = 78: 4H² + 328H + 192 = 50112 vs the attention block's 49984):
@@ -157,6 +173,19 @@ def test_formula_ids_are_stable() -> None:
     assert count_flops(recurrent("lstm", options=BLOCK)).formula == "lstm-block-v1"
     assert count_flops(recurrent("lstm", options=(("scope", "model"),))).formula == "lstm-model-v1"
     assert count_flops(recurrent("mingru", options=(("scope", "model"),))).formula == "mingru-model-v1"
+    assert count_flops(attention(mode="decode", causal=True)).formula == "attention-decode-v1"
+    assert count_flops(attention(mode="decode", causal=True, options=BLOCK)).formula == "attention-block-decode-v1"
+    assert count_flops(attention(mode="decode", causal=True, options=MODEL)).formula == "transformer-model-decode-v1"
+    assert count_flops(recurrent("lstm", "decode")).formula == "lstm-decode-v1"
+    assert count_flops(recurrent("gru", "decode", options=BLOCK)).formula == "gru-block-decode-v1"
+
+
+def test_a_decode_step_costs_the_same_for_a_recurrence_and_grows_with_n_for_attention() -> None:
+    short, long = (attention(mode="decode", causal=True, seq_len=n) for n in (100, 10_000))
+    assert count_flops(long).detail["core"] == 4 * 2 * 8 * 10_001  # 4·B·H·(n + 1)·D, H·D = d
+    assert count_flops(long).detail["projections"] == count_flops(short).detail["projections"]
+    lstm = [count_flops(recurrent("lstm", "decode", seq_len=n)).flops for n in (10, 10_000)]
+    assert lstm[0] == lstm[1] == count_flops(recurrent("lstm", seq_len=1)).flops
 
 
 def test_matched_hidden_by_hand() -> None:
@@ -222,7 +251,13 @@ def counted(case: Case) -> dict[str, int]:
     model = build_model(case, "cpu", torch.float32)
     x = make_input(case, "cpu", torch.float32)
     counter = FlopCounterMode(display=False)
-    if case.mode == "forward":
+    if case.mode == "decode":  # one step, against a state filled outside the count
+        context, token = make_decode_inputs(case, "cpu", torch.float32)
+        with torch.inference_mode():
+            state = prefill(model.eval(), context, case.span)
+            with counter:
+                decodable(model).step(token, state)
+    elif case.mode == "forward":
         model.eval()
         with counter, torch.inference_mode():
             model(x)
@@ -385,3 +420,24 @@ def test_counter_recurrent_blocks(cell: str, options: Options) -> None:
     forward, train = sized(cell, options=options), sized(cell, "train", options=options)
     assert sum(counted(forward).values()) == count_flops(forward).flops
     assert sum(counted(train).values()) == count_flops(train).flops - h0_correction(train)
+
+
+@pytest.mark.parametrize("model", ["vanilla", "sdpa-math", "lstm", "gru", "mingru", "minlstm"])
+@pytest.mark.parametrize("options", [(), BLOCK], ids=["core", "block"])
+def test_counter_decode_step_exact(model: str, options: Options) -> None:
+    case = replace(sized(model, options=options), mode="decode", causal=True)
+    ops, ours = counted(case), count_flops(case)
+    assert sum(ops.values()) == ours.flops, ops
+
+
+# --- decode state -----------------------------------------------------------------------------------------------
+def test_state_bytes_by_hand() -> None:
+    decode = {"mode": "decode", "causal": True}
+    # K and V × layers × B × (n + 1) × d × 4 bytes
+    assert state_bytes(attention(**decode, layers=3, seq_len=9)) == 2 * 3 * 2 * 10 * 8 * 4  # type: ignore[arg-type]
+    assert state_bytes(recurrent("lstm", "decode", layers=2)) == 2 * 2 * 2 * 4 * 4  # h and c
+    assert state_bytes(recurrent("gru", "decode", seq_len=10**6)) == 2 * 4 * 4
+    bf16 = replace(recurrent("mingru", "decode"), dtype="bfloat16")
+    assert state_dtype(bf16) == "float32" and state_bytes(bf16) == 2 * 4 * 4  # the scan's dtype
+    assert state_bytes(replace(attention(**decode), dtype="bfloat16")) == 2 * 2 * 5 * 8 * 2  # type: ignore[arg-type]
+    assert state_bytes(recurrent("lstm", "decode", d_model=64, options=MATCHED)) == 2 * 2 * 78 * 4

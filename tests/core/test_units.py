@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnbench.core.units import MIB, format_bytes, format_rate, format_seconds
+from attnbench.core.units import MIB, format_bytes, format_duration, format_rate, format_seconds
 
 
 def test_three_significant_digits_in_the_right_unit() -> None:
@@ -17,4 +17,15 @@ def test_values_that_round_past_the_unit_print_as_integers() -> None:
     assert format_seconds(1500.0) == "1500 s"
     assert format_bytes(1023 * 1024) == "1023 KiB"
     assert format_bytes(1000 * MIB) == "1000 MiB"
+    assert format_bytes(256 * 1024**4) == "256 TiB"
     assert "e+" not in format_rate(999_600)
+
+
+def test_durations_read_as_a_clock_would() -> None:
+    assert format_duration(0.4) == "0 s"
+    assert format_duration(48.0) == "48 s"
+    assert format_duration(59.6) == "1 min"
+    assert format_duration(243.0) == "4 min 3 s"
+    assert format_duration(7500.0) == "2 h 5 min"
+    assert format_duration(7200.0) == "2 h"
+    assert format_duration(float("inf")) == "n/a"

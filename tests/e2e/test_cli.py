@@ -102,6 +102,8 @@ def test_dry_run_lists_cases_without_measuring(tmp_path: Path) -> None:
     out = runner.invoke(app, ["sweep", str(config), "--dry-run", "--set", "grid.seq_len=[8]"])
     assert out.exit_code == 0
     assert "10 cases on cpu (dry run" in out.output
+    # A budget, not a promise: 10 cases of QUICK_TIMING's 0.3 s.
+    assert "estimate: up to 3 s of warm-up and sampling (10 cases × timing.max_case_s 0.3 s)" in out.output
     assert not (tmp_path / "results").exists()
 
 
@@ -241,7 +243,16 @@ def test_report_shows_the_telemetry_table(tiny_run: tuple[Path, str]) -> None:
     folder, _ = tiny_run
     out = runner.invoke(app, ["report", str(folder), "--telemetry"])
     assert out.exit_code == 0
-    assert "# Telemetry per case" in out.stdout and "lstm forward float32 b=2 n=16 d=32" in out.stdout
+    # A rich table by default, with only the columns a CPU run has values in.
+    assert out.stdout.startswith("Telemetry per case") and "┃ case" in out.stdout
+    assert "cpu %" in out.stdout and "gpu util" not in out.stdout and "power W" not in out.stdout
+    md = runner.invoke(app, ["report", str(folder), "--telemetry", "-f", "md"])
+    assert md.exit_code == 0
+    assert "# Telemetry per case" in md.stdout and "| lstm forward float32 b=2 n=16 d=32" in md.stdout
+    # The unsupported rows have no telemetry, so the note differs between rows and stays in its column.
+    assert "gpu util" not in md.stdout and "| all GPU metrics: CPU run" in md.stdout
+    refused = runner.invoke(app, ["report", str(folder), "--telemetry", "-f", "csv"])
+    assert refused.exit_code == 2 and "-f md" in refused.output
 
 
 def test_telemetry_off_records_nothing(tmp_path: Path) -> None:
@@ -277,3 +288,64 @@ def test_rows_carry_analytic_flops_with_their_formula(tiny_run: tuple[Path, str]
         expected = count_flops(Case.from_dict(result.case.to_dict()))
         assert int(row["flops"]) == expected.flops and row["flops_formula"] == expected.formula
         assert float(row["tflops"]) == pytest.approx(expected.flops / (float(row["median_ms"]) / 1e3) / 1e12, rel=1e-4)
+
+
+def _command_names() -> list[str]:
+    import typer
+
+    group = typer.main.get_command(app)
+    return list(group.commands)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in _command_names())])
+def test_help_shows_no_metavar_after_a_flag(command: list[str]) -> None:
+    """A flag takes no value: `--dry-run <bool>` would read as if it took one."""
+    out = runner.invoke(app, [*command, "--help"])
+    assert out.exit_code == 0, out.output
+    assert "<bool>" not in out.output
+    assert "--help" in out.output
+
+
+def test_env_prints_sizes_in_gib() -> None:
+    out = runner.invoke(app, ["env", "--device", "cpu"])
+    assert out.exit_code == 0
+    (line,) = [line for line in out.output.splitlines() if line.split()[:1] == ["memory"]]
+    assert line.rstrip().endswith("GiB"), line
+    assert "memory_bytes" not in out.output
+
+
+def test_validate_takes_several_files_and_says_which_failed(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(TINY)
+    other = tmp_path / "other.yaml"
+    other.write_text(tiny_config("other"))
+    bad = BAD_CONFIGS / "unknown-model.yaml"
+    out = runner.invoke(app, ["validate", str(good), str(bad), str(other)])
+    assert out.exit_code == 2, out.output
+    lines = out.output.strip().splitlines()
+    assert lines[0].startswith(f"ok: {good} → 20 cases")
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:2, key 'models[0]'")
+    assert lines[lines.index(errors[0]) + 1].startswith("hint: ")
+    assert any(line.startswith(f"ok: {other} → 4 cases") for line in lines)
+    assert lines[-1] == "3 configs: 2 ok, 1 failed"
+    assert "Traceback" not in out.output
+
+
+def test_validate_every_shipped_config_and_a_folder(tmp_path: Path) -> None:
+    from tests.support import ROOT
+
+    shipped = sorted((ROOT / "configs").glob("*.yaml"))
+    out = runner.invoke(app, ["validate", *map(str, shipped)])
+    assert out.exit_code == 0, out.output
+    assert out.output.count("ok: ") == len(shipped)
+    (tmp_path / "a.yaml").write_text(TINY)
+    (tmp_path / "b.yml").write_text(tiny_config("b"))
+    (tmp_path / "notes.txt").write_text("not a config")
+    out = runner.invoke(app, ["validate", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert out.output.count("ok: ") == 2 and "2 configs: 2 ok, 0 failed" in out.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = runner.invoke(app, ["validate", str(empty)])
+    assert out.exit_code == 2 and "no *.yaml files" in out.output and "hint:" in out.output

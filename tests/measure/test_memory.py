@@ -67,3 +67,23 @@ def test_vanilla_materialises_scores_and_flash_does_not() -> None:
         peaks[model] = result.memory.peak_bytes
     assert peaks["vanilla"] > scores_bytes
     assert peaks["sdpa-flash"] < scores_bytes / 4
+
+
+def test_resident_pages_count_the_pages_a_tensor_touches() -> None:
+    import torch
+
+    from attnbench.measure.memory import ResidentPages
+
+    pages = ResidentPages()
+    if not pages.available:
+        pytest.skip("no mincore here")
+    touched = torch.ones(2 * MIB // 4)  # 2 MiB, every page written
+    storage = touched.untyped_storage()
+    span = (storage.data_ptr(), storage.nbytes())
+    assert 2 * MIB <= pages.bytes_of([span]) <= 2 * MIB + 2 * pages.page  # its pages, the ends maybe shared
+    assert pages.bytes_of([span, span]) == pages.bytes_of([span])  # a page counts once
+    untouched = torch.empty(64 * MIB // 4)  # mmapped and never written: nothing resident yet
+    blank = untouched.untyped_storage()
+    assert pages.bytes_of([(blank.data_ptr(), blank.nbytes())]) <= 2 * pages.page
+    small = torch.zeros(8)  # 32 bytes: the page it sits in
+    assert pages.bytes_of([(small.untyped_storage().data_ptr(), 32)]) == pages.page

@@ -83,3 +83,19 @@ def test_the_plan_lists_what_a_dry_run_shows(config: Path, tmp_path: Path) -> No
     plan = plan_sweep(SweepRequest(config, "cpu", tmp_path / "out"))
     assert len(plan.cases) == len(plan.todo) == 4 and plan.stored is None
     assert plan.settings.device == "cpu" and plan.settings.timing.max_case_s == 0.1
+
+
+def test_a_dry_run_plan_tells_the_device_without_torch_and_budgets_the_time(config: Path, tmp_path: Path) -> None:
+    plan = plan_sweep(SweepRequest(None, None, tmp_path / "out", dry_run=True))
+    assert plan.device in ("cpu", "cuda:0") and "told without importing torch" in plan.device_basis
+    timing = plan.experiment.timing
+    assert plan.budget_s == pytest.approx(len(plan.todo) * timing.max_case_s)
+    replicated = plan_sweep(SweepRequest(config, None, tmp_path / "out", ("timing.processes=3",), dry_run=True))
+    assert replicated.device == "cpu" and replicated.device_basis == ""  # the config says cpu: nothing to tell
+    assert replicated.budget_s == pytest.approx(4 * 3 * 0.1)
+    # A GPU config planned where CUDA does not look available: the cases are listed, with a warning.
+    gpu = plan_sweep(SweepRequest(config, "cuda", tmp_path / "out", dry_run=True))
+    assert gpu.device == "cuda:0" and all(case.device == "cuda:0" for case in gpu.todo)
+    if not gpu.warnings:
+        pytest.skip("CUDA looks available here")
+    assert "the sweep itself would refuse 'cuda'" in gpu.warnings[0]

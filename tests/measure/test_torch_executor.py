@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -202,6 +205,21 @@ def test_each_recurrent_row_says_which_implementation_ran() -> None:
         with torch.backends.mkldnn.flags(enabled=False):
             assert rnn_path(tiny_case("lstm", mode="train"), "cpu") == "aten-loop"
     assert rnn_path(tiny_case("mingru"), "cpu") is None and "rnn_path" not in executor().run(tiny_case("sdpa")).extra
+
+
+def test_the_profiler_leaves_stderr_to_attnbench() -> None:
+    """torch 2.13's Kineto writes 'USDT: … profiler_start/profiler_stop' around every profile; the measure room
+    turns its log level up before torch loads, so a sweep's stderr carries only attnbench's lines."""
+    script = (
+        "import attnbench.measure, torch\n"
+        "from torch.profiler import ProfilerActivity, profile\n"
+        "with profile(activities=[ProfilerActivity.CPU]):\n"
+        "    torch.ones(3) + 1\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "profiler_start" not in out.stderr and "USDT" not in out.stderr
 
 
 def test_a_case_too_slow_for_its_budget_is_a_row_that_says_so_not_a_timing() -> None:

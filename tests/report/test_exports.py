@@ -114,6 +114,14 @@ def test_golden_gab(stored: StoredRun) -> None:
     check_golden("tiny-cpu.gab.json", render_gab(stored.results))
 
 
+def test_gab_says_a_single_sample_has_no_spread(stored: StoredRun) -> None:
+    """One sample has no IQR: "IQR 0.0 % (noisy)" would read as a measured, perfectly steady case."""
+    latency = [e["extra"] for e in gab_entries(stored.results) if e["name"].endswith("|metric=latency")]
+    by_samples = {extra.split("samples: ")[1].split(" ")[0]: extra for extra in latency}
+    assert "IQR: 1 sample, no spread" in by_samples["1"]
+    assert all("no spread" not in extra for n, extra in by_samples.items() if n != "1")
+
+
 def test_golden_bmf(stored: StoredRun) -> None:
     check_golden("tiny-cpu.bmf.json", render_bmf(stored.results))
 

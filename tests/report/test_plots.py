@@ -7,6 +7,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from attnbench.report.plots import (
 )
 from attnbench.report.run_files import write_run_files
 from attnbench.results.store import StoredRun, load_run
-from tests.support import FIXTURE, ROOT, tiny_config
+from tests.support import DATA, FIXTURE, ROOT, tiny_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
@@ -165,6 +166,18 @@ def test_render_plots_draws_each_metric_for_each_table(stored: StoredRun) -> Non
         width, height = png_size(p.png)
         assert 800 <= width <= 1600 and 450 <= height <= 1000  # readable, not a poster
     assert render_plots(stored.run, stored.results) == plots  # same run, same bytes
+
+
+@needs_matplotlib
+def test_one_length_draws_without_a_numpy_warning() -> None:
+    """A sweep at one seq_len (tests/data/runs/aa-cpu-one-length, from configs/aa-cpu.yaml) is a zero-width x
+    range until the axis is set: drawn in the wrong order, a lone error bar made matplotlib's log transform divide
+    by zero and a RuntimeWarning reached the user's terminal."""
+    stored = load_run(DATA / "runs" / "aa-cpu-one-length")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots = render_plots(stored.run, stored.results)
+    assert {p.metric for p in plots} == set(plots_module.METRICS)
 
 
 @needs_matplotlib

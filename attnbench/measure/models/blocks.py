@@ -13,12 +13,26 @@ size (ELMo's, the article's 110 M one) keeps its parameters in the recurrence. A
 thirds of them into a parallel matmul and so flatter the recurrent model on exactly the question asked.
 
 A model is token embedding → positions → ``layers`` blocks → final LayerNorm, fed int64 token ids (B, T).
+
+Each of them decodes (``attnbench.measure.models.decoding``): a block's step is its forward on one token with the
+mixing layer's step in the middle; a network embeds one token id and adds the positions at index n.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+
+from attnbench.measure.models.decoding import (
+    NetworkState,
+    StackState,
+    decodable,
+    stack_init,
+    stack_prefill,
+    stack_step,
+)
 
 
 class FeedForward(nn.Module):
@@ -50,6 +64,21 @@ class TransformerBlock(nn.Module):
         x = x + self.attention(self.norm1(x))
         return x + self.ffn(self.norm2(x))
 
+    def init_state(self, batch: int, capacity: int) -> Any:
+        return decodable(self.attention).init_state(batch, capacity)
+
+    def prefill(self, x: torch.Tensor, state: Any, *, output: bool = True) -> torch.Tensor | None:
+        """The cache needs LN(x)'s keys and values only; the rest of the block only for the output."""
+        attended = decodable(self.attention).prefill(self.norm1(x), state, output=output)
+        if attended is None:
+            return None
+        x = x + attended
+        return x + self.ffn(self.norm2(x))
+
+    def step(self, x: torch.Tensor, state: Any) -> torch.Tensor:
+        x = x + decodable(self.attention).step(self.norm1(x), state)
+        return x + self.ffn(self.norm2(x))
+
 
 class RecurrentBlock(nn.Module):
     """Pre-norm block around a recurrent layer of output width ``width``: (B, T, d) -> (B, T, d)."""
@@ -61,10 +90,33 @@ class RecurrentBlock(nn.Module):
         self.projection = nn.Linear(width, d_model, device=device, dtype=dtype) if width != d_model else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.recurrent(self.norm(x))  # (B, T, width)
-        if self.projection is not None:
-            y = self.projection(y)  # (B, T, width) -> (B, T, d)
-        return x + y
+        return x + self._project(self.recurrent(self.norm(x)))  # (B, T, width) -> (B, T, d)
+
+    def _project(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.projection is None else self.projection(y)  # (B, T, width) -> (B, T, d)
+
+    def init_state(self, batch: int, capacity: int) -> Any:
+        return decodable(self.recurrent).init_state(batch, capacity)
+
+    def prefill(self, x: torch.Tensor, state: Any, *, output: bool = True) -> torch.Tensor | None:
+        y = decodable(self.recurrent).prefill(self.norm(x), state, output=output)
+        return None if y is None else x + self._project(y)
+
+    def step(self, x: torch.Tensor, state: Any) -> torch.Tensor:
+        return x + self._project(decodable(self.recurrent).step(self.norm(x), state))
+
+
+class Stack(nn.Sequential):
+    """Blocks applied in turn, as ``nn.Sequential`` (same parameter names), that also decode block by block."""
+
+    def init_state(self, batch: int, capacity: int) -> StackState:
+        return stack_init(self, batch, capacity)
+
+    def prefill(self, x: torch.Tensor, state: StackState, *, output: bool = True) -> torch.Tensor | None:
+        return stack_prefill(self, x, state, output=output)
+
+    def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
+        return stack_step(self, x, state)
 
 
 class Network(nn.Module):
@@ -89,11 +141,28 @@ class Network(nn.Module):
         self.final_norm = final_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._finish(self.body(self._front(x, 0)))
+
+    def _front(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        """Token ids to vectors (scope model) and the positions from ``position`` on added."""
         if self.embedding is not None:
             x = self.embedding(x)  # (B, T) int64 -> (B, T, d)
         if self.positional is not None:
-            x = self.positional(x)
-        x = self.body(x)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
+            x = self.positional(x, position)
         return x
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.final_norm is None else self.final_norm(x)
+
+    def init_state(self, batch: int, capacity: int) -> NetworkState:
+        return NetworkState(decodable(self.body).init_state(batch, capacity))
+
+    def prefill(self, x: torch.Tensor, state: NetworkState, *, output: bool = True) -> torch.Tensor | None:
+        """The context from the state's position on (a recurrent body may take a long context in chunks)."""
+        y = decodable(self.body).prefill(self._front(x, state.position), state.body, output=output)
+        state.position += x.shape[1]
+        return None if y is None else self._finish(y)
+
+    def step(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
+        """One token per sequence ((B, 1) ids or (B, 1, d)) at position n -> (B, 1, d_model)."""
+        return self._finish(decodable(self.body).step(self._front(x, state.position), state.body))

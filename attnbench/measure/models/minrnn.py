@@ -12,6 +12,9 @@ one ``cumsum`` and one ``logcumsumexp``. h_0 = 0 (as torch.nn.LSTM/GRU default),
 
 The scan runs in at least float32: in bfloat16, a*_t reaches −(hundreds) within a few hundred steps and its
 8-bit mantissa would leave nothing of log h_t. The Linear layers run in the model's dtype.
+
+Decoding: the prefill runs the layer's own scan over the context and keeps h_n (in the scan's dtype); a step is
+the recurrence's single step, h = a_t ⊙ h_{n} + b_t, whichever scan the layer uses for a whole sequence.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from attnbench.measure.models.decoding import LayerStack, RecurrentState
 
 Scan = Literal["parallel", "sequential"]
 MinCell = Literal["mingru", "minlstm"]
@@ -40,15 +45,21 @@ def log_g(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 0, (x.relu() + 0.5).log(), F.logsigmoid(x))
 
 
-def parallel_scan_log(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
-    """log h for h_t = a_t h_{t−1} + b_t, h_0 = 0, from log a and log b of shape (B, T, H), along dim 1."""
+def parallel_scan_log(log_a: torch.Tensor, log_b: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
+    """log h for h_t = a_t h_{t−1} + b_t, from log a and log b of shape (B, T, H), along dim 1; h_0 = 0, or the
+    (B, H) ``h0`` (≥ 0, as every minGRU/minLSTM state is), whose term log h_0 − a*_0 = log h_0 leads the sum."""
     a_star = log_a.cumsum(dim=1)  # (B, T, H): log Π_{j≤t} a_j
-    return a_star + (log_b - a_star).logcumsumexp(dim=1)
+    terms = log_b - a_star
+    if h0 is None:
+        return a_star + terms.logcumsumexp(dim=1)
+    with_h0 = torch.cat((h0.log().unsqueeze(1), terms), dim=1).logcumsumexp(dim=1)  # log 0 = −inf adds nothing
+    return a_star + with_h0[:, 1:]
 
 
-def sequential_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h for h_t = a_t h_{t−1} + b_t, h_0 = 0, one dependent step per token: (B, T, H) -> (B, T, H)."""
-    h = torch.zeros_like(b[:, 0])  # (B, H)
+def sequential_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
+    """h for h_t = a_t h_{t−1} + b_t from h_0 = 0 (or ``h0``), one dependent step per token: (B, T, H) ->
+    (B, T, H)."""
+    h = torch.zeros_like(b[:, 0]) if h0 is None else h0  # (B, H)
     out = []
     for t in range(b.shape[1]):
         h = a[:, t] * h + b[:, t]
@@ -80,13 +91,35 @@ class MinRNN(nn.Module):
         self.gates = nn.Linear(inputs, gates * hidden, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._scan(x).to(x.dtype)  # (B, T, H)
+
+    def _scan(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
+        """h_1…h_T from h_0 = 0 (or ``h0``, (B, H)), in the scan's dtype: (B, T, inputs) -> (B, T, H)."""
         pre = self.gates(x).to(_scan_dtype(x.dtype))  # (B, T, gates · H)
         if self.scan == "parallel":
             log_a, log_b = self._log_coefficients(pre)
-            h = parallel_scan_log(log_a, log_b).exp()
-        else:
-            h = sequential_scan(*self._coefficients(pre))
-        return h.to(x.dtype)  # (B, T, H)
+            return parallel_scan_log(log_a, log_b, h0).exp()
+        return sequential_scan(*self._coefficients(pre), h0)
+
+    def init_state(self, batch: int, capacity: int) -> RecurrentState:
+        """h, (1, B, hidden) in the scan's dtype, zero (h_0); the same size after any number of tokens."""
+        weight = self.gates.weight
+        return RecurrentState(torch.zeros(1, batch, self.hidden, device=weight.device, dtype=_scan_dtype(weight.dtype)))
+
+    def prefill(self, x: torch.Tensor, state: RecurrentState, *, output: bool = True) -> torch.Tensor | None:
+        """The layer's own scan over the context, from the state it carries (so a long context can come in
+        chunks); keeps h_n."""
+        h = self._scan(x, state.h[0])  # (B, n, H)
+        if h.shape[1]:  # an empty context leaves h_0
+            state.h[0].copy_(h[:, -1])
+        return h.to(x.dtype) if output else None
+
+    def step(self, x: torch.Tensor, state: RecurrentState) -> torch.Tensor:
+        """(B, 1, inputs) -> (B, 1, H): h = a ⊙ h_n + b, with h_n left as it was."""
+        a, b = self._coefficients(self.gates(x[:, 0]).to(state.h.dtype))  # 2 × (B, H)
+        h = a * state.h[0] + b
+        state.pending = ([h], None)
+        return h.to(x.dtype).unsqueeze(1)
 
     def _log_coefficients(self, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log a_t, log b_t straight from the pre-activations, never forming a gate that could round to 0."""
@@ -113,18 +146,10 @@ class MinRNN(nn.Module):
         return f"cell={self.cell}, hidden={self.hidden}, scan={self.scan}"
 
 
-class MinRNNStack(nn.Module):
+class MinRNNStack(LayerStack):
     """``layers`` minGRU/minLSTM layers of width d_model applied in turn, as nn.GRU(num_layers=…) stacks."""
 
     def __init__(
         self, cell: MinCell, d_model: int, layers: int, *, scan: Scan, device: str, dtype: torch.dtype
     ) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            MinRNN(cell, d_model, d_model, scan=scan, device=device, dtype=dtype) for _ in range(layers)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__([MinRNN(cell, d_model, d_model, scan=scan, device=device, dtype=dtype) for _ in range(layers)])

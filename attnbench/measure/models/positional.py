@@ -40,12 +40,13 @@ class Sinusoidal(nn.Module):
         self.d_model = d_model
         self.register_buffer("table", sinusoid_table(max_len, d_model, device=device).to(dtype), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seq_len = x.shape[1]
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x (B, T, d) at positions offset…offset+T−1 (a decode step: one token at position n)."""
+        end = offset + x.shape[1]
         table = self.table
-        if seq_len > table.shape[0]:
-            table = sinusoid_table(seq_len, self.d_model, device=x.device).to(x.dtype)
-        return x + table[:seq_len]  # (T, d) broadcasts over the batch
+        if end > table.shape[0]:
+            table = sinusoid_table(end, self.d_model, device=x.device).to(x.dtype)
+        return x + table[offset:end]  # (T, d) broadcasts over the batch
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.table.shape[0]}"
@@ -61,11 +62,11 @@ class Learned(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, d_model, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seq_len, max_len = x.shape[1], self.weight.shape[0]
-        if seq_len > max_len:
-            raise ValueError(f"learned positions cover {max_len} tokens; the input has {seq_len}")
-        return x + self.weight[:seq_len]
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        end, max_len = offset + x.shape[1], self.weight.shape[0]
+        if end > max_len:
+            raise ValueError(f"learned positions cover {max_len} tokens; the input reaches position {end - 1}")
+        return x + self.weight[offset:end]
 
     def extra_repr(self) -> str:
         return f"max_len={self.weight.shape[0]}, d_model={self.weight.shape[1]}"
@@ -97,13 +98,14 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos().to(dtype), persistent=False)  # (T, D/2)
         self.register_buffer("sin", angles.sin().to(dtype), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seq_len = x.shape[-2]
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x (B, H, T, D) at positions offset…offset+T−1."""
+        end = offset + x.shape[-2]
         cos, sin = self.cos, self.sin
-        if seq_len > cos.shape[0]:
-            angles = rotary_angles(seq_len, self.head_dim, device=x.device)
+        if end > cos.shape[0]:
+            angles = rotary_angles(end, self.head_dim, device=x.device)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        cos, sin = cos[:seq_len], sin[:seq_len]
+        cos, sin = cos[offset:end], sin[offset:end]
         first, second = x.chunk(2, dim=-1)  # 2 × (B, H, T, D/2)
         return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)  # (B, H, T, D)
 

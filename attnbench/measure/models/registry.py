@@ -20,10 +20,11 @@ from torch import nn
 from torch.nn.attention import SDPBackend
 
 from attnbench.core.cases import Case
-from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS
+from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, decode_problem
 from attnbench.core.flops import positions, recurrent_hidden
 from attnbench.measure.models.attention import AttentionStack, FlashAttnCore, SdpaCore, SelfAttention, VanillaCore
-from attnbench.measure.models.blocks import Network, RecurrentBlock, TransformerBlock
+from attnbench.measure.models.blocks import Network, RecurrentBlock, Stack, TransformerBlock
+from attnbench.measure.models.decoding import decodable, prefill
 from attnbench.measure.models.minrnn import MinCell, MinRNN, MinRNNStack, Scan
 from attnbench.measure.models.positional import Rotary, input_encoding
 from attnbench.measure.models.rnn import Cell, Recurrent
@@ -137,7 +138,7 @@ def _build_recurrent(cell: Cell | MinCell, case: Case, device: str, dtype: torch
         RecurrentBlock(layer(), directions * hidden, case.d_model, device=device, dtype=dtype)
         for _ in range(case.layers)
     ]
-    return _network(case, nn.Sequential(*blocks), front, device, dtype)
+    return _network(case, Stack(*blocks), front, device, dtype)
 
 
 def _build_attention(model: str, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
@@ -148,7 +149,7 @@ def _build_attention(model: str, case: Case, device: str, dtype: torch.dtype) ->
     rotary = None
     if case.option("positional") == "rope":
         # One table shared by every layer: it holds no parameters, only cos/sin of the positions.
-        rotary = Rotary(case.head_dim, case.seq_len, device=device, dtype=dtype)
+        rotary = Rotary(case.head_dim, case.span, device=device, dtype=dtype)
 
     def attention() -> SelfAttention:
         return SelfAttention(
@@ -161,7 +162,7 @@ def _build_attention(model: str, case: Case, device: str, dtype: torch.dtype) ->
     blocks = [
         TransformerBlock(attention(), case.d_model, ffn_mult, device=device, dtype=dtype) for _ in range(case.layers)
     ]
-    return _network(case, nn.Sequential(*blocks), front, device, dtype)
+    return _network(case, Stack(*blocks), front, device, dtype)
 
 
 BUILDERS: dict[str, Builder] = {
@@ -194,6 +195,11 @@ def make_input(case: Case, device: str, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(case.batch, case.seq_len, case.d_model, device=device, dtype=dtype)
 
 
+def make_decode_inputs(case: Case, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode case's context (n tokens per sequence, as ``make_input``) and the one new token per sequence."""
+    return make_input(case, device, dtype), make_input(replace(case, seq_len=1), device, dtype)
+
+
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -206,7 +212,8 @@ def probe(case: Case, device: str) -> str | None:
     """None if ``case``'s model runs on ``device`` (forward, and backward for ``train``), else why not.
 
     Cheap checks first (the catalogue's devices and package, known dtype limits), then a tiny input of batch 1
-    and 16 tokens with the case's other fields. Never raises for an unsupported backend, dtype or device.
+    and 16 tokens with the case's other fields (decode: a context of 16, then one step). Never raises for an
+    unsupported backend, dtype or device.
     """
     spec = MODELS[case.model]
     device_type = torch.device(device).type
@@ -235,6 +242,10 @@ def probe(case: Case, device: str) -> str | None:
 def option_problem(case: Case) -> str | None:
     """Why the case's options describe no model that can be built (a config refuses these; a case made by hand
     may still carry one), or None. Checked on the real case, before the probe shrinks it."""
+    if case.mode == "decode":
+        problem = decode_problem(case.model, case.causal)
+        if problem is not None:
+            return problem
     positional = case.option("positional")
     if positional == "rope":
         if case.family == "recurrent":
@@ -242,8 +253,11 @@ def option_problem(case: Case) -> str | None:
         if case.head_dim is not None and case.head_dim % 2:
             return f"{case.model}: rope rotates pairs of features, so head_dim must be even, got {case.head_dim}"
     max_len = int(case.option("max_len"))
-    if positional == "learned" and 0 < max_len < case.seq_len:
-        return f"{case.model}: learned positions cover max_len={max_len} tokens, fewer than seq_len {case.seq_len}"
+    if positional == "learned" and 0 < max_len < case.span:
+        needs = f"seq_len {case.seq_len}"
+        if case.mode == "decode":
+            needs = f"the {case.span} positions of a decode step at n={case.seq_len}"
+        return f"{case.model}: learned positions cover max_len={max_len} tokens, fewer than {needs}"
     if case.family == "recurrent":
         try:
             recurrent_hidden(case)
@@ -258,7 +272,7 @@ def _tiny(case: Case) -> Case:
     if "vocab" in options or case.option("scope") == "model":
         options["vocab"] = min(_PROBE_VOCAB, int(case.option("vocab")))
     if int(case.option("max_len")):
-        options["max_len"] = _PROBE_SEQ_LEN
+        options["max_len"] = _PROBE_SEQ_LEN + (case.span - case.seq_len)  # a decode also needs position n
     return replace(case, batch=_PROBE_BATCH, seq_len=_PROBE_SEQ_LEN, layers=1, options=tuple(sorted(options.items())))
 
 
@@ -286,14 +300,18 @@ def _probe_tiny(case: Case, device: str) -> str | None:
 def _run_tiny(case: Case, device: str) -> None:
     dtype = torch_dtype(case.dtype)
     model = build_model(case, device, dtype)
-    x = make_input(case, device, dtype)
-    if case.mode != "forward":  # train and backward both need the graph
+    if case.mode == "decode":
+        context, token = make_decode_inputs(case, device, dtype)
+        with torch.inference_mode():
+            decodable(model).step(token, prefill(model, context, case.span))
+    elif case.mode != "forward":  # train and backward both need the graph
+        x = make_input(case, device, dtype)
         if x.is_floating_point():  # token ids take no gradient
             x.requires_grad_(True)
         model(x).sum().backward()
     else:
         with torch.inference_mode():  # as the executor times it: some kernels differ with grads off
-            model(x)
+            model(make_input(case, device, dtype))
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)  # kernel launch errors are asynchronous; surface them here
 
@@ -344,25 +362,32 @@ def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
     ``SelfAttention`` hands them to the core, with grads on for ``train``: the dispatcher looks at strides,
     head dim, dtype, device and whether a backward is needed. ``torch.empty`` does no work and is freed at
     once; meta tensors would not do, since dispatch on ``meta`` answers MATH whatever the real device would.
+    A decode step asks with its own shapes: one query against the n + 1 keys of a (B, H, n + 1, D) cache.
     """
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None or case.heads is None or case.head_dim is None:
         return None
-    train = case.mode != "forward"  # backward mode dispatches as train does: a graph is kept
+    train = case.mode in ("train", "backward")  # backward mode dispatches as train does: a graph is kept
+    dtype = torch_dtype(case.dtype)
     try:
         with torch.set_grad_enabled(train):
-            qkv = torch.empty(
-                case.batch,
-                case.seq_len,
-                3,
-                case.heads,
-                case.head_dim,
-                device=device,
-                dtype=torch_dtype(case.dtype),
-                requires_grad=train,
-            )  # (B, T, 3, H, D)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, T, D)
-            index = int(choose(q, k, v, None, 0.0, case.causal))
+            if case.mode == "decode":
+                q = torch.empty(case.batch, case.heads, 1, case.head_dim, device=device, dtype=dtype)
+                k = v = torch.empty(case.batch, case.heads, case.span, case.head_dim, device=device, dtype=dtype)
+                index = int(choose(q, k, v, None, 0.0, False))
+            else:
+                qkv = torch.empty(
+                    case.batch,
+                    case.seq_len,
+                    3,
+                    case.heads,
+                    case.head_dim,
+                    device=device,
+                    dtype=dtype,
+                    requires_grad=train,
+                )  # (B, T, 3, H, D)
+                q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, T, D)
+                index = int(choose(q, k, v, None, 0.0, case.causal))
     except (RuntimeError, NotImplementedError, TypeError):
         return None  # includes OOM for a case too big to hold even its inputs: that case will say so itself
     name = _BACKEND_NAMES.get(index)

@@ -4,7 +4,6 @@ option sets in configs, the probe, and a scope-model case run end to end by the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -23,14 +22,6 @@ from attnbench.measure.models.blocks import RecurrentBlock, TransformerBlock
 F64 = torch.float64
 CPU_ATTENTION = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
 RECURRENT = ("lstm", "gru", "mingru", "minlstm")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def case(

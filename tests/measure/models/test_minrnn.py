@@ -3,8 +3,6 @@ gradients, shapes, causality, parameter counts, and the reduced-precision path."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -16,14 +14,6 @@ from tests.support import tiny_case
 
 F64, F32 = torch.float64, torch.float32
 CELLS = ("mingru", "minlstm")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def pair(cell: str, inputs: int, hidden: int, dtype: torch.dtype) -> tuple[MinRNN, MinRNN]:

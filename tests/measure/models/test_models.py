@@ -5,7 +5,6 @@ Real torch on tiny shapes on CPU; the ``gpu`` class runs the CUDA-only kernels w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -53,16 +52,6 @@ def recurrent_case(model: str, *, bidirectional: bool = False, layers: int = 1, 
 
 
 Grads = dict[str, torch.Tensor]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny shapes gain nothing from threads, and on a busy machine OpenMP's spinning threads make each op
-    # ~100× slower. Restored afterwards so other test files see torch's default.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def forward_and_grads(

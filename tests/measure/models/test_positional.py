@@ -4,7 +4,6 @@ property, the learned table's size; and the configs and probes that refuse what 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -18,14 +17,6 @@ from attnbench.measure.models.positional import Learned, Rotary, Sinusoidal, rot
 from tests.support import tiny_case
 
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def case(model: str = "vanilla", positional: str = "none", **options: object) -> Case:

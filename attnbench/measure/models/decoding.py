@@ -1,0 +1,259 @@
+"""Decoding one token at a time: the state a model carries between tokens, and the protocol every module keeps.
+
+Every module a model is built from (a layer, a block, a stack, the whole network) decodes with the weights of its
+whole-sequence form, through three methods (``Decodable``):
+
+- ``init_state(batch, capacity)``: allocate the state for ``capacity`` positions, once, before anything is timed
+  (a KV cache of ``capacity`` slots per attention layer, zeroed; h/c per recurrent layer). A context too long to
+  hold fails here, as an out-of-memory row, before any work is spent on it.
+- ``prefill(x, state, output=...)``: run the whole-sequence form over the n context tokens ``x`` and leave the
+  state after them (K and V written into slots 0…n−1; the recurrent state after step n). ``output=False`` skips
+  what only the output needs (the last layer's attention over the context). A recurrent prefill continues from
+  the state it is given, so a long context may come in chunks; an attention prefill is one pass.
+- ``step(x, state)``: the output for one new token per sequence, ``x`` of shape (B, 1, …), at position n = the
+  state's length. It writes the token's own K and V into slot n and attends to slots 0…n; a recurrent step reads
+  h/c and keeps the new state aside. Either way the state still describes n tokens afterwards, so every call is
+  "the token after n" and can be timed again and again at the same n.
+- ``state.advance()`` commits the last step (length n + 1), for generating several tokens in a row.
+
+The state values live here; the modules implement the methods (``attention``, ``blocks``, ``rnn``, ``minrnn``).
+A new kind of attention adds a cache (fewer KV heads; a ring buffer of W slots for a sliding window) and a core
+whose ``step`` reads it; a new recurrence adds a state (a d×d matrix for linear attention) with ``tensors`` and
+``advance``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, cast, runtime_checkable
+
+import torch
+from torch import nn
+
+# How a KV cache lays out each of K and V: (batch, heads, positions, head_dim) as SDPA takes them, or (batch,
+# positions, heads, head_dim) as flash-attn's kernels do.
+Layout = Literal["bhnd", "bnhd"]
+
+
+class State(Protocol):
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """The tensors the state holds (its bytes are the row's ``state_bytes``)."""
+        ...
+
+    def advance(self) -> None:
+        """Commit the last ``step``: the next step comes one position later."""
+        ...
+
+
+@runtime_checkable
+class Decodable(Protocol):
+    def init_state(self, batch: int, capacity: int) -> Any: ...
+
+    def prefill(self, x: torch.Tensor, state: Any, *, output: bool = True) -> torch.Tensor | None: ...
+
+    def step(self, x: torch.Tensor, state: Any) -> torch.Tensor: ...
+
+
+def decodable(module: nn.Module) -> Decodable:
+    """``module`` as a ``Decodable``; NotImplementedError (an ``unsupported`` row) if it cannot decode."""
+    if not isinstance(module, Decodable):
+        raise NotImplementedError(f"{type(module).__name__} has no decode step")
+    return module
+
+
+def parameter_of(module: nn.Module) -> torch.Tensor:
+    """Any parameter of ``module``: where its state must live (device) and in what dtype."""
+    return next(module.parameters())
+
+
+class KVCache:
+    """K and V of one attention layer for ``capacity`` positions, preallocated as one zeroed tensor.
+
+    ``length`` positions hold the context; a step writes the new token into slot ``length``. The views
+    ``keys(end)``/``values(end)`` are (B, H, end, D) whatever the layout. flash-attn's layout also keeps the int32
+    ``seqlens`` its kernel reads (one per sequence, preallocated: an int would cost an allocation per call).
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        heads: int,
+        head_dim: int,
+        capacity: int,
+        *,
+        layout: Layout,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"a KV cache needs at least one position, got capacity {capacity}")
+        shape = (2, batch, heads, capacity, head_dim) if layout == "bhnd" else (2, batch, capacity, heads, head_dim)
+        self.storage = torch.zeros(shape, device=device, dtype=dtype)
+        self.layout: Layout = layout
+        self.capacity = capacity
+        self.length = 0
+        self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device) if layout == "bnhd" else None
+
+    @property
+    def k(self) -> torch.Tensor:
+        """K in the cache's own layout, every slot."""
+        return self.storage[0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.storage[1]
+
+    def _bhnd(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.layout == "bhnd" else t.transpose(1, 2)
+
+    def keys(self, end: int) -> torch.Tensor:
+        """K of positions [0, end), (B, H, end, D)."""
+        return self._bhnd(self.k)[:, :, :end]
+
+    def values(self, end: int) -> torch.Tensor:
+        return self._bhnd(self.v)[:, :, :end]
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        """Store (B, H, T, D) keys and values at positions start…start+T−1, in place."""
+        end = start + k.shape[-2]
+        if end > self.capacity:
+            raise ValueError(f"positions {start}…{end - 1} do not fit a KV cache of {self.capacity}")
+        self._bhnd(self.k)[:, :, start:end].copy_(k)
+        self._bhnd(self.v)[:, :, start:end].copy_(v)
+
+    def fill(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Hold (B, H, n, D) keys and values as the whole context (prefill: the context's own attention needs all
+        of it at once, so an attention layer's prefill is one pass)."""
+        if self.length:
+            raise ValueError("an attention prefill fills an empty cache in one pass; this one holds a context")
+        self.write(k, v, 0)
+        self._set_length(k.shape[-2])
+
+    def check_room(self) -> None:
+        """A step writes slot ``length``: it must exist."""
+        if self.length >= self.capacity:
+            raise ValueError(f"the KV cache is full ({self.capacity} positions); allocate it with more capacity")
+
+    def _set_length(self, length: int) -> None:
+        self.length = length
+        if self.seqlens is not None:
+            self.seqlens.fill_(length)
+
+    def advance(self) -> None:
+        self.check_room()
+        self._set_length(self.length + 1)
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield self.storage
+
+
+@dataclass
+class RecurrentState:
+    """h (and c for an LSTM) of a recurrent layer or stack, (layers, B, hidden). A step leaves them as they are
+    and keeps its new state, layer by layer, in ``pending``, which ``advance`` copies in."""
+
+    h: torch.Tensor
+    c: torch.Tensor | None = None
+    pending: tuple[list[torch.Tensor], list[torch.Tensor] | None] | None = field(default=None, repr=False)
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield self.h
+        if self.c is not None:
+            yield self.c
+
+    def advance(self) -> None:
+        if self.pending is None:
+            raise ValueError("advance() needs a step first")
+        hs, cs = self.pending
+        for layer, h in enumerate(hs):
+            self.h[layer].copy_(h)
+        if self.c is not None and cs is not None:
+            for layer, c in enumerate(cs):
+                self.c[layer].copy_(c)
+        self.pending = None
+
+
+@dataclass
+class StackState:
+    """One state per layer (or block) of a stack."""
+
+    layers: list[Any]
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        for layer in self.layers:
+            yield from cast(State, layer).tensors()
+
+    def advance(self) -> None:
+        for layer in self.layers:
+            cast(State, layer).advance()
+
+
+@dataclass
+class NetworkState:
+    """A network's body state and the position of the next token (for the positional encodings)."""
+
+    body: Any
+    position: int = 0
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from cast(State, self.body).tensors()
+
+    def advance(self) -> None:
+        cast(State, self.body).advance()
+        self.position += 1
+
+
+def tensor_bytes(state: State) -> int:
+    """Bytes of the tensors a state holds."""
+    return sum(t.numel() * t.element_size() for t in state.tensors())
+
+
+def stack_init(layers: nn.Module, batch: int, capacity: int) -> StackState:
+    return StackState([decodable(layer).init_state(batch, capacity) for layer in layers.children()])
+
+
+def stack_prefill(layers: nn.Module, x: torch.Tensor, state: StackState, *, output: bool) -> torch.Tensor | None:
+    """Each layer's prefill in turn; the last computes its output only when asked for it."""
+    children = list(layers.children())
+    y: torch.Tensor | None = x
+    for i, (layer, layer_state) in enumerate(zip(children, state.layers, strict=True)):
+        assert y is not None
+        y = decodable(layer).prefill(y, layer_state, output=output or i < len(children) - 1)
+    return y
+
+
+def stack_step(layers: nn.Module, x: torch.Tensor, state: StackState) -> torch.Tensor:
+    for layer, layer_state in zip(layers.children(), state.layers, strict=True):
+        x = decodable(layer).step(x, layer_state)
+    return x
+
+
+class LayerStack(nn.Module):
+    """Layers applied in turn (``self.layers``), decoding layer by layer: (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def init_state(self, batch: int, capacity: int) -> StackState:
+        return stack_init(self.layers, batch, capacity)
+
+    def prefill(self, x: torch.Tensor, state: StackState, *, output: bool = True) -> torch.Tensor | None:
+        return stack_prefill(self.layers, x, state, output=output)
+
+    def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
+        return stack_step(self.layers, x, state)
+
+
+def prefill(model: nn.Module, context: torch.Tensor, capacity: int) -> Any:
+    """The state of ``model`` after the n context tokens (B, n, …), with room for ``capacity`` positions."""
+    decoder = decodable(model)
+    state = decoder.init_state(context.shape[0], capacity)
+    decoder.prefill(context, state, output=False)
+    return state

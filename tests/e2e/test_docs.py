@@ -1,0 +1,158 @@
+"""README, the commands' --help and the shipped configs' comments say what the code does.
+
+Each test reads a statement where a person reads it (README.md, `attnbench X --help`, a config's header) and holds
+it to the value the code uses, so that changing a default without changing its documentation fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR
+from attnbench.analysis.thresholds import DEFAULT_THRESHOLD
+from attnbench.cli import app
+from attnbench.config.experiment import MAX_CASES, MAX_SEQ_LEN, load_experiment
+from attnbench.config.source import builtin_config_text
+from attnbench.core.cases import TimingPolicy, default_interval_s
+from attnbench.measure.gpu_timing import LAUNCH_BOUND_RATIO
+from attnbench.measure.timing import _MAX_AUDIT_MOVES
+from attnbench.results.measurement import MODIFIED_Z_CUT
+from tests.support import ROOT
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+ARCHITECTURE = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+runner = CliRunner()
+COMMANDS: dict[str, Any] = dict(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def _one(pattern: str, text: str = README) -> re.Match[str]:
+    found = list(re.finditer(pattern, " ".join(text.split())))
+    assert len(found) == 1, f"README should say this once: {pattern!r} (found {len(found)})"
+    return found[0]
+
+
+def _help(*command: str) -> str:
+    out = runner.invoke(app, [*command, "--help"])
+    assert out.exit_code == 0, out.output
+    return " ".join(out.output.replace("│", " ").split())
+
+
+# ------------------------------------------------------------------------------------------- the stopping rule
+def test_readme_gives_each_defaults_stopping_target_and_budget() -> None:
+    policy = TimingPolicy()
+    said = _one(r"A config that leaves `target_ci` out gets ±(\d+) %")
+    assert float(said[1]) / 100 == pytest.approx(policy.target_ci)
+    for device, where in (("cpu", "a CPU"), ("cuda", "a GPU")):
+        timing = yaml.safe_load(builtin_config_text(device))["timing"]
+        said = _one(rf"±(\d+) % on {where} \(`configs/default[-a-z]*\.yaml`, ([\d.]+) s per case\)")
+        assert float(said[1]) / 100 == pytest.approx(timing["target_ci"]), f"{device} target_ci"
+        assert float(said[2]) == pytest.approx(timing["max_case_s"]), f"{device} max_case_s"
+
+
+def test_readme_timing_and_telemetry_numbers_are_the_codes() -> None:
+    policy = TimingPolicy()
+    assert float(_one(r"Calls shorter than (\d+) µs are grouped")[1]) * 1e-6 == pytest.approx(policy.min_sample_s)
+    assert float(_one(r"last calls agree within (\d+) %")[1]) / 100 == pytest.approx(policy.warmup_settle)
+    assert int(_one(r"`timing\.warmup_audit` \((\d+)\)")[1]) == policy.warmup_audit
+    assert float(_one(r"`timing\.warmup_agree`, (\d+) %")[1]) / 100 == pytest.approx(policy.warmup_agree)
+    assert int(_one(r"at most (\d+) times, within `warmup_max_s`")[1]) == _MAX_AUDIT_MOVES
+    assert float(_one(r"modified z-score above ([\d.]+)")[1]) == MODIFIED_Z_CUT
+    assert float(_one(r"event median exceeds ([\d.]+) ×")[1]) == LAUNCH_BOUND_RATIO
+    interval = float(_one(r"`telemetry_interval_s` \(default (\d+) ms\)")[1]) / 1e3
+    assert interval == default_interval_s("cuda:0") == default_interval_s("cpu")
+
+
+def test_readme_caps_and_compare_defaults_are_the_codes() -> None:
+    assert _one(r"seq_len ≤ 2²²") and MAX_SEQ_LEN == 2**22
+    assert int(_one(r"a grid ≤ (\d+ \d+) cases")[1].replace(" ", "")) == MAX_CASES
+    assert float(_one(r"widened by `--noise-floor` \(default (\d+) %\)")[1]) / 100 == DEFAULT_NOISE_FLOOR
+    assert float(_one(r"`--fail-on median:(\d+)%` \(the default threshold\)")[1]) / 100 == DEFAULT_THRESHOLD
+
+
+# ------------------------------------------------------------------------------------------- the run folder
+def test_the_run_folder_path_is_the_same_everywhere() -> None:
+    """README, `sweep --help` and the defaults' comments name results/runs/<run>, where sweeps write."""
+    out_default = next(p for p in COMMANDS["sweep"].params if p.name == "out").default
+    assert Path(str(out_default)) == Path("results/runs")
+    assert "results/runs/<UTC yyyymmdd-hhmmss>-<config name>-<device>/" in README
+    assert "results/runs/<run_id>/" in _help("sweep")
+    for device in ("cpu", "cuda"):
+        assert "results/runs/<time>-" in builtin_config_text(device)
+    # A run folder a sweep wrote is never called results/<run>: only committed runs live there.
+    for path in [ROOT / "README.md", *sorted((ROOT / "configs").glob("*.yaml"))]:
+        stray = re.findall(r"(?:claims|report|compare|resume) results/<", path.read_text(encoding="utf-8"))
+        assert not stray, f"{path.name}: {stray}"
+
+
+# ------------------------------------------------------------------------------------------- commands and flags
+def _readme_commands() -> dict[str, str]:
+    """The Commands table: command name → the row's usage cell."""
+    section = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    # A row's first code span is the usage (submit's row shows more forms after it).
+    rows = re.findall(r"^\| `attnbench ([a-z]+)([^`]*)`[,| ]", section, flags=re.M)
+    return {name: usage for name, usage in rows}
+
+
+def test_every_command_has_a_row_in_readme_and_architecture() -> None:
+    assert set(_readme_commands()) == set(COMMANDS)
+    table = ARCHITECTURE.split("## 6. Commands", 1)[1].split("\n\n", 2)[1]
+    documented = {name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z]+)`", row.split("|")[1])}
+    assert documented == set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_flag_readme_shows_exists(name: str) -> None:
+    usage = _readme_commands().get(name, "")
+    shown = {flag for flag in re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", usage)}
+    real = {opt for p in COMMANDS[name].params for opt in [*p.opts, *getattr(p, "secondary_opts", [])]}
+    assert shown <= real, f"README shows {sorted(shown - real)} for `attnbench {name}`, which has {sorted(real)}"
+
+
+@pytest.mark.parametrize("name", ["models", "env", "calibrate", "selfcheck"])
+def test_commands_without_a_config_do_not_say_the_config_decides_the_device(name: str) -> None:
+    text = _help(name)
+    assert "config's" not in text and "[default: (auto)]" in text
+
+
+def test_sweeps_device_default_is_the_configs() -> None:
+    assert "(default: the config's)" in _help("sweep")
+
+
+# ------------------------------------------------------------------------------------------- the configs' headers
+def test_the_default_sweeps_size_and_time_agree_between_readme_and_its_config() -> None:
+    text = builtin_config_text("cpu")
+    said = re.search(
+        r"(\d+) models x (\d+) modes x (\d+) lengths = (\d+) cases, and (\d+) models x (\d+) context lengths "
+        r"decoding \((\d+) cases\), each held to a ([\d.]+) s budget",
+        " ".join(line.lstrip("# ") for line in text.splitlines()),
+    )
+    assert said is not None, "default-cpu.yaml's header no longer states its size"
+    models, modes, lengths, cases, decoders, contexts, decodes, budget = said.groups()
+    experiment = load_experiment(None, device_type="cpu")
+    axes = experiment.axes
+    assert (int(models), int(modes), int(lengths)) == (len(axes.models), len(axes.modes), len(axes.seq_len))
+    every = experiment.cases("cpu")
+    decoding = [case for case in every if case.mode == "decode"]
+    assert int(decodes) == len(decoding) == int(decoders) * int(contexts)
+    assert int(cases) == len(every) - len(decoding) and float(budget) == experiment.timing.max_case_s
+    in_config = re.search(r"about (\d+) s on a quiet 2-core CPU", " ".join(text.split()))
+    in_readme = _one(r"about (\d+) s on a quiet 2-core CPU")
+    assert in_config is not None and in_config[1] == in_readme[1], "README and default-cpu.yaml disagree on the time"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_a_case_count_in_a_configs_header_is_its_grids(path: Path) -> None:
+    """'… = N cases' in a header counts the grid (a preset's and the decode section's are counted beside it)."""
+    header = " ".join(line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#"))
+    said = re.search(r"= (\d+) cases", header)
+    if said is None:
+        pytest.skip("the header states no case count")
+    grid = load_experiment(path, ("presets=null", "decode=null"))
+    assert int(said[1]) == len(grid.cases("cuda:0")), f"{path.name} says {said[1]} cases"

@@ -1,0 +1,68 @@
+"""Telling the device without torch (``guess_device``, for --dry-run) agrees with what torch would say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnbench.core.errors import DeviceError
+from attnbench.measure import devices
+from attnbench.measure.devices import cuda_build_in, guess_device, resolve_device
+
+
+def _driver(tmp_path: Path, count: int) -> Path:
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    for i in range(count):
+        (gpus / f"0000:{i:02x}:00.0").mkdir()
+    return gpus
+
+
+def test_the_build_is_read_from_torchs_version_file(tmp_path: Path) -> None:
+    version = tmp_path / "version.py"
+    version.write_text("from typing import Optional\n__version__ = '2.14.1'\ncuda: Optional[str] = '12.8'\n")
+    assert cuda_build_in(version) == "CUDA 12.8"
+    version.write_text("__version__ = '2.13.0+cpu'\ncuda = None\n")
+    assert cuda_build_in(version) is None
+    assert cuda_build_in(tmp_path / "missing.py") is None
+    version.write_text("cuda = (")
+    assert cuda_build_in(version) is None
+
+
+def test_auto_is_cuda_only_with_a_cuda_build_and_a_visible_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(devices, "_torch_cuda_build", lambda: "CUDA 12.8")
+    two = _driver(tmp_path, 2)
+    guess = guess_device("auto", gpus=two)
+    assert guess.device == "cuda:0" and guess.basis.startswith("CUDA 12.8, 2 NVIDIA GPUs visible")
+    assert guess_device("auto", gpus=tmp_path / "no-driver").device == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert guess_device("auto", gpus=two).device == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,7,0")  # CUDA stops at 7, which names no device
+    assert "1 NVIDIA GPU visible" in guess_device("auto", gpus=two).basis
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1c0b2e")
+    assert guess_device("auto", gpus=two).device == "cuda:0"
+    monkeypatch.setattr(devices, "_torch_cuda_build", lambda: None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    guess = guess_device("auto", gpus=two)
+    assert guess.device == "cpu" and guess.basis.startswith("a torch build without CUDA, 2 NVIDIA GPUs visible")
+
+
+def test_an_explicit_cuda_request_is_kept_and_a_likely_refusal_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(devices, "_torch_cuda_build", lambda: "CUDA 12.8")
+    one = _driver(tmp_path, 1)
+    assert guess_device("cuda", gpus=one) == devices.DeviceGuess("cuda:0")
+    far = guess_device("cuda:3", gpus=one)
+    assert far.device == "cuda:3" and "does not look present" in far.problem
+    assert "CUDA does not look available" in guess_device("cuda", gpus=tmp_path / "none").problem
+    assert guess_device("cpu") == devices.DeviceGuess("cpu")
+    with pytest.raises(DeviceError, match="not a device"):
+        guess_device("tpu")
+
+
+def test_the_guess_agrees_with_torch_here() -> None:
+    assert guess_device("auto").device == resolve_device("auto")

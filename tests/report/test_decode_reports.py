@@ -1,0 +1,117 @@
+"""Decode rows in every output, on a real committed CPU decode run (``tests/data/runs/tiny-decode-cpu``): the
+tables, summary.csv, the plots, html, the dashboard exports, compare and resume treat them like any other row."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.analysis.compare import Policy, compare_paths
+from attnbench.cli import app
+from attnbench.report.exports import BMF_STATE, BMF_THROUGHPUT, bmf_document, gab_entries
+from attnbench.report.html import render_html
+from attnbench.report.pivot import pivot_tables
+from attnbench.report.plots import missing_matplotlib, render_plots, series
+from attnbench.report.rows import COLUMNS, render_csv
+from attnbench.results.store import StoredRun, load_run
+from tests.support import DECODE_FIXTURE
+
+runner = CliRunner()
+MODELS = ["lstm", "mingru", "vanilla", "sdpa-flash"]
+
+
+@pytest.fixture(scope="module")
+def stored() -> StoredRun:
+    return load_run(DECODE_FIXTURE)
+
+
+def test_the_fixture_is_a_decode_run(stored: StoredRun) -> None:
+    assert {r.case.mode for r in stored.results} == {"decode"} and all(r.ok for r in stored.results)
+    (table,) = pivot_tables(stored.results)
+    assert table.decode and table.seq_lens == (64, 256, 1024, 4096) and [label for label, _ in table.rows] == MODELS
+
+
+def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> None:
+    assert COLUMNS[-3:] == ("state_bytes", "state_mem_bytes", "state_mem_method")
+    rows = list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
+    for r, row in zip(stored.results, rows, strict=True):
+        assert int(row["state_bytes"]) == r.state_bytes and int(row["state_mem_bytes"]) == r.state_mem_bytes
+        assert row["state_mem_method"] == "resident-pages"
+        assert float(row["tokens_per_s"]) == pytest.approx(r.case.batch / r.median_s, rel=1e-5)
+    kv = [int(row["state_bytes"]) for row in rows if row["model"] == "vanilla"]
+    assert kv == [2 * 2 * (n + 1) * 64 * 4 for n in (64, 256, 1024, 4096)]  # K and V, batch 2, n + 1, d_model
+
+
+def test_memory_plot_series_are_the_state_computed_and_measured(stored: StoredRun) -> None:
+    (table,) = pivot_tables(stored.results)
+    lines = series(table, "memory")
+    assert [s.label for s in lines] == [x for m in MODELS for x in (m, f"{m} (measured)")]
+    rows = dict(table.rows)
+    for s in lines:
+        row = s.row or s.label
+        for p in s.values:
+            r = rows[row][p.n].result
+            assert p.value == (r.state_mem_bytes if s.measured else r.state_bytes)
+    measured = {s.row: s for s in lines if s.measured}
+    # h and c (1 KiB) read the two pages they sit in at every n; the KV cache its own pages
+    assert {p.value for p in measured["lstm"].values} == {8192.0} and len(measured["vanilla"].values) == 4
+
+
+@pytest.mark.skipif(missing_matplotlib() is not None, reason="matplotlib is not installed")
+def test_decode_plots_and_html(stored: StoredRun) -> None:
+    plots = render_plots(stored.run, stored.results)
+    assert [p.metric for p in plots] == ["latency", "memory", "throughput", "speedup"]
+    assert plots[0].title.startswith("Per-token latency vs context length")
+    assert plots[1].title.startswith("KV cache / recurrent state vs context length")
+    page = render_html(stored.run, stored.results, plots=plots)
+    assert "Per-token latency: the median time of one decode step" in page
+    assert "The KV cache (attention) or recurrent state a step reads" in page
+    assert "Peak memory of one call" not in page
+
+
+def test_dashboard_exports_carry_the_state(stored: StoredRun) -> None:
+    document = bmf_document(stored.results)
+    for r in stored.results:
+        measures = document[r.case.key]
+        assert measures[BMF_STATE]["value"] == r.state_mem_bytes
+        assert measures[BMF_THROUGHPUT]["value"] == pytest.approx(r.case.batch / r.median_s, rel=1e-5)
+    names = [e["name"] for e in gab_entries(stored.results)]
+    assert sum(name.endswith("|metric=state_memory") for name in names) == len(stored.results)
+    assert all("mode=decode" in name for name in names)
+
+
+def test_compare_reads_decode_rows_like_any_other(stored: StoredRun) -> None:
+    comparison = compare_paths(DECODE_FIXTURE, DECODE_FIXTURE, Policy())
+    assert len(comparison.cases) == len(stored.results)
+    assert {c.verdict for c in comparison.cases} <= {"same", "noisy"}  # a run against itself: nothing moved
+
+
+def test_report_formats_and_claims_on_the_stored_run(tmp_path: Path) -> None:
+    for fmt in ("md", "csv", "json", "gab", "bmf"):
+        out = runner.invoke(app, ["report", str(DECODE_FIXTURE), "-f", fmt])
+        assert out.exit_code == 0, out.output
+    claims = runner.invoke(app, ["claims", str(DECODE_FIXTURE), "-f", "json"])
+    assert claims.exit_code == 0, claims.output
+    ids = [c["claim_id"] for c in json.loads(claims.output)["claims"] if "decode" in c["claim"]]
+    assert ids == ["1a", "1a", "1b", "1b", "1d", "1d"]
+
+
+def test_resume_runs_only_the_missing_decode_rows(tmp_path: Path) -> None:
+    folder = tmp_path / DECODE_FIXTURE.name
+    shutil.copytree(DECODE_FIXTURE, folder)
+    lines = (folder / "results.jsonl").read_text().splitlines(keepends=True)
+    (folder / "results.jsonl").write_text("".join(lines[:-2]))  # sdpa-flash at 1024 and 4096 never finished
+    run = json.loads((folder / "run.json").read_text())
+    run["state"] = "interrupted"
+    (folder / "run.json").write_text(json.dumps(run))
+    out = runner.invoke(app, ["sweep", "--resume", str(folder), "-q", "--no-isolate"])
+    assert out.exit_code == 0, out.output
+    results = load_run(folder).results
+    assert [r.case.key for r in results] == [r.case.key for r in load_run(DECODE_FIXTURE).results]
+    assert all(r.ok and r.state_bytes for r in results[-2:])
