@@ -445,9 +445,12 @@ def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], po
     """The verdict for one case key from its rows on each side (one row per run; either side may be empty).
 
     A timed verdict resting on a contended row (either side) is ``noisy``: a machine busy with other work slows
-    a case by an amount nobody measured, so neither a regression nor an improvement, nor sameness, follows."""
+    a case by an amount nobody measured, so neither a regression nor an improvement, nor sameness, follows. The
+    same holds for a case that went from ``ok`` to ``too_slow_for_budget`` or back (or stayed too slow): how many
+    samples fit in the budget is a timing too."""
     decided = _compare_case(key, base, current, policy)
-    if decided.evidence not in ("processes", "samples"):
+    timing_statuses = {decided.base_status, decided.current_status} <= {"ok", "too_slow_for_budget"}
+    if decided.evidence not in ("processes", "samples") and not (decided.evidence == "status" and timing_statuses):
         return decided
     both: tuple[tuple[Role, Sequence[Result]], ...] = (("base", base), ("current", current))
     sides = tuple(role for role, rows in both if any(r.contended for r in rows))

@@ -44,7 +44,7 @@ CONTENDED_MARK = "!"  # before a cell's time: the case ran on a busy machine (th
 def contention_lines(results: Sequence[Result]) -> tuple[str, list[str]]:
     """The headline ("3 of 32 cases ran on a busy machine …") and one line per contended case naming its evidence;
     ("", []) when no timed case was contended."""
-    timed = [r for r in results if r.is_timed]
+    timed = [r for r in results if r.measurement is not None]  # too_slow_for_budget rows were timed too
     busy = [r for r in timed if r.contended]
     if not busy:
         return "", []
@@ -60,9 +60,9 @@ def time_text(cell: Cell | None, speedup: bool = True) -> str:
     speed-up."""
     if cell is None:
         return ""
-    if cell.median_s is None:
-        return cell.status_text
     mark = CONTENDED_MARK if cell.result.contended else ""
+    if cell.median_s is None:
+        return mark + cell.status_text
     text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if speedup and cell.speedup is not None:
         text += f" ({cell.speedup:.2f}×)"

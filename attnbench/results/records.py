@@ -117,8 +117,9 @@ class Result:
 
     @property
     def contended(self) -> bool:
-        """A timed row measured while other work competed for the machine: its timing is not reliable."""
-        return self.is_timed and self.contention is not None and self.contention.contended
+        """A row whose calls were timed while other work competed for the machine: its timing is not reliable, and
+        neither is a ``too_slow_for_budget`` that the competition may have caused."""
+        return self.measurement is not None and self.contention is not None and self.contention.contended
 
     @property
     def state_bytes(self) -> int | None:

@@ -224,6 +224,19 @@ def test_the_report_headlines_contended_cases_and_marks_their_cells() -> None:
     assert "ran on a busy machine" not in render_markdown(run, [_row(False)])
 
 
+def test_a_case_too_slow_for_its_budget_on_a_busy_machine_is_no_regression() -> None:
+    """In the loaded A/A runs a case flipped between ok and too_slow_for_budget as the neighbours' load came and
+    went: how many samples fit in a budget is a timing too, so contention withholds that verdict as well."""
+    slow = replace(_row(True), status="too_slow_for_budget", reason="too slow for the budget: …")
+    got = compare_case("k", [_row(False)], [slow], Policy())
+    assert (got.verdict, got.evidence, got.contended) == ("noisy", "status", ("current",))
+    back = compare_case("k", [slow], [_row(False)], Policy())
+    assert back.verdict == "noisy" and back.contended == ("base",)
+    quiet = replace(slow, contention=Contention(False, (), 1.0))
+    assert compare_case("k", [_row(False)], [quiet], Policy()).verdict == "regressed"  # slower than the budget
+    assert slow.contended and not slow.is_timed
+
+
 def test_compare_never_concludes_from_contended_evidence() -> None:
     # Twice as slow, but the current side was timed on a busy machine: noisy (contended), not regressed.
     got = compare_case("k", [_row(False)], [_row(True, median=2e-3)], Policy())
