@@ -86,6 +86,22 @@ def sweep(config: Path, out: Path, sets: Sequence[str], extra: Sequence[str] = (
     return Sweep(folder, wall, load_1m, contended)
 
 
+def stored(folder: Path) -> Sweep:
+    """A sweep already on disk (``--from-work``): its wall time from run.json's timestamps, the load it started at
+    from its first row's contention record, and its contended rows counted as `compare` counts them."""
+    run = json.loads((folder / "run.json").read_text())
+    begun, ended = (datetime.fromisoformat(run[k].replace("Z", "+00:00")) for k in ("created_utc", "finished_utc"))
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+    loads = [r["contention"]["load_start"] for r in rows if "load_start" in r.get("contention", {})]
+    contended = sum(1 for r in rows if r.get("measurement") and r.get("contention", {}).get("contended"))
+    return Sweep(folder, (ended - begun).total_seconds(), loads[0] if loads else math.nan, contended)
+
+
+def stored_runs(work: Path) -> list[Sweep]:
+    """The run folders under ``work`` in the order their sweeps were made (by run id, which starts with the time)."""
+    return sorted((stored(p.parent) for p in work.glob("*/*/run.json")), key=lambda s: s.folder.name)
+
+
 class Hog:
     """``--hog``: a Python busy loop in its own process, one core's worth of competing load, for the whole run."""
 
@@ -179,6 +195,11 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
     parser.add_argument("--hog", action="store_true", help="run a one-core Python busy loop throughout")
     parser.add_argument(
+        "--from-work",
+        action="store_true",
+        help="sweep nothing: judge the run folders already in --work again (the load is each run's first row's)",
+    )
+    parser.add_argument(
         "--quiet-load", type=float, default=math.inf, help="wait for a 1-minute load average below this first"
     )
     parser.add_argument("--wait-quiet", type=float, default=600.0, help="seconds to wait for --quiet-load, at most")
@@ -209,9 +230,9 @@ def main() -> int:
     started, load_before, clock = datetime.now(UTC), load(), time.perf_counter()
     work = args.work or Path(tempfile.mkdtemp(prefix="attnbench-aa-"))
     apply_quiet(args)
-    runs: list[Sweep] = []
-    with Hog(args.hog):
-        for i in range(args.runs):
+    runs: list[Sweep] = stored_runs(work) if args.from_work else []
+    with Hog(args.hog and not args.from_work):
+        for i in range(0 if args.from_work else args.runs):
             runs.append(sweep(args.config, work / f"run-{i + 1:02d}", sweep_sets(args)))
             print(f"run {i + 1}/{args.runs}: {runs[-1].folder} ({runs[-1].wall_s:.1f} s)", file=sys.stderr)
     results = {

@@ -42,6 +42,7 @@ from bench_aa import (
     load,
     machine,
     pct,
+    stored,
     sweep,
     sweep_sets,
 )
@@ -66,7 +67,7 @@ def main() -> int:
     first: Sweep | None = None
     apply_quiet(args)
     pairs: list[tuple[Sweep, Sweep]] = []  # (base, the first slowdown's), per trial
-    with Hog(args.hog):
+    with Hog(args.hog and not args.from_work):
         for trial in range(args.trials):
             sides = [0.0, *slowdowns]
             shift = trial % len(sides)
@@ -75,7 +76,11 @@ def main() -> int:
             for f in order:
                 out = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
                 extra = ("--inject-slowdown", f"{f:g}") if f else ()
-                done[f] = sweep(args.config, out, sweep_sets(args), extra)
+                if args.from_work:
+                    (folder,) = (p for p in out.iterdir() if (p / "run.json").is_file())
+                    done[f] = stored(folder)
+                else:
+                    done[f] = sweep(args.config, out, sweep_sets(args), extra)
                 walls.append(done[f].wall_s)
             first = first or done[0.0]
             pairs.append((done[0.0], done[slowdowns[0]]))
