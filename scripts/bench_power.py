@@ -178,6 +178,11 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+def numbers_alone(data: dict[str, Any]) -> int:
+    """Cases of one comparison whose interval lies wholly above 1 + threshold, contended or not."""
+    return sum(1 for c in data["cases"] if c["ci_low"] is not None and c["ci_low"] > 1 + c["threshold"])
+
+
 def pair_table(
     f: float,
     thresholds: list[str],
@@ -191,7 +196,7 @@ def pair_table(
         f"## Trial by trial ({pct(f)} injected)",
         "",
         "| trial | load (base, slowed) | contended (base/slowed) | "
-        + " | ".join(f"{t}: regressed / noisy (contended) / caught" for t in thresholds)
+        + " | ".join(f"{t}: regressed / noisy (contended) / caught / above by the numbers alone" for t in thresholds)
         + " |",
         "| --- | --- | --- | " + " | ".join("---" for _ in thresholds) + " |",
     ]
@@ -200,12 +205,19 @@ def pair_table(
         for t in thresholds:
             data = verdicts[(f, t)][i]
             caught = "yes" if data["exit_code"] == 1 else "no"
-            cells.append(f"{data['counts']['regressed']} / {contended_verdicts(data)} / {caught}")
+            cells.append(
+                f"{data['counts']['regressed']} / {contended_verdicts(data)} / {caught} / {numbers_alone(data)}"
+            )
         lines.append(
             f"| {i + 1} | {base.load_1m:.2f}, {slowed.load_1m:.2f} | {base.contended}/{slowed.contended} | "
             + " | ".join(cells)
             + " |"
         )
+    lines += [
+        "",
+        "_Above by the numbers alone_: cases whose interval (widened by the noise floor) lies wholly above "
+        "1 + threshold — what compare would have called regressed had it not withheld contended evidence.",
+    ]
     for t in thresholds:
         caught = sum(1 for data in verdicts[(f, t)] if data["exit_code"] == 1)
         lines.append("")
