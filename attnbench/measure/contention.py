@@ -166,7 +166,8 @@ def judge(
     if own_busy and start.run_wait_s is not None and end.run_wait_s is not None:
         wait_pct = 100 * max(0.0, end.run_wait_s - start.run_wait_s) / window
         if wait_pct >= RUN_WAIT_PCT:
-            reasons.append(f"this case's threads waited for a CPU for {wait_pct:.0f} % of the window")
+            # Summed over the case's threads, so two threads that both wait the whole window read 200 %.
+            reasons.append(f"this case's threads waited for a CPU for {wait_pct:.0f} % of the window (summed)")
     if gpu is not None:
         if gpu.others:
             reasons.append(f"{gpu.others} other process{'es' if gpu.others > 1 else ''} computed on the GPU")
