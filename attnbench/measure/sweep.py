@@ -416,6 +416,12 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _only_added(then: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether ``now`` differs from ``then`` only by keys ``then`` does not have at all."""
+    a, b = _flatten(then), _flatten(now)
+    return set(a) <= set(b) and all(a[k] == b[k] for k in a)
+
+
 def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``key.path: <then> then, <now> now`` for every leaf that differs."""
     a, b = _flatten(then), _flatten(now)
@@ -440,7 +446,9 @@ def _resume_experiment(request: SweepRequest, stored: StoredRun) -> Experiment:
             ) from None
     else:
         experiment = load_experiment(request.config, request.overrides, force=request.force)
-    if experiment.sha256 != stored.run.config_sha256:
+    # A setting this attnbench added since the run began (absent from the stored config, so its default now) is
+    # no difference of the user's making: a run started before timing.process_warmup_s existed still resumes.
+    if experiment.sha256 != stored.run.config_sha256 and not _only_added(stored.run.config, experiment.resolved):
         diff = _differences(stored.run.config, experiment.resolved)
         raise ResultsError(
             f"--resume {stored.folder}: the config differs from the one the run was started with "

@@ -35,7 +35,7 @@ class Contention:
     load_start: float | None = None  # the 1-minute load average at the window's ends (it lags: evidence only)
     load_end: float | None = None
     steal_pct: float | None = None  # CPU time the hypervisor gave to other guests, % of the window's CPU time
-    run_wait_pct: float | None = None  # time this process's threads waited for a CPU, % of the window, summed over threads
+    run_wait_pct: float | None = None  # time this process's threads waited for a CPU, % of the window (summed)
     gpu_processes: int | None = None  # other processes holding a compute context on the GPU (NVML)
     sm_clock_mhz: float | None = None  # the SM clock at the window's end
     app_clock_mhz: float | None = None  # the application (target) SM clock

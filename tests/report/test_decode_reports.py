@@ -38,7 +38,8 @@ def test_the_fixture_is_a_decode_run(stored: StoredRun) -> None:
 
 
 def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> None:
-    assert COLUMNS[-3:] == ("state_bytes", "state_mem_bytes", "state_mem_method")
+    # Issue 13's state columns, then issue 17's contention columns after them (columns are only ever appended).
+    assert COLUMNS[-5:] == ("state_bytes", "state_mem_bytes", "state_mem_method", "contended", "contention")
     rows = list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
     for r, row in zip(stored.results, rows, strict=True):
         assert int(row["state_bytes"]) == r.state_bytes and int(row["state_mem_bytes"]) == r.state_mem_bytes
