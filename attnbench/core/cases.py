@@ -166,7 +166,12 @@ class TimingPolicy:
     process_warmup_s: float = 0.5
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        data = asdict(self)
+        # Written only when there is one, so a run from before the warm-up existed reads back as it was stored
+        # (results.records reads a missing key as 0: those runs had none).
+        if not self.process_warmup_s:
+            del data["process_warmup_s"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> TimingPolicy:

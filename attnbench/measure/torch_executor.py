@@ -93,11 +93,14 @@ class TorchExecutor:
 
         early = None if on_timed is None else lambda result: on_timed(stamped(result))
         try:
+            first = None
             if self._process_warmup_s is None:  # before the first case only: see measure.process_warmup
-                self._process_warmup_s = warm_process(self.device, self.policy.process_warmup_s)
-                first = self._process_warmup_s
-            else:
-                first = None
+                try:
+                    self._process_warmup_s = first = warm_process(self.device, self.policy.process_warmup_s)
+                except Exception:
+                    # A device that cannot run the warm-up cannot run the case either: the case's own error,
+                    # not the warm-up's, is the one its row should carry.
+                    self._process_warmup_s = 0.0
             reason = self._policy_problem(case) or probe(case, str(self.device))
             result = Result(case, "unsupported", reason) if reason is not None else self._measure(case, early)
             if first is not None and result.ok:  # the row says its process was warmed up just before it

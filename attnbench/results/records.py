@@ -430,4 +430,5 @@ def _timing_from_dict(data: object) -> TimingPolicy:
             fields.integer(value, name, minimum=0)
         else:
             fields.number(value, name)
-    return TimingPolicy.from_dict(t)
+    # A run written before timing.process_warmup_s existed had no process warm-up, whatever the default is now.
+    return TimingPolicy.from_dict({"process_warmup_s": 0.0, **t})
