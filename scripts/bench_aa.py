@@ -2,6 +2,10 @@
 
     python scripts/bench_aa.py [--runs 10] [--config configs/aa-cpu.yaml] [--fail-on median:5% --fail-on median:3%]
         [--noise-floor 4%] [--processes 1] [--set key=value ...] [--report results/compare-aa-cpu.md]
+        [--hog] [--quiet-load 1.0 [--wait-quiet 600]]
+
+``--hog`` runs a one-core Python busy loop throughout (the loaded A/A table); ``--quiet-load L`` waits before each
+sweep until the 1-minute load average is below L (at most ``--wait-quiet`` seconds) and records it per run.
 
 Runs ``attnbench sweep CONFIG`` ``--runs`` times, each in its own process through the CLI, then compares each run
 with the next (``--runs`` − 1 comparisons) through ``attnbench compare --format json`` at every ``--fail-on``
@@ -53,15 +57,83 @@ def attnbench(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
 class Sweep:
     folder: Path
     wall_s: float
+    load_1m: float = math.nan  # the 1-minute load average just before the sweep started
+    contended: int = 0  # cases the sweep itself found contended (run.json contended_cases)
+
+
+# Set by --quiet-load / --wait-quiet: before each sweep, wait up to WAIT_QUIET_S for the 1-minute load average to
+# fall below QUIET_LOAD (the issue's "quiet": < 1.0), and record what it was.
+QUIET_LOAD = math.inf
+WAIT_QUIET_S = 0.0
+
+
+def wait_quiet() -> float:
+    """The 1-minute load average once it is below ``QUIET_LOAD``, or when ``WAIT_QUIET_S`` has passed."""
+    deadline = time.monotonic() + WAIT_QUIET_S
+    while os.getloadavg()[0] >= QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
 
 
 def sweep(config: Path, out: Path, sets: Sequence[str], extra: Sequence[str] = ()) -> Sweep:
     """One ``attnbench sweep`` in its own process, into a fresh folder ``out``; returns its run folder."""
+    load_1m = wait_quiet()
     start = time.perf_counter()
     attnbench("sweep", str(config), "--out", str(out), "-q", *(f"--set={s}" for s in sets), *extra)
     wall = time.perf_counter() - start
     (folder,) = (p for p in out.iterdir() if (p / "run.json").is_file())
-    return Sweep(folder, wall)
+    contended = json.loads((folder / "run.json").read_text()).get("contended_cases") or 0
+    return Sweep(folder, wall, load_1m, contended)
+
+
+def stored(folder: Path) -> Sweep:
+    """A sweep already on disk (``--from-work``): its wall time from run.json's timestamps, the load it started at
+    from its first row's contention record, and its contended rows counted as `compare` counts them."""
+    run = json.loads((folder / "run.json").read_text())
+    begun, ended = (datetime.fromisoformat(run[k].replace("Z", "+00:00")) for k in ("created_utc", "finished_utc"))
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+    loads = [r["contention"]["load_start"] for r in rows if "load_start" in r.get("contention", {})]
+    contended = sum(1 for r in rows if r.get("measurement") and r.get("contention", {}).get("contended"))
+    return Sweep(folder, (ended - begun).total_seconds(), loads[0] if loads else math.nan, contended)
+
+
+def stored_runs(work: Path) -> list[Sweep]:
+    """The run folders under ``work`` in the order their sweeps were made (by run id, which starts with the time)."""
+    return sorted((stored(p.parent) for p in work.glob("*/*/run.json")), key=lambda s: s.folder.name)
+
+
+class Hog:
+    """``--hog``: a Python busy loop in its own process, one core's worth of competing load, for the whole run."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Hog:
+        if self.on:
+            self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def contended_verdicts(data: dict[str, Any]) -> int:
+    """Cases of one comparison that compare called noisy because a side was timed on a busy machine."""
+    return sum(1 for c in data["cases"] if c.get("contended"))
+
+
+def conditions(args: argparse.Namespace) -> str:
+    """The run's conditions in words, for the report's header."""
+    parts = ["a one-core Python busy loop (`--hog`) ran throughout" if args.hog else "no load of our own"]
+    if math.isfinite(args.quiet_load):
+        parts.append(
+            f"before each sweep the 1-minute load average had to be below {args.quiet_load:g} (waiting up to "
+            f"{args.wait_quiet:g} s; the load each sweep started at is in the table)"
+        )
+    return "; ".join(parts)
 
 
 def compare(base: Path, current: Path, fail_on: str, floor: str | None) -> dict[str, Any]:
@@ -121,6 +193,21 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--set", dest="sets", action="append", default=[], help="config override for every sweep")
     parser.add_argument("--work", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
+    parser.add_argument("--hog", action="store_true", help="run a one-core Python busy loop throughout")
+    parser.add_argument(
+        "--from-work",
+        action="store_true",
+        help="sweep nothing: judge the run folders already in --work again (the load is each run's first row's)",
+    )
+    parser.add_argument(
+        "--quiet-load", type=float, default=math.inf, help="wait for a 1-minute load average below this first"
+    )
+    parser.add_argument("--wait-quiet", type=float, default=600.0, help="seconds to wait for --quiet-load, at most")
+
+
+def apply_quiet(args: argparse.Namespace) -> None:
+    global QUIET_LOAD, WAIT_QUIET_S
+    QUIET_LOAD, WAIT_QUIET_S = args.quiet_load, args.wait_quiet
 
 
 def sweep_sets(args: argparse.Namespace) -> list[str]:
@@ -142,10 +229,12 @@ def main() -> int:
     thresholds = args.fail_on or ["median:5%", "median:3%"]
     started, load_before, clock = datetime.now(UTC), load(), time.perf_counter()
     work = args.work or Path(tempfile.mkdtemp(prefix="attnbench-aa-"))
-    runs: list[Sweep] = []
-    for i in range(args.runs):
-        runs.append(sweep(args.config, work / f"run-{i + 1:02d}", sweep_sets(args)))
-        print(f"run {i + 1}/{args.runs}: {runs[-1].folder} ({runs[-1].wall_s:.1f} s)", file=sys.stderr)
+    apply_quiet(args)
+    runs: list[Sweep] = stored_runs(work) if args.from_work else []
+    with Hog(args.hog and not args.from_work):
+        for i in range(0 if args.from_work else args.runs):
+            runs.append(sweep(args.config, work / f"run-{i + 1:02d}", sweep_sets(args)))
+            print(f"run {i + 1}/{args.runs}: {runs[-1].folder} ({runs[-1].wall_s:.1f} s)", file=sys.stderr)
     results = {
         t: [compare(a.folder, b.folder, t, args.noise_floor) for a, b in itertools.pairwise(runs)] for t in thresholds
     }
@@ -167,6 +256,7 @@ def report(
 ) -> str:
     first = next(iter(results.values()))
     floor = first[0]["policy"]["noise_floor"]
+    source = first[0]["policy"].get("noise_floor_source", "")
     cases = len(first[0]["cases"])
     lines = [
         f"# `attnbench compare` A/A check ({Path(args.config).stem})",
@@ -175,15 +265,22 @@ def report(
         f"`{Path(args.config).relative_to(ROOT) if Path(args.config).is_relative_to(ROOT) else args.config}` "
         f"({cases} cases{', overrides ' + ', '.join(sweep_sets(args)) if sweep_sets(args) else ''}), each in its "
         f"own process, each compared with the next ({len(runs) - 1} comparisons) by `attnbench compare` with noise "
-        f"floor {pct(floor)} and {args.processes} process(es) per case.",
+        f"floor {pct(floor)}{f' ({source})' if source else ''} and {args.processes} process(es) per case.",
+        "",
+        f"Conditions: {conditions(args)}.",
         "",
         f"Machine: {machine(runs[0].folder)}. Load average {load_before} before, {load()} after. "
         f"Wall time {wall_s:.0f} s (sweeps {statistics.median(r.wall_s for r in runs):.1f} s median).",
         "",
         "## Verdicts",
         "",
-        "| comparison | threshold | " + " | ".join(VERDICTS) + " | exit |",
-        "| --- | --- | " + " | ".join("---" for _ in VERDICTS) + " | --- |",
+        "Load: the 1-minute load average as each side's sweep started. Contended: cases each sweep found timed on "
+        "a busy machine; `noisy (contended)`: verdicts compare withheld for that reason (they are among the noisy).",
+        "",
+        "| comparison | threshold | load (base, current) | contended (base/current) | "
+        + " | ".join(VERDICTS)
+        + " | noisy (contended) | exit |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in VERDICTS) + " | --- | --- |",
     ]
     totals: dict[str, dict[str, int]] = {}
     for threshold, comparisons in results.items():
@@ -192,7 +289,11 @@ def report(
             for verdict in VERDICTS:
                 totals[threshold][verdict] += data["counts"][verdict]
             counts = " | ".join(str(data["counts"][v]) for v in VERDICTS)
-            lines.append(f"| run {i + 1} → {i + 2} | {threshold} | {counts} | {data['exit_code']} |")
+            a, b = runs[i], runs[i + 1]
+            lines.append(
+                f"| run {i + 1} → {i + 2} | {threshold} | {a.load_1m:.2f}, {b.load_1m:.2f} | "
+                f"{a.contended}/{b.contended} | {counts} | {contended_verdicts(data)} | {data['exit_code']} |"
+            )
     lines += ["", "**Target: at most 1 case flagged regressed in all comparisons.**", ""]
     for threshold, total in totals.items():
         n = cases * (len(runs) - 1)

@@ -31,13 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_aa import (
     ROOT,
     VERDICTS,
+    Hog,
     Sweep,
+    apply_quiet,
     command_line,
     common_arguments,
     compare,
+    conditions,
+    contended_verdicts,
     load,
     machine,
     pct,
+    stored,
     sweep,
     sweep_sets,
 )
@@ -60,25 +65,35 @@ def main() -> int:
     verdicts: dict[tuple[float, str], list[dict[str, Any]]] = {}
     walls: list[float] = []
     first: Sweep | None = None
-    for trial in range(args.trials):
-        sides = [0.0, *slowdowns]
-        shift = trial % len(sides)
-        order = sides[shift:] + sides[:shift]  # rotate, so no side always runs first (or last)
-        done: dict[float, Sweep] = {}
-        for f in order:
-            out = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
-            extra = ("--inject-slowdown", f"{f:g}") if f else ()
-            done[f] = sweep(args.config, out, sweep_sets(args), extra)
-            walls.append(done[f].wall_s)
-        first = first or done[0.0]
-        for f in slowdowns:
-            for t in thresholds:
-                verdicts.setdefault((f, t), []).append(compare(done[0.0].folder, done[f].folder, t, args.noise_floor))
-        print(f"trial {trial + 1}/{args.trials} done ({sum(walls):.0f} s of sweeps so far)", file=sys.stderr)
+    apply_quiet(args)
+    pairs: list[tuple[Sweep, Sweep]] = []  # (base, the first slowdown's), per trial
+    with Hog(args.hog and not args.from_work):
+        for trial in range(args.trials):
+            sides = [0.0, *slowdowns]
+            shift = trial % len(sides)
+            order = sides[shift:] + sides[:shift]  # rotate, so no side always runs first (or last)
+            done: dict[float, Sweep] = {}
+            for f in order:
+                out = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
+                extra = ("--inject-slowdown", f"{f:g}") if f else ()
+                if args.from_work:
+                    (folder,) = (p for p in out.iterdir() if (p / "run.json").is_file())
+                    done[f] = stored(folder)
+                else:
+                    done[f] = sweep(args.config, out, sweep_sets(args), extra)
+                walls.append(done[f].wall_s)
+            first = first or done[0.0]
+            pairs.append((done[0.0], done[slowdowns[0]]))
+            for f in slowdowns:
+                for t in thresholds:
+                    judged = compare(done[0.0].folder, done[f].folder, t, args.noise_floor)
+                    verdicts.setdefault((f, t), []).append(judged)
+            print(f"trial {trial + 1}/{args.trials} done ({sum(walls):.0f} s of sweeps so far)", file=sys.stderr)
     assert first is not None
     text = report(
         args, slowdowns, thresholds, verdicts, first, walls, started, load_before, time.perf_counter() - clock
     )
+    text += pair_table(slowdowns[0], thresholds, verdicts, pairs)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(text, encoding="utf-8")
     print(text)
@@ -127,6 +142,8 @@ def report(
         f"BASE SLOWED`, noise floor {pct(floor)}, {args.processes} process(es) per case, "
         f"{len(sample['cases'])} cases per run.",
         "",
+        f"Conditions: {conditions(args)}. Noise floor source: {sample['policy'].get('noise_floor_source', '?')}.",
+        "",
         f"Machine: {machine(first.folder)}. Load average {load_before} before, {load()} after. Wall time "
         f"{wall_s:.0f} s ({len(walls)} sweeps, {statistics.median(walls):.1f} s median).",
         "",
@@ -158,6 +175,56 @@ def report(
         "amounted to once the machine's own drift between the two processes is added. A case counts once per "
         "trial; `compare exit 1` counts trials in which at least one case regressed.",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def numbers_alone(data: dict[str, Any]) -> int:
+    """Cases of one comparison whose interval lies wholly above 1 + threshold, contended or not."""
+    return sum(1 for c in data["cases"] if c["ci_low"] is not None and c["ci_low"] > 1 + c["threshold"])
+
+
+def pair_table(
+    f: float,
+    thresholds: list[str],
+    verdicts: dict[tuple[float, str], list[dict[str, Any]]],
+    pairs: list[tuple[Sweep, Sweep]],
+) -> str:
+    """One row per trial: the load each side started at, what was contended, and whether the slowdown was caught
+    (compare exit 1) at each threshold."""
+    lines = [
+        "",
+        f"## Trial by trial ({pct(f)} injected)",
+        "",
+        "| trial | load (base, slowed) | contended (base/slowed) | "
+        + " | ".join(f"{t}: regressed / noisy (contended) / caught / above by the numbers alone" for t in thresholds)
+        + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in thresholds) + " |",
+    ]
+    for i, (base, slowed) in enumerate(pairs):
+        cells = []
+        for t in thresholds:
+            data = verdicts[(f, t)][i]
+            caught = "yes" if data["exit_code"] == 1 else "no"
+            cells.append(
+                f"{data['counts']['regressed']} / {contended_verdicts(data)} / {caught} / {numbers_alone(data)}"
+            )
+        lines.append(
+            f"| {i + 1} | {base.load_1m:.2f}, {slowed.load_1m:.2f} | {base.contended}/{slowed.contended} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "_Above by the numbers alone_: cases whose interval (widened by the noise floor) lies wholly above "
+        "1 + threshold — what compare would have called regressed had it not withheld contended evidence.",
+    ]
+    for t in thresholds:
+        caught = sum(1 for data in verdicts[(f, t)] if data["exit_code"] == 1)
+        lines.append("")
+        lines.append(
+            f"- {t}: the {pct(f)} slowdown caught (compare exit 1) in {caught} of {len(pairs)} pairs "
+            f"(target ≥ 9 of 10) → **{'PASS' if caught >= 0.9 * len(pairs) else 'FAIL'}**"
+        )
     return "\n".join(lines) + "\n"
 
 

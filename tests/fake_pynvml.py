@@ -211,6 +211,8 @@ class FakeGpu:
     persistence_mode: int = 1
     ecc_mode: tuple[int, int] = (1, 1)  # (current, pending)
     mig_mode: tuple[int, int] = (0, 0)  # (current, pending)
+    # The pids holding a compute context on the GPU (nvmlDeviceGetComputeRunningProcesses), host pid namespace.
+    processes: list[int] = field(default_factory=list)
 
 
 class FakeHandle:
@@ -404,6 +406,10 @@ class FakeNvml:
         if clock_id != CONSTANTS["NVML_CLOCK_ID_APP_CLOCK_TARGET"]:
             raise NVMLError(CONSTANTS["NVML_ERROR_NOT_SUPPORTED"])
         return gpu.app_mem_clock_mhz if clock_type == CONSTANTS["NVML_CLOCK_MEM"] else gpu.app_sm_clock_mhz
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[Struct]:
+        gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [Struct({"pid": pid, "usedGpuMemory": 2**30}) for pid in gpu.processes]
 
     # ---- settings ----
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:

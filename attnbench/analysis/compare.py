@@ -11,15 +11,19 @@ confidence interval from one of two kinds of evidence:
 * **samples** — one process per side: a bootstrap of the ratio of medians over the raw samples (seeded by the
   case key, so deterministic), widened by a **noise floor** for the between-process variation that samples from
   one process cannot show. The floor is the half-width of a 95 % interval of the ratio between two processes of
-  unchanged code on the machine (``scripts/bench_aa.py`` measures it); it is combined with the bootstrap interval
-  in quadrature on the log scale, since the two errors are independent.
+  unchanged code on the machine, measured by ``attnbench calibrate`` (``measure.noise``) and recorded with each run
+  (the larger of the two runs' figures is used, ``resolve_floor``; ``--noise-floor`` overrides it, and without
+  either the default applies); it is combined with the bootstrap interval in quadrature on the log scale, since
+  the two errors are independent. When the floor is at least the threshold, a warning names timing.processes.
 
 Verdict, with threshold t for the case's model: ``regressed`` when the interval lies entirely above 1 + t,
 ``improved`` entirely below 1 − t, ``same`` inside [1 − t, 1 + t], ``noisy`` otherwise. A change must be both
 larger than the threshold *and* significant to regress, so noise alone cannot fail a build. Statuses decide before
 timings: ok → anything else (oom, unsupported, error, timeout, crashed) is ``regressed``, a non-ok case that now
 runs is ``improved``, a case that newly ends error/timeout/crashed is ``regressed``, two non-ok ends are ``same``;
-``new`` and ``missing`` cases have no counterpart and never fail.
+``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that was contended
+(``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
+and says which side.
 
 Runs are compared only when their environments agree on the hard keys (``HARD_KEYS``); otherwise ``compare``
 refuses (exit 3) and lists the differences, unless ``allow_mismatch`` names them.
@@ -47,6 +51,7 @@ from attnbench.core.errors import (
     ResultsError,
 )
 from attnbench.core.stats import student_t_975
+from attnbench.core.units import format_percent
 from attnbench.results.environment import FINGERPRINT_KEYS, Environment
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import FAILED, Result
@@ -102,7 +107,10 @@ class Policy:
     """How verdicts are reached; everything the reader of a verdict needs to know to trust it."""
 
     thresholds: Thresholds = field(default_factory=Thresholds)
-    noise_floor: float = DEFAULT_NOISE_FLOOR
+    # None: the larger of the floors the two runs recorded (their calibration's measured between-process noise),
+    # else DEFAULT_NOISE_FLOOR; ``compare_sides`` resolves it, and says where it came from.
+    noise_floor: float | None = None
+    floor_source: str = "given by --noise-floor"
     resamples: int = RESAMPLES
     allow_mismatch: frozenset[str] = frozenset()
 
@@ -369,6 +377,14 @@ class CaseComparison:
     base_n: int = 0  # processes (evidence "processes") or samples (evidence "samples")
     current_n: int = 0
     note: str = ""
+    # The sides whose timing of the case was contended (another process competed for the machine): the verdict is
+    # then ``noisy``, whatever the numbers say.
+    contended: tuple[Role, ...] = ()
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as tables show it: ``noisy (contended: base)`` when contention decided it."""
+        return f"{self.verdict} (contended: {' and '.join(self.contended)})" if self.contended else self.verdict
 
 
 def process_medians(measurement: Measurement) -> tuple[float, ...]:
@@ -376,7 +392,7 @@ def process_medians(measurement: Measurement) -> tuple[float, ...]:
     return measurement.replicate_medians_s or (measurement.median_s,)
 
 
-_SEVERITY = ("crashed", "error", "timeout", "oom", "unsupported")
+_SEVERITY = ("crashed", "error", "timeout", "oom", "unsupported", "too_slow_for_budget")
 
 
 def _side_status(rows: Sequence[Result]) -> tuple[str, str]:
@@ -426,7 +442,31 @@ def _verdict(lo: float, hi: float, threshold: float) -> Verdict:
 
 
 def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:
-    """The verdict for one case key from its rows on each side (one row per run; either side may be empty)."""
+    """The verdict for one case key from its rows on each side (one row per run; either side may be empty).
+
+    A timed verdict resting on a contended row (either side) is ``noisy``: a machine busy with other work slows
+    a case by an amount nobody measured, so neither a regression nor an improvement, nor sameness, follows. The
+    same holds for a case that went from ``ok`` to ``too_slow_for_budget`` or back (or stayed too slow): how many
+    samples fit in the budget is a timing too."""
+    decided = _compare_case(key, base, current, policy)
+    timing_statuses = {decided.base_status, decided.current_status} <= {"ok", "too_slow_for_budget"}
+    if decided.evidence not in ("processes", "samples") and not (decided.evidence == "status" and timing_statuses):
+        return decided
+    both: tuple[tuple[Role, Sequence[Result]], ...] = (("base", base), ("current", current))
+    sides = tuple(role for role, rows in both if any(r.contended for r in rows))
+    if not sides:
+        return decided
+    reasons = [
+        f"{role}: {'; '.join(r.contention.reasons)}"
+        for role, rows in both
+        for r in rows
+        if r.contended and r.contention is not None
+    ]
+    note = f"timed on a busy machine, so no verdict ({' | '.join(reasons)})"
+    return replace(decided, verdict="noisy", contended=sides, note=_clip(note, 300))
+
+
+def _compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:
     case = (current or base)[0].case
     threshold = policy.thresholds.for_model(case.model)
     if not base:
@@ -473,7 +513,8 @@ def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], po
     if min(len(b.samples_s), len(c.samples_s)) < MIN_SAMPLES:
         return replace(timed, note=f"fewer than {MIN_SAMPLES} samples on one side: no interval")
     lo, hi = bootstrap_ratio_ci(b.samples_s, c.samples_s, key=key, confidence=CONFIDENCE, resamples=policy.resamples)
-    lo, hi = _widen(ratio, lo, hi, policy.noise_floor)
+    floor = DEFAULT_NOISE_FLOOR if policy.noise_floor is None else policy.noise_floor
+    lo, hi = _widen(ratio, lo, hi, floor)
     return replace(timed, verdict=_verdict(lo, hi, threshold), ci_low=lo, ci_high=hi)
 
 
@@ -522,6 +563,7 @@ class Comparison:
                 "threshold": self.policy.thresholds.default,
                 "thresholds_per_model": dict(self.policy.thresholds.per_model),
                 "noise_floor": self.policy.noise_floor,
+                "noise_floor_source": self.policy.floor_source,
                 "confidence": CONFIDENCE,
                 "resamples": self.policy.resamples,
             },
@@ -554,6 +596,7 @@ def _case_dict(c: CaseComparison) -> dict[str, Any]:
         "base_n": c.base_n,
         "current_n": c.current_n,
         "note": c.note,
+        "contended": list(c.contended),
     }
 
 
@@ -576,14 +619,49 @@ def _side_warnings(side: Side, role: Role) -> list[str]:
     return out
 
 
+def resolve_floor(policy: Policy, base: Side, current: Side) -> Policy:
+    """The policy with its noise floor decided: the one given, else the larger floor the runs recorded (measured
+    by ``attnbench calibrate`` on the machine, stored with the run), else the default — and where it came from."""
+    if policy.noise_floor is not None:
+        return policy
+    recorded = [
+        (stored.run.calibration.noise.floor, stored.run.run_id)
+        for side in (base, current)
+        for stored in side.runs
+        if stored.run.calibration is not None and stored.run.calibration.noise is not None
+    ]
+    if recorded:
+        floor, run_id = max(recorded)
+        source = f"measured on this machine by attnbench calibrate (the larger of the runs' figures, run {run_id})"
+        return replace(policy, noise_floor=floor, floor_source=source)
+    source = "the default, as neither run recorded a measured one (attnbench calibrate measures this machine's)"
+    return replace(policy, noise_floor=DEFAULT_NOISE_FLOOR, floor_source=source)
+
+
+def _floor_warning(comparison: Comparison) -> list[str]:
+    """When the floor leaves no room for a verdict at the threshold, say so and how to get one."""
+    floor = comparison.policy.noise_floor or 0.0
+    one_process = [c for c in comparison.cases if c.evidence == "samples"]
+    if not one_process or floor < min(c.threshold for c in one_process):
+        return []
+    return [
+        f"the between-process noise floor (±{format_percent(floor)}) is at least the threshold, so with one process "
+        f"per side no case can be called same and only changes well beyond it regress ({len(one_process)} cases); "
+        "for a verdict at the threshold set timing.processes (e.g. 5) in the config, or compare folders of "
+        "repeated runs"
+    ]
+
+
 def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
     """Check the sides are comparable (raises ``NotComparableError``), then judge every case key."""
     allowed = check_comparable(base, current, policy.allow_mismatch)
+    policy = resolve_floor(policy, base, current)
     base_rows, current_rows = base.rows(), current.rows()
     keys = list(base_rows) + [k for k in current_rows if k not in base_rows]
     cases = tuple(compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys)
     warnings = _side_warnings(base, "base") + _side_warnings(current, "current")
-    return Comparison(base, current, policy, cases, allowed, tuple(warnings))
+    comparison = Comparison(base, current, policy, cases, allowed, tuple(warnings))
+    return replace(comparison, warnings=(*comparison.warnings, *_floor_warning(comparison)))
 
 
 def compare_paths(base: Path, current: Path, policy: Policy) -> Comparison:

@@ -255,6 +255,29 @@ def _timed(curve: Curve) -> list[tuple[int, Result]]:
     return sorted(((n, r) for n, r in curve.results.items() if r.is_timed), key=lambda p: p[0])
 
 
+# A median whose 95 % CI is within ±5 % is evidence enough for a fit, a crossover or a speed-up, even when the
+# stopping rule's tighter target (±1 % by default) was missed; wider than that, or timed on a busy machine, not.
+GOOD_CI = 0.05
+LEFT_OUT = "noisy or contended"  # why a timed length is left out, in every line that says so
+
+
+def good_evidence(result: Result) -> bool:
+    """Whether a row's time may enter fits, crossovers and speed-ups: timed, not contended (``Result.contended``),
+    and converged or with its median's 95 % CI within ±``GOOD_CI``."""
+    if not result.is_timed or result.contended:
+        return False
+    m = result.timing
+    return m.converged or m.summary.ci_halfwidth_rel <= GOOD_CI
+
+
+def _good(curve: Curve) -> list[tuple[int, Result]]:
+    return [(n, r) for n, r in _timed(curve) if good_evidence(r)]
+
+
+def _lengths(ns: Sequence[int]) -> str:
+    return f"n={', '.join(str(n) for n in ns)}"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Scaling laws of a run
 
@@ -361,26 +384,36 @@ def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
     """Fit one curve: median time per call (per token when batch is tied to seq_len) and peak memory, over its
     ok lengths; for decode, the state a step reads in place of the peak (measured, and computed in ``state``)."""
     timed = _timed(curve)
+    good = [(n, r) for n, r in timed if good_evidence(r)]
+
     # With batch tied to seq_len a call's time mixes two effects; per token, only the length's remains.
-    scale = [1 / r.case.tokens if group.tied else 1.0 for _, r in timed]
-    xs = [n for n, _ in timed]
-    time, time_top = _fits(xs, [r.median_s * s for (_, r), s in zip(timed, scale, strict=True)])
+    def scale(r: Result) -> float:
+        return 1 / r.case.tokens if group.tied else 1.0
+
+    # Time from the lengths whose timing is good evidence; memory (or a decode step's state) from every length
+    # that ran: it is measured on its own, and neither noise nor a neighbour's load changes what a call allocates.
+    xs = [n for n, _ in good]
+    time, time_top = _fits(xs, [r.median_s * scale(r) for _, r in good])
     state = None
     if group.mode == "decode":
-        pairs = zip(timed, scale, strict=True)
-        measured = [(n, float(b) * s) for (n, r), s in pairs if (b := r.state_mem_bytes) is not None]
-        computed = [(n, float(r.state_bytes or 0) * s) for (n, r), s in zip(timed, scale, strict=True)]
+        measured = [(n, float(b) * scale(r)) for n, r in timed if (b := r.state_mem_bytes) is not None]
+        computed = [(n, float(r.state_bytes or 0) * scale(r)) for n, r in timed]
         state = fit_power_law([n for n, _ in computed], [b for _, b in computed])
     else:
         measured = [
-            (n, r.memory.peak_bytes * s)
-            for (n, r), s in zip(timed, scale, strict=True)
+            (n, r.memory.peak_bytes * scale(r))
+            for n, r in timed
             if r.memory is not None and r.memory.peak_bytes is not None
         ]
     memory, memory_top = _fits([n for n, _ in measured], [b for _, b in measured])
     notes = []
-    if time is None:
+    left_out = [n for n, r in timed if not good_evidence(r)]
+    if time is None and left_out:
+        notes.append(f"time not fitted: {len(left_out)} of {len(timed)} lengths {LEFT_OUT} ({_lengths(left_out)})")
+    elif time is None:
         notes.append(f"time not fitted ({_count(len(xs), 'length')} ran)")
+    elif left_out:
+        notes.append(f"time fit leaves out {_lengths(left_out)} ({LEFT_OUT})")
     if memory is None:
         notes.append(_state_note(measured) if group.mode == "decode" else _memory_note(measured))
     return ScalingLine(
@@ -458,10 +491,37 @@ class CrossoverLine:
     crossings: tuple[Crossover, ...]
     # Lengths where the ratio's bounds from the two medians' 95 % CIs include 1: which is faster there is noise.
     unclear: tuple[int, ...] = ()
+    # Lengths both curves ran but left out: one side's timing is not good evidence (``good_evidence``).
+    left_out: tuple[int, ...] = ()
+
+    @property
+    def stable(self) -> bool:
+        """False when the order flips more than once and a flip rests on a length where it is within noise."""
+        brackets = {int(x) for c in self.crossings for x in (c.low_x, c.high_x)}
+        return len(self.crossings) < 2 or not brackets & set(self.unclear)
 
     @property
     def text(self) -> str:
         """'sdpa-flash becomes slower than lstm at n ≈ 190 (between 64 and 256)', or what holds throughout."""
+        return self._text() + self._left_out()
+
+    def _left_out(self) -> str:
+        if not self.left_out or not self.seq_lens:
+            return ""
+        total = len(self.seq_lens) + len(self.left_out)
+        return f"; {len(self.left_out)} of {total} lengths left out ({LEFT_OUT}: {_lengths(self.left_out)})"
+
+    def _text(self) -> str:
+        if not self.seq_lens:
+            total = len(self.left_out)
+            return f"{self.a} vs {self.b}: crossover not determined: {total} of {total} lengths {LEFT_OUT}"
+        if not self.stable:
+            span = f"n={self.seq_lens[0]}–{self.seq_lens[-1]}"
+            flips = [str(n) for n in self.unclear]
+            return (
+                f"{self.a} vs {self.b}: no stable crossover in range {span}: the order flips "
+                f"{len(self.crossings)} times, within noise at n={', '.join(flips)}"
+            )
         if self.crossings:
             parts = []
             for i, c in enumerate(self.crossings):
@@ -535,11 +595,14 @@ def _pairs(group: CurveGroup, baseline_model: str | None) -> list[tuple[Curve, C
 
 
 def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | None:
-    """Where ``a``'s time per call crosses ``b``'s; None when no length has both timed."""
+    """Where ``a``'s time per call crosses ``b``'s, over the lengths where both timings are good evidence; None
+    when no length has both timed."""
     timed_b = dict(_timed(b))
-    common = [(n, r, timed_b[n]) for n, r in _timed(a) if n in timed_b]
-    if not common:
+    both = [(n, r, timed_b[n]) for n, r in _timed(a) if n in timed_b]
+    if not both:
         return None
+    common = [(n, ra, rb) for n, ra, rb in both if good_evidence(ra) and good_evidence(rb)]
+    left_out = tuple(n for n, ra, rb in both if not (good_evidence(ra) and good_evidence(rb)))
     xs = [n for n, _, _ in common]
     ya = [r.median_s for _, r, _ in common]
     yb = [r.median_s for _, _, r in common]
@@ -556,6 +619,7 @@ def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | Non
         ratios=tuple(x / y for x, y in zip(ya, yb, strict=True)),
         crossings=tuple(crossovers(xs, ya, yb)),
         unclear=tuple(n for n, ra, rb in common if _overlaps(ra, rb)),
+        left_out=left_out,
     )
 
 

@@ -2,17 +2,30 @@
 
 The measuring is ``measure.selfcheck``, which returns raw per-round medians (``results.selfcheck``); ``judge``
 turns them into the values below, which carry the rules:
-an op whose reference median is ≥ ``GATE_MIN_S`` must agree within ``TOLERANCE`` of each reference; the median of
-the per-round ratios is the estimate, and a wide spread of those ratios says the machine was noisy.
+
+* an op is gated when attnbench's own median is ≥ ``GATE_MIN_S`` (shorter ops differ by per-call overheads by
+  design, and are shown, not judged);
+* the estimate is the median of the per-round ratios attnbench / reference, and its 95 % interval a Student t
+  interval of the log ratios over the rounds, around that median (rounds are few, and their ratios close to
+  log-normal; the distribution-free interval of a median needs at least 6 rounds);
+* **fail** when the whole interval lies beyond ±``TOLERANCE``, **pass** when it lies inside, **inconclusive**
+  otherwise: a machine too noisy to tell is said to be so (exit ``EXIT_INCONCLUSIVE``), not called a failure.
+  ``measure.selfcheck`` adds rounds, within a budget, while an op is inconclusive (``decided`` tells it).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
+from typing import Literal
 
-from attnbench.core.units import format_seconds
-from attnbench.results.selfcheck import DO_BENCH, TIMER, SelfcheckOp, SelfcheckTimings
+from attnbench.core.errors import EXIT_CASE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
+from attnbench.core.stats import student_t_975
+from attnbench.core.units import format_change, format_change_interval, format_percent, format_seconds
+from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
+
+Outcome = Literal["pass", "fail", "inconclusive", "not gated"]
 
 TOLERANCE: dict[str, float] = {TIMER: 0.05, DO_BENCH: 0.03}
 
@@ -48,16 +61,60 @@ class Reference:
         return statistics.median(self.ratios)
 
     @property
+    def ours_median_s(self) -> float:
+        return statistics.median(self.ours_s)
+
+    @property
     def gated(self) -> bool:
-        return self.median_s >= GATE_MIN_S
+        """Judged only when attnbench's own time is ≥ ``GATE_MIN_S`` (issue 17: a 15 µs matmul was gated)."""
+        return self.ours_median_s >= GATE_MIN_S
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The 95 % interval of the ratio over the rounds; None with a single round."""
+        n = len(self.ratios)
+        if n < 2:
+            return None
+        logs = [math.log(r) for r in self.ratios]
+        half = student_t_975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+        centre = math.log(self.ratio)
+        return math.exp(centre - half), math.exp(centre + half)
+
+    @property
+    def outcome(self) -> Outcome:
+        if not self.gated:
+            return "not gated"
+        interval = self.interval
+        if interval is None:
+            return "inconclusive"
+        lo, hi = interval
+        if lo > 1 + self.tolerance or hi < 1 - self.tolerance:
+            return "fail"
+        if lo >= 1 - self.tolerance and hi <= 1 + self.tolerance:
+            return "pass"
+        return "inconclusive"
 
     @property
     def failed(self) -> bool:
-        return self.gated and abs(self.ratio - 1.0) > self.tolerance
+        return self.outcome == "fail"
 
     @property
     def noisy(self) -> bool:
         return self.gated and max(self.ratios) - min(self.ratios) > NOISY_SPREAD
+
+    def text(self) -> str:
+        """ "attnbench 15.1 µs vs torch.utils.benchmark 30.4 µs: −50.3 % (95 % CI −52.0 % to −48.1 %), beyond ±5 %"."""
+        where = {"pass": "within", "fail": "beyond", "inconclusive": "straddles", "not gated": "not gated at"}
+        interval = self.interval
+        ci = (
+            "no interval from one round"
+            if interval is None
+            else f"95 % CI {format_change_interval(interval[0] - 1, interval[1] - 1)}"
+        )
+        return (
+            f"attnbench {format_seconds(self.ours_median_s)} vs {self.timer} {format_seconds(self.median_s)}: "
+            f"{format_change(self.ratio - 1)} ({ci}), {where[self.outcome]} ±{format_percent(self.tolerance)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -72,16 +129,22 @@ class OpCheck:
         return statistics.median(self.ours_s) if self.ours_s else None
 
     @property
+    def outcome(self) -> Outcome:
+        """fail if any reference fails, else inconclusive if any is, else pass; not gated when none is gated."""
+        outcomes = {r.outcome for r in self.references}
+        for outcome in ("fail", "inconclusive", "pass"):
+            if outcome in outcomes:
+                return outcome
+        return "not gated"
+
+    @property
     def verdict(self) -> str:
         if self.skipped:
             return f"skipped: {self.skipped}"
-        failed = [r for r in self.references if r.failed]
-        if failed:
-            parts = [f"{r.timer} {r.ratio - 1:+.1%} > ±{r.tolerance:.0%}" for r in failed]
-            return "FAIL (" + "; ".join(parts) + ")"
-        if not any(r.gated for r in self.references):
+        if self.outcome == "not gated":
             return f"not gated (< {format_seconds(GATE_MIN_S)})"
-        return "ok"
+        label = {"fail": "FAIL", "inconclusive": "inconclusive", "pass": "pass"}[self.outcome]
+        return f"{label}: " + "; ".join(r.text() for r in self.references if r.gated)
 
 
 @dataclass(frozen=True)
@@ -93,7 +156,18 @@ class SelfcheckReport:
 
     @property
     def failures(self) -> list[OpCheck]:
-        return [c for c in self.checks if any(r.failed for r in c.references)]
+        return [c for c in self.checks if not c.skipped and c.outcome == "fail"]
+
+    @property
+    def inconclusive(self) -> list[OpCheck]:
+        return [c for c in self.checks if not c.skipped and c.outcome == "inconclusive"]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when an op disagrees, ``EXIT_INCONCLUSIVE`` when none does but some could not be decided, else 0."""
+        if self.failures:
+            return EXIT_CASE_FAILED
+        return EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
 
 
 def noise_note(report: SelfcheckReport) -> str | None:
@@ -110,22 +184,33 @@ def noise_note(report: SelfcheckReport) -> str | None:
 
 
 def summary_line(report: SelfcheckReport) -> str:
-    gated = sum(1 for c in report.checks if any(r.gated for r in c.references))
+    gated = sum(1 for c in report.checks if not c.skipped and any(r.gated for r in c.references))
     if report.failures:
         names = ", ".join(f"{c.op.name} {c.op.shape}" for c in report.failures)
         return f"selfcheck FAILED: {len(report.failures)} of {gated} gated ops disagree ({names})"
+    if report.inconclusive:
+        names = ", ".join(f"{c.op.name} {c.op.shape}" for c in report.inconclusive)
+        return (
+            f"selfcheck inconclusive: {len(report.inconclusive)} of {gated} gated ops could not be told apart from "
+            f"the tolerance after {report.timings.rounds} rounds or more ({names}); the machine is too noisy for a "
+            "verdict: rerun on a quiet one"
+        )
     return f"selfcheck passed: {gated} gated ops agree within tolerance"
+
+
+def decided(timings: OpTimings) -> bool:
+    """Whether one op's rounds so far give every gated reference a pass or a fail (``measure.selfcheck`` adds
+    rounds while they do not)."""
+    check = judge_op(timings)
+    return bool(check.skipped) or check.outcome != "inconclusive"
+
+
+def judge_op(t: OpTimings) -> OpCheck:
+    return OpCheck(
+        t.op, t.ours_s, tuple(Reference(timer, medians, t.ours_s) for timer, medians in t.references), t.skipped
+    )
 
 
 def judge(timings: SelfcheckTimings) -> SelfcheckReport:
     """The verdicts on what ``measure.selfcheck`` timed: one ``OpCheck`` per op, one ``Reference`` per timer."""
-    checks = tuple(
-        OpCheck(
-            t.op,
-            t.ours_s,
-            tuple(Reference(timer, medians, t.ours_s) for timer, medians in t.references),
-            t.skipped,
-        )
-        for t in timings.ops
-    )
-    return SelfcheckReport(timings, checks)
+    return SelfcheckReport(timings, tuple(judge_op(t) for t in timings.ops))

@@ -44,6 +44,7 @@ from attnbench.claims.verdicts import (
     Verdict,
     config_for,
     exponent_text,
+    few_points,
     not_measurable,
     thin_slope,
     undecided,
@@ -229,7 +230,7 @@ def _memory_row(s: Series) -> ClaimResult | None:
         f"peak memory ∝ {exponent_text(fit)}, {format_bytes(peaks[0])} → {format_bytes(peaks[-1])} "
         f"({describe_series(Series(s.shape, tuple(points)))}, {method})"
     )
-    thin = thin_slope(fit, points)
+    thin = few_points(fit)  # a peak is measured on its own: the timing's noise is no reason to doubt it
     if not thin and method == "rss-hwm" and max(peaks) < RSS_MIN_BYTES:
         thin = f"peaks below {format_bytes(RSS_MIN_BYTES)}: RSS page granularity and allocator caching dominate"
     recurrent = family(s.shape.model) == "recurrent"

@@ -95,14 +95,27 @@ def exponent_text(fit: PowerLaw) -> str:
     return f"n^{fit.exponent:.2f} [{ci}]"
 
 
-def thin_slope(fit: PowerLaw | None, points: Sequence[Result]) -> str:
-    """Why a slope is too thin to judge ("" when it is not): too few lengths, or mostly noisy points."""
+def few_points(fit: PowerLaw | None) -> str:
+    """Why a slope has too few lengths to judge ("" when it has enough)."""
     if fit is None or fit.points < MIN_SLOPE_POINTS:
         have = 0 if fit is None else fit.points
         return f"only {have} usable length{'s' * (have != 1)}; a slope needs ≥ {MIN_SLOPE_POINTS}"
-    rough = [r for r in points if noisy(r)]
+    return ""
+
+
+def thin_slope(fit: PowerLaw | None, points: Sequence[Result]) -> str:
+    """Why a *time* slope is too thin to judge ("" when it is not): too few lengths, or most of them noisy or
+    timed on a busy machine. A memory slope is judged by ``few_points`` alone: timing noise says nothing about a
+    peak (issue 17, item 6)."""
+    few = few_points(fit)
+    if few:
+        return few
+    rough = [r for r in points if noisy(r) or r.contended]
     if 2 * len(rough) > len(points):
-        return f"{len(rough)} of {len(points)} points are noisy (IQR > 10 % of the median or CI target missed)"
+        return (
+            f"{len(rough)} of {len(points)} points are noisy (IQR > 10 % of the median or CI target missed) or "
+            "were timed on a busy machine"
+        )
     return ""
 
 

@@ -62,8 +62,8 @@ def compare(
         typer.Option(
             "--noise-floor",
             help="Between-process spread assumed when a side has one process: the 95 % half-width of the ratio "
-            "between two processes of unchanged code (scripts/bench_aa.py measures it).",
-            show_default="4%",
+            "between two processes of unchanged code.",
+            show_default="the larger floor the runs recorded (attnbench calibrate measures it), else 4%",
         ),
     ] = None,
     allow_mismatch: Annotated[
@@ -82,7 +82,7 @@ def compare(
 
     Exit 1 on a regression, 3 when the runs are not comparable, 4 when BASE holds no run.
     """
-    from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR, Policy, compare_paths
+    from attnbench.analysis.compare import Policy, compare_paths
     from attnbench.analysis.thresholds import Thresholds, parse_fraction, parse_threshold
     from attnbench.report.compare_md import compare_table, render_compare_markdown
 
@@ -92,7 +92,7 @@ def compare(
         limits = Thresholds(parse_threshold(fail_on) if fail_on is not None else Thresholds().default)
     policy = Policy(
         thresholds=limits,
-        noise_floor=DEFAULT_NOISE_FLOOR if noise_floor is None else parse_fraction(noise_floor, "--noise-floor"),
+        noise_floor=None if noise_floor is None else parse_fraction(noise_floor, "--noise-floor"),
         allow_mismatch=frozenset(allow_mismatch or ()),
     )
     comparison = compare_paths(base, current, policy)

@@ -5,6 +5,7 @@ Both need torch, imported inside the commands so that ``--help`` works without i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -19,8 +20,9 @@ from attnbench.cli.common import (
     stdout,
     write_or_print,
 )
-from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.core.peaks import PEAK_DTYPES
+from attnbench.core.units import format_percent
 
 if TYPE_CHECKING:
     from attnbench.core.peaks import VendorPeak
@@ -62,9 +64,19 @@ def calibrate(
         ),
     ] = False,
     threads: ThreadsOpt = None,
+    noise_processes: Annotated[
+        int,
+        typer.Option(
+            "--noise-processes",
+            min=0,
+            max=100,
+            help="Fresh processes to time the reference cases in for the between-process noise (compare's noise "
+            "floor); 0 skips it.",
+        ),
+    ] = 5,
 ) -> None:
-    """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) once per machine, and show them
-    beside the vendor's peaks."""
+    """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) and the between-process noise once
+    per machine, and show them beside the vendor's peaks."""
     from attnbench.analysis.efficiency import vendor_for
     from attnbench.measure.ceilings import calibrate as measure_ceilings
     from attnbench.measure.devices import resolve_device, use_threads
@@ -93,12 +105,48 @@ def calibrate(
         calibration = measure_ceilings(
             resolved, wanted, environment, quick=quick, progress=lambda line: stderr.print(f"  {line}", markup=False)
         )
+        if cached is not None:  # the noise is the machine's, not a dtype's: a cache that gains a dtype keeps it
+            calibration = replace(calibration, noise=cached.noise)
         if calibration.quick:
             origin = "measured now (--quick on a CPU: reduced sizes, not cached, not used by sweeps)"
         else:
             origin = f"measured now; cached in {save(calibration)} for sweeps on this machine"
+    if calibration.noise is None and noise_processes >= 2 and not quick:
+        calibration = _with_noise(calibration, resolved, environment.torch_threads, noise_processes)
+        origin += f"; noise floor measured now, cached in {save(calibration)}"
     vendor, why_none = vendor_for(environment.to_dict())
     _print_calibration(calibration, vendor, device_type, origin, why_none)
+
+
+def _with_noise(calibration: Calibration, device: str, threads: int | None, processes: int) -> Calibration:
+    from attnbench.measure.noise import measure_noise, reference_cases
+
+    cases = reference_cases(device)
+    stderr.print(
+        f"measuring the between-process noise: {len(cases)} reference cases in {processes} fresh processes",
+        markup=False,
+    )
+    noise = measure_noise(
+        device, threads, processes=processes, progress=lambda line: stderr.print(f"  {line}", markup=False)
+    )
+    return replace(calibration, noise=noise)
+
+
+def noise_line(calibration: Calibration) -> str:
+    """The between-process noise in words, or how to measure it."""
+    noise = calibration.noise
+    if noise is None:
+        return "between-process noise: not measured (attnbench calibrate --refresh measures it)"
+    spreads = ", ".join(format_percent(s) for s in noise.spreads)
+    line = (
+        f"between-process noise: ±{format_percent(noise.floor)} (95 % interval of the ratio of two processes; "
+        f"{noise.processes} "
+        f"processes × {len(noise.cases)} reference cases, widest-over-narrowest {spreads}): compare's noise floor "
+        "for one process per side"
+    )
+    if noise.contended:
+        line += f"; {noise.contended} of its timings ran on a busy machine, so a quiet machine's floor is lower"
+    return line
 
 
 def _print_calibration(
@@ -116,6 +164,7 @@ def _print_calibration(
         table.add_row(*(escape(cell) for cell in (row.what, row.measured, row.at, row.vendor, row.ratio, row.used)))
     stdout.print(table)
     stdout.print(vendor_line(calibration.device_name, vendor, device_type, why_none), markup=False)
+    stdout.print(noise_line(calibration), markup=False)
     for note in calibration.notes:
         stdout.print(f"note: {note}", markup=False)
     stdout.print(origin, markup=False)
@@ -135,12 +184,23 @@ def selfcheck(
     rounds: Annotated[
         int | None, typer.Option("--rounds", min=1, help="Interleaved rounds per op.", show_default="7, quick 3")
     ] = None,
+    max_rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--max-rounds",
+            min=1,
+            help="Rounds an op may get while its interval straddles the tolerance.",
+            show_default="3 × rounds",
+        ),
+    ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the table as markdown.")] = None,
     threads: ThreadsOpt = None,
 ) -> None:
     """Time a fixed list of ops with attnbench and with torch.utils.benchmark (and triton's do_bench on a GPU),
-    interleaved; exit 1 if an op of ≥ 100 µs disagrees beyond ±5 % (±3 % against do_bench)."""
-    from attnbench.analysis.selfcheck import judge, noise_note, summary_line
+    interleaved. An op of ≥ 100 µs (attnbench's time) fails when the 95 % interval of its ratio lies beyond ±5 %
+    (±3 % against do_bench), passes when inside; otherwise rounds are added, and it stays inconclusive. Exit 1 on
+    a failure, 5 when some op is inconclusive and none failed, else 0."""
+    from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
     from attnbench.measure.devices import resolve_device, use_threads
     from attnbench.measure.selfcheck import run_selfcheck
     from attnbench.report.selfcheck_md import render_markdown, table_rows
@@ -148,7 +208,12 @@ def selfcheck(
     resolved = resolve_device(device or "auto")
     use_threads(threads)
     timings = run_selfcheck(
-        resolved, quick=quick, rounds=rounds, progress=lambda line: stderr.print(f"selfcheck {line}", markup=False)
+        resolved,
+        quick=quick,
+        rounds=rounds,
+        progress=lambda line: stderr.print(f"selfcheck {line}", markup=False),
+        decided=decided,
+        max_rounds=max_rounds,
     )
     report = judge(timings)
     header, rows = table_rows(report)
@@ -170,5 +235,5 @@ def selfcheck(
     stdout.print(summary_line(report), markup=False)
     if output is not None:
         write_or_print(render_markdown(report), output)
-    if report.failures:
-        raise typer.Exit(EXIT_CASE_FAILED)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)

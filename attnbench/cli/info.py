@@ -116,6 +116,7 @@ def models(
 @handles_errors
 def env(device: DeviceOpt = None) -> None:
     """Print the environment a run here would record."""
+    from attnbench.measure.contention import busy_now, logical_cores
     from attnbench.measure.devices import resolve_device
     from attnbench.measure.environment import collect_environment
     from attnbench.measure.telemetry import telemetry_status
@@ -130,4 +131,8 @@ def env(device: DeviceOpt = None) -> None:
         table.add_row(key, "" if value is None else escape(str(value)))
     for key, value in telemetry_status(resolved).items():
         table.add_row(f"telemetry.{key}", escape(value))
+    # What a sweep started now would share the machine with (the same check a sweep makes before its first case).
+    now = busy_now(resolved, environment.torch_threads or logical_cores())
+    table.add_row("load.now", escape(now.evidence or "unknown"))
+    table.add_row("load.busy", "[yellow]yes[/]: " + escape("; ".join(now.reasons)) if now.contended else "no")
     stdout.print(table)

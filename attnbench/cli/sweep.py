@@ -31,7 +31,10 @@ from attnbench.core.units import format_duration
 from attnbench.results.records import FAILED, Result
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from attnbench.measure.sweep import Sweep, SweepPlan
+    from attnbench.results.contention import Contention
     from attnbench.results.store import StoredRun
 
 
@@ -80,6 +83,16 @@ def sweep(
     allow_mixed_devices: Annotated[
         bool, typer.Option("--allow-mixed-devices", help="With --devices: allow GPUs of different models.")
     ] = False,
+    wait_idle: Annotated[
+        float,
+        typer.Option(
+            "--wait-idle",
+            min=0.0,
+            max=86_400.0,
+            metavar="SECONDS",
+            help="When the machine is busy before the first case, wait up to this long for quiet (0: check and go on).",
+        ),
+    ] = 0.0,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -114,6 +127,7 @@ def sweep(
         shard=None if shard is None else parse_shard(shard),
         devices=devices,
         allow_mixed_devices=allow_mixed_devices,
+        wait_idle_s=wait_idle,
     )
     if dry_run:
         _print_plan(plan_sweep(request))
@@ -122,7 +136,7 @@ def sweep(
     with interrupts.installed(), ExitStack() as stack:
         try:
             with interrupts.arming():  # start-up (torch's import, the environment) is abandoned at once
-                run = stack.enter_context(open_sweep(request))
+                run = stack.enter_context(open_sweep(request, on_busy=_waiting(quiet)))
         except BaseException as exc:
             # A signal came while starting: whatever it surfaced as (an extension being imported may turn the
             # KeyboardInterrupt into an error of its own), it is an interrupt. open_sweep removed the folder it may
@@ -158,6 +172,23 @@ def sweep(
         code = _run_and_render(run, quiet, interrupts)
     if code:
         raise typer.Exit(code)
+
+
+def _waiting(quiet: bool) -> Callable[[Contention, float], None]:
+    """Says once that the sweep waits for a busy machine to go quiet (--wait-idle), with the evidence."""
+    said = False
+
+    def on_busy(busy: Contention, left_s: float) -> None:
+        nonlocal said
+        if not said and not quiet:
+            stderr.print(
+                f"the machine is busy ({'; '.join(busy.reasons)}): waiting up to {left_s:.0f} s for quiet",
+                markup=False,
+                highlight=False,
+            )
+        said = True
+
+    return on_busy
 
 
 def _print_plan(plan: SweepPlan) -> None:
@@ -227,7 +258,10 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts) -> int:
     from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE
 
     interrupts.on_second.append(run.abort)
-    display = SweepDisplay(stdout, len(run.plan.todo), quiet=quiet, errors=stderr)
+    plan = run.plan
+    display = SweepDisplay(
+        stdout, len(plan.todo), quiet=quiet, errors=stderr, cases=plan.todo, policy=plan.experiment.timing
+    )
     failure: ResultsError | None = None
     try:
         with display:

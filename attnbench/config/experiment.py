@@ -239,6 +239,9 @@ class TimingModel(_Strict):
     """GPU only. cold: flush the device's L2 before every timed call (not timed); warm: do not."""
     cuda_graph: bool = _POLICY.cuda_graph
     """GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost."""
+    process_warmup_s: Annotated[float, Field(ge=0, le=60)] = _POLICY.process_warmup_s
+    """Before the first case of each process, this many seconds of a mixed parallel workload, so the first case does
+    not pay for thread pools, clock ramp-up and first-use initialisation; 0 = none."""
 
 
 class ConfigModel(_Strict):

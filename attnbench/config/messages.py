@@ -107,6 +107,7 @@ _ALLOWED = {
     "max_case_s": _POSITIVE_SECONDS,
     "warmup_max_s": _POSITIVE_SECONDS,
     "min_sample_s": _POSITIVE_SECONDS,
+    "process_warmup_s": "a number of seconds from 0 to 60 (0 = no process warm-up)",
 }
 _TYPE_WORDS = {
     "int_type": "an integer",

@@ -174,9 +174,18 @@ class TimingPolicy:
     cache: Literal["warm", "cold"] = "warm"
     # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
     cuda_graph: bool = False
+    # Before the first case of each process: this long of a mixed, parallel workload (``measure.process_warmup``),
+    # so the first case does not pay for the thread pool's start, the autograd engine's, clock ramp-up and
+    # first-use initialisation that every later case finds done. 0 = none.
+    process_warmup_s: float = 0.5
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        data = asdict(self)
+        # Written only when there is one, so a run from before the warm-up existed reads back as it was stored
+        # (results.records reads a missing key as 0: those runs had none).
+        if not self.process_warmup_s:
+            del data["process_warmup_s"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> TimingPolicy:

@@ -10,6 +10,7 @@ EXIT_CASE_FAILED = 1  # a case ended error/crashed/timeout (or compare found a r
 EXIT_BAD_INPUT = 2
 EXIT_NOT_COMPARABLE = 3
 EXIT_NO_BASELINE = 4
+EXIT_INCONCLUSIVE = 5  # selfcheck: no op disagreed, but the rounds could not tell some from the tolerance
 # A file of a run folder could not be written (disk full, quota, read-only file system, I/O error, permission).
 # sysexits.h's EX_IOERR: an outside failure, neither a bad input (2) nor a verdict (1, 3, 4); finished rows are kept.
 EXIT_WRITE_FAILED = 74

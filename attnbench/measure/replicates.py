@@ -47,7 +47,7 @@ def merge_replicates(results: Sequence[Result]) -> Result:
 
     Samples are pooled (the within-process view) and each replicate's median is kept (the between-process
     view, which widens the CI: ``Measurement.summary``). Memory is the largest peak; telemetry and extras are
-    the first replicate's, and the row says so.
+    the first replicate's, and the row says so; contention is the first contended replicate's, if any.
     """
     if not results or any(not r.ok or r.measurement is None for r in results):
         raise ValueError("merge_replicates() takes ok results with measurements")
@@ -81,4 +81,6 @@ def merge_replicates(results: Sequence[Result]) -> Result:
         memory=memory,
         duration_s=sum(r.duration_s for r in results),
         extra=extra,
+        # One contended replicate makes the merged row contended: its median is in the pooled evidence.
+        contention=next((r.contention for r in results if r.contended), first.contention),
     )

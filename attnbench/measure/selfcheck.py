@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
 ROUNDS, QUICK_ROUNDS = 7, 3
+MAX_ROUNDS_FACTOR = 3  # an op that is still inconclusive gets rounds added, up to this many times the rounds asked
 
 # blocked_autorange's min_run_time per round: its default, and a quarter of it for a quick run.
 MIN_RUN_TIME_S, QUICK_MIN_RUN_TIME_S = 0.2, 0.05
@@ -109,15 +110,24 @@ def policy_for(quick: bool) -> TimingPolicy:
 
 
 def run_selfcheck(
-    device: str, *, quick: bool = False, rounds: int | None = None, progress: Progress | None = None
+    device: str,
+    *,
+    quick: bool = False,
+    rounds: int | None = None,
+    progress: Progress | None = None,
+    decided: Callable[[OpTimings], bool] | None = None,
+    max_rounds: int | None = None,
 ) -> SelfcheckTimings:
-    """Time every op of ``ops_for(device)`` with attnbench and the references, interleaved, and compare."""
+    """Time every op of ``ops_for(device)`` with attnbench and the references, interleaved, ``rounds`` rounds each;
+    then, while ``decided`` (the verdict's rule, ``analysis.selfcheck.decided``) says an op's rounds cannot tell it
+    from the tolerance yet, one more round of that op, up to ``max_rounds`` (default ``MAX_ROUNDS_FACTOR × rounds``)."""
     import torch
 
     from attnbench.measure.environment import collect_environment
 
     dev = torch.device(device)
     rounds = rounds or (QUICK_ROUNDS if quick else ROUNDS)
+    max_rounds = max(rounds, max_rounds or MAX_ROUNDS_FACTOR * rounds)
     policy = policy_for(quick)
     timers = [TIMER]
     notes: list[str] = []
@@ -151,7 +161,10 @@ def run_selfcheck(
         if progress:
             progress(f"[{index}/{len(ops)}] {op.name} {op.shape} {op.dtype}: {rounds} rounds")
         min_run_time = QUICK_MIN_RUN_TIME_S if quick else MIN_RUN_TIME_S
-        checks.append(_check_op(op, dev, policy, rounds, min_run_time, timers, do_bench))
+        check = _check_op(op, dev, policy, (rounds, max_rounds), min_run_time, timers, do_bench, decided)
+        if progress and len(check.ours_s) > rounds:
+            progress(f"[{index}/{len(ops)}] {op.name}: {len(check.ours_s)} rounds to reach a verdict")
+        checks.append(check)
     if quick and dev.type == "cuda":
         notes.append(f"quick run: one op per family, each attnbench measurement capped at {QUICK_MAX_CASE_S:g} s")
     elif quick:
@@ -201,10 +214,11 @@ def _check_op(
     op: SelfcheckOp,
     dev: torch.device,
     policy: TimingPolicy,
-    rounds: int,
+    rounds: tuple[int, int],  # (at least, at most)
     min_run_time: float,
     timers: list[str],
     do_bench: Callable[..., float] | None,
+    decided: Callable[[OpTimings], bool] | None = None,
 ) -> OpTimings:
     import torch
     from torch.utils.benchmark import Timer
@@ -237,12 +251,18 @@ def _check_op(
             runners[DO_BENCH] = reference_do_bench
         names = list(runners)
         medians: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(rounds):
+
+        def so_far() -> OpTimings:
+            return OpTimings(op, tuple(medians["attnbench"]), tuple((t, tuple(medians[t])) for t in timers))
+
+        least, most = rounds
+        r = 0
+        while r < least or (r < most and decided is not None and not decided(so_far())):
             # Rotate the order each round so no timer always runs first (or right after another's warm-up).
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 medians[name].append(runners[name]())
-    ours_s = tuple(medians["attnbench"])
-    return OpTimings(op, ours_s, tuple((t, tuple(medians[t])) for t in timers))
+            r += 1
+    return so_far()
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from attnbench.config.messages import OVERRIDE
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ConfigError, DeviceError, ResultsError
 from attnbench.core.shards import Shard
+from attnbench.measure.contention import logical_cores, wait_for_idle
 from attnbench.measure.devices import device_slug, guess_device, resolve_device, use_threads
 from attnbench.measure.environment import code_identity, collect_environment
 from attnbench.measure.events import SweepListener
@@ -34,6 +35,7 @@ from attnbench.measure.loop import OomSkipper, run_cases
 from attnbench.measure.pool import DeviceSet, DevicesFailedError, WorkerPool, resolve_devices
 from attnbench.measure.replicates import ReplicatedExecutor
 from attnbench.results.calibration import Calibration, load_cached
+from attnbench.results.contention import Contention
 from attnbench.results.environment import Environment
 from attnbench.results.files import remove_leftovers, utc_now
 from attnbench.results.lock import RunLock, remove_if_only_lock
@@ -61,6 +63,8 @@ class SweepRequest:
     shard: Shard | None = None  # measure only this slice of the config's cases (sweep --shard i/N)
     devices: str | None = None  # one isolated worker per device: "all", "cuda:0,cuda:1", "cpu,cpu" (--devices)
     allow_mixed_devices: bool = False  # --devices may name GPUs of different models
+    # Before the first case: wait up to this long for a busy machine to go quiet (--wait-idle); 0 checks once.
+    wait_idle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -295,8 +299,18 @@ class Sweep:
             self._executor.close(now=True)
 
 
+def busy_warning(busy: Contention, waited_s: float) -> str:
+    """What the pre-sweep check says when the machine is busy, with the evidence and what to do about it."""
+    waited = f" after waiting {waited_s:g} s" if waited_s else ""
+    hint = "" if waited_s else "; --wait-idle SECONDS waits for quiet first"
+    return (
+        f"the machine is busy{waited} ({'; '.join(busy.reasons)}; {busy.evidence}): timings taken now are slower by "
+        f"an unknown amount, and each case timed while it lasts will be marked contended{hint}"
+    )
+
+
 @contextmanager
-def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
+def open_sweep(request: SweepRequest, *, on_busy: Callable[[Contention, float], None] | None = None) -> Iterator[Sweep]:
     """Plan the sweep, then lock (resume) or create (new) its run folder and write run.json; the lock is held
     until the block ends. A resume locks before it reads, so nobody appends between our reading and our rows,
     then clears what a killed write left behind. A new folder that stops before it holds run.json (a signal, a
@@ -309,13 +323,19 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
         plan = plan_sweep(request)
         environment = _environment(plan)
         warnings = list(plan.warnings)
+        # Before anything is written: is the machine already busy? (≤ 1 s, or up to --wait-idle for quiet)
+        threads = environment.torch_threads or logical_cores()
+        busy = wait_for_idle(plan.device, threads, request.wait_idle_s, on_busy=on_busy)
+        if busy.contended:
+            warnings.append(busy_warning(busy, request.wait_idle_s))
         if plan.stored is not None:
             _check_same_environment(plan.stored, environment)
             folder = plan.stored.folder
             refuse_special_files(folder)  # before the first write: nothing is written through a planted link
             remove_leftovers(folder)
             # A resume keeps the run's code identity and label: the rows belong to the run as it was started.
-            run = replace(plan.stored.run, state="running", finished_utc="")
+            contended = sum(r.contended for r in plan.kept)
+            run = replace(plan.stored.run, state="running", finished_utc="", contended_cases=contended)
             rewrite_rows(folder, lambda r: r.ok or not request.retry_failed)  # the same rule as plan.kept
         else:
             folder = created = _new_run_folder(request.out, plan.experiment, plan.device)
@@ -336,6 +356,7 @@ def open_sweep(request: SweepRequest) -> Iterator[Sweep]:
                 code=code_identity(),
                 label=request.label,
                 shard=plan.shard,
+                contended_cases=0,
             )
         writer = RunWriter(folder, run)
         created = None  # it holds run.json: a run to resume from now on, never removed
@@ -400,6 +421,12 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _only_added(then: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether ``now`` differs from ``then`` only by keys ``then`` does not have at all."""
+    a, b = _flatten(then), _flatten(now)
+    return set(a) <= set(b) and all(a[k] == b[k] for k in a)
+
+
 def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``key.path: <then> then, <now> now`` for every leaf that differs."""
     a, b = _flatten(then), _flatten(now)
@@ -424,7 +451,9 @@ def _resume_experiment(request: SweepRequest, stored: StoredRun) -> Experiment:
             ) from None
     else:
         experiment = load_experiment(request.config, request.overrides, force=request.force)
-    if experiment.sha256 != stored.run.config_sha256:
+    # A setting this attnbench added since the run began (absent from the stored config, so its default now) is
+    # no difference of the user's making: a run started before timing.process_warmup_s existed still resumes.
+    if experiment.sha256 != stored.run.config_sha256 and not _only_added(stored.run.config, experiment.resolved):
         diff = _differences(stored.run.config, experiment.resolved)
         raise ResultsError(
             f"--resume {stored.folder}: the config differs from the one the run was started with "

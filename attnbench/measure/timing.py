@@ -16,6 +16,7 @@ from typing import Protocol
 
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.stats import median_ci_ranks, summarize
+from attnbench.core.units import format_seconds
 from attnbench.results.measurement import MODIFIED_Z_CUT, NOISY_IQR_REL, Measurement, StopReason
 
 
@@ -57,6 +58,19 @@ def _busy_wait(fn: Callable[[], object], seconds: float) -> Callable[[], object]
     return slowed
 
 
+TOO_SLOW = "too slow for the budget"  # how the warning that makes a row too_slow_for_budget begins
+
+
+def _too_slow(sample_s: float, policy: TimingPolicy, left_s: float, *, taken: int | None = None) -> str:
+    need = sample_s * policy.min_samples
+    got = "" if taken is None else f"; only {taken} fitted"
+    return (
+        f"{TOO_SLOW}: a sample takes {format_seconds(sample_s)}, so timing.min_samples = {policy.min_samples} "
+        f"needs {format_seconds(need)} and timing.max_case_s = {policy.max_case_s:g} s (warm-up and samples) "
+        f"left {format_seconds(max(0.0, left_s))}{got}; raise timing.max_case_s or lower timing.min_samples"
+    )
+
+
 # The audit moves at most this many blocks of samples into the warm-up before it gives up and says so.
 _MAX_AUDIT_MOVES = 5
 
@@ -79,17 +93,21 @@ def measure(
     warnings: list[str] = []
 
     # Warm-up: first calls pay for cuDNN plans, kernel JIT, allocator growth and cold caches. Keep calling until
-    # the last few calls agree with each other, bounded by the warm-up budget.
+    # the last few calls agree with each other, bounded by the warm-up budget — at most half the case's budget,
+    # so that the samples always get the other half.
     settle_window = max(3, policy.warmup_min_calls)
+    warm_budget = min(policy.warmup_max_s, policy.max_case_s / 2)
     warm: list[float] = []
     while True:
         warm += clock.time(fn, 1, 1)
         spent = clock.now() - start
         if len(warm) >= settle_window and _settled(warm[-settle_window:], policy.warmup_settle):
             break
-        if spent >= min(policy.warmup_max_s, policy.max_case_s):
+        # A second call always, unless the first alone spent the case's budget: a first call pays one-time costs
+        # (a cold start), and the estimate of a call below must not rest on that one.
+        if spent >= warm_budget and (len(warm) >= 2 or spent >= policy.max_case_s):
             # Calls this slow get fewer warm-up calls than asked for rather than blowing the budget; say so.
-            warnings.append(f"warm-up did not settle within {policy.warmup_max_s:g} s ({len(warm)} calls)")
+            warnings.append(f"warm-up did not settle within {warm_budget:g} s ({len(warm)} calls)")
             break
     warmup_s = clock.now() - start
     per_call = statistics.median(warm[-settle_window:])
@@ -103,6 +121,25 @@ def measure(
     # cache is flushed before every sample, so there a sample is one call.
     calls = max(1, math.ceil(policy.min_sample_s / per_call)) if per_call > 0 and policy.cache == "warm" else 1
     sample_s = per_call * calls + injected * calls
+    left_s = policy.max_case_s - (clock.now() - start)
+    # The fastest warm-up call is the estimate: a first call that paid for a cold start must not condemn the case;
+    # if later calls are slower after all, the loop below runs out of budget and says so then.
+    fastest_sample_s = (min(warm) + injected) * calls
+    if fastest_sample_s * policy.min_samples > left_s:
+        # min_samples of these calls do not fit in what the budget has left: one or two samples would make a row
+        # that looks timed and is not. The warm-up's calls are kept as the evidence, and the row says why.
+        warnings.append(_too_slow(fastest_sample_s, policy, left_s))
+        return Measurement(
+            samples_s=tuple(warm),
+            calls_per_sample=1,
+            warmup_calls=0,
+            warmup_s=0.0,
+            converged=False,
+            stop_reason="too_slow_for_budget",
+            target_ci=policy.target_ci,
+            warnings=tuple(warnings),
+            injected_delay_s=injected,
+        )
 
     audit = policy.warmup_audit
     audited = audit == 0
@@ -161,6 +198,11 @@ def measure(
 
     if not audited:
         warnings.append(f"warm-up audit skipped: it needs {2 * audit} samples and {len(samples)} fit the budget")
+    if len(samples) < policy.min_samples:
+        # The calls ran slower than the warm-up promised (or the audit moved samples out): the budget ran out first.
+        reason = "too_slow_for_budget"
+        left_s = policy.max_case_s - (clock.now() - start)
+        warnings.append(_too_slow(statistics.median(samples) * calls, policy, left_s, taken=len(samples)))
     summary = summarize(samples)
     if not converged:
         ci = summary.ci_halfwidth_rel

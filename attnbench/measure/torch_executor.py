@@ -29,6 +29,7 @@ from attnbench.measure.compiled import (
     replayable_backward,
     wrap,
 )
+from attnbench.measure.contention import ContentionWatch
 from attnbench.measure.decode import DecodeSetup
 from attnbench.measure.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.measure.failures import describe, is_oom
@@ -47,8 +48,10 @@ from attnbench.measure.models import (
     sdpa_kernel_chosen,
     torch_dtype,
 )
+from attnbench.measure.process_warmup import warm_process
 from attnbench.measure.telemetry import open_telemetry
-from attnbench.measure.timing import measure
+from attnbench.measure.timing import TOO_SLOW, measure
+from attnbench.results.contention import Contention
 from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
@@ -78,6 +81,7 @@ class TorchExecutor:
         # per case: a quarter of a small case's cost). Freezing them keeps gc.collect() to this run's garbage.
         gc.freeze()
         self.broken = ""  # why no case can run any more (the CUDA context died), or "" while it can
+        self._process_warmup_s: float | None = None  # None: the process warm-up has not run yet
         self._host_memory: RssPeak | None = None
         self._host_memory_note = ""
         if self.device.type == "cpu":
@@ -99,8 +103,18 @@ class TorchExecutor:
 
         early = None if on_timed is None else lambda result: on_timed(stamped(result))
         try:
+            first = None
+            if self._process_warmup_s is None:  # before the first case only: see measure.process_warmup
+                try:
+                    self._process_warmup_s = first = warm_process(self.device, self.policy.process_warmup_s)
+                except Exception:
+                    # A device that cannot run the warm-up cannot run the case either: the case's own error,
+                    # not the warm-up's, is the one its row should carry.
+                    self._process_warmup_s = 0.0
             reason = self._policy_problem(case) or probe(case, str(self.device))
             result = Result(case, "unsupported", reason) if reason is not None else self._measure(case, early)
+            if first is not None and result.ok:  # the row says its process was warmed up just before it
+                result = replace(result, extra={**result.extra, "process_warmup_s": first})
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
             result = Result(case, "oom" if is_oom(exc) else "error", describe(exc))
         except BaseException:
@@ -210,7 +224,7 @@ class TorchExecutor:
                     timed = graphed(step, self.device)
                     extra["cuda_graph"] = True
                 torch.cuda.synchronize(self.device)  # setup's queued kernels must not land in the telemetry window
-            measurement, telemetry = self._timed_with_telemetry(timed, case, extra)
+            measurement, telemetry, contention = self._timed_with_telemetry(timed, case, extra)
             if watch is not None:
                 flagged = watch.after_timing()
                 extra.update(watch.extra)
@@ -222,14 +236,17 @@ class TorchExecutor:
             memory = self._peak_memory(step)
             if decode is not None:
                 extra.update(decode.extra)  # the computed state and the prefill, in the early row too
+            slow = measurement.stop_reason == "too_slow_for_budget"
             result = Result(
                 case,
-                "ok",
+                "too_slow_for_budget" if slow else "ok",
+                reason=next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "") if slow else "",
                 measurement=measurement,
                 memory=memory,
                 parameters=parameter_count(model),
                 extra=dict(extra),
                 telemetry=telemetry,
+                contention=contention,
             )
             if on_timed is not None:
                 on_timed(result)  # the timing is safe whatever the profile below does
@@ -259,12 +276,14 @@ class TorchExecutor:
 
     def _timed_with_telemetry(
         self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
-    ) -> tuple[Measurement, TelemetrySummary | None]:
-        """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls). A failure of
-        the telemetry itself costs the row its telemetry, never its measurement."""
+    ) -> tuple[Measurement, TelemetrySummary | None, Contention | None]:
+        """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls), watched for
+        contention over the same calls. A failure of the telemetry itself costs the row its telemetry, never its
+        measurement."""
         measurement: Measurement | None = None
+        watch = ContentionWatch(str(self.device), torch.get_num_threads())  # NVML opened outside the window
         try:
-            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler:
+            with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler, watch:
                 measurement = measure(
                     step,
                     self.clock,
@@ -273,12 +292,12 @@ class TorchExecutor:
                     on_sampling=sampler.mark_sampling,
                 )
             calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
-            return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens)
+            return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens), watch.result()
         except Exception as exc:  # the workload's own failures propagate; only telemetry's are absorbed
             if measurement is None:
                 raise
             extra["telemetry_error"] = describe(exc)
-            return measurement, None
+            return measurement, None, watch.result() if watch.done else None
 
     def _profile(
         self, step: Callable[[], object], measurement: Measurement, extra: dict[str, str | int | float | bool | None]

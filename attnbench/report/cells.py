@@ -13,7 +13,8 @@ from attnbench.results.records import Result, Run
 
 LEGEND = (
     "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "
-    "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached)."
+    "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached). Speed-ups, crossovers "
+    "and fits use only cells that converged or whose CI is within ±5 %, and that were not timed on a busy machine."
 )
 DECODE_LEGEND = (
     "Per-token latency: the median time of one decode step, which produces the next token of every sequence in "
@@ -37,13 +38,32 @@ SCALING_LEGEND = (
 )
 
 
+CONTENDED_MARK = "!"  # before a cell's time: the case ran on a busy machine (the headline lists why)
+
+
+def contention_lines(results: Sequence[Result]) -> tuple[str, list[str]]:
+    """The headline ("3 of 32 cases ran on a busy machine …") and one line per contended case naming its evidence;
+    ("", []) when no timed case was contended."""
+    timed = [r for r in results if r.measurement is not None]  # too_slow_for_budget rows were timed too
+    busy = [r for r in timed if r.contended]
+    if not busy:
+        return "", []
+    headline = (
+        f"{len(busy)} of {len(timed)} cases ran on a busy machine (marked {CONTENDED_MARK}): their timings are not "
+        "reliable: speed-ups, crossovers and fits leave them out, and compare draws no verdict from them."
+    )
+    return headline, [f"{r.case.label}: {'; '.join(r.contention.reasons)}" for r in busy if r.contention is not None]
+
+
 def time_text(cell: Cell | None, speedup: bool = True) -> str:
-    """``~1.23 ms (0.85×)``: the median, ~ when noisy, and (unless ``speedup`` is False) the speed-up."""
+    """``!~1.23 ms (0.85×)``: the median, ! when contended, ~ when noisy, and (unless ``speedup`` is False) the
+    speed-up."""
     if cell is None:
         return ""
+    mark = CONTENDED_MARK if cell.result.contended else ""
     if cell.median_s is None:
-        return cell.status_text
-    text = ("~" if cell.noisy else "") + format_seconds(cell.median_s)
+        return mark + cell.status_text
+    text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if speedup and cell.speedup is not None:
         text += f" ({cell.speedup:.2f}×)"
     return text

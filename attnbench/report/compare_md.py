@@ -73,6 +73,16 @@ def counts_line(comparison: Comparison) -> str:
     return " · ".join(parts) + f" ({len(comparison.cases)} cases)"
 
 
+def contended_lines(comparison: Comparison) -> list[str]:
+    """A line saying how many verdicts contention made ``noisy``, and on which side; nothing when none."""
+    busy = [c for c in comparison.cases if c.contended]
+    if not busy:
+        return []
+    sides = {side: sum(side in c.contended for c in busy) for side in ("base", "current")}
+    where = ", ".join(f"{n} on the {side} side" for side, n in sides.items() if n)
+    return ["", f"**{len(busy)} cases were timed on a busy machine ({where}): noisy (contended), no verdict.**"]
+
+
 def title(comparison: Comparison) -> str:
     n = comparison.counts()["regressed"]
     return f"regression in {n} case{'s' if n != 1 else ''}" if n else "no regression"
@@ -116,9 +126,9 @@ def method_text(comparison: Comparison) -> str:
         lines.append(
             f"Evidence for {evidence['samples']} cases: one process per side, so the interval is a bootstrap of "
             f"the median ratio over the raw samples ({policy.resamples} resamples), widened by a ±"
-            f"{format_percent(policy.noise_floor)} noise floor for the variation between processes that samples from "
-            "one process cannot show. Measure that variation instead with `timing.processes` or by comparing "
-            "folders of repeated runs."
+            f"{format_percent(policy.noise_floor or 0.0)} noise floor for the variation between processes that "
+            f"samples from one process cannot show; the floor is {policy.floor_source}. Measure that variation "
+            "instead with `timing.processes` or by comparing folders of repeated runs."
         )
     return " ".join(lines)
 
@@ -141,6 +151,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
         f"## attnbench compare: {title(comparison)}",
         "",
         counts_line(comparison),
+        *contended_lines(comparison),
         "",
         "| | base | current |",
         "| --- | --- | --- |",
@@ -172,7 +183,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
         f"<details><summary>All {len(comparison.cases)} cases</summary>",
         "",
         tabulate(
-            [[_escape(cell) for cell in [row(c)[0], c.verdict, *row(c)[1:]]] for c in comparison.cases],
+            [[_escape(cell) for cell in [row(c)[0], c.verdict_text, *row(c)[1:]]] for c in comparison.cases],
             headers=(HEADERS[0], "verdict", *HEADERS[1:]),
             tablefmt="github",
             disable_numparse=True,
@@ -200,8 +211,9 @@ def compare_table(comparison: Comparison) -> Group:
     order = {verdict: i for i, verdict in enumerate(SECTIONS)}
     for c in sorted(comparison.cases, key=lambda c: order[c.verdict]):
         cells = row(c)
-        table.add_row(cells[0], Text(c.verdict, style=_STYLE.get(c.verdict, "")), *cells[1:])
+        table.add_row(cells[0], Text(c.verdict_text, style=_STYLE.get(c.verdict, "")), *cells[1:])
     lines: list[Table | Text] = [table, Text(counts_line(comparison).replace("**", ""))]
+    lines += [Text(line.replace("**", ""), style="yellow") for line in contended_lines(comparison) if line]
     lines += [Text(f"  {case_text(c)}: {c.note}", style="italic") for c in comparison.cases if c.note]
     if comparison.allowed:
         lines.append(Text("compared despite: " + "; ".join(m.describe() for m in comparison.allowed), style="yellow"))

@@ -14,10 +14,12 @@ from html import escape
 
 from attnbench.core.units import format_bytes, format_seconds
 from attnbench.report.cells import (
+    CONTENDED_MARK,
     CROSSOVER_LEGEND,
     LEGEND,
     SCALING_LEGEND,
     column_headers,
+    contention_lines,
     environment_line,
     run_checks,
     state_legend,
@@ -82,6 +84,8 @@ def _cell_title(cell: Cell) -> str:
     parts.append(f"IQR {s.iqr_rel:.1%} of the median")
     if not m.converged:
         parts.append(f"CI target not reached ({m.stop_reason})")
+    if r.contention is not None and r.contention.contended:
+        parts.append(f"busy machine: {'; '.join(r.contention.reasons)}")
     return "; ".join(parts)
 
 
@@ -90,7 +94,8 @@ def _time_cell(cell: Cell | None) -> str:
         return '<td class="num"></td>'
     if cell.median_s is None:
         return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
-    text = ("~" if cell.noisy else "") + format_seconds(cell.median_s)
+    mark = CONTENDED_MARK if cell.result.contended else ""
+    text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if cell.speedup is not None:
         side = "faster" if cell.speedup > 1 else "slower" if cell.speedup < 1 else ""
         text = f'{_e(text)}<span class="speedup {side}">({cell.speedup:.2f}×)</span>'
@@ -228,6 +233,10 @@ def render_html(
         f"</code>), created {_e(run.created_utc)}, state: {_e(run.state)}. {len(results)} cases, {ok} ok.</p>",
         "</header>",
     ]
+    headline, busy = contention_lines(results)
+    if headline:
+        items = "".join(f"<li>{_e(line)}</li>" for line in busy)
+        body += [f'<p class="slower"><strong>{_e(headline)}</strong></p>', f'<ul class="lines">{items}</ul>']
     if plots_note:
         body.append(f'<p class="muted">{_e(plots_note)}</p>')
     failed = [r for r in results if not r.ok]

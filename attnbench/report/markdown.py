@@ -10,6 +10,7 @@ from attnbench.report.cells import (
     CROSSOVER_LEGEND,
     SCALING_LEGEND,
     column_headers,
+    contention_lines,
     environment_line,
     memory_text,
     run_checks,
@@ -49,6 +50,9 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         f"state: {run.state}. {len(results)} cases, "
         f"{sum(r.ok for r in results)} ok.",
     ]
+    headline, busy = contention_lines(results)
+    if headline:
+        lines += ["", f"**{headline}**", ""] + [f"- {line}" for line in busy]
     for table in pivot_tables(results, baseline_model):
         headers = ["model", *column_headers(table)]
         lines += ["", f"## {table.title}", ""]

@@ -18,6 +18,7 @@ from attnbench.analysis.scaling import (
     Curve,
     CurveGroup,
     ScalingLine,
+    good_evidence,
     group_crossover_lines,
     group_curves,
     group_scaling_laws,
@@ -25,7 +26,14 @@ from attnbench.analysis.scaling import (
 from attnbench.core.catalogue import is_recurrent
 from attnbench.results.records import Result
 
-_STATUS_TEXT = {"oom": "OOM", "unsupported": "n/a", "error": "error", "timeout": "timeout", "crashed": "crashed"}
+_STATUS_TEXT = {
+    "oom": "OOM",
+    "unsupported": "n/a",
+    "error": "error",
+    "timeout": "timeout",
+    "crashed": "crashed",
+    "too_slow_for_budget": "too slow",
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +96,8 @@ def _speedups(group: CurveGroup, baseline_model: str | None) -> tuple[list[tuple
         for n, r in curve.results.items():
             b = base.get(n)
             speedup = None
-            if b is not None and b.ok and r.ok and b.measurement and r.measurement:
-                speedup = b.measurement.median_s / r.measurement.median_s
+            if b is not None and good_evidence(b) and good_evidence(r):
+                speedup = b.median_s / r.median_s
             cells[n] = Cell(r, speedup, b if speedup is not None else None)
         rows.append((curve.label, cells))
     return rows, bool(base_for_batch)

@@ -102,6 +102,9 @@ COLUMNS: tuple[str, ...] = (
     "heads_kv",
     "window",
     "compile_s",
+    # Issue 17: whether other work competed for the machine while the case was timed, and the evidence.
+    "contended",
+    "contention",
 )
 
 
@@ -128,11 +131,12 @@ _INTEGER_COLUMNS = frozenset(
         "window",
     }
 )
-_BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound"})
+_BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound", "contended"})
 _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "state_mem_method"),
+        "contention",
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -224,6 +228,10 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     row["window"] = case.window if MODELS[case.model].option("window") is not None else None
     compile_s = result.extra.get("compile_s")
     row["compile_s"] = compile_s if isinstance(compile_s, float) else None
+    if result.contention is not None:
+        c = result.contention
+        row["contended"] = c.contended
+        row["contention"] = "; ".join([*c.reasons, c.evidence]) if c.reasons else c.evidence
     t = result.telemetry
     if t is not None:
         row.update({name: t.metrics.get(name) for name in METRICS})

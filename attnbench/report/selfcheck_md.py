@@ -45,8 +45,9 @@ def render_markdown(report: SelfcheckReport) -> str:
         "",
         f"torch {timings.torch}, {timings.threads} threads, {timings.rounds} interleaved rounds per op. Each cell is "
         "the median of the per-round medians; a ratio is attnbench / reference, the median of the per-round "
-        f"ratios (min–max over rounds). Gate: ops whose reference median is ≥ {format_seconds(GATE_MIN_S)} must "
-        f"agree within {gates}.",
+        f"ratios (min–max over rounds). Gate: ops whose attnbench median is ≥ {format_seconds(GATE_MIN_S)} pass "
+        f"when the 95 % interval of the ratio over rounds lies within {gates}, fail when it lies beyond, and are "
+        "inconclusive otherwise (rounds are added first, within a budget).",
         "",
         "| " + " | ".join(header) + " |",
         "| " + " | ".join("---" for _ in header) + " |",

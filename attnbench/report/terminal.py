@@ -10,7 +10,15 @@ from rich.table import Table
 from rich.text import Text
 
 from attnbench.core.units import format_bytes, format_rate, format_seconds
-from attnbench.report.cells import column_headers, memory_text, run_checks, speedup_text, state_text, time_text
+from attnbench.report.cells import (
+    column_headers,
+    contention_lines,
+    memory_text,
+    run_checks,
+    speedup_text,
+    state_text,
+    time_text,
+)
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.telemetry import INTRO, telemetry_table
 from attnbench.results.records import Result, Run
@@ -36,6 +44,10 @@ def comparison_tables(
     results: Sequence[Result], baseline_model: str | None = None, memory: bool = False, run: Run | None = None
 ) -> Group:
     renderables: list[RenderableType] = []
+    headline, busy = contention_lines(results)
+    if headline:
+        renderables.append(Text(headline, style="bold yellow"))
+        renderables += [Text(f"  {line}", style="yellow") for line in busy]
     for table in pivot_tables(results, baseline_model):
         renderables.append(_Fitted(_time_layouts(table)))
         if memory:

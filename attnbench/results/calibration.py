@@ -8,7 +8,8 @@ compared (device type, CPU model, GPU name, driver major, torch and CUDA/cuDNN v
 ``$ATTNBENCH_CACHE``, else ``$XDG_CACHE_HOME/attnbench``, else ``~/.cache/attnbench``.
 
 Schema history (``CALIBRATION_SCHEMA``):
-  1 — first version.
+  1 — first version. Added since, optional and absent when not measured: ``noise`` (``NoiseFloor``, the
+      machine's between-process spread of a few reference cases, issue 17).
 """
 
 from __future__ import annotations
@@ -117,6 +118,54 @@ class CopyBandwidth:
 
 
 @dataclass(frozen=True)
+class NoiseFloor:
+    """How far the same case moves between fresh processes on this machine: ``compare``'s noise floor, measured.
+
+    A few reference cases are timed in ``processes`` fresh worker processes each; ``sigma_log`` is the standard
+    deviation of the log medians between processes, pooled over the cases, and ``floor`` the half-width of a 95 %
+    interval of the ratio of two single processes, ``exp(t₀.₉₇₅(df) · √2 · sigma_log) − 1`` with df the pooled
+    degrees of freedom: the figure ``compare`` widens a one-process-per-side interval by."""
+
+    floor: float
+    sigma_log: float
+    processes: int
+    cases: tuple[str, ...]  # the reference cases' keys
+    spreads: tuple[float, ...]  # per case: the largest process median over the smallest, minus 1
+    measured_utc: str
+    contended: int = 0  # rows timed on a busy machine while measuring: the floor is then larger than a quiet one
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "floor": self.floor,
+            "sigma_log": self.sigma_log,
+            "processes": self.processes,
+            "cases": list(self.cases),
+            "spreads": list(self.spreads),
+            "measured_utc": self.measured_utc,
+            "contended": self.contended,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> NoiseFloor:
+        d = fields.record(
+            data, "", ("floor", "sigma_log", "processes", "cases", "spreads", "measured_utc"), ("contended",)
+        )
+        cases = tuple(fields.items(d["cases"], "cases", fields.text))
+        spreads = tuple(fields.items(d["spreads"], "spreads", lambda v, k: fields.number(v, k)))
+        if len(spreads) != len(cases):
+            raise FieldError("spreads", f"expected one spread per case ({len(cases)}), found {len(spreads)}")
+        return cls(
+            floor=fields.number(d["floor"], "floor"),
+            sigma_log=fields.number(d["sigma_log"], "sigma_log"),
+            processes=fields.integer(d["processes"], "processes", minimum=2),
+            cases=cases,
+            spreads=spreads,
+            measured_utc=fields.text(d["measured_utc"], "measured_utc"),
+            contended=fields.integer(d.get("contended", 0), "contended", minimum=0),
+        )
+
+
+@dataclass(frozen=True)
 class Calibration:
     """What one device sustains, measured once per machine fingerprint and stored with each run."""
 
@@ -132,6 +181,7 @@ class Calibration:
     notes: tuple[str, ...] = ()  # caveats a reader should see (a buffer close to the cache size, …)
     quick: bool = False  # reduced sizes (tests, smoke runs): never cached, never a ceiling to trust
     schema_version: int = CALIBRATION_SCHEMA
+    noise: NoiseFloor | None = None  # the between-process spread (compare's noise floor), when measured
 
     def matmul_for(self, dtype: str) -> MatmulCeiling | None:
         return next((m for m in self.matmul if m.dtype == dtype), None)
@@ -150,6 +200,7 @@ class Calibration:
             "skipped": dict(self.skipped),
             "notes": list(self.notes),
             "quick": self.quick,
+            **({} if self.noise is None else {"noise": self.noise.to_dict()}),
         }
 
     @classmethod
@@ -185,12 +236,13 @@ class Calibration:
             notes=tuple(fields.items(d.get("notes", []), "notes", fields.text)),
             quick=fields.flag(d.get("quick", False), "quick"),
             schema_version=version,
+            noise=None if d.get("noise") is None else fields.nested("noise", NoiseFloor.from_dict, d["noise"]),
         )
 
 
 _REQUIRED = ("schema_version", "fingerprint", "device", "device_name", "created_utc", "matmul")
 
-_OPTIONAL = ("torch", "torch_threads", "copy", "skipped", "notes", "quick")
+_OPTIONAL = ("torch", "torch_threads", "copy", "skipped", "notes", "quick", "noise")
 
 
 def cache_dir() -> Path:

@@ -7,7 +7,10 @@ Schema history (``SCHEMA_VERSION``):
       ``calibration``, ``code`` (the benchmarked checkout), ``label``, ``shard`` ({index, count}: the slice
       ``sweep --shard i/N`` measured; ``config_sha256`` stays the full config's) and ``merged_from`` (the
       ``Source`` runs ``attnbench merge`` joined into this one); measurement ``warmup_moved``,
-      ``replicate_medians_s``, ``injected_delay_s``. A reader older than a key refuses a file that carries it
+      ``replicate_medians_s``, ``injected_delay_s``; row ``contention`` (``results.contention``: whether other work
+      competed for the machine while the case was timed, with the evidence) and run.json ``contended_cases`` (how
+      many rows say so, counted as they are appended); the status ``too_slow_for_budget`` (and measurement
+      ``stop_reason`` of the same name). A reader older than a key refuses a file that carries it
       (unknown keys are errors), with the hint to upgrade.
       Mode ``decode`` (issue 13) is a value a case may hold since; a reader from before refuses such a row.
       ``extra`` is open-ended (scalars by name); decode rows carry ``state_bytes`` (the KV cache or
@@ -32,6 +35,7 @@ from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVE
 from attnbench.core.shards import MAX_SHARDS, Shard
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
+from attnbench.results.contention import Contention
 from attnbench.results.environment import CodeIdentity
 from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
@@ -39,9 +43,11 @@ from attnbench.results.telemetry import TelemetrySummary
 
 SCHEMA_VERSION = 1
 
-Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed"]
+# too_slow_for_budget: timing.min_samples samples of the case do not fit in timing.max_case_s. Not a failure of the
+# case (exit 0, like unsupported), and never a timing: one or two samples are no evidence (issue 17, item 4).
+Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget"]
 
-STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", "crashed")
+STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget")
 
 # Statuses that make `sweep` exit 1: the case broke, rather than the hardware saying no.
 FAILED: frozenset[str] = frozenset({"error", "timeout", "crashed"})
@@ -88,6 +94,9 @@ class Result:
     duration_s: float = 0.0
     extra: Extra = field(default_factory=dict)
     telemetry: TelemetrySummary | None = None
+    # Whether other work competed for the machine while the case was timed (``measure.contention``); None when it
+    # was not watched (a row that was never timed, or written before the watch existed).
+    contention: Contention | None = None
 
     @property
     def ok(self) -> bool:
@@ -109,6 +118,12 @@ class Result:
     def median_s(self) -> float:
         """The median time per call of a timed row (``timing.median_s``)."""
         return self.timing.median_s
+
+    @property
+    def contended(self) -> bool:
+        """A row whose calls were timed while other work competed for the machine: its timing is not reliable, and
+        neither is a ``too_slow_for_budget`` that the competition may have caused."""
+        return self.measurement is not None and self.contention is not None and self.contention.contended
 
     @property
     def state_bytes(self) -> int | None:
@@ -142,6 +157,7 @@ class Result:
             "extra": dict(self.extra),
             # Absent rather than null when there is none, so rows from before telemetry read back unchanged.
             **({} if self.telemetry is None else {"telemetry": self.telemetry.to_dict(include_raw=include_raw)}),
+            **({} if self.contention is None else {"contention": self.contention.to_dict()}),
         }
 
     @classmethod
@@ -152,7 +168,7 @@ class Result:
         if "key" in r:
             fields.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
         timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
-        telemetry = r.get("telemetry")
+        telemetry, contention = r.get("telemetry"), r.get("contention")
         status = fields.choice(r["status"], "status", STATUSES, "status")
         if status == "ok" and timed is None:
             # Contradictory: every reader would take "ok" as a timing and find none (compare called it regressed).
@@ -168,6 +184,7 @@ class Result:
             duration_s=fields.duration(r.get("duration_s", 0.0), "duration_s"),
             extra=_extra(r.get("extra", {})),
             telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
+            contention=None if contention is None else fields.nested("contention", Contention.from_dict, contention),
         )
 
 
@@ -185,6 +202,7 @@ _RESULT_OPTIONAL = (
     "duration_s",
     "extra",
     "telemetry",
+    "contention",
 )
 
 # The same caps a config is held to: a stored case beyond them was not written by a sweep.
@@ -315,6 +333,9 @@ class Run:
     shard: Shard | None = None
     # The runs `attnbench merge` joined into this one, in shard order; empty for a run a sweep wrote.
     merged_from: tuple[Source, ...] = ()
+    # How many rows were timed on a busy machine (``Result.contended``), counted by the writer as rows land; None
+    # for a run written before the watch existed (readers then count the rows themselves).
+    contended_cases: int | None = None
 
     @property
     def commit(self) -> str | None:
@@ -339,6 +360,7 @@ class Run:
             **({"label": self.label} if self.label else {}),
             **({} if self.shard is None else {"shard": self.shard.to_dict()}),
             **({"merged_from": [s.to_dict() for s in self.merged_from]} if self.merged_from else {}),
+            **({} if self.contended_cases is None else {"contended_cases": self.contended_cases}),
         }
 
     @classmethod
@@ -358,6 +380,7 @@ class Run:
         if not isinstance(environment, dict):
             raise fields.expected("environment", "an object", environment)
         calibration, code, shard = d.get("calibration"), d.get("code"), d.get("shard")
+        contended = d.get("contended_cases")
         return cls(
             run_id=run_id,
             created_utc=fields.text(d["created_utc"], "created_utc"),
@@ -377,6 +400,7 @@ class Run:
             label=fields.text(d.get("label", ""), "label"),
             shard=None if shard is None else fields.nested("shard", _shard_from_dict, shard),
             merged_from=tuple(fields.items(d.get("merged_from", []), "merged_from", _source)),
+            contended_cases=None if contended is None else fields.integer(contended, "contended_cases", minimum=0),
         )
 
 
@@ -394,6 +418,7 @@ _RUN_OPTIONAL = (
     "label",
     "shard",
     "merged_from",
+    "contended_cases",
 )
 
 
@@ -412,4 +437,5 @@ def _timing_from_dict(data: object) -> TimingPolicy:
             fields.integer(value, name, minimum=0)
         else:
             fields.number(value, name)
-    return TimingPolicy.from_dict(t)
+    # A run written before timing.process_warmup_s existed had no process warm-up, whatever the default is now.
+    return TimingPolicy.from_dict({"process_warmup_s": 0.0, **t})

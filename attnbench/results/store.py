@@ -97,6 +97,8 @@ class RunWriter:
             }
             self._telemetry.append(dumps_line(sidecar))
         self._rows.append(dumps_line(result.to_dict()))
+        if result.contended:  # said in the final run.json; the rows say which
+            self.run = replace(self.run, contended_cases=(self.run.contended_cases or 0) + 1)
 
     def close(self, state: Literal["complete", "interrupted"], finished_utc: str) -> None:
         """Close the logs and replace run.json with its final state (into the space set aside at the start)."""

@@ -478,3 +478,73 @@ def test_markdown_and_terminal_show_decode_tables_with_the_state() -> None:
     shown = console.export_text()
     assert "cache/state computed / measured · decode" in shown and "512 KiB / 516 KiB" in shown
     assert "time per decode step at context n (speed-up vs lstm; ~ = noisy)" in shown
+
+
+# --- only good evidence enters fits, crossovers and speed-ups (issue 17, item 5) ---------------------------------
+
+
+def _contended(r: Result) -> Result:
+    from dataclasses import replace
+
+    from attnbench.results.contention import Contention
+
+    return replace(r, contention=Contention(True, ("other processes kept 1.0 of 2 cores busy",), 1.0))
+
+
+def test_fits_leave_out_noisy_and_contended_lengths_and_say_so() -> None:
+    ns = (64, 256, 1024, 4096)
+    rows = [result("lstm", n, 1e-3 * n / 64) for n in ns]
+    rows[1] = result("lstm", 256, 9e-3, spread=0.5, converged=False)  # far off the line, and its CI is ±25 %
+    rows[3] = _contended(result("lstm", 4096, 1.0))  # far off too, but timed on a busy machine
+    (line,) = scaling_laws(rows)
+    assert line.time is not None and line.time.points == 2 and line.time.exponent == pytest.approx(1.0)
+    assert "time fit leaves out n=256, 4096 (noisy or contended)" in line.text
+    assert line.memory is None  # no peaks here; memory would use every length that ran
+    # A length that missed the ±1 % target but whose CI is within ±5 % is still evidence.
+    near = [result("lstm", n, 1e-3 * n / 64, spread=0.02, converged=False) for n in ns]
+    (line,) = scaling_laws(near)
+    assert line.time is not None and line.time.points == 4 and "leaves out" not in line.text
+
+
+def test_memory_fits_use_every_length_that_ran_whatever_its_timing() -> None:
+    rows = [_contended(result("vanilla", n, 1e-3, peak=10 * n * n)) for n in NS]
+    (line,) = scaling_laws(rows)
+    assert line.memory is not None and line.memory.exponent == pytest.approx(2.0)
+    assert line.time is None and "time not fitted: 3 of 3 lengths noisy or contended" in line.text
+
+
+def test_crossovers_leave_out_lengths_and_say_when_none_is_left() -> None:
+    lstm = [result("lstm", n, 1e-3) for n in NS]
+    vanilla = [result("vanilla", n, t) for n, t in zip(NS, (5e-4, 1e-3, 2e-3), strict=True)]
+    vanilla[0] = _contended(vanilla[0])
+    (line,) = crossover_lines(lstm + vanilla)
+    assert line.seq_lens == (256, 1024) and line.left_out == (64,)
+    assert line.text.endswith("; 1 of 3 lengths left out (noisy or contended: n=64)")
+    gone = [_contended(r) for r in lstm] + vanilla
+    (line,) = crossover_lines(gone)
+    assert line.text == "vanilla vs lstm: crossover not determined: 3 of 3 lengths noisy or contended"
+    assert not line.crossings
+
+
+def test_a_crossover_that_flips_within_noise_is_no_stable_crossover() -> None:
+    ns = (64, 256, 1024, 4096)
+    lstm = [result("lstm", n, 1e-3, spread=0.2) for n in ns]  # converged, CI about ±10 %: good, but wide
+    vanilla = [
+        result("vanilla", n, t, spread=0.2) for n, t in zip(ns, (0.97e-3, 1.03e-3, 0.97e-3, 1.03e-3), strict=True)
+    ]
+    (line,) = crossover_lines(lstm + vanilla)
+    assert len(line.crossings) == 3 and not line.stable
+    assert line.text.startswith("vanilla vs lstm: no stable crossover in range n=64–4096: the order flips 3 times")
+    # The same flips with tight medians are real crossings, and said as such.
+    tight = [result("lstm", n, 1e-3) for n in ns]
+    tight += [result("vanilla", n, t) for n, t in zip(ns, (0.8e-3, 1.2e-3, 0.8e-3, 1.2e-3), strict=True)]
+    (line,) = crossover_lines(tight)
+    assert line.stable and line.text.startswith("vanilla becomes slower than lstm")
+
+
+def test_speedups_only_between_good_cells() -> None:
+    rows = [result("lstm", 64, 1e-3), result("vanilla", 64, 5e-4), result("lstm", 256, 4e-3)]
+    rows.append(_contended(result("vanilla", 256, 1e-3)))
+    (table,) = pivot_tables(rows)
+    cells = dict(table.rows)["vanilla"]
+    assert cells[64].speedup == pytest.approx(2.0) and cells[256].speedup is None

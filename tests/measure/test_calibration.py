@@ -36,6 +36,7 @@ from attnbench.results.calibration import (
     Calibration,
     CopyBandwidth,
     MatmulCeiling,
+    NoiseFloor,
     cache_dir,
     cache_path,
     load_cached,
@@ -502,9 +503,10 @@ def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None
 
     fingerprint = collect_environment("cpu").fingerprint()
     save(calibration(fingerprint, skipped={"float16": "skipped in this test"}))
-    result = runner.invoke(app, ["calibrate", "--device", "cpu"])
+    result = runner.invoke(app, ["calibrate", "--device", "cpu", "--noise-processes", "0"])
     assert result.exit_code == 0, result.output
     assert "calibrating" not in result.output  # nothing measured
+    assert "between-process noise: not measured" in result.output
     assert "cached calibration of 2026-01-01" in result.output and "--refresh" in result.output
     assert "200 GFLOP/s" in result.output
 
@@ -595,6 +597,12 @@ def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.Mo
         return Calibration(environment.fingerprint(), device, "cpu", "2026-12-02T00:00:00Z", None, None, matmul)
 
     monkeypatch.setattr(attnbench.measure.ceilings, "calibrate", fake)
-    assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float32"]).exit_code == 0
+    noise = NoiseFloor(0.08, 0.02, 3, ("k",), (0.05,), "2026-12-03T00:00:00Z")
+    monkeypatch.setattr("attnbench.measure.noise.measure_noise", lambda *a, **k: noise)
+    first = runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float32", "--noise-processes", "3"])
+    assert first.exit_code == 0 and "between-process noise: ±8 %" in first.output, first.output
     assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float16"]).exit_code == 0
     assert asked == [("float32",), ("float16", "float32")]
+    # The noise measured with the first dtype is kept when the cache gains a dtype, and not measured again.
+    cached = load_cached(next(iter(tmp_path.iterdir())).name.removeprefix("calibration-").removesuffix(".json"))
+    assert cached is not None and cached.noise == noise

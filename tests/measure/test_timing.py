@@ -10,7 +10,7 @@ import pytest
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.stats import student_t_975
 from attnbench.measure.clocks import CpuClock
-from attnbench.measure.timing import measure
+from attnbench.measure.timing import TOO_SLOW, measure
 from attnbench.results.measurement import Measurement
 from tests.fakes import FakeClock, gaussian
 
@@ -126,9 +126,46 @@ def test_warmup_audit_can_be_switched_off() -> None:
 
 
 def test_audit_skipped_when_the_budget_holds_too_few_samples() -> None:
-    m = measure(noop, FakeClock(gaussian(0.1, 0.01), seed=15), TimingPolicy(max_case_s=1.0, min_time_s=0.1))
-    assert len(m.samples_s) < 20
+    policy = TimingPolicy(max_case_s=1.0, min_time_s=0.1, min_samples=3)
+    m = measure(noop, FakeClock(gaussian(0.1, 0.01), seed=15), policy)
+    assert 3 <= len(m.samples_s) < 20
     assert any(w.startswith("warm-up audit skipped") for w in m.warnings)
+
+
+def test_a_call_too_slow_for_the_budget_is_said_and_not_timed_once() -> None:
+    """Issue 17, item 4: a 3 s call under a 1.5 s budget used to give an "ok" row resting on one sample."""
+    clock = FakeClock(gaussian(3.0, 0.01), seed=21)
+    m = measure(noop, clock, TimingPolicy(max_case_s=1.5, min_samples=10))
+    assert m.stop_reason == "too_slow_for_budget" and not m.converged
+    assert clock.calls == 1  # one warm-up call, then nothing more: the budget is spent
+    assert m.samples_s == pytest.approx((clock.t,))  # the warm-up call, kept as evidence
+    said = next(w for w in m.warnings if w.startswith(TOO_SLOW))
+    assert "timing.min_samples = 10" in said and "timing.max_case_s = 1.5 s" in said
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_never_fewer_than_min_samples_while_the_budget_has_room(seed: int) -> None:
+    """Whatever the call length and budget: either at least min_samples samples, or too_slow_for_budget; and the
+    budget (warm-up and samples) is kept to within one sample."""
+    rng = random.Random(seed)
+    per_call = 10 ** rng.uniform(-4, 0.5)  # 0.1 ms to 3 s
+    policy = TimingPolicy(max_case_s=rng.choice([0.5, 1.5, 3.0, 10.0]), min_samples=rng.choice([3, 10, 20]))
+    clock = FakeClock(gaussian(per_call, 0.05), seed=seed)
+    m = measure(noop, clock, policy)
+    if m.stop_reason == "too_slow_for_budget":
+        assert any(w.startswith(TOO_SLOW) for w in m.warnings)
+    else:
+        assert len(m.samples_s) >= policy.min_samples
+    one_sample = max(m.samples_s) * m.calls_per_sample * 1.5
+    assert clock.now() <= max(policy.max_case_s, 0) + one_sample
+
+
+def test_the_warm_up_leaves_half_the_budget_to_the_samples() -> None:
+    # Calls that never settle (alternating 1 and 2 ms) would use all of warmup_max_s (2 s) of a 2 s budget.
+    clock = FakeClock(lambda i, rng: 1e-3 * (1 + i % 2), seed=3)
+    m = measure(noop, clock, TimingPolicy(max_case_s=2.0, warmup_max_s=2.0, min_samples=10, target_ci=1e-6))
+    assert m.warmup_s <= 1.0 + 2e-3
+    assert len(m.samples_s) >= 10 and m.stop_reason != "too_slow_for_budget"
 
 
 def test_slow_first_sample_is_flagged_by_its_modified_z_score() -> None:

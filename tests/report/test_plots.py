@@ -300,7 +300,10 @@ def test_sweep_writes_plots_by_default_and_a_failure_keeps_exit_0(
     (folder,) = (tmp_path / "ok").iterdir()
     if missing_matplotlib() is None:
         pngs = sorted((folder / "plots").glob("*.png"))
-        assert len(pngs) == 4 and all(f"wrote {p}" in result.stdout for p in pngs)
+        # The speed-up plot needs one speed-up drawn from good evidence: on a busy machine every cell may be
+        # contended (issue 17), and then there is none.
+        speedups = any(p.name.startswith("speedup-") for p in pngs)
+        assert len(pngs) == 3 + speedups and all(f"wrote {p}" in result.stdout for p in pngs)
 
     def broken(*args: object, **kwargs: object) -> None:
         raise MemoryError("no room to draw")

@@ -1,0 +1,52 @@
+"""The sweep's progress display: its ETA comes from the cases' budgets and the timings so far (issue 17, item 7)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import pytest
+from rich.console import Console
+
+from attnbench.cli.progress import DEFAULT_OVERHEAD_S, SweepDisplay, eta_s
+from attnbench.core.cases import TimingPolicy
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Result
+from tests.support import tiny_case
+
+POLICY = TimingPolicy(max_case_s=2.0)
+
+
+def done(model: str, n: int, duration_s: float, window_s: float = 0.1) -> Result:
+    m = Measurement((window_s / 10,) * 10, 1, 3, 0.0, True, "converged", 0.01)
+    return Result(tiny_case(model, seq_len=n), "ok", measurement=m, duration_s=duration_s)
+
+
+def test_before_any_case_the_eta_is_the_budgets() -> None:
+    cases = [tiny_case("lstm", seq_len=n) for n in (16, 64, 256)]
+    assert eta_s([], cases, POLICY) == pytest.approx(3 * (2.0 + DEFAULT_OVERHEAD_S))
+    assert eta_s([], cases, replace(POLICY, processes=3)) == pytest.approx(9 * (2.0 + DEFAULT_OVERHEAD_S))
+
+
+def test_a_curve_that_started_cheap_predicts_its_longer_lengths_and_others_keep_their_budget() -> None:
+    # Issue 17: at case 2 of 32 a count-based ETA said 0:52 for a run that took 2:22 — the first cases were short.
+    finished = [done("lstm", 16, 0.4), done("lstm", 64, 0.6)]  # 0.1 s timed, so 0.3-0.5 s of overhead
+    remaining = [tiny_case("lstm", seq_len=256), tiny_case("vanilla", seq_len=16), tiny_case("vanilla", seq_len=64)]
+    overhead = 0.4  # the median of 0.3 and 0.5
+    assert eta_s(finished, remaining, POLICY) == pytest.approx(0.6 + 2 * (2.0 + overhead))
+    # A curve whose cases ran to their budget is never predicted beyond it.
+    slow = [done("lstm", 16, 30.0, window_s=2.0)]
+    assert eta_s(slow, [tiny_case("lstm", seq_len=64)], POLICY) <= 2.0 + 28.0 + 1e-9
+
+
+def test_the_display_keeps_the_eta_on_its_task() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    cases = [tiny_case("lstm", seq_len=n) for n in (16, 64)]
+    display = SweepDisplay(console, 2, cases=cases, policy=POLICY)
+    with display:
+        assert display._progress is not None and display._task is not None
+        task = display._progress.tasks[0]
+        assert task.fields["eta_s"] == pytest.approx(2 * (2.0 + DEFAULT_OVERHEAD_S))
+        result = done("lstm", 16, 0.5)
+        display.finished(0, result)
+        assert display._progress.tasks[0].fields["eta_s"] == pytest.approx(0.5)

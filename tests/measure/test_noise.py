@@ -1,0 +1,93 @@
+"""The machine's between-process noise (issue 17, item 3): measured by calibrate, stored with the calibration,
+and used by compare as its floor when one process per side is all there is."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR, Policy, Side, compare_sides, load_side
+from attnbench.cli.device import noise_line
+from attnbench.core.cases import TimingPolicy
+from attnbench.core.stats import student_t_975
+from attnbench.measure.noise import measure_noise, noise_floor
+from attnbench.results.calibration import Calibration, NoiseFloor
+from attnbench.results.fields import FieldError
+from tests.support import DATA, tiny_case
+
+BASE, CURRENT = DATA / "compare" / "base", DATA / "compare" / "current"
+
+
+def _noise(floor: float, contended: int = 0) -> NoiseFloor:
+    return NoiseFloor(floor, math.log1p(floor) / 3, 5, ("a", "b"), (0.1, 0.2), "2026-12-03T00:00:00Z", contended)
+
+
+def _calibration(noise: NoiseFloor | None) -> Calibration:
+    return Calibration("0" * 16, "cpu", "cpu", "2026-12-03T00:00:00Z", None, 2, (), noise=noise)
+
+
+def test_the_floor_is_a_95_percent_interval_of_the_ratio_of_two_processes() -> None:
+    # Two cases, three processes each, log medians ±d around their centre: sigma is d·√(2/2)·… computed exactly.
+    d = 0.05
+    medians = [[math.exp(-d), 1.0, math.exp(d)], [2 * math.exp(-d), 2.0, 2 * math.exp(d)]]
+    floor, sigma = noise_floor(medians)
+    assert sigma == pytest.approx(d)  # each case: ss = 2d², df = 2; pooled over both
+    assert floor == pytest.approx(math.expm1(student_t_975(4) * math.sqrt(2) * d))
+    assert noise_floor([[1.0, 1.0], [3.0, 3.0]]) == (0.0, 0.0)
+    with pytest.raises(ValueError):
+        noise_floor([[1.0]])
+
+
+def test_noise_is_stored_with_the_calibration_and_older_caches_read_back() -> None:
+    calibration = _calibration(_noise(0.12, contended=1))
+    back = Calibration.from_dict(json.loads(json.dumps(calibration.to_dict())))
+    assert back == calibration and back.noise is not None and back.noise.floor == 0.12
+    old = calibration.to_dict()
+    del old["noise"]
+    assert Calibration.from_dict(old).noise is None
+    bad = calibration.to_dict()
+    bad["noise"]["spreads"] = [0.1]
+    with pytest.raises(FieldError, match=r"noise\.spreads"):
+        Calibration.from_dict(bad)
+    assert "±12 %" in noise_line(calibration) and "busy machine" in noise_line(calibration)
+    assert "not measured" in noise_line(_calibration(None))
+
+
+def _side(path, floor: float | None) -> Side:  # type: ignore[no-untyped-def]
+    side = load_side(path, "base")
+    calibration = None if floor is None else _calibration(_noise(floor))
+    return replace(side, runs=tuple(replace(s, run=replace(s.run, calibration=calibration)) for s in side.runs))
+
+
+def test_compare_widens_by_the_larger_recorded_floor_and_says_so() -> None:
+    plain = compare_sides(_side(BASE, None), _side(CURRENT, None), Policy())
+    assert plain.policy.noise_floor == DEFAULT_NOISE_FLOOR and "the default" in plain.policy.floor_source
+    measured = compare_sides(_side(BASE, 0.02), _side(CURRENT, 0.03), Policy())
+    assert measured.policy.noise_floor == 0.03 and "attnbench calibrate" in measured.policy.floor_source
+    assert measured.to_dict()["policy"]["noise_floor_source"] == measured.policy.floor_source
+    given = compare_sides(_side(BASE, 0.02), _side(CURRENT, 0.03), Policy(noise_floor=0.01))
+    assert given.policy.noise_floor == 0.01 and given.policy.floor_source == "given by --noise-floor"
+    # A wider floor can only widen the intervals: no case regresses that did not before.
+    assert {c.key for c in measured.of("regressed")} <= {c.key for c in plain.of("regressed")}
+
+
+def test_a_floor_beyond_the_threshold_says_to_use_several_processes() -> None:
+    wide = compare_sides(_side(BASE, 0.15), _side(CURRENT, 0.15), Policy())
+    assert any("timing.processes" in w and "±15 %" in w for w in wide.warnings)
+    assert not wide.of("same") or all(c.evidence != "samples" for c in wide.of("same"))
+    narrow = compare_sides(_side(BASE, 0.02), _side(CURRENT, 0.02), Policy())
+    assert not any("timing.processes" in w for w in narrow.warnings)
+
+
+def test_measure_noise_runs_each_round_in_a_fresh_process() -> None:
+    policy = TimingPolicy(target_ci=0.05, min_samples=5, min_time_s=0.02, max_case_s=0.3, warmup_max_s=0.1)
+    cases = (tiny_case("lstm"), tiny_case("vanilla", mode="train"))
+    heard: list[str] = []
+    noise = measure_noise("cpu", 1, processes=2, cases=cases, policy=policy, progress=heard.append)
+    assert noise.processes == 2 and noise.cases == tuple(c.key for c in cases)
+    assert len(noise.spreads) == 2 and all(s >= 0 for s in noise.spreads)
+    assert noise.floor >= 0 and math.isfinite(noise.floor)
+    assert heard == ["noise: process 1 of 2 done", "noise: process 2 of 2 done"]
