@@ -86,4 +86,6 @@ def test_a_plain_install_draws_the_plots(installed: tuple[Path, Path], tmp_path:
     (folder,) = (tmp_path / "results" / "runs").iterdir()
     plots = sorted(p.name for p in (folder / "plots").glob("*.png"))
     assert plots and all(p.endswith(".png") for p in plots)
-    assert {"latency", "memory", "throughput", "speedup"} <= {p.split("-", 1)[0] for p in plots}, plots
+    # The speed-up plot draws only speed-ups from good evidence: on a busy machine every cell may be contended
+    # (issue 17), and then it has nothing to draw.
+    assert {"latency", "memory", "throughput"} <= {p.split("-", 1)[0] for p in plots}, plots
