@@ -13,9 +13,11 @@ from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, M
 from attnbench.analysis.steps import MIN_RUNS_PER_LEVEL, Step
 from attnbench.core.text import csv_cell
 from attnbench.core.units import format_bytes, format_change, format_change_interval, format_rate, format_seconds
+from attnbench.report.pivot import STATUS_TEXT
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+    from rich.table import Table
 
 METRIC_WORDS: dict[Metric, str] = {
     "median": "median time per call",
@@ -37,7 +39,7 @@ def value_text(value: float | None, metric: Metric) -> str:
 def point_text(p: Point, metric: Metric) -> str:
     """A run's cell: the value, or the row's status where it has none."""
     if p.value is None:
-        return "—" if p.status == "missing" else p.status
+        return "—" if p.status == "missing" else STATUS_TEXT.get(p.status, p.status)
     return value_text(p.value, metric)
 
 
@@ -321,11 +323,31 @@ def render_history_html(history: History, figures: Sequence[tuple[str, bytes]] =
     return "\n".join(parts) + "\n"
 
 
+def _trend_table(history: History, last: int) -> Table:
+    from rich.table import Table
+
+    shown = _shown(history, last)
+    title = "trend (runs in history order)"
+    if len(shown) < len(history.runs):
+        title += f": the newest {len(shown)} of {len(history.runs)} runs (-f md, csv or html show all)"
+    trend = Table(title=title, title_justify="left")
+    for i, header in enumerate(_trend_header(history, last)):
+        trend.add_column(header, justify="left" if i == 0 else "right", no_wrap=i > 0)
+    for row in _shift_rows(history, last):
+        trend.add_row(*row, style="dim")
+    for c in history.cases:
+        trend.add_row(*_trend_row(history, c, last))
+    return trend
+
+
 def history_tables(history: History) -> RenderableType:
-    """The terminal view: the headline, the segments, and the steps as a rich table."""
+    """The terminal view: the headline, the segments, the steps as a rich table, and the trend of as many of the
+    newest runs as the terminal's width holds."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    from attnbench.report.terminal import Fitted
 
     parts: list[RenderableType] = [Text(headline(history), style="bold"), Text(f"runs {history.order_note}")]
     parts += [Text(f"segment {line}") for line in _segment_lines(history)]
@@ -338,17 +360,8 @@ def history_tables(history: History) -> RenderableType:
             style = "red" if row[-1] in ("slower", "more memory") else "green"
             table.add_row(*row, style=style)
         parts.append(table)
-    shown = _shown(history, TERMINAL_RUNS)
-    title = "trend (runs in history order)"
-    if len(shown) < len(history.runs):
-        title += f": the newest {len(shown)} of {len(history.runs)} runs (-f md, csv or html show all)"
-    trend = Table(title=title, title_justify="left")
-    for i, header in enumerate(_trend_header(history, TERMINAL_RUNS)):
-        trend.add_column(header, justify="left" if i == 0 else "right", no_wrap=i > 0)
-    for row in _shift_rows(history, TERMINAL_RUNS):
-        trend.add_row(*row, style="dim")
-    for c in history.cases:
-        trend.add_row(*_trend_row(history, c, TERMINAL_RUNS))
-    parts.append(trend)
+    # As many of the newest runs as fit the terminal: a table too wide for it would squeeze the case column away.
+    counts = sorted({min(n, len(history.runs)) for n in (TERMINAL_RUNS, 9, 6, 4, 3, 2)}, reverse=True)
+    parts.append(Fitted([[_trend_table(history, n)] for n in counts]))
     parts += [Text(f"note: {n}", style="italic") for n in _notes(history)]
     return Group(*parts)

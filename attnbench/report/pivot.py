@@ -26,7 +26,8 @@ from attnbench.analysis.scaling import (
 from attnbench.core.catalogue import is_recurrent
 from attnbench.results.records import Result
 
-_STATUS_TEXT = {
+# A status in a table cell, short enough for a narrow column.
+STATUS_TEXT = {
     "oom": "OOM",
     "unsupported": "n/a",
     "error": "error",
@@ -53,7 +54,7 @@ class Cell:
 
     @property
     def status_text(self) -> str:
-        return _STATUS_TEXT.get(self.result.status, self.result.status)
+        return STATUS_TEXT.get(self.result.status, self.result.status)
 
 
 @dataclass(frozen=True)

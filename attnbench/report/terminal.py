@@ -49,12 +49,12 @@ def comparison_tables(
         renderables.append(Text(headline, style="bold yellow"))
         renderables += [Text(f"  {line}", style="yellow") for line in busy]
     for table in pivot_tables(results, baseline_model):
-        renderables.append(_Fitted(_time_layouts(table)))
+        renderables.append(Fitted(_time_layouts(table)))
         if memory:
             what, cell_text = (
                 ("cache/state computed / measured", state_text) if table.decode else ("peak memory MiB", memory_text)
             )
-            renderables.append(_Fitted(_chunks(table, f"{what} · {table.title}", cell_text)))
+            renderables.append(Fitted(_chunks(table, f"{what} · {table.title}", cell_text)))
         for line in table.crossovers:
             renderables.append(Text(f"  {line}", style="italic"))
         for scaling in table.scaling:
@@ -107,7 +107,7 @@ def _time_layouts(table: PivotTable) -> list[list[Table]]:
     return [both[0], times[0] + ups[0], *both[1:]]
 
 
-class _Fitted:
+class Fitted:
     """The first layout whose tables all fit the console's width at their natural size, so no cell wraps; the
     last layout when none does. Decided at render time, when the width is known."""
 

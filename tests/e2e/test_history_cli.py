@@ -33,6 +33,22 @@ def test_the_table_names_the_step(history_folder: Path) -> None:
     assert "lstm forward float32 b=2 n=64 d=32" in result.output and "slower" in result.output
 
 
+def test_the_trend_shows_as_many_runs_as_the_terminal_holds_and_every_case_label(history_folder: Path) -> None:
+    """At 80 columns, 12 runs would squeeze the case column to nothing: the table keeps the newest runs that fit."""
+    from rich.console import Console
+
+    from attnbench.api import history
+    from attnbench.report.history import history_tables
+
+    console = Console(width=80, record=True, color_system=None)
+    console.print(history_tables(history(history_folder)))
+    trend = console.export_text().split("trend (runs in history order)", 1)[1]
+    assert trend.startswith(": the newest ") and "of 12 runs" in trend
+    assert "gru forward float32" in trend and "vanilla train float32" in trend
+    table = [line for line in trend.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= 80
+
+
 def test_markdown_lists_runs_segments_steps_and_trend(history_folder: Path) -> None:
     result = runner.invoke(app, ["history", str(history_folder), "-f", "md"])
     assert result.exit_code == 0, result.output
