@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attnbench.config.messages import Context, Path_
-from attnbench.config.options import check_unique
+from attnbench.config.options import check_unique, inherited_lengths
 from attnbench.core.cases import Axes, Options
 from attnbench.core.catalogue import MODELS, decode_problem, is_recurrent
 
@@ -94,16 +94,7 @@ def decode_section(
                 hint=f"add {model} to models, or remove it here",
             )
     check_unique(models, "model", ("decode", "models"), ctx)
-    batch = d.batch or m.grid.batch
-    if batch is None:
-        raise ctx.error(
-            "decode needs batch sizes: the grid has tokens, not batch, to inherit",
-            ("decode",),
-            hint="add decode.batch, e.g. batch: [1]",
-        )
-    seq_lens = d.seq_len or m.grid.seq_len
-    check_unique(batch, "batch", ("decode", "batch") if d.batch is not None else ("grid", "batch"), ctx)
-    check_unique(seq_lens, "seq_len", ("decode", "seq_len") if d.seq_len is not None else ("grid", "seq_len"), ctx)
+    batch, seq_lens = inherited_lengths("decode", d.batch, d.seq_len, m.grid, ctx, example_batch=1)
     check_decode(models, [True], ("decode",), options, seq_lens, ctx)
     grid = Axes(
         models=tuple(models),

@@ -32,9 +32,9 @@ from attnbench.core.catalogue import (
 from attnbench.core.flops import match_error
 
 if TYPE_CHECKING:  # only for the hints: the schema lives in config, which imports this module
-    from attnbench.config.experiment import ConfigModel
+    from attnbench.config.experiment import ConfigModel, GridModel
 
-__all__ = ["check_model_options", "check_names", "check_presets", "check_unique", "preset_names"]
+__all__ = ["check_model_options", "check_names", "check_presets", "check_unique", "inherited_lengths", "preset_names"]
 
 
 def preset_names(value: Any) -> Any:
@@ -300,17 +300,8 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
                     ctx.item(("presets", "names"), i),
                     hint="give presets.modes without decode (presets inherit the config's modes)",
                 )
-    batch = p.batch or m.grid.batch
-    if batch is None:
-        raise ctx.error(
-            "presets need batch sizes: the grid has tokens, not batch, to inherit",
-            ("presets",),
-            hint="add presets.batch, e.g. batch: [8]",
-        )
-    seq_lens = p.seq_len or m.grid.seq_len
+    batch, seq_lens = inherited_lengths("presets", p.batch, p.seq_len, m.grid, ctx, example_batch=8)
     seq_path: Path_ = ("presets", "seq_len") if p.seq_len is not None else ("grid", "seq_len")
-    check_unique(batch, "batch", ("presets", "batch") if p.batch is not None else ("grid", "batch"), ctx)
-    check_unique(seq_lens, "seq_len", seq_path, ctx)
     grids = []
     for name in p.names:
         preset = PRESETS[name]
@@ -340,3 +331,27 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
         )
     resolved = {"names": p.names, "core": p.core, "modes": modes, "batch": batch, "seq_len": seq_lens}
     return tuple(grids), resolved
+
+
+def inherited_lengths(
+    section: str,
+    batch: list[int] | None,
+    seq_len: list[int] | None,
+    grid: GridModel,
+    ctx: Context,
+    *,
+    example_batch: int,
+) -> tuple[list[int], list[int]]:
+    """A section's batch sizes and lengths (presets, decode), each the grid's where the section leaves it out;
+    checked for repeats at whichever key they came from."""
+    batches = batch or grid.batch
+    if batches is None:
+        raise ctx.error(
+            f"{section} need{'s' * (section == 'decode')} batch sizes: the grid has tokens, not batch, to inherit",
+            (section,),
+            hint=f"add {section}.batch, e.g. batch: [{example_batch}]",
+        )
+    lengths = seq_len or grid.seq_len
+    check_unique(batches, "batch", (section, "batch") if batch is not None else ("grid", "batch"), ctx)
+    check_unique(lengths, "seq_len", (section, "seq_len") if seq_len is not None else ("grid", "seq_len"), ctx)
+    return batches, lengths
