@@ -126,4 +126,4 @@ def _this_machine(stored: dict[str, object]) -> dict[str, object]:
     from attnbench.measure.environment import collect_environment
 
     now = collect_environment("cpu").to_dict()
-    return {k: v for k, v in now.items() if k not in ("torch_threads",) and k in stored}
+    return {k: v for k, v in now.items() if k != "torch_threads" and k in stored}
