@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from rich.console import Console
@@ -65,13 +66,21 @@ def _window_s(result: Result) -> float:
 
 
 class _EtaColumn(ProgressColumn):
-    """The budget-based ETA the display keeps in the task's ``eta_s`` field (rich's own divides by the count)."""
+    """The budget-based ETA the display keeps in the task's fields (rich's own divides by the count), counting
+    down while a case runs: ``eta_s`` was the estimate at ``eta_at``, and what the cases in flight are expected to
+    cost is spent as they run — but never below ``eta_rest_s``, the cases not yet started, however long the
+    current one overruns."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.clock = clock
 
     def render(self, task: Task) -> Text:
         eta = task.fields.get("eta_s")
         if eta is None:
             return Text("eta -:--:--", style="progress.remaining")
-        return Text(f"eta {datetime.timedelta(seconds=round(eta))}", style="progress.remaining")
+        left = max(task.fields.get("eta_rest_s", 0.0), eta - (self.clock() - task.fields.get("eta_at", self.clock())))
+        return Text(f"eta {datetime.timedelta(seconds=round(left))}", style="progress.remaining")
 
 
 class SweepDisplay:
@@ -87,6 +96,7 @@ class SweepDisplay:
         errors: Console | None = None,
         cases: Sequence[Case] = (),
         policy: TimingPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.console = console
         self.errors = errors or console
@@ -96,6 +106,8 @@ class SweepDisplay:
         self.live = console.is_terminal and not quiet
         self.cases = list(cases)  # what the sweep will run, for the ETA
         self.policy = policy or TimingPolicy()
+        self.clock = clock
+        self.running: set[str] = set()  # keys of the cases started and not yet finished
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         if self.live:
@@ -105,19 +117,31 @@ class SweepDisplay:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                _EtaColumn(),
+                _EtaColumn(clock),
                 console=console,
                 transient=True,
             )
 
-    def eta_s(self) -> float:
-        done = {r.case.key for r in self.results}
-        return eta_s(self.results, [c for c in self.cases if c.key not in done], self.policy)
+    def eta_s(self, *, started: bool = True) -> float:
+        """Seconds left for the cases not finished; ``started=False`` leaves out the cases in flight."""
+        skip = {r.case.key for r in self.results} | (set() if started else self.running)
+        return eta_s(self.results, [c for c in self.cases if c.key not in skip], self.policy)
+
+    def _update_eta(self, description: str | None = None) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task,
+                description=description,
+                eta_s=self.eta_s(),
+                eta_rest_s=self.eta_s(started=False),
+                eta_at=self.clock(),
+            )
 
     def __enter__(self) -> SweepDisplay:
         if self._progress is not None:
             self._progress.start()
-            self._task = self._progress.add_task("starting", total=self.total, eta_s=self.eta_s())
+            self._task = self._progress.add_task("starting", total=self.total)
+            self._update_eta()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -125,18 +149,20 @@ class SweepDisplay:
             self._progress.stop()
 
     def started(self, index: int, case: Case) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, description=escape(safe_text(case.label, lines=False)))
+        self.running.add(case.key)
+        self._update_eta(description=escape(safe_text(case.label, lines=False)))
 
     def measured(self, index: int, result: Result) -> None:
         pass  # shown once stored (finished)
 
     def finished(self, index: int, result: Result) -> None:
         self.results.append(result)
+        self.running.discard(result.case.key)
         # How many have finished, not the case's place: with --devices cases end out of order.
         prefix = f"[{len(self.results)}/{self.total}]"
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, advance=1, eta_s=self.eta_s())
+            self._progress.update(self._task, advance=1)
+            self._update_eta()
             style = (
                 "green"
                 if result.ok

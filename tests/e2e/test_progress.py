@@ -50,3 +50,23 @@ def test_the_display_keeps_the_eta_on_its_task() -> None:
         result = done("lstm", 16, 0.5)
         display.finished(0, result)
         assert display._progress.tasks[0].fields["eta_s"] == pytest.approx(0.5)
+
+
+def test_the_eta_counts_down_while_a_case_runs_but_not_below_the_cases_not_started() -> None:
+    now = [100.0]
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    cases = [tiny_case("lstm", seq_len=n) for n in (16, 64)]
+    display = SweepDisplay(console, 2, cases=cases, policy=POLICY, clock=lambda: now[0])
+
+    def shown() -> str:
+        assert display._progress is not None
+        column = display._progress.columns[-1]
+        return str(column.render(display._progress.tasks[0]))  # type: ignore[union-attr]
+
+    with display:
+        display.started(0, cases[0])
+        assert shown() == "eta 0:00:05"  # both cases' budgets: 2 × (2.0 + DEFAULT_OVERHEAD_S)
+        now[0] += 1.5
+        assert shown() == "eta 0:00:04"  # the running case's share is being spent
+        now[0] += 60.0
+        assert shown() == "eta 0:00:02"  # it overran: what is left is the case not yet started (2.5 s, rounded)
