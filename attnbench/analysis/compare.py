@@ -23,7 +23,7 @@ timings: ok → anything else (oom, unsupported, error, timeout, crashed) is ``r
 runs is ``improved``, a case that newly ends error/timeout/crashed is ``regressed``, two non-ok ends are ``same``;
 ``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that was contended
 (``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
-and says which side.
+and says which side — unless a side is a folder of runs with enough uncontended ones to judge on without them.
 
 Runs are compared only when their environments agree on the hard keys (``HARD_KEYS``); otherwise ``compare``
 refuses (exit 3) and lists the differences, unless ``allow_mismatch`` names them.
@@ -380,6 +380,8 @@ class CaseComparison:
     # The sides whose timing of the case was contended (another process competed for the machine): the verdict is
     # then ``noisy``, whatever the numbers say.
     contended: tuple[Role, ...] = ()
+    # Contended runs (base, current) a folder of runs had for the case and the verdict was reached without.
+    left_out: tuple[int, int] = (0, 0)
 
     @property
     def verdict_text(self) -> str:
@@ -447,7 +449,10 @@ def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], po
     A timed verdict resting on a contended row (either side) is ``noisy``: a machine busy with other work slows
     a case by an amount nobody measured, so neither a regression nor an improvement, nor sameness, follows. The
     same holds for a case that went from ``ok`` to ``too_slow_for_budget`` or back (or stayed too slow): how many
-    samples fit in the budget is a timing too."""
+    samples fit in the budget is a timing too. Where a side is a folder of runs, its contended runs are left out
+    and the case is judged on the others when both sides keep at least one and there are at least three in all
+    (the evidence of processes): on a shared machine most folders have a contended run somewhere, and the rest
+    still carry a verdict that rests on no contended timing."""
     decided = _compare_case(key, base, current, policy)
     timing_statuses = {decided.base_status, decided.current_status} <= {"ok", "too_slow_for_budget"}
     if decided.evidence not in ("processes", "samples") and not (decided.evidence == "status" and timing_statuses):
@@ -456,6 +461,17 @@ def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], po
     sides = tuple(role for role, rows in both if any(r.contended for r in rows))
     if not sides:
         return decided
+    quiet_base = [r for r in base if not r.contended]
+    quiet_current = [r for r in current if not r.contended]
+    if quiet_base and quiet_current and len(quiet_base) + len(quiet_current) >= 3:
+        judged = _compare_case(key, quiet_base, quiet_current, policy)
+        if judged.evidence == "processes":
+            left_out = (len(base) - len(quiet_base), len(current) - len(quiet_current))
+            counted = " and ".join(
+                f"{n} of {len(rows)} {role}" for (role, rows), n in zip(both, left_out, strict=True) if n
+            )
+            note = f"judged without the runs timed on a busy machine ({counted} left out)"
+            return replace(judged, left_out=left_out, note="; ".join(part for part in (judged.note, note) if part))
     reasons = [
         f"{role}: {'; '.join(r.contention.reasons)}"
         for role, rows in both
@@ -597,6 +613,7 @@ def _case_dict(c: CaseComparison) -> dict[str, Any]:
         "current_n": c.current_n,
         "note": c.note,
         "contended": list(c.contended),
+        "contended_runs_left_out": {"base": c.left_out[0], "current": c.left_out[1]},
     }
 
 

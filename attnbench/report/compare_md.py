@@ -74,13 +74,24 @@ def counts_line(comparison: Comparison) -> str:
 
 
 def contended_lines(comparison: Comparison) -> list[str]:
-    """A line saying how many verdicts contention made ``noisy``, and on which side; nothing when none."""
+    """Lines saying how many verdicts contention made ``noisy`` (and on which side), and how many folders of runs
+    were judged without their contended runs; nothing when neither."""
+    lines = []
     busy = [c for c in comparison.cases if c.contended]
-    if not busy:
-        return []
-    sides = {side: sum(side in c.contended for c in busy) for side in ("base", "current")}
-    where = ", ".join(f"{n} on the {side} side" for side, n in sides.items() if n)
-    return ["", f"**{len(busy)} cases were timed on a busy machine ({where}): noisy (contended), no verdict.**"]
+    if busy:
+        sides = {side: sum(side in c.contended for c in busy) for side in ("base", "current")}
+        where = ", ".join(f"{n} on the {side} side" for side, n in sides.items() if n)
+        lines += ["", f"**{len(busy)} cases were timed on a busy machine ({where}): noisy (contended), no verdict.**"]
+    spared = [c for c in comparison.cases if any(c.left_out)]
+    if spared:
+        runs = sum(sum(c.left_out) for c in spared)
+        lines += [
+            "",
+            f"{len(spared)} {'case was judged without its' if len(spared) == 1 else 'cases were judged without their'} "
+            f"runs timed on a busy machine ({runs} contended run{'' if runs == 1 else 's'} left out; the others still made an "
+            "interval).",
+        ]
+    return lines
 
 
 def title(comparison: Comparison) -> str:

@@ -254,6 +254,28 @@ def test_compare_never_concludes_from_contended_evidence() -> None:
     )
 
 
+def test_a_folder_of_runs_is_judged_without_its_contended_runs_when_enough_remain() -> None:
+    # Five runs a side, one contended on each, 20 % slower everywhere: the eight quiet runs carry the verdict.
+    spread = (0.98, 1.0, 1.02, 0.99)
+    base = [_row(True, median=1e-3), *(_row(False, median=1e-3 * f) for f in spread)]
+    current = [*(_row(False, median=1.2e-3 * f) for f in spread), _row(True, median=5e-3)]
+    got = compare_case("k", base, current, Policy())
+    assert (got.verdict, got.evidence, got.contended, got.left_out) == ("regressed", "processes", (), (1, 1))
+    assert (got.base_n, got.current_n) == (4, 4) and got.ratio == pytest.approx(1.2)  # the 5 ms run left out
+    assert "judged without the runs timed on a busy machine (1 of 5 base and 1 of 5 current left out)" in got.note
+    comparison = Comparison(Side(ROOT, ()), Side(ROOT, ()), Policy(), (got,))
+    assert contended_lines(comparison)[1] == (
+        "1 case was judged without its runs timed on a busy machine (2 contended runs left out; the others still "
+        "made an interval)."
+    )
+    # Too few quiet runs to make an interval (one a side): no verdict, as with a single contended run.
+    few = compare_case("k", base[:2], [current[0], current[-1]], Policy())
+    assert few.verdict == "noisy" and few.contended == ("base", "current") and few.left_out == (0, 0)
+    # Every run of a side contended: nothing to judge on.
+    none_quiet = compare_case("k", [_row(True), _row(True)], current, Policy())
+    assert none_quiet.verdict == "noisy" and none_quiet.contended == ("base", "current")
+
+
 def test_sweep_help_and_env_show_the_busy_check() -> None:
     out = runner.invoke(app, ["sweep", "--help"])
     assert "--wait-idle" in out.output
