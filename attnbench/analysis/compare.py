@@ -25,6 +25,10 @@ runs is ``improved``, a case that newly ends error/timeout/crashed is ``regresse
 (``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
 and says which side — unless a side is a folder of runs with enough uncontended ones to judge on without them.
 
+With folders of runs (two or more a side) the sides are also judged as wholes (``Overall``): one score per run
+over every case it timed, the two sides' scores compared as a case's processes are; a regression there fails the
+comparison too.
+
 Runs are compared only when their environments agree on the hard keys (``HARD_KEYS``); otherwise ``compare``
 refuses (exit 3) and lists the differences, unless ``allow_mismatch`` names them.
 """
@@ -535,6 +539,66 @@ def _compare_case(key: str, base: Sequence[Result], current: Sequence[Result], p
 
 
 @dataclass(frozen=True)
+class Overall:
+    """Every case together: whether the run as a whole got slower, by more than any one case can show alone.
+
+    A change that moves every case by 10 % can leave each case's interval straddling the threshold on a noisy
+    machine, while eight cases that all moved say plainly that something did. Each run (one process) gets one
+    score: the mean over cases of its log time relative to that case's mean over every run of both sides. The
+    verdict is a Student t interval of the difference of the two sides' mean scores (variance pooled), judged
+    against the default threshold as a case is. One score per run, not per case, because the cases of a run
+    shared its process: whatever made that process slow moved them together, and counting them as independent
+    would call that drift a regression. Only folders of runs (two or more a side) have runs to score; timed,
+    uncontended rows of cases ok on both sides count."""
+
+    verdict: Verdict
+    ratio: float
+    ci_low: float
+    ci_high: float
+    threshold: float
+    cases: int  # the cases scored
+    base_runs: int
+    current_runs: int
+
+
+MIN_OVERALL_CASES = 2
+
+
+def overall_verdict(base: Side, current: Side, cases: Sequence[CaseComparison], threshold: float) -> Overall | None:
+    """The sides' verdict as a whole (``Overall``), or None when either side has fewer than two runs or fewer
+    than two cases were timed ok on both."""
+    if len(base.runs) < 2 or len(current.runs) < 2:
+        return None
+    keys = {c.key for c in cases if c.base_status == "ok" and c.current_status == "ok" and c.evidence != "status"}
+
+    def logs(side: Side) -> list[dict[str, float]]:
+        out = []
+        for stored in side.runs:
+            run: dict[str, float] = {}
+            for r in stored.results:
+                if r.case.key in keys and r.ok and r.measurement is not None and not r.contended:
+                    run[r.case.key] = statistics.fmean(math.log(x) for x in process_medians(r.measurement))
+            out.append(run)
+        return out
+
+    b, c = logs(base), logs(current)
+    every = [run for run in (*b, *c) if run]
+    scored = {k for run in every for k in run}
+    if len(scored) < MIN_OVERALL_CASES:
+        return None
+    centre = {k: statistics.fmean(run[k] for run in every if k in run) for k in scored}
+
+    def scores(runs: list[dict[str, float]]) -> list[float]:
+        return [statistics.fmean(v - centre[k] for k, v in run.items()) for run in runs if run]
+
+    sb, sc = scores(b), scores(c)
+    if len(sb) < 1 or len(sc) < 1 or len(sb) + len(sc) < 4:
+        return None
+    ratio, lo, hi = process_ratio_ci([math.exp(x) for x in sb], [math.exp(x) for x in sc])
+    return Overall(_verdict(lo, hi, threshold), ratio, lo, hi, threshold, len(scored), len(sb), len(sc))
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Every case's verdict, with what was compared and how."""
 
@@ -544,6 +608,7 @@ class Comparison:
     cases: tuple[CaseComparison, ...]
     allowed: tuple[Mismatch, ...] = ()
     warnings: tuple[str, ...] = ()
+    overall: Overall | None = None
 
     def counts(self) -> dict[Verdict, int]:
         counts: dict[Verdict, int] = dict.fromkeys(VERDICTS, 0)
@@ -556,7 +621,9 @@ class Comparison:
 
     @property
     def regressed(self) -> bool:
-        return any(c.verdict == "regressed" for c in self.cases)
+        """A case regressed, or every case together did (``Overall``)."""
+        overall = self.overall is not None and self.overall.verdict == "regressed"
+        return overall or any(c.verdict == "regressed" for c in self.cases)
 
     @property
     def exit_code(self) -> int:
@@ -588,6 +655,7 @@ class Comparison:
             "allowed_mismatches": [vars(m).copy() for m in self.allowed],
             "warnings": list(self.warnings),
             "cases": [_case_dict(c) for c in self.cases],
+            "overall": None if self.overall is None else vars(self.overall).copy(),
         }
 
 
@@ -677,7 +745,8 @@ def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
     keys = list(base_rows) + [k for k in current_rows if k not in base_rows]
     cases = tuple(compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys)
     warnings = _side_warnings(base, "base") + _side_warnings(current, "current")
-    comparison = Comparison(base, current, policy, cases, allowed, tuple(warnings))
+    overall = overall_verdict(base, current, cases, policy.thresholds.default)
+    comparison = Comparison(base, current, policy, cases, allowed, tuple(warnings), overall)
     return replace(comparison, warnings=(*comparison.warnings, *_floor_warning(comparison)))
 
 

@@ -88,15 +88,34 @@ def contended_lines(comparison: Comparison) -> list[str]:
         lines += [
             "",
             f"{len(spared)} {'case was judged without its' if len(spared) == 1 else 'cases were judged without their'} "
-            f"runs timed on a busy machine ({runs} contended run{'' if runs == 1 else 's'} left out; the others still made an "
-            "interval).",
+            f"runs timed on a busy machine ({runs} contended run{'' if runs == 1 else 's'} left out; the others "
+            "still made an interval).",
         ]
     return lines
 
 
 def title(comparison: Comparison) -> str:
     n = comparison.counts()["regressed"]
-    return f"regression in {n} case{'s' if n != 1 else ''}" if n else "no regression"
+    if n:
+        return f"regression in {n} case{'s' if n != 1 else ''}"
+    if comparison.regressed and comparison.overall is not None:
+        return f"regression overall ({format_change(comparison.overall.ratio - 1)}, every case together)"
+    return "no regression"
+
+
+def overall_lines(comparison: Comparison) -> list[str]:
+    """The verdict on every case together (``analysis.compare.Overall``); nothing when the sides have no runs to
+    score (fewer than two a side)."""
+    o = comparison.overall
+    if o is None:
+        return []
+    verdict = f"**{o.verdict}**" if o.verdict == "regressed" else o.verdict
+    return [
+        "",
+        f"All {o.cases} cases together (one score per run; {o.base_runs} base and {o.current_runs} current runs): "
+        f"{format_change(o.ratio - 1)} (95 % CI {format_change_interval(o.ci_low - 1, o.ci_high - 1)}) against "
+        f"±{format_percent(o.threshold)} → {verdict}.",
+    ]
 
 
 def _side_cells(side: Side) -> tuple[str, str, str]:
@@ -133,6 +152,12 @@ def method_text(comparison: Comparison) -> str:
             f"Evidence for {evidence['processes']} cases: the spread between processes (one median per process, "
             "Student t on the log medians, variance pooled over both sides)."
         )
+    if comparison.overall is not None:
+        lines.append(
+            "Every case together: one score per run (the mean over cases of its log time against each case's mean "
+            "over all runs), the two sides' scores compared by a Student t interval like a case's; a regression "
+            "there fails the comparison too."
+        )
     if evidence.get("samples"):
         lines.append(
             f"Evidence for {evidence['samples']} cases: one process per side, so the interval is a bootstrap of "
@@ -162,6 +187,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
         f"## attnbench compare: {title(comparison)}",
         "",
         counts_line(comparison),
+        *overall_lines(comparison),
         *contended_lines(comparison),
         "",
         "| | base | current |",
@@ -224,6 +250,11 @@ def compare_table(comparison: Comparison) -> Group:
         cells = row(c)
         table.add_row(cells[0], Text(c.verdict_text, style=_STYLE.get(c.verdict, "")), *cells[1:])
     lines: list[Table | Text] = [table, Text(counts_line(comparison).replace("**", ""))]
+    lines += [
+        Text(line.replace("**", ""), style="bold red" if comparison.overall and "**regressed**" in line else "")
+        for line in overall_lines(comparison)
+        if line
+    ]
     lines += [Text(line.replace("**", ""), style="yellow") for line in contended_lines(comparison) if line]
     lines += [Text(f"  {case_text(c)}: {c.note}", style="italic") for c in comparison.cases if c.note]
     if comparison.allowed:

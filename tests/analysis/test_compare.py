@@ -322,6 +322,39 @@ def test_folders_of_runs_are_processes(tmp_path: Path) -> None:
     assert slower[("lstm", "forward", 64)] == "regressed"
 
 
+def noisy_set(folder: Path, centre: float, commit: str = derive.BASE_COMMIT) -> Path:
+    """A folder of 5 runs of base's rows around ``centre``: each timed case of run i off by 8 % · cos(2π(i + k)/5)
+    (k its place among the timed cases), which sums to nothing over a run's cases, plus at most 1 % that moves a
+    whole run. Too wide for any one case to see a 10 % change through; the runs as wholes agree to 1 %."""
+    run, rows = derive.read_run(BASE)
+    timed = [n for n, r in enumerate(rows) if r["status"] == "ok" and r.get("measurement")]
+    for i, whole in enumerate((1.0, 1.01, 0.99, 1.005, 0.995)):
+        member = derive.with_run(run, f"20261202-15{commit[0]}00{i}-tiny-fixture-cpu", commit)
+        off = {n: 0.08 * math.cos(2 * math.pi * (i + k) / 5) for k, n in enumerate(timed)}
+        moved = [derive.scaled(r, centre * whole * math.exp(off.get(n, 0.0))) for n, r in enumerate(rows)]
+        derive.write_run(folder / member["run_id"], member, moved)
+    return folder
+
+
+def test_every_case_together_catches_what_no_single_case_can(tmp_path: Path) -> None:
+    base = noisy_set(tmp_path / "base", 1.0)
+    slower = compare_paths(base, noisy_set(tmp_path / "slower", 1.10, derive.CURRENT_COMMIT), Policy())
+    timed = [c for c in slower.cases if c.evidence == "processes"]
+    assert len(timed) >= 5 and not slower.of("regressed")  # 10 % slower everywhere, yet no case can tell alone
+    overall = slower.overall
+    assert overall is not None and (overall.base_runs, overall.current_runs, overall.cases) == (5, 5, len(timed))
+    assert overall.verdict == "regressed" and overall.ci_low > 1.05 and overall.ci_low < 1.10 < overall.ci_high
+    assert slower.regressed and slower.exit_code == 1 and slower.to_dict()["overall"]["verdict"] == "regressed"
+    text = render_compare_markdown(slower)
+    assert "## attnbench compare: regression overall (+" in text and "every case together)" in text
+    assert f"All {len(timed)} cases together (one score per run; 5 base and 5 current runs): +" in text
+    # Unchanged code with the same noise: never a regression, overall or per case.
+    same = compare_paths(base, noisy_set(tmp_path / "again", 1.0, derive.CURRENT_COMMIT), Policy())
+    assert same.overall is not None and same.overall.verdict == "same" and not same.regressed
+    # One run a side has no runs to score: no overall verdict.
+    assert compare_paths(BASE, CURRENT, Policy()).overall is None
+
+
 def test_json_output_schema() -> None:
     data = compare_paths(BASE, CURRENT, Policy()).to_dict()
     assert data["schema"] == "attnbench.compare/1" and data["regressed"] is True and data["exit_code"] == 1
