@@ -1,13 +1,15 @@
 """Power check of ``attnbench compare``: a known slowdown must be caught, a small one never called an improvement.
 
     python scripts/bench_power.py [--trials 20] [--slowdowns 0.10,0.03] [--config configs/aa-cpu.yaml]
-        [--fail-on median:5% --fail-on median:3%] [--noise-floor 4%] [--processes 1]
+        [--fail-on median:5% --fail-on median:3%] [--noise-floor 4%] [--processes 1] [--runs-per-side 1]
         [--report results/compare-power-cpu.md]
 
 Each trial sweeps the config once as it is and once per slowdown F with ``attnbench sweep --inject-slowdown F``
 (every timed call busy-waits F × its warm-up time per call: a slowdown of F that changes nothing else), each sweep in
 its own process, in an order that rotates from trial to trial so drift of the machine hits every side alike. Then
-``attnbench compare BASE SLOWED`` at every ``--fail-on`` threshold, and the verdicts are counted per case.
+``attnbench compare BASE SLOWED`` at every ``--fail-on`` threshold, and the verdicts are counted per case. With
+``--runs-per-side K`` each side is K sweeps, alternated A B B A …, and compare judges the two folders of runs on
+their per-process medians (as ``timing.processes`` would, without a worker start per case).
 
 Targets: a 10 % slowdown flagged ``regressed`` in ≥ 95 % of (trial, case) pairs; a 3 % one ``regressed`` or
 ``noisy`` in ≥ 95 % of them and ``improved`` in none. At a 5 % threshold a precisely measured 3 % change is rightly
@@ -41,10 +43,13 @@ from bench_aa import (
     contended_verdicts,
     load,
     machine,
+    merge_side,
+    overall_cell,
     pct,
-    stored,
+    stored_side,
     sweep,
     sweep_sets,
+    when,
 )
 
 
@@ -56,7 +61,7 @@ def main() -> int:
     parser.add_argument("--report", type=Path, default=ROOT / "results" / "compare-power-cpu.md")
     args = parser.parse_args()
     slowdowns = [float(x) for x in args.slowdowns.split(",") if x.strip()]
-    if args.trials < 1 or not slowdowns or any(not 0 < f <= 10 for f in slowdowns):
+    if args.trials < 1 or args.runs_per_side < 1 or not slowdowns or any(not 0 < f <= 10 for f in slowdowns):
         parser.error("--trials must be ≥ 1 and --slowdowns fractions in (0, 10]")
     thresholds = args.fail_on or ["median:5%", "median:3%"]
     started, load_before, clock = datetime.now(UTC), load(), time.perf_counter()
@@ -74,15 +79,20 @@ def main() -> int:
             order = sides[shift:] + sides[:shift]  # rotate, so no side always runs first (or last)
             done: dict[float, Sweep] = {}
             for f in order:
-                out = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
-                extra = ("--inject-slowdown", f"{f:g}") if f else ()
+                side = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
                 if args.from_work:
-                    (folder,) = (p for p in out.iterdir() if (p / "run.json").is_file())
-                    done[f] = stored(folder)
-                else:
-                    done[f] = sweep(args.config, out, sweep_sets(args), extra)
-                walls.append(done[f].wall_s)
-            first = first or done[0.0]
+                    done[f] = stored_side(side)
+                    walls.extend(m.wall_s for m in done[f].runs)
+            for rep in range(0 if args.from_work else args.runs_per_side):
+                # Reversed every other round (A B B A …): drift of the machine falls on both sides alike.
+                for f in order if rep % 2 == 0 else order[::-1]:
+                    side = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
+                    extra = ("--inject-slowdown", f"{f:g}") if f else ()
+                    made_one = sweep(args.config, side, sweep_sets(args), extra)
+                    walls.append(made_one.wall_s)
+                    first = first or made_one
+                    done[f] = merge_side(side, [*done[f].runs, made_one] if f in done else [made_one])
+            first = first or done[0.0].runs[0]
             pairs.append((done[0.0], done[slowdowns[0]]))
             for f in slowdowns:
                 for t in thresholds:
@@ -90,8 +100,9 @@ def main() -> int:
                     verdicts.setdefault((f, t), []).append(judged)
             print(f"trial {trial + 1}/{args.trials} done ({sum(walls):.0f} s of sweeps so far)", file=sys.stderr)
     assert first is not None
+    compared = [side for pair in pairs for side in pair]
     text = report(
-        args, slowdowns, thresholds, verdicts, first, walls, started, load_before, time.perf_counter() - clock
+        args, slowdowns, thresholds, verdicts, first, compared, walls, started, load_before, time.perf_counter() - clock
     )
     text += pair_table(slowdowns[0], thresholds, verdicts, pairs)
     args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -126,6 +137,7 @@ def report(
     thresholds: list[str],
     verdicts: dict[tuple[float, str], list[dict[str, Any]]],
     first: Sweep,
+    sides: list[Sweep],
     walls: list[float],
     started: datetime,
     load_before: str,
@@ -140,12 +152,13 @@ def report(
         f"is and one per injected slowdown ({', '.join(pct(f) for f in slowdowns)}; `attnbench sweep "
         f"--inject-slowdown F`), every sweep in its own process, order rotating per trial; then `attnbench compare "
         f"BASE SLOWED`, noise floor {pct(floor)}, {args.processes} process(es) per case, "
+        f"{args.runs_per_side} sweep(s) per side per trial (alternated A B B A …; a side of several is a folder of "
+        "runs), "
         f"{len(sample['cases'])} cases per run.",
         "",
         f"Conditions: {conditions(args)}. Noise floor source: {sample['policy'].get('noise_floor_source', '?')}.",
         "",
-        f"Machine: {machine(first.folder)}. Load average {load_before} before, {load()} after. Wall time "
-        f"{wall_s:.0f} s ({len(walls)} sweeps, {statistics.median(walls):.1f} s median).",
+        f"Machine: {machine(first.folder)}. " + when(args.from_work, sides, load_before, wall_s, walls),
         "",
         "## Verdicts per (trial, case)",
         "",
@@ -195,8 +208,11 @@ def pair_table(
         "",
         f"## Trial by trial ({pct(f)} injected)",
         "",
-        "| trial | load (base, slowed) | contended (base/slowed) | "
-        + " | ".join(f"{t}: regressed / noisy (contended) / caught / above by the numbers alone" for t in thresholds)
+        "| trial | load (base, slowed: the highest a sweep began at) | contended (base/slowed) | "
+        + " | ".join(
+            f"{t}: regressed / noisy (contended) / caught / above by the numbers alone / every case together"
+            for t in thresholds
+        )
         + " |",
         "| --- | --- | --- | " + " | ".join("---" for _ in thresholds) + " |",
     ]
@@ -206,7 +222,8 @@ def pair_table(
             data = verdicts[(f, t)][i]
             caught = "yes" if data["exit_code"] == 1 else "no"
             cells.append(
-                f"{data['counts']['regressed']} / {contended_verdicts(data)} / {caught} / {numbers_alone(data)}"
+                f"{data['counts']['regressed']} / {contended_verdicts(data)} / {caught} / {numbers_alone(data)} / "
+                f"{overall_cell(data)}"
             )
         lines.append(
             f"| {i + 1} | {base.load_1m:.2f}, {slowed.load_1m:.2f} | {base.contended}/{slowed.contended} | "
@@ -219,11 +236,11 @@ def pair_table(
         "1 + threshold — what compare would have called regressed had it not withheld contended evidence.",
     ]
     for t in thresholds:
-        caught = sum(1 for data in verdicts[(f, t)] if data["exit_code"] == 1)
+        failing = sum(1 for data in verdicts[(f, t)] if data["exit_code"] == 1)
         lines.append("")
         lines.append(
-            f"- {t}: the {pct(f)} slowdown caught (compare exit 1) in {caught} of {len(pairs)} pairs "
-            f"(target ≥ 9 of 10) → **{'PASS' if caught >= 0.9 * len(pairs) else 'FAIL'}**"
+            f"- {t}: the {pct(f)} slowdown caught (compare exit 1) in {failing} of {len(pairs)} pairs "
+            f"(target ≥ 9 of 10) → **{'PASS' if failing >= 0.9 * len(pairs) else 'FAIL'}**"
         )
     return "\n".join(lines) + "\n"
 
