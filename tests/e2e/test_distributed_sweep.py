@@ -21,7 +21,7 @@ from attnbench.results.store import load_run
 from tests.support import ROOT, tiny_config
 
 runner = CliRunner()
-QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.05, "warmup_max_s": 0.02}
+QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.05, "warmup_max_s": 0.02, "process_warmup_s": 0.05}
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from attnbench.results.records import Result
 from tests.support import ROOT, tiny_case, tiny_config
 
 runner = CliRunner()
-QUICK = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05)
+QUICK = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05, process_warmup_s=0.05)
 # A case that cannot end early: an unreachable CI target and a sample cap far above what 4 s holds (a tiny LSTM
 # fills the default 10 000 samples of 100 µs in about a second on a quiet machine, which beat the 1 s timeout).
 SLOW = TimingPolicy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=0.05, target_ci=1e-6, max_samples=10**7)

@@ -24,7 +24,9 @@ from tests.support import tiny_case, tiny_config
 
 # Roomy budget, loose target: these tests are about who writes which row, and on a loaded machine three samples
 # must still fit in the budget (else a row is too_slow_for_budget, issue 17).
-QUICK = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=2.0, warmup_max_s=0.05, target_ci=0.5)
+QUICK = TimingPolicy(
+    min_samples=3, min_time_s=0.01, max_case_s=2.0, warmup_max_s=0.05, target_ci=0.5, process_warmup_s=0.05
+)
 # Cannot end early (see tests/e2e/test_resilience.py): a worker killed a second in is killed mid-case.
 SLOW = TimingPolicy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=0.05, target_ci=1e-6, max_samples=10**7)
 

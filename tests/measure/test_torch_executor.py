@@ -260,6 +260,7 @@ def test_the_process_is_warmed_up_once_before_its_first_case(monkeypatch: pytest
     assert off.extra["process_warmup_s"] == 0.0
 
 
+@pytest.mark.serial
 def test_the_first_of_identical_cases_is_not_systematically_slower() -> None:
     """Three processes, each timing the same case three times: the first reading must not stand above the others
     in most of them. A timing comparison, so it runs only on a quiet machine (the contention check decides)."""
