@@ -396,8 +396,9 @@ def test_full_session_on_hopper_reads_everything_and_cleans_up() -> None:
     assert s.metrics["gpu_util_pct"] == 80.0 and s.metrics["power_w"] == 300.0
     assert s.metrics["sm_clock_max_mhz"] == 1980.0 and s.metrics["throttled"] is False
     assert s.metrics["gpm_sm_util_pct"] == 61.5 and s.metrics["gpm_tensor_util_pct"] == 45.0
-    # 300 W over the window, from the counter (which brackets the window by a few µs).
-    assert s.metrics["energy_j"] == pytest.approx(300.0 * s.window_s, rel=0.02)
+    # 300 W over the window, from the counter, which brackets the window: by a few µs on a quiet machine, by a few
+    # ms when another process holds the core between the counter's read and the window's end.
+    assert 300.0 * s.window_s * 0.98 <= s.metrics["energy_j"] <= 300.0 * (s.window_s + 0.05)
     assert s.metrics["joules_per_token"] == pytest.approx(s.metrics["energy_j"] / 10_000)  # type: ignore[operator]
     assert "total-energy counter" in s.note
     assert s.samples >= 3 and len(s.raw) > s.samples  # polled rows, then NVML's buffered samples
