@@ -210,7 +210,8 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row["flops"] = flops
         row["flops_formula"] = result.extra.get("flops_formula")
         used = peaks.for_case(case) if peaks is not None else None
-        for prefix, executed in (("", False), ("executed_", True)):
+        # A rate only from an ok row: a too-slow row's few warm-up calls are evidence, not a timing.
+        for prefix, executed in (("", False), ("executed_", True)) if result.ok else ():
             achieved = achieved_flops_per_s(result, executed=executed)
             if achieved is None:
                 continue

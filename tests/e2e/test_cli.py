@@ -21,8 +21,10 @@ TINY = tiny_config(
     grid={"batch": [2], "seq_len": [16, 32]},
     d_model=32,
     heads=4,
-    # A budget that a train call slowed by a busy machine (the next test worker) still fits min_samples into: the
-    # tests below read every row as ok. Converged cases stop long before it.
+    # One thread: two test workers with two OpenMP threads each on two cores spin against each other and slow a
+    # tiny train call by orders of magnitude. And a budget that a call slowed by the next worker still fits
+    # min_samples into; converged cases stop long before it.
+    threads=1,
     timing={**QUICK_TIMING, "max_case_s": 1.0},
 )
 
@@ -59,7 +61,8 @@ def test_rows_and_statuses(tiny_run: tuple[Path, str]) -> None:
         by_model.setdefault(row["model"], set()).add(row["status"])
     assert by_model["sdpa-efficient"] == {"unsupported"}
     for model in ("lstm", "gru", "vanilla", "sdpa-flash"):
-        assert by_model[model] == {"ok"}
+        # ok; on a machine busy enough that min_samples calls no longer fit the budget, too_slow_for_budget says so
+        assert "ok" in by_model[model] and by_model[model] <= {"ok", "too_slow_for_budget"}, by_model
     ok = [r for r in rows if r["status"] == "ok"]
     assert all(float(r["median_ms"]) > 0 and float(r["tokens_per_s"]) > 0 for r in ok)
     for r in ok:
@@ -230,7 +233,8 @@ def test_every_bad_config_is_an_error_a_hint_and_exit_2(path: Path) -> None:
 
 def test_cpu_sweep_records_cpu_telemetry_and_says_why_gpu_columns_are_empty(tiny_run: tuple[Path, str]) -> None:
     folder, _ = tiny_run
-    rows = [r for r in csv.DictReader((folder / "summary.csv").open()) if r["status"] == "ok"]
+    # Every timed row (ok, or too slow for its budget on a busy machine) has its telemetry.
+    rows = [r for r in csv.DictReader((folder / "summary.csv").open()) if r["status"] in ("ok", "too_slow_for_budget")]
     for row in rows:
         assert 0 < float(row["cpu_util_pct"]) <= 110  # CPU time is counted in ticks: a little over 100 happens
         assert int(row["rss_max_bytes"]) > 0 and int(row["threads_max"]) >= 1
@@ -288,7 +292,8 @@ def test_rows_carry_analytic_flops_with_their_formula(tiny_run: tuple[Path, str]
     for result in load_run(folder).results:
         row = rows[result.case.key]
         if not result.ok:
-            assert row["flops"] == ""
+            # No rate from a row that is not ok (a too-slow row's few warm-up calls are evidence, not a timing).
+            assert row["tflops"] == row["pct_of_peak"] == row["executed_tflops"] == ""
             continue
         expected = count_flops(Case.from_dict(result.case.to_dict()))
         assert int(row["flops"]) == expected.flops and row["flops_formula"] == expected.formula
