@@ -21,10 +21,9 @@ TINY = tiny_config(
     grid={"batch": [2], "seq_len": [16, 32]},
     d_model=32,
     heads=4,
-    # One thread: two test workers with two OpenMP threads each on two cores spin against each other and slow a
-    # tiny train call by orders of magnitude. And a budget that a call slowed by the next worker still fits
-    # min_samples into; converged cases stop long before it.
-    threads=1,
+    # A budget that a call slowed by the next test worker still fits min_samples into (converged cases stop long
+    # before it). Not `threads: 1`, which would help more: the sweep runs in this process and torch's thread count
+    # is process-wide, so later tests that resume a run would find another environment.
     timing={**QUICK_TIMING, "max_case_s": 1.0},
 )
 
