@@ -592,7 +592,7 @@ def overall_verdict(base: Side, current: Side, cases: Sequence[CaseComparison], 
         return [statistics.fmean(v - centre[k] for k, v in run.items()) for run in runs if run]
 
     sb, sc = scores(b), scores(c)
-    if len(sb) < 1 or len(sc) < 1 or len(sb) + len(sc) < 4:
+    if not sb or not sc or len(sb) + len(sc) < 4:
         return None
     ratio, lo, hi = process_ratio_ci([math.exp(x) for x in sb], [math.exp(x) for x in sc])
     return Overall(_verdict(lo, hi, threshold), ratio, lo, hi, threshold, len(scored), len(sb), len(sc))

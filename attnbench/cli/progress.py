@@ -79,7 +79,8 @@ class _EtaColumn(ProgressColumn):
         eta = task.fields.get("eta_s")
         if eta is None:
             return Text("eta -:--:--", style="progress.remaining")
-        left = max(task.fields.get("eta_rest_s", 0.0), eta - (self.clock() - task.fields.get("eta_at", self.clock())))
+        # SweepDisplay._update_eta sets the three fields together.
+        left = max(task.fields["eta_rest_s"], eta - (self.clock() - task.fields["eta_at"]))
         return Text(f"eta {datetime.timedelta(seconds=round(left))}", style="progress.remaining")
 
 

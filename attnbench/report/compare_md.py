@@ -250,11 +250,8 @@ def compare_table(comparison: Comparison) -> Group:
         cells = row(c)
         table.add_row(cells[0], Text(c.verdict_text, style=_STYLE.get(c.verdict, "")), *cells[1:])
     lines: list[Table | Text] = [table, Text(counts_line(comparison).replace("**", ""))]
-    lines += [
-        Text(line.replace("**", ""), style="bold red" if comparison.overall and "**regressed**" in line else "")
-        for line in overall_lines(comparison)
-        if line
-    ]
+    overall_style = "bold red" if comparison.overall is not None and comparison.overall.verdict == "regressed" else ""
+    lines += [Text(line.replace("**", ""), style=overall_style) for line in overall_lines(comparison) if line]
     lines += [Text(line.replace("**", ""), style="yellow") for line in contended_lines(comparison) if line]
     lines += [Text(f"  {case_text(c)}: {c.note}", style="italic") for c in comparison.cases if c.note]
     if comparison.allowed:
