@@ -186,7 +186,7 @@ def report(
         "",
         "The measured change is the median over (trial, case) of current/base − 1: what the injected busy-wait "
         "amounted to once the machine's own drift between the two processes is added. A case counts once per "
-        "trial; `compare exit 1` counts trials in which at least one case regressed.",
+        "trial; `compare exit 1` counts trials in which at least one case, or every case together, regressed.",
     ]
     return "\n".join(lines) + "\n"
 
