@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,24 @@ def use_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def threads_handed_back(threads: int | None) -> Iterator[None]:
+    """``use_threads(threads)`` for the block, then the count it found. The count is the process's: a sweep run
+    inside a caller's process (``attnbench.api`` from a notebook, the CLI in a test) must not leave its config's
+    setting behind for the caller's own torch work, or for the next sweep's environment."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    found = torch.get_num_threads()
+    use_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(found)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +26,7 @@ from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ConfigError, DeviceError, ResultsError
 from attnbench.core.shards import Shard
 from attnbench.measure.contention import logical_cores, wait_for_idle
-from attnbench.measure.devices import device_slug, guess_device, resolve_device, use_threads
+from attnbench.measure.devices import device_slug, guess_device, resolve_device, threads_handed_back
 from attnbench.measure.environment import code_identity, collect_environment
 from attnbench.measure.events import SweepListener
 from attnbench.measure.executor import Executor, ExecutorSettings
@@ -317,10 +317,13 @@ def open_sweep(request: SweepRequest, *, on_busy: Callable[[Contention, float], 
     full disk) is removed again: a folder holding nothing but the lock is debris, not a run."""
     lock: RunLock | None = None
     created: Path | None = None
+    handed_back = ExitStack()
     try:
         if request.resume is not None and _holds_a_run(Path(request.resume)):
             lock = RunLock(Path(request.resume)).acquire()
         plan = plan_sweep(request)
+        # Before the environment records the thread count; handed back when the sweep ends.
+        handed_back.enter_context(threads_handed_back(plan.experiment.threads))
         environment = _environment(plan)
         warnings = list(plan.warnings)
         # Before anything is written: is the machine already busy? (≤ 1 s, or up to --wait-idle for quiet)
@@ -362,6 +365,7 @@ def open_sweep(request: SweepRequest, *, on_busy: Callable[[Contention, float], 
         created = None  # it holds run.json: a run to resume from now on, never removed
         yield Sweep(plan, writer, environment, tuple(warnings))
     finally:
+        handed_back.close()
         if lock is not None:
             lock.release()
         if created is not None:
@@ -378,7 +382,7 @@ def _holds_a_run(folder: Path) -> bool:
 
 
 def _environment(plan: SweepPlan) -> Environment:
-    use_threads(plan.experiment.threads)  # before the environment records the thread count
+    """What the run was measured in (torch imported here, when nothing imported it yet)."""
     return collect_environment(plan.device)
 
 

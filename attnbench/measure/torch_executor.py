@@ -127,10 +127,12 @@ class TorchExecutor:
         return stamped(result)
 
     def close(self, *, now: bool = False) -> None:
-        """Nothing to stop in-process. Between cases, return what the last one left behind; ``now`` (the process
-        is about to exit, maybe from a signal handler) does nothing at all."""
+        """Nothing to stop in-process: return what the last case left behind, and hand the objects frozen at the
+        start back to the collector (in a caller's process they are the caller's); ``now`` (the process is about
+        to exit, maybe from a signal handler) does nothing at all."""
         if not now:
             self._release()
+            gc.unfreeze()
 
     def _retire(self, result: Result, failure: str) -> Result:
         """The device failed after the case's work (a sticky CUDA error: every later call raises it again).

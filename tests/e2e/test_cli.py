@@ -21,22 +21,38 @@ TINY = tiny_config(
     grid={"batch": [2], "seq_len": [16, 32]},
     d_model=32,
     heads=4,
-    # A budget that a call slowed by the next test worker still fits min_samples into (converged cases stop long
-    # before it). Not `threads: 1`, which would help more: the sweep runs in this process and torch's thread count
-    # is process-wide, so later tests that resume a run would find another environment.
+    # One thread, and a budget that a call slowed by the next test worker still fits min_samples into (converged
+    # cases stop long before it). The sweep runs in this process: it must hand torch's thread count back.
+    threads=1,
     timing={**QUICK_TIMING, "max_case_s": 1.0},
 )
 
 
+THREADS_AROUND_THE_SWEEP: list[int] = []  # torch's thread count before and after tiny_run's in-process sweep
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    import torch
+
     tmp = tmp_path_factory.mktemp("sweep")
     config = tmp / "tiny.yaml"
     config.write_text(TINY)
+    THREADS_AROUND_THE_SWEEP.append(torch.get_num_threads())
     result = runner.invoke(app, ["sweep", str(config), "--out", str(tmp / "out")])
+    THREADS_AROUND_THE_SWEEP.append(torch.get_num_threads())
     assert result.exit_code == 0, result.output
     (folder,) = (tmp / "out").iterdir()
     return folder, result.output
+
+
+def test_a_sweep_in_the_callers_process_hands_the_thread_count_back(tiny_run: tuple[Path, str]) -> None:
+    folder, _ = tiny_run
+    before, after = THREADS_AROUND_THE_SWEEP
+    if before == 1:
+        pytest.skip("torch already ran one thread here: the sweep's setting changes nothing to hand back")
+    assert json.loads((folder / "run.json").read_text())["environment"]["torch_threads"] == 1  # it ran with 1
+    assert after == before
 
 
 def test_sweep_writes_the_four_files(tiny_run: tuple[Path, str]) -> None:
