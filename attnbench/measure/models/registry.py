@@ -465,18 +465,20 @@ RNN_LOOP = "aten-loop"  # none of the above: one aten matmul and element-wise op
 def rnn_path(case: Case, device: str) -> str | None:
     """Which implementation ``case``'s LSTM/GRU runs on (``RNN_PATHS``, else ``RNN_LOOP``); None for other models.
 
-    Found, not predicted: one forward of the probe-sized model under the profiler (CPU activity: operator names
-    only), outside any timed region. The choice depends on device, dtype, cuDNN's build and flags, not on sizes."""
+    Found, not predicted: one forward of the probe-sized model under the profiler (operator names only, as the
+    host dispatched them, whatever the device), outside any timed region. The choice depends on device, dtype,
+    cuDNN's build and flags, not on sizes. autograd's own profiler, not kineto's: this needs only the names, and
+    the first kineto profile of a process imports torch._dynamo (1.4-1.9 s, against 20 ms for this)."""
     if case.model not in ("lstm", "gru"):
         return None
-    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd.profiler import profile
 
     tiny = _tiny(case)
     dtype = torch_dtype(case.dtype)
     with _rng_untouched(device):
         model, x = build_model(tiny, device, dtype), make_input(tiny, device, dtype)
         grad = torch.inference_mode() if case.mode == "forward" else contextlib.nullcontext()
-        with grad, profile(activities=[ProfilerActivity.CPU]) as prof:
+        with grad, profile(use_kineto=False) as prof:
             model(x)
-    names = {event.name() for event in prof.profiler.kineto_results.events()}
+    names = {event.name for event in prof.function_events}
     return next((path for op, path in RNN_PATHS if op in names), RNN_LOOP)
