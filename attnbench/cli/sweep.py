@@ -93,6 +93,14 @@ def sweep(
             help="When the machine is busy before the first case, wait up to this long for quiet (0: check and go on).",
         ),
     ] = 0.0,
+    plots: Annotated[
+        bool,
+        typer.Option(
+            "--plots/--no-plots",
+            help="Draw plots/ after the run (--no-plots: the summaries only; `attnbench report RUN --plots` draws "
+            "them later).",
+        ),
+    ] = True,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -169,7 +177,7 @@ def sweep(
                 markup=False,
                 highlight=False,
             )
-        code = _run_and_render(run, quiet, interrupts)
+        code = _run_and_render(run, quiet, interrupts, plots=plots)
     if code:
         raise typer.Exit(code)
 
@@ -250,7 +258,7 @@ class _ArmedWhileMeasuring:
         self.display.warning(text)
 
 
-def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts) -> int:
+def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: bool) -> int:
     """Measure, then render the folder whatever stopped the loop; the exit code: 0, 1 (a case failed), 74 (the
     disk refused a write) or 128 + the signal that interrupted the sweep."""
     from attnbench.report.markdown import render_markdown
@@ -271,10 +279,11 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts) -> int:
     except StorageError as exc:  # a full disk: the rows before it are intact, and the resume line says what next
         failure = exc
     except BaseException:
-        _write_summaries(run.folder)  # a bug of ours: the stored rows still get their summaries, then it propagates
+        # A bug of ours: the stored rows still get their summaries, then it propagates.
+        _write_summaries(run.folder, plots=plots)
         raise
     # Whatever ended the loop, the folder was closed by run(); the summaries are rendered from what was stored.
-    stored, paths, problem = _write_summaries(run.folder)
+    stored, paths, problem = _write_summaries(run.folder, plots=plots)
     failure = failure or problem
     if not quiet:
         # A terminal gets rich tables; a pipe or CI log gets the same tables as plain markdown.
@@ -301,14 +310,14 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts) -> int:
     return EXIT_CASE_FAILED if any(r.status in FAILED for r in stored.results) else 0
 
 
-def _write_summaries(folder: Path) -> tuple[StoredRun, list[Path], ResultsError | None]:
-    """summary.csv, summary.md and the plots of what is stored; a summary the disk (or a planted link) refuses is
-    returned as the problem, never raised: the rows are safe either way."""
+def _write_summaries(folder: Path, *, plots: bool) -> tuple[StoredRun, list[Path], ResultsError | None]:
+    """summary.csv, summary.md and (``plots``) the plots of what is stored; a summary the disk (or a planted link)
+    refuses is returned as the problem, never raised: the rows are safe either way."""
     from attnbench.report.run_files import write_run_files
     from attnbench.results.store import load_run
 
     try:
-        stored, paths, notice = write_run_files(folder)
+        stored, paths, notice = write_run_files(folder, plots=plots)
     except ResultsError as exc:
         return load_run(folder), [], exc
     if notice is not None:

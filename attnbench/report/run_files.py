@@ -16,14 +16,17 @@ from attnbench.results.files import write_atomic
 from attnbench.results.store import PLOTS, SUMMARY_CSV, SUMMARY_MD, StoredRun, load_run
 
 
-def write_run_files(folder: Path) -> tuple[StoredRun, list[Path], str | None]:
-    """Write the summaries, then the plots. Returns the stored run, the paths written and, when plots could not
-    be drawn, the one line to show instead: plots come last and never raise, so a missing matplotlib or a
-    drawing failure costs only the plots, never the run or its exit code."""
+def write_run_files(folder: Path, *, plots: bool = True) -> tuple[StoredRun, list[Path], str | None]:
+    """Write the summaries, then the plots (unless ``plots`` is false: ``sweep --no-plots``, for a CI gate that
+    reads only the rows). Returns the stored run, the paths written and, when plots could not be drawn, the one
+    line to show instead: plots come last and never raise, so a missing matplotlib or a drawing failure costs only
+    the plots, never the run or its exit code."""
     stored = load_run(folder)
     paths = [folder / SUMMARY_CSV, folder / SUMMARY_MD]
     write_atomic(paths[0], render_csv(stored.results, stored.run))
     # Escaped as the terminal would show it: summary.md is read with cat and less as often as in an editor.
     write_atomic(paths[1], safe_text(render_markdown(stored.run, stored.results)))
-    plots, problem = write_run_plots(stored.run, stored.results, folder / PLOTS)
-    return stored, [*paths, *plots], problem
+    if not plots:
+        return stored, paths, None
+    drawn, problem = write_run_plots(stored.run, stored.results, folder / PLOTS)
+    return stored, [*paths, *drawn], problem

@@ -374,3 +374,17 @@ def test_validate_every_shipped_config_and_a_folder(tmp_path: Path) -> None:
     empty.mkdir()
     out = runner.invoke(app, ["validate", str(empty)])
     assert out.exit_code == 2 and "no *.yaml files" in out.output and "hint:" in out.output
+
+
+def test_no_plots_writes_the_summaries_and_no_plots(tmp_path: Path) -> None:
+    """For a CI gate that reads only the rows: no matplotlib import, no drawing; report --plots draws them later."""
+    config = tmp_path / "one.yaml"
+    config.write_text(tiny_config(models=["lstm"], grid={"batch": [1], "seq_len": [8]}, threads=1))
+    done = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"), "-q", "--no-plots"])
+    assert done.exit_code == 0, done.output
+    (folder,) = (tmp_path / "out").iterdir()
+    assert {p.name for p in folder.iterdir()} >= {"summary.csv", "summary.md"} and not (folder / "plots").exists()
+    assert "/plots" not in done.output and ".png" not in done.output
+    drawn = runner.invoke(app, ["report", str(folder), "--plots"])
+    assert drawn.exit_code == 0, drawn.output
+    assert any((folder / "plots").glob("*.png"))
