@@ -155,8 +155,9 @@ def method_text(comparison: Comparison) -> str:
     if comparison.overall is not None:
         lines.append(
             "Every case together: one score per run (the mean over cases of its log time against each case's mean "
-            "over all runs), the two sides' scores compared by a Student t interval like a case's; a regression "
-            "there fails the comparison too."
+            "over all runs), the two sides' scores compared by a Student t interval; one question per comparison, "
+            "so it **regressed** when the interval excludes no change and the estimate lies above 1 + threshold "
+            "(as asv judges a change), and a regression there fails the comparison too."
         )
     if evidence.get("samples"):
         lines.append(
