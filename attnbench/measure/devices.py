@@ -67,7 +67,7 @@ def use_threads(threads: int | None) -> None:
 @contextmanager
 def threads_handed_back(threads: int | None) -> Iterator[None]:
     """``use_threads(threads)`` for the block, then the count it found. The count is the process's: a sweep run
-    inside a caller's process (``attnbench.api`` from a notebook, the CLI in a test) must not leave its config's
+    inside a caller's process (the CLI invoked in-process by a test or a notebook) must not leave its config's
     setting behind for the caller's own torch work, or for the next sweep's environment."""
     if threads is None:
         yield
