@@ -757,6 +757,37 @@ def _floor_warning(comparison: Comparison) -> list[str]:
     ]
 
 
+def _window(side: Side) -> tuple[str, str]:
+    """When a side's runs were timed: from the first one's start to the last one's end (ISO 8601 UTC strings of
+    one format, so they order as text; a run that never finished counts by its start)."""
+    return (
+        min(stored.run.created_utc for stored in side.runs),
+        max(stored.run.finished_utc or stored.run.created_utc for stored in side.runs),
+    )
+
+
+def _span(start: str, end: str) -> str:
+    """``2026-12-03 15:45–15:54``; the end's date too when it is another day."""
+    return f"{start[:10]} {start[11:16]}–{end[11:16] if end[:10] == start[:10] else f'{end[:10]} {end[11:16]}'}"
+
+
+def _window_warning(comparison: Comparison) -> list[str]:
+    """Cases judged on the spread between processes whose two sides were timed in separate windows: that spread is
+    within a window and cannot show the machine's drift between them, so say so and how to avoid it."""
+    if not any(c.evidence == "processes" for c in comparison.cases):
+        return []
+    (b0, b1), (c0, c1) = _window(comparison.base), _window(comparison.current)
+    if b0 <= c1 and c0 <= b1:  # the windows overlap: the sides were swept alternately, or at the same time
+        return []
+    return [
+        f"base and current were timed in separate windows (base {_span(b0, b1)}, current {_span(c0, c1)} UTC): "
+        "each interval is the spread of a side's processes within its window, "
+        "which cannot show how the machine drifted between the two (on a shared 2-vCPU VM, windows ten minutes "
+        "apart differed by up to 15 % as wholes); where that matters, sweep base and current alternately in one "
+        'window (README, "Alternate the two sides in one window")'
+    ]
+
+
 def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
     """Check the sides are comparable (raises ``NotComparableError``), then judge every case key."""
     allowed = check_comparable(base, current, policy.allow_mismatch)
@@ -767,7 +798,9 @@ def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
     warnings = _side_warnings(base, "base") + _side_warnings(current, "current")
     overall = overall_verdict(base, current, cases, policy.thresholds.default)
     comparison = Comparison(base, current, policy, cases, allowed, tuple(warnings), overall)
-    return replace(comparison, warnings=(*comparison.warnings, *_floor_warning(comparison)))
+    return replace(
+        comparison, warnings=(*comparison.warnings, *_floor_warning(comparison), *_window_warning(comparison))
+    )
 
 
 def compare_paths(base: Path, current: Path, policy: Policy) -> Comparison:

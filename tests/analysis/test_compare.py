@@ -383,6 +383,34 @@ def test_the_overall_rule_keeps_its_error_rates_over_many_comparisons() -> None:
     assert sum(whole for _, whole in power) / trials < 0.5
 
 
+def timed_at(folder: Path, start: str) -> Path:
+    """Give the runs of ``folder`` (in run id order) consecutive ten-second windows from ``start`` (HH:MM:SS)."""
+    for i, member in enumerate(sorted(p for p in folder.iterdir() if (p / "run.json").is_file())):
+        data = json.loads((member / "run.json").read_text())
+        h, m, s = (int(x) for x in start.split(":"))
+        second = h * 3600 + m * 60 + s + 20 * i
+        stamp = f"2026-12-03T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}.000000Z"
+        data["created_utc"], data["finished_utc"] = stamp, stamp.replace(".000000Z", ".500000Z")
+        (member / "run.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_folders_timed_in_separate_windows_are_told_what_their_interval_cannot_show(tmp_path: Path) -> None:
+    """A folder's spread is within its window: the machine's drift between the two windows is not in it."""
+    base = timed_at(run_set(tmp_path / "a", [0.99, 1.0, 1.01]), "15:00:00")
+    later = timed_at(run_set(tmp_path / "b", [1.005, 0.995, 1.0], derive.CURRENT_COMMIT), "15:10:00")
+    (warning,) = [w for w in compare_paths(base, later, Policy()).warnings if "separate windows" in w]
+    assert "base 2026-12-03 15:00–15:00, current 2026-12-03 15:10–15:10 UTC" in warning
+    assert "sweep base and current alternately in one window" in warning
+    # Alternated (the current's runs fall between the base's): one window, nothing to say.
+    interleaved = timed_at(run_set(tmp_path / "c", [1.005, 0.995, 1.0], derive.CURRENT_COMMIT), "15:00:10")
+    assert not [w for w in compare_paths(base, interleaved, Policy()).warnings if "separate windows" in w]
+    # One run a side is judged on its samples and the measured floor, not on a spread: nothing to say either.
+    first = min((tmp_path / "a").iterdir())
+    one = timed_at(run_set(tmp_path / "d", [1.0]), "16:00:00")
+    assert not [w for w in compare_paths(first, one, Policy()).warnings if "separate windows" in w]
+
+
 def test_json_output_schema() -> None:
     data = compare_paths(BASE, CURRENT, Policy()).to_dict()
     assert data["schema"] == "attnbench.compare/1" and data["regressed"] is True and data["exit_code"] == 1
