@@ -12,8 +12,8 @@ sweeps per run, a folder of K runs being one side), then compares each run with 
 comparisons) through ``attnbench compare --format json`` at every ``--fail-on`` threshold, and writes a markdown
 report: the verdict counts per comparison, the total number of cases flagged regressed (target: at most 1 in all),
 and the spread of the same case between two processes on this machine, with the ``--noise-floor`` it suggests (the
-95th percentile of |ratio − 1|). About 25 s per run of the default config on a 2-core CPU (sweep, start-up and
-plots), so 10 runs and the comparisons take about 5 minutes.
+95th percentile of |ratio − 1|). About 25 s per run of the default config on a 2-core CPU (sweep and start-up;
+no plots), so 10 runs and the comparisons take about 5 minutes.
 
 ``scripts/bench_power.py`` imports the helpers below.
 """

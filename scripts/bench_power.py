@@ -78,20 +78,19 @@ def main() -> int:
             shift = trial % len(sides)
             order = sides[shift:] + sides[:shift]  # rotate, so no side always runs first (or last)
             done: dict[float, Sweep] = {}
-            for f in order:
-                side = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
-                if args.from_work:
-                    done[f] = stored_side(side)
-                    walls.extend(m.wall_s for m in done[f].runs)
+            for f in order if args.from_work else ():
+                done[f] = stored_side(side_folder(work, trial, f))
+                walls.extend(m.wall_s for m in done[f].runs)
             for rep in range(0 if args.from_work else args.runs_per_side):
                 # Reversed every other round (A B B A …): drift of the machine falls on both sides alike.
                 for f in order if rep % 2 == 0 else order[::-1]:
-                    side = work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
                     extra = ("--inject-slowdown", f"{f:g}") if f else ()
-                    made_one = sweep(args.config, side, sweep_sets(args), extra)
+                    made_one = sweep(args.config, side_folder(work, trial, f), sweep_sets(args), extra)
                     walls.append(made_one.wall_s)
                     first = first or made_one
-                    done[f] = merge_side(side, [*done[f].runs, made_one] if f in done else [made_one])
+                    done[f] = merge_side(
+                        side_folder(work, trial, f), [*done[f].runs, made_one] if f in done else [made_one]
+                    )
             first = first or done[0.0].runs[0]
             pairs.append((done[0.0], done[slowdowns[0]]))
             for f in slowdowns:
@@ -110,6 +109,11 @@ def main() -> int:
     print(text)
     print(f"wrote {args.report}; run folders in {work}", file=sys.stderr)
     return 0
+
+
+def side_folder(work: Path, trial: int, f: float) -> Path:
+    """Where trial ``trial`` (from 0) keeps its sweeps of slowdown ``f`` (0: the base)."""
+    return work / f"trial-{trial + 1:02d}" / ("base" if f == 0 else f"slowed-{f:g}")
 
 
 def _judge(f: float, threshold: float, counts: dict[str, int], timed: int) -> str:

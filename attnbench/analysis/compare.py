@@ -608,14 +608,12 @@ def overall_verdict(base: Side, current: Side, cases: Sequence[CaseComparison], 
 
 def overall_rule(ratio: float, lo: float, hi: float, threshold: float) -> Verdict:
     """``Overall``'s verdict from its ratio and 95 % interval: beyond the threshold and significant is a change;
-    an interval within ±threshold is ``same``; anything else cannot tell (``noisy``)."""
+    otherwise a case's rule (which then can only say ``same`` or ``noisy``)."""
     if lo > 1 and ratio > 1 + threshold:
         return "regressed"
     if hi < 1 and ratio < 1 - threshold:
         return "improved"
-    if lo >= 1 - threshold and hi <= 1 + threshold:
-        return "same"
-    return "noisy"
+    return _verdict(lo, hi, threshold)
 
 
 @dataclass(frozen=True)
