@@ -32,7 +32,9 @@ QUICK_TIMING: dict[str, float | int] = {
     "target_ci": 0.05,
     "min_samples": 5,
     "min_time_s": 0.01,
-    "max_case_s": 0.3,
+    # A ceiling, not the usual cost (tiny cases converge in a few ms): beside another test worker a first train
+    # call can take most of 0.3 s, and the sweep then rightly ends the row too_slow_for_budget, not ok.
+    "max_case_s": 1.0,
     "warmup_max_s": 0.05,
     "process_warmup_s": 0.05,  # the process warm-up, short: tests check what rows say, not how fast
 }
