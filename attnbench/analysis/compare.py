@@ -350,13 +350,31 @@ def process_ratio_ci(base: Sequence[float], current: Sequence[float]) -> tuple[f
     Needs at least three medians in all, two on one side. The ratio is of geometric means.
     """
     lb, lc = [math.log(x) for x in base], [math.log(x) for x in current]
-    mb, mc = statistics.fmean(lb), statistics.fmean(lc)
-    df = len(lb) + len(lc) - 2
-    ss = sum((x - mb) ** 2 for x in lb) + sum((x - mc) ** 2 for x in lc)
-    se = math.sqrt(ss / df * (1 / len(lb) + 1 / len(lc)))
-    half = student_t_975(df) * se
-    diff = mc - mb
+    se = pooled_log_sd(base, current) * math.sqrt(1 / len(lb) + 1 / len(lc))
+    half = student_t_975(len(lb) + len(lc) - 2) * se
+    diff = statistics.fmean(lc) - statistics.fmean(lb)
     return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+
+
+def pooled_log_sd(base: Sequence[float], current: Sequence[float]) -> float:
+    """The standard deviation of log values about each side's own mean, pooled over both sides (at least three
+    values in all)."""
+    lb, lc = [math.log(x) for x in base], [math.log(x) for x in current]
+    mb, mc = statistics.fmean(lb), statistics.fmean(lc)
+    ss = sum((x - mb) ** 2 for x in lb) + sum((x - mc) ** 2 for x in lc)
+    return math.sqrt(ss / (len(lb) + len(lc) - 2))
+
+
+def runs_for_interval(spread: float, threshold: float, most: int = 1000) -> int:
+    """Runs a side that bring a 95 % interval like ``process_ratio_ci``'s within ±threshold when one run's log
+    value spreads ``spread`` (a standard deviation): the smallest K with t(2K − 2) · spread · √(2/K) ≤
+    ln(1 + threshold), or ``most`` when even that many would not. Such an interval calls unchanged code ``same``
+    and a change of twice the threshold ``regressed`` most of the time."""
+    target = math.log1p(threshold)
+    for k in range(2, most + 1):
+        if student_t_975(2 * k - 2) * spread * math.sqrt(2 / k) <= target:
+            return k
+    return most
 
 
 # ---------------------------------------------------------------------------------------------------- verdicts
@@ -567,6 +585,11 @@ class Overall:
     cases: int  # the cases scored
     base_runs: int
     current_runs: int
+    # How far one run's score strays from its side's mean (exp of the pooled log standard deviation, less 1), and
+    # the runs a side that spread allows an interval within ±threshold on (``runs_for_interval``): what a noisy
+    # verdict would take to become a verdict.
+    spread: float = 0.0
+    runs_needed: int = 2
 
 
 MIN_OVERALL_CASES = 2
@@ -602,8 +625,21 @@ def overall_verdict(base: Side, current: Side, cases: Sequence[CaseComparison], 
     sb, sc = scores(b), scores(c)
     if not sb or not sc or len(sb) + len(sc) < 4:
         return None
-    ratio, lo, hi = process_ratio_ci([math.exp(x) for x in sb], [math.exp(x) for x in sc])
-    return Overall(overall_rule(ratio, lo, hi, threshold), ratio, lo, hi, threshold, len(scored), len(sb), len(sc))
+    b_scores, c_scores = [math.exp(x) for x in sb], [math.exp(x) for x in sc]
+    ratio, lo, hi = process_ratio_ci(b_scores, c_scores)
+    spread = pooled_log_sd(b_scores, c_scores)
+    return Overall(
+        overall_rule(ratio, lo, hi, threshold),
+        ratio,
+        lo,
+        hi,
+        threshold,
+        len(scored),
+        len(sb),
+        len(sc),
+        math.expm1(spread),
+        runs_for_interval(spread, threshold),
+    )
 
 
 def overall_rule(ratio: float, lo: float, hi: float, threshold: float) -> Verdict:

@@ -110,12 +110,18 @@ def overall_lines(comparison: Comparison) -> list[str]:
     if o is None:
         return []
     verdict = f"**{o.verdict}**" if o.verdict == "regressed" else o.verdict
-    return [
-        "",
+    line = (
         f"All {o.cases} cases together (one score per run; {o.base_runs} base and {o.current_runs} current runs): "
         f"{format_change(o.ratio - 1)} (95 % CI {format_change_interval(o.ci_low - 1, o.ci_high - 1)}) against "
-        f"±{format_percent(o.threshold)} → {verdict}.",
-    ]
+        f"±{format_percent(o.threshold)} → {verdict}."
+    )
+    if o.verdict == "noisy" and o.runs_needed > min(o.base_runs, o.current_runs):
+        line += (
+            f" Runs spread ±{format_percent(o.spread)} here (one score each), so an interval no wider than "
+            f"±{format_percent(o.threshold)} needs about {o.runs_needed} runs a side, base and current swept "
+            "alternately."
+        )
+    return ["", line]
 
 
 def _side_cells(side: Side) -> tuple[str, str, str]:

@@ -31,6 +31,7 @@ from attnbench.analysis.compare import (
     compare_paths,
     overall_rule,
     process_ratio_ci,
+    runs_for_interval,
 )
 from attnbench.analysis.thresholds import Thresholds, parse_fraction, parse_threshold
 from attnbench.cli import app
@@ -381,6 +382,39 @@ def test_the_overall_rule_keeps_its_error_rates_over_many_comparisons() -> None:
     power = [judged(0.10) for _ in range(trials)]
     assert sum(v == "regressed" for v, _ in power) / trials > 0.85
     assert sum(whole for _, whole in power) / trials < 0.5
+
+
+def test_a_noisy_overall_verdict_says_how_many_runs_would_decide_it(tmp_path: Path) -> None:
+    """Three runs a side that differ by 10 % as wholes: no verdict, and the runs a side an interval within the
+    threshold would take at that spread, which then holds when simulated."""
+    base = run_set(tmp_path / "a", [0.9, 1.0, 1.1])
+    noisy = compare_paths(base, run_set(tmp_path / "b", [0.92, 1.02, 1.12], derive.CURRENT_COMMIT), Policy())
+    o = noisy.overall
+    assert o is not None and o.verdict == "noisy" and 0.09 < o.spread < 0.11
+    assert o.runs_needed == runs_for_interval(math.log1p(o.spread), 0.05) and o.runs_needed > 3
+    assert noisy.to_dict()["overall"]["runs_needed"] == o.runs_needed
+    text = render_compare_markdown(noisy)
+    assert f"so an interval no wider than ±5 % needs about {o.runs_needed} runs a side" in text
+    # Where the runs agree, no advice: the verdict stands on the runs there are.
+    tight = run_set(tmp_path / "c", [0.99, 1.0, 1.01])
+    agreed = compare_paths(tight, run_set(tmp_path / "d", [0.995, 1.0, 1.005], derive.CURRENT_COMMIT), Policy())
+    assert agreed.overall is not None and agreed.overall.verdict == "same"
+    assert "runs a side" not in render_compare_markdown(agreed)
+
+
+def test_runs_for_an_interval_within_the_threshold() -> None:
+    # t(24) · 0.06 · √(2/13) = 0.0486 ≤ ln 1.05 = 0.0488, while t(22) · 0.06 · √(2/12) = 0.0508 is not.
+    assert runs_for_interval(0.06, 0.05) == 13
+    assert runs_for_interval(0.0, 0.05) == 2 and runs_for_interval(1.0, 0.01, most=50) == 50
+    # Simulated at that spread with that many runs, intervals are ±5 % wide on average.
+    rng = random.Random(3)
+    halves = []
+    for _ in range(500):
+        base = [math.exp(rng.gauss(0.0, 0.06)) for _ in range(13)]
+        current = [math.exp(rng.gauss(0.0, 0.06)) for _ in range(13)]
+        _, lo, hi = process_ratio_ci(base, current)
+        halves.append(math.log(hi / lo) / 2)
+    assert statistics.fmean(halves) == pytest.approx(math.log1p(0.05), rel=0.05)
 
 
 def timed_at(folder: Path, start: str) -> Path:
