@@ -1,7 +1,7 @@
 """A/A check of ``attnbench compare``: unchanged code, measured again and again, must not be called a regression.
 
     python scripts/bench_aa.py [--runs 10] [--config configs/aa-cpu.yaml] [--fail-on median:5% --fail-on median:3%]
-        [--noise-floor 4%] [--processes 1] [--runs-per-side 1] [--set key=value ...]
+        [--noise-floor 4%] [--processes 1] [--runs-per-side 1 [--interleave]] [--set key=value ...]
         [--report results/compare-aa-cpu.md] [--hog] [--quiet-load 1.0 [--wait-quiet 600]]
 
 ``--hog`` runs a one-core Python busy loop throughout (the loaded A/A table); ``--quiet-load L`` waits before each
@@ -9,11 +9,12 @@ sweep until the 1-minute load average is below L (at most ``--wait-quiet`` secon
 
 Runs ``attnbench sweep CONFIG`` ``--runs`` times, each in its own process through the CLI (``--runs-per-side K``: K
 sweeps per run, a folder of K runs being one side), then compares each run with the next (``--runs`` − 1
-comparisons) through ``attnbench compare --format json`` at every ``--fail-on`` threshold, and writes a markdown
-report: the verdict counts per comparison, the total number of cases flagged regressed (target: at most 1 in all),
-and the spread of the same case between two processes on this machine, with the ``--noise-floor`` it suggests (the
-95th percentile of |ratio − 1|). About 25 s per run of the default config on a 2-core CPU (sweep and start-up;
-no plots), so 10 runs and the comparisons take about 5 minutes.
+comparisons; with ``--interleave`` the sides come in pairs, each pair swept alternately A B B A … and compared on its
+own, as compare advises for folders of runs) through ``attnbench compare --format json`` at every ``--fail-on``
+threshold, and writes a markdown report: the verdict counts per comparison, the total number of cases flagged
+regressed (target: at most 1 in all), and the spread of the same case between two processes on this machine, with
+the ``--noise-floor`` it suggests (the 95th percentile of |ratio − 1|). About 25 s per run of the default config on
+a 2-core CPU (sweep and start-up; no plots), so 10 runs and the comparisons take about 5 minutes.
 
 ``scripts/bench_power.py`` imports the helpers below.
 """
@@ -277,26 +278,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common_arguments(parser)
     parser.add_argument("--runs", type=int, default=10, help="sweeps of the config (comparisons = runs - 1)")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="sides in pairs, each pair swept alternately (A B B A …) and compared on its own (runs / 2 "
+        "comparisons): the protocol compare advises for folders of runs",
+    )
     parser.add_argument("--report", type=Path, default=ROOT / "results" / "compare-aa-cpu.md")
     args = parser.parse_args()
-    if args.runs < 2 or args.runs_per_side < 1:
-        parser.error("--runs must be at least 2 and --runs-per-side at least 1")
+    if args.runs < 2 or args.runs_per_side < 1 or (args.interleave and args.runs % 2):
+        parser.error("--runs must be at least 2 (even with --interleave) and --runs-per-side at least 1")
     thresholds = args.fail_on or ["median:5%", "median:3%"]
     started, load_before, clock = datetime.now(UTC), load(), time.perf_counter()
     work = args.work or Path(tempfile.mkdtemp(prefix="attnbench-aa-"))
     apply_quiet(args)
     runs: list[Sweep] = stored_sides(work) if args.from_work else []
     with Hog(args.hog and not args.from_work):
-        for i in range(0 if args.from_work else args.runs):
-            side = work / f"run-{i + 1:02d}"
-            runs.append(
-                merge_side(side, [sweep(args.config, side, sweep_sets(args)) for _ in range(args.runs_per_side)])
-            )
-            print(f"run {i + 1}/{args.runs}: {runs[-1].folder} ({runs[-1].wall_s:.1f} s)", file=sys.stderr)
-    results = {
-        t: [compare(a.folder, b.folder, t, args.noise_floor) for a, b in itertools.pairwise(runs)] for t in thresholds
-    }
-    text = report(args, runs, results, started, load_before, time.perf_counter() - clock)
+        for i in range(0 if args.from_work else args.runs // 2 if args.interleave else args.runs):
+            runs += sweep_pair(args, work, i) if args.interleave else [sweep_side(args, work, i)]
+            print(f"side {len(runs)}/{args.runs} done ({runs[-1].wall_s:.1f} s)", file=sys.stderr)
+    pairs = list(zip(runs[::2], runs[1::2], strict=False) if args.interleave else itertools.pairwise(runs))
+    results = {t: [compare(a.folder, b.folder, t, args.noise_floor) for a, b in pairs] for t in thresholds}
+    text = report(args, pairs, results, started, load_before, time.perf_counter() - clock)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(text, encoding="utf-8")
     print(text)
@@ -304,9 +307,26 @@ def main() -> int:
     return 0
 
 
+def sweep_side(args: argparse.Namespace, work: Path, i: int) -> Sweep:
+    """Side ``i`` (from 0): ``--runs-per-side`` sweeps one after another."""
+    side = work / f"run-{i + 1:02d}"
+    return merge_side(side, [sweep(args.config, side, sweep_sets(args)) for _ in range(args.runs_per_side)])
+
+
+def sweep_pair(args: argparse.Namespace, work: Path, i: int) -> list[Sweep]:
+    """Pair ``i`` (from 0) of ``--interleave``: its two sides swept alternately, A B B A …, so the machine's drift
+    during the pair falls on both alike."""
+    folders = [work / f"pair-{i + 1:02d}-{side}" for side in "ab"]
+    made: list[list[Sweep]] = [[], []]
+    for rep in range(args.runs_per_side):
+        for side in (0, 1) if rep % 2 == 0 else (1, 0):
+            made[side].append(sweep(args.config, folders[side], sweep_sets(args)))
+    return [merge_side(folder, runs) for folder, runs in zip(folders, made, strict=True)]
+
+
 def report(
     args: argparse.Namespace,
-    runs: list[Sweep],
+    pairs: list[tuple[Sweep, Sweep]],
     results: dict[str, list[dict[str, Any]]],
     started: datetime,
     load_before: str,
@@ -316,21 +336,27 @@ def report(
     floor = first[0]["policy"]["noise_floor"]
     source = first[0]["policy"].get("noise_floor_source", "")
     cases = len(first[0]["cases"])
+    sides = list(dict.fromkeys(side for pair in pairs for side in pair))  # each side once, in order
+    protocol = (
+        f"in pairs swept alternately (A B B A …), each pair compared on its own ({len(pairs)} comparisons)"
+        if args.interleave
+        else f"each compared with the next ({len(pairs)} comparisons)"
+    )
     config = Path(args.config).relative_to(ROOT) if Path(args.config).is_relative_to(ROOT) else args.config
     lines = [
         f"# `attnbench compare` A/A check ({Path(args.config).stem})",
         "",
-        f"`{command_line()}`, {started:%Y-%m-%d %H:%M} UTC: {len(runs)} × "
+        f"`{command_line()}`, {started:%Y-%m-%d %H:%M} UTC: {len(sides)} × "
         f"{args.runs_per_side} sweep(s) of `{config}` "
         f"({cases} cases{', overrides ' + ', '.join(sweep_sets(args)) if sweep_sets(args) else ''}), each in its "
-        f"own process, each compared with the next ({len(runs) - 1} comparisons) by `attnbench compare` with noise "
+        f"own process, {protocol} by `attnbench compare` with noise "
         f"floor {pct(floor)}{f' ({source})' if source else ''}, {args.processes} process(es) per case and "
         f"{args.runs_per_side} sweep(s) per side (a side of several is a folder of runs).",
         "",
         f"Conditions: {conditions(args)}.",
         "",
-        f"Machine: {machine((runs[0].runs or (runs[0],))[0].folder)}. "
-        + when(args.from_work, runs, load_before, wall_s, [r.wall_s for s in runs for r in s.runs or (s,)]),
+        f"Machine: {machine((sides[0].runs or (sides[0],))[0].folder)}. "
+        + when(args.from_work, sides, load_before, wall_s, [r.wall_s for s in sides for r in s.runs or (s,)]),
         "",
         "## Verdicts",
         "",
@@ -349,9 +375,10 @@ def report(
             for verdict in VERDICTS:
                 totals[threshold][verdict] += data["counts"][verdict]
             counts = " | ".join(str(data["counts"][v]) for v in VERDICTS)
-            a, b = runs[i], runs[i + 1]
+            a, b = pairs[i]
+            name = f"pair {i + 1}" if args.interleave else f"run {i + 1} → {i + 2}"
             lines.append(
-                f"| run {i + 1} → {i + 2} | {threshold} | {a.load_1m:.2f}, {b.load_1m:.2f} | "
+                f"| {name} | {threshold} | {a.load_1m:.2f}, {b.load_1m:.2f} | "
                 f"{a.contended}/{b.contended} | {counts} | {contended_verdicts(data)} | {overall_cell(data)} | "
                 f"{data['exit_code']} |"
             )
@@ -361,13 +388,15 @@ def report(
         "",
     ]
     for threshold, total in totals.items():
-        n = cases * (len(runs) - 1)
+        n = cases * len(pairs)
         overall = sum(1 for data in results[threshold] if (data.get("overall") or {}).get("verdict") == "regressed")
+        exits = sum(1 for data in results[threshold] if data["exit_code"] == 1)
         verdict = "PASS" if total["regressed"] + overall <= 1 else "FAIL"
         lines.append(
             f"- {threshold}: {total['regressed']} regressed and {total['improved']} improved of {n} case "
             f"comparisons ({total['same']} same, {total['noisy']} noisy); every case together regressed in "
-            f"{overall} of {len(results[threshold])} comparisons → **{verdict}**"
+            f"{overall} of {len(results[threshold])} comparisons; compare exited 1 (regressed) in {exits} of "
+            f"{len(results[threshold])} → **{verdict}**"
         )
     lines += noise_section(first)
     return "\n".join(lines) + "\n"
