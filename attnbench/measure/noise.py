@@ -67,33 +67,53 @@ def measure_noise(
     policy: TimingPolicy = NOISE_POLICY,
     progress: Progress | None = None,
 ) -> NoiseFloor:
-    """Run the reference cases in ``processes`` fresh workers (one per round) and pool their spread."""
+    """Run the reference cases in ``processes`` fresh workers (one per round) and pool their spread.
+
+    A round with a case timed on a busy machine is taken again, up to ``processes`` more rounds in all: compare
+    withholds its verdict on contended cases anyway, so the floor it widens the others by is the quiet machine's.
+    When the machine stays busy the floor is made of the busy rounds it has, and ``NoiseFloor.contended`` says so.
+    """
     if processes < 2:
         raise ValueError("measure_noise() needs at least two processes")
     chosen = tuple(cases or reference_cases(device))
     settings = ExecutorSettings(device=device, timing=policy, threads=threads, telemetry="off")
-    medians: dict[str, list[float]] = {case.key: [] for case in chosen}
-    contended = 0
-    for round_ in range(processes):
-        executor = IsolatedExecutor(settings)
-        try:
-            for case in chosen:
-                result = executor.run(case)
-                if not result.is_timed:
-                    raise RuntimeError(f"reference case {case.label} ended {result.status}: {result.reason}")
-                medians[case.key].append(result.median_s)
-                contended += result.contended
-        finally:
-            executor.close()
+    quiet: list[list[float]] = []  # per round, its medians in case order
+    busy: list[tuple[list[float], int]] = []  # rounds with contended timings, and how many
+    while len(quiet) < processes and len(quiet) + len(busy) < 2 * processes:
+        medians, contended = _round(settings, chosen)
+        if contended:
+            busy.append((medians, contended))
+            message = f"noise: a process ran on a busy machine ({contended} contended timings), taking it again"
+        else:
+            quiet.append(medians)
+            message = f"noise: process {len(quiet)} of {processes} done"
         if progress is not None:
-            progress(f"noise: process {round_ + 1} of {processes} done")
-    floor, sigma = noise_floor(list(medians.values()))
+            progress(message)
+    kept = quiet + [m for m, _ in busy[: processes - len(quiet)]]
+    by_case = [[round_[i] for round_ in kept] for i in range(len(chosen))]
+    floor, sigma = noise_floor(by_case)
     return NoiseFloor(
         floor=floor,
         sigma_log=sigma,
-        processes=processes,
-        cases=tuple(medians),
-        spreads=tuple(max(m) / min(m) - 1 for m in medians.values()),
+        processes=len(kept),
+        cases=tuple(case.key for case in chosen),
+        spreads=tuple(max(m) / min(m) - 1 for m in by_case),
         measured_utc=utc_now(),
-        contended=contended,
+        contended=sum(n for _, n in busy[: processes - len(quiet)]),
     )
+
+
+def _round(settings: ExecutorSettings, cases: Sequence[Case]) -> tuple[list[float], int]:
+    """One fresh worker process timing every reference case: their medians, and how many were contended."""
+    executor = IsolatedExecutor(settings)
+    medians, contended = [], 0
+    try:
+        for case in cases:
+            result = executor.run(case)
+            if not result.is_timed:
+                raise RuntimeError(f"reference case {case.label} ended {result.status}: {result.reason}")
+            medians.append(result.median_s)
+            contended += result.contended
+    finally:
+        executor.close()
+    return medians, contended
