@@ -151,11 +151,17 @@ def contended_verdicts(data: dict[str, Any]) -> int:
 
 
 def overall_cell(data: dict[str, Any]) -> str:
-    """Compare's verdict on every case together (folders of runs only), with its change and interval."""
+    """Compare's verdict on every case together (folders of runs only), with its change and interval, and the
+    runs' spread (σ of one run's score) with the runs a side compare said it would take when it was noisy."""
     o = data.get("overall")
     if not o:
         return "—"
-    return f"{o['verdict']} {pct(o['ratio'] - 1)} [{pct(o['ci_low'] - 1)}, {pct(o['ci_high'] - 1)}]"
+    cell = f"{o['verdict']} {pct(o['ratio'] - 1)} [{pct(o['ci_low'] - 1)}, {pct(o['ci_high'] - 1)}]"
+    if "spread" in o:
+        cell += f", σ {pct(o['spread'])}"
+        if o["verdict"] == "noisy" and o["runs_needed"] > min(o["base_runs"], o["current_runs"]):
+            cell += f" (needs ~{o['runs_needed']} a side)"
+    return cell
 
 
 def conditions(args: argparse.Namespace) -> str:
