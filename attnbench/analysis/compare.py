@@ -349,10 +349,9 @@ def process_ratio_ci(base: Sequence[float], current: Sequence[float]) -> tuple[f
 
     Needs at least three medians in all, two on one side. The ratio is of geometric means.
     """
-    lb, lc = [math.log(x) for x in base], [math.log(x) for x in current]
-    se = pooled_log_sd(base, current) * math.sqrt(1 / len(lb) + 1 / len(lc))
-    half = student_t_975(len(lb) + len(lc) - 2) * se
-    diff = statistics.fmean(lc) - statistics.fmean(lb)
+    se = pooled_log_sd(base, current) * math.sqrt(1 / len(base) + 1 / len(current))
+    half = student_t_975(len(base) + len(current) - 2) * se
+    diff = statistics.fmean(math.log(x) for x in current) - statistics.fmean(math.log(x) for x in base)
     return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
 
 
@@ -588,8 +587,8 @@ class Overall:
     # How far one run's score strays from its side's mean (exp of the pooled log standard deviation, less 1), and
     # the runs a side that spread allows an interval within ±threshold on (``runs_for_interval``): what a noisy
     # verdict would take to become a verdict.
-    spread: float = 0.0
-    runs_needed: int = 2
+    spread: float
+    runs_needed: int
 
 
 MIN_OVERALL_CASES = 2
