@@ -283,7 +283,12 @@ def command_line() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common_arguments(parser)
-    parser.add_argument("--runs", type=int, default=10, help="sweeps of the config (comparisons = runs - 1)")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=10,
+        help="sides, each --runs-per-side sweeps (comparisons: runs - 1, or runs / 2 with --interleave)",
+    )
     parser.add_argument(
         "--interleave",
         action="store_true",
