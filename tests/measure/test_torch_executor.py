@@ -262,8 +262,10 @@ def test_the_process_is_warmed_up_once_before_its_first_case(monkeypatch: pytest
 
 @pytest.mark.serial
 def test_the_first_of_identical_cases_is_not_systematically_slower() -> None:
-    """Three processes, each timing the same case three times: the first reading must not stand above the others
-    in most of them. A timing comparison, so it runs only on a quiet machine (the contention check decides)."""
+    """Five processes, each timing the same case three times: the first reading must not stand above the others
+    in most of them. A timing comparison, so it runs only on a quiet machine (the contention check decides); five,
+    not three, since on a quiet shared VM one process in three can read 25 % high anywhere (2 of 3 failed once in
+    CI, then 0 of 12 in four reruns)."""
     from attnbench.measure.contention import busy_now, logical_cores
 
     if busy_now("cpu", logical_cores(), nvml=None).contended:
@@ -279,9 +281,9 @@ def test_the_first_of_identical_cases_is_not_systematically_slower() -> None:
     import subprocess
     import sys
 
-    slower = 0
-    for _ in range(3):
+    readings = []
+    for _ in range(5):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        first, *rest = (float(x) for x in out.stdout.split())
-        slower += first > 1.25 * max(rest)
-    assert slower <= 1
+        readings.append([float(x) for x in out.stdout.split()])
+    slower = sum(first > 1.25 * max(rest) for first, *rest in readings)
+    assert slower <= 2, readings
