@@ -33,13 +33,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 VERDICTS = ("regressed", "improved", "same", "noisy", "new", "missing")
 
 
@@ -329,10 +330,16 @@ def sweep_pair(args: argparse.Namespace, work: Path, i: int) -> list[Sweep]:
     during the pair falls on both alike."""
     folders = [work / f"pair-{i + 1:02d}-{side}" for side in "ab"]
     made: list[list[Sweep]] = [[], []]
-    for rep in range(args.runs_per_side):
-        for side in (0, 1) if rep % 2 == 0 else (1, 0):
-            made[side].append(sweep(args.config, folders[side], sweep_sets(args)))
+    for side in alternated([0, 1], args.runs_per_side):
+        made[side].append(sweep(args.config, folders[side], sweep_sets(args)))
     return [merge_side(folder, runs) for folder, runs in zip(folders, made, strict=True)]
+
+
+def alternated(sides: Sequence[T], rounds: int) -> Iterator[T]:
+    """Every side once a round, the order reversed every other round (A B B A …), so the machine's drift falls on
+    every side alike."""
+    for rep in range(rounds):
+        yield from sides if rep % 2 == 0 else sides[::-1]
 
 
 def report(

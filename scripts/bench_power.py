@@ -35,6 +35,7 @@ from bench_aa import (
     VERDICTS,
     Hog,
     Sweep,
+    alternated,
     apply_quiet,
     command_line,
     common_arguments,
@@ -81,16 +82,13 @@ def main() -> int:
             for f in order if args.from_work else ():
                 done[f] = stored_side(side_folder(work, trial, f))
                 walls.extend(m.wall_s for m in done[f].runs)
-            for rep in range(0 if args.from_work else args.runs_per_side):
-                # Reversed every other round (A B B A …): drift of the machine falls on both sides alike.
-                for f in order if rep % 2 == 0 else order[::-1]:
-                    extra = ("--inject-slowdown", f"{f:g}") if f else ()
-                    made_one = sweep(args.config, side_folder(work, trial, f), sweep_sets(args), extra)
-                    walls.append(made_one.wall_s)
-                    first = first or made_one
-                    done[f] = merge_side(
-                        side_folder(work, trial, f), [*done[f].runs, made_one] if f in done else [made_one]
-                    )
+            for f in alternated(order, 0 if args.from_work else args.runs_per_side):
+                extra = ("--inject-slowdown", f"{f:g}") if f else ()
+                made_one = sweep(args.config, side_folder(work, trial, f), sweep_sets(args), extra)
+                walls.append(made_one.wall_s)
+                first = first or made_one
+                runs = [*done[f].runs, made_one] if f in done else [made_one]
+                done[f] = merge_side(side_folder(work, trial, f), runs)
             first = first or done[0.0].runs[0]
             pairs.append((done[0.0], done[slowdowns[0]]))
             for f in slowdowns:

@@ -89,7 +89,8 @@ def measure_noise(
             message = f"noise: process {len(quiet)} of {processes} done"
         if progress is not None:
             progress(message)
-    kept = quiet + [m for m, _ in busy[: processes - len(quiet)]]
+    filling = busy[: processes - len(quiet)]  # busy rounds stand in only where quiet ones never came
+    kept = quiet + [m for m, _ in filling]
     by_case = [[round_[i] for round_ in kept] for i in range(len(chosen))]
     floor, sigma = noise_floor(by_case)
     return NoiseFloor(
@@ -99,7 +100,7 @@ def measure_noise(
         cases=tuple(case.key for case in chosen),
         spreads=tuple(max(m) / min(m) - 1 for m in by_case),
         measured_utc=utc_now(),
-        contended=sum(n for _, n in busy[: processes - len(quiet)]),
+        contended=sum(n for _, n in filling),
     )
 
 
