@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from attnbench.core.cases import Case, Mode
-from attnbench.core.catalogue import has_heads, is_recurrent
+from attnbench.core.catalogue import MODELS, has_heads
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -74,7 +74,7 @@ def tiny_case(
 ) -> Case:
     """A small ``Case`` for tests: recurrent models get no heads and are causal (as configs make them);
     ``options`` become the case's model options."""
-    recurrent = is_recurrent(model)
+    recurrent = MODELS[model].kind == "recurrent"
     headless = not has_heads(model)
     return Case(
         model,

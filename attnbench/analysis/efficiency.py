@@ -32,7 +32,7 @@ class Peak:
 
 
 def _tf32_rnn(case: Case) -> bool:
-    return case.dtype == "float32" and case.family == "recurrent" and case.device.startswith("cuda")
+    return case.dtype == "float32" and case.kind == "recurrent" and case.device.startswith("cuda")
 
 
 class PeakTable:

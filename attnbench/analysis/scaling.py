@@ -159,6 +159,11 @@ class Curve:
     batch: int | None  # None when batch is tied to seq_len (a constant-tokens grid)
     results: Mapping[int, Result]  # by seq_len
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model joins the recurrent side (its kind; a user model's entry says)."""
+        return any(is_recurrent(r.case) for r in self.results.values())
+
 
 @dataclass(frozen=True)
 class CurveGroup:
@@ -184,7 +189,7 @@ def _row_label(result: Result, varying: set[str]) -> str:
     parts = [case.model]
     if "heads" in varying and case.heads is not None:
         parts.append(f"h={case.heads}")
-    if "causal" in varying and not is_recurrent(case.model):
+    if "causal" in varying and not is_recurrent(case):
         parts.append("causal" if case.causal else "full")
     if "batch" in varying:
         parts.append(f"b={case.batch}")
@@ -218,7 +223,7 @@ def group_curves(results: Sequence[Result]) -> list[CurveGroup]:
         varying = {
             name
             for name in ("heads", "causal", "batch")
-            if len({getattr(r.case, name) for r in members if not is_recurrent(r.case.model)}) > 1
+            if len({getattr(r.case, name) for r in members if not is_recurrent(r.case)}) > 1
         }
         if tied:
             varying.discard("batch")
@@ -300,6 +305,7 @@ class ScalingLine:
     batch: int | None  # None: batch tied to seq_len, so the fits are per token
     time: PowerLaw | None
     memory: PowerLaw | None
+    recurrent: bool = False  # the model's kind: a state (recurrent) or a KV cache (attention) when decoding
     time_top: PowerLaw | None = None  # the two longest lengths alone, when the whole fit has ≥ 3 points
     memory_top: PowerLaw | None = None
     notes: tuple[str, ...] = ()  # why a fit is missing
@@ -330,7 +336,7 @@ class ScalingLine:
     def _decode_text(self) -> str:
         """'sdpa: time per token ∝ n^0.78 (…), KV cache ∝ n^1.00 (computed; measured ∝ n^1.00, 95 % CI …)'."""
         parts = [] if self.time is None else [_law_text("time per token", self.time, self.time_top, None)]
-        what = "state" if is_recurrent(self.model) else "KV cache"
+        what = "state" if self.recurrent else "KV cache"
         if self.state is not None:
             if self.state.exponent == 0:  # the same bytes at every n: a fit says nothing a number does not
                 computed = f"{what} fixed at {format_bytes(self.state.prefactor)}"
@@ -419,6 +425,7 @@ def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
     return ScalingLine(
         label=curve.label,
         model=curve.model,
+        recurrent=curve.recurrent,
         mode=group.mode,
         dtype=group.dtype,
         device=group.device,
@@ -582,12 +589,12 @@ def _pairs(group: CurveGroup, baseline_model: str | None) -> list[tuple[Curve, C
         for b in group.curves:
             if a is b or a.batch != b.batch:
                 continue
-            attention_vs_recurrent = not is_recurrent(a.model) and is_recurrent(b.model)
+            attention_vs_recurrent = not a.recurrent and b.recurrent
             vs_baseline = (
                 baseline_model is not None
                 and b.model == baseline_model
                 and a.model != baseline_model
-                and not (is_recurrent(a.model) and not is_recurrent(b.model))
+                and not (a.recurrent and not b.recurrent)
             )
             if attention_vs_recurrent or vs_baseline:
                 pairs.append((a, b))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from attnbench.analysis.scaling import PowerLaw, fit_power_law
-from attnbench.claims.selection import Series, article_variant, describe_series, family, series, variant
+from attnbench.claims.selection import Series, article_variant, describe_series, kind, series, variant
 from attnbench.claims.verdicts import MIN_SLOPE_POINTS, ClaimResult, Verdict, exponent_text, thin_slope, undecided
 from attnbench.core.units import KIB, format_bytes, format_seconds
 from attnbench.results.records import Result
@@ -90,7 +90,7 @@ def _latency_verdict(fit: PowerLaw, recurrent: bool) -> tuple[Verdict, str]:
 
 
 def _latency_row(s: Series) -> ClaimResult:
-    recurrent = family(s.shape.model) == "recurrent"
+    recurrent = kind(s.shape) == "recurrent"
     if recurrent:
         cid, figure = "1a", _RECURRENT_FIGURE
         claim = "RNN/LSTM decode: each new token costs the same at any context n (a fixed-size state): "
@@ -183,7 +183,7 @@ def _memory_row(s: Series, attention: Sequence[Series]) -> ClaimResult | None:
 def decode_rows(results: Sequence[Result]) -> tuple[list[ClaimResult], list[ClaimResult]]:
     """Claim 1's decode rows: (1a/1b latency rows, 1d memory rows), recurrent variants first; none without decode."""
     chosen = _decode_series(results)
-    chosen.sort(key=lambda s: family(s.shape.model) != "recurrent")
-    attention = [s for s in chosen if family(s.shape.model) == "attention"]
-    memory = [_memory_row(s, attention) for s in chosen if family(s.shape.model) == "recurrent"]
+    chosen.sort(key=lambda s: kind(s.shape) != "recurrent")
+    attention = [s for s in chosen if kind(s.shape) == "attention"]
+    memory = [_memory_row(s, attention) for s in chosen if kind(s.shape) == "recurrent"]
     return [_latency_row(s) for s in chosen], [row for row in memory if row is not None]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from attnbench.claims.selection import K, family, label, option, variation
+from attnbench.claims.selection import K, kind, label, option, variation
 from attnbench.claims.verdicts import (
     ClaimResult,
     Interval,
@@ -41,7 +41,7 @@ def claim_heads(results: Sequence[Result]) -> ClaimResult:
     claim = "Multi-head attention: BERT-base's 12 heads each capture a different relation (syntax, coreference, …)"
     figure = "12个注意力头 (12 heads)"
     groups = variation(
-        [r for r in results if family(r.case.model) == "attention"], lambda c: c.heads, lambda c: replace(c, heads=0)
+        [r for r in results if kind(r.case) == "attention"], lambda c: c.heads, lambda c: replace(c, heads=0)
     )
     why = "what each head attends to is a property of trained weights, not of speed or memory"
     if not groups:

@@ -1,5 +1,5 @@
 """Finding the rows a claim uses: which rows count, how they group into curves and variations, and the small
-readings of a row (its family, an option, its peak FLOP/s) every claim shares.
+readings of a row (its kind, an option, its peak FLOP/s) every claim shares.
 
 Claim-specific choices (claim 1's batch, claim 2's representative case, claim 4's nearest length) live beside
 the verdict rules that name them, in each claim's module.
@@ -25,10 +25,12 @@ def latest_rows(results: Iterable[Result]) -> list[Result]:
     return list({r.case: r for r in results}.values())
 
 
-def family(model: str) -> str | None:
-    """The catalogue's family ("recurrent", "attention"), or None for a model this catalogue does not know."""
-    spec = MODELS.get(model)
-    return None if spec is None else spec.family
+def kind(case: Case) -> str | None:
+    """Which side of the claims the row's model joins ("recurrent", "attention"; a user model's entry says), or None
+    for a built-in model this catalogue does not know."""
+    if case.user is None and case.model not in MODELS:
+        return None
+    return case.kind
 
 
 def option(case: Case, name: str) -> OptionValue | None:
@@ -104,7 +106,7 @@ def series(results: Iterable[Result]) -> list[Series]:
     """Every curve in the timed rows of catalogue models."""
     curves: dict[Case, list[Result]] = {}
     for r in results:
-        if r.is_timed and family(r.case.model) is not None:
+        if r.is_timed and kind(r.case) is not None:
             curves.setdefault(replace(r.case, seq_len=0), []).append(r)
     return [Series(shape, tuple(sorted(rows, key=lambda r: r.case.seq_len))) for shape, rows in curves.items()]
 

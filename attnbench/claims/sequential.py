@@ -30,7 +30,7 @@ from attnbench.claims.selection import (
     Series,
     article_variant,
     describe_series,
-    family,
+    kind,
     option,
     pct_of_peak,
     series,
@@ -162,7 +162,7 @@ def _attention_steps(fit: PowerLaw, busy: Sequence[bool | None]) -> tuple[Verdic
 
 
 def _latency_row(run: Run, s: Series) -> ClaimResult:
-    recurrent = family(s.shape.model) == "recurrent"
+    recurrent = kind(s.shape) == "recurrent"
     if recurrent:
         cid, claim = "1a", f"RNN/LSTM need O(n) sequential steps: {variant(s.shape)}"
         figure = "O(n) 逐次计算 (step after step)"
@@ -233,7 +233,7 @@ def _memory_row(s: Series) -> ClaimResult | None:
     thin = few_points(fit)  # a peak is measured on its own: the timing's noise is no reason to doubt it
     if not thin and method == "rss-hwm" and max(peaks) < RSS_MIN_BYTES:
         thin = f"peaks below {format_bytes(RSS_MIN_BYTES)}: RSS page granularity and allocator caching dominate"
-    recurrent = family(s.shape.model) == "recurrent"
+    recurrent = kind(s.shape) == "recurrent"
     if recurrent:
         cid, claim, figure = "1d", f"RNN/LSTM memory is fixed: {variant(s.shape)}", "内存占用: 固定 (fixed)"
     else:
@@ -265,7 +265,7 @@ def claim_sequential(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
         ]
     # Recurrent rows first (the premise), attention after; within each, catalogue order.
     order = {name: i for i, name in enumerate(MODELS)}
-    chosen.sort(key=lambda s: (family(s.shape.model) != "recurrent", order[s.shape.model], s.shape.options))
+    chosen.sort(key=lambda s: (kind(s.shape) != "recurrent", order.get(s.shape.model, len(order)), s.shape.options))
     rows = [_latency_row(run, s) for s in chosen] + decode_latency
     memory = [row for row in (_memory_row(s) for s in chosen) if row is not None] + decode_memory
     # 1a before 1b, and 1c (attention ∝ n²) before 1d (RNN fixed), as the article's table reads; decode rows after

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnbench.claims.selection import family, option
+from attnbench.claims.selection import kind, option
 from attnbench.claims.verdicts import (
     ClaimResult,
     Interval,
@@ -95,7 +95,7 @@ def claim_training(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
     if not whole:
         return [not_measurable("3", CLAIM, FIGURE, f"no model-scope rows (scope=model) in this run; {hint}")]
     train = [r for r in whole if r.case.mode == "train"]
-    attention = [r for r in train if family(r.case.model) == "attention"]
+    attention = [r for r in train if kind(r.case) == "attention"]
     lstms: dict[tuple[str, str, int, int], list[Result]] = {}
     for r in train:
         if r.case.model == "lstm":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnbench.claims.selection import family, label, pct_of_peak, peak_of
+from attnbench.claims.selection import kind, label, pct_of_peak, peak_of
 from attnbench.claims.verdicts import GPU_CONFIG, ClaimResult, Verdict, not_measurable
 from attnbench.results.records import Result, Run
 
@@ -154,7 +154,7 @@ def claim_utilisation(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
             "2b",
             "Self-attention keeps the GPU 70–90 % utilised",
             "GPU利用率 70–90 %",
-            [r for r in timed if family(r.case.model) == "attention"],
+            [r for r in timed if kind(r.case) == "attention"],
             ATTENTION_UTIL,
             True,
         ),

@@ -89,7 +89,9 @@ def schema(output: OutputOpt = None) -> None:
 def models(
     device: DeviceOpt = None, dtype: Annotated[str, typer.Option("--dtype", help="dtype to probe with.")] = "float32"
 ) -> None:
-    """List every model, whether it runs on this device (and why not), and its options."""
+    """List every model, built-in and installed plugin, whether it runs on this device (and why not), and its
+    options."""
+    from attnbench.config.users import installed_plugins
     from attnbench.core.catalogue import DTYPES, MODELS, option_summary
     from attnbench.measure.devices import resolve_device
     from attnbench.measure.models import availability
@@ -99,16 +101,32 @@ def models(
     resolved = resolve_device(device or "auto")
     status = availability(resolved, dtype)
     table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
-    for column in ("model", "family", "status", "what it is", "options (default, values)"):
+    for column in ("model", "kind", "family", "source", "status", "what it is", "options (default, values)"):
         table.add_column(column)
     for name, spec in MODELS.items():
         reason = status[name]
         table.add_row(
             name,
+            spec.kind,
             spec.family,
+            spec.source,
             "[green]available[/]" if reason is None else f"[red]unavailable[/]: {escape(reason)}",
             escape(spec.summary),
             escape(option_summary(spec)),
+        )
+    for plugin in installed_plugins():
+        loaded = plugin.plugin
+        options = "" if loaded is None else ", ".join(f"{k}={v}" for k, v in loaded.options.items())
+        table.add_row(
+            escape(plugin.name),
+            "" if loaded is None else loaded.kind,
+            "user",
+            escape(plugin.source),
+            "[yellow]plugin[/]: built by its factory when swept"
+            if loaded is not None
+            else f"[red]does not load[/]: {escape(plugin.problem)}",
+            escape(f"{loaded.summary} ({loaded.factory})" if loaded is not None else plugin.value),
+            escape(options),
         )
     stdout.print(table)
 

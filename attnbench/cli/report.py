@@ -43,7 +43,6 @@ def report(
     ] = None,
 ) -> None:
     """Render a stored run: table, CSV, markdown, JSON, HTML, raw samples or dashboard JSON (needs no torch)."""
-    from attnbench.core.catalogue import MODEL_NAMES
     from attnbench.report.exports import left_out, render_bmf, render_gab
     from attnbench.report.jsonfmt import render_json
     from attnbench.report.markdown import render_markdown
@@ -51,9 +50,12 @@ def report(
     from attnbench.report.rows import render_csv
     from attnbench.results.store import load_run
 
-    if baseline is not None and baseline not in MODEL_NAMES:
-        raise AttnbenchError(f"--baseline: unknown model {baseline!r}", hint=f"one of: {', '.join(MODEL_NAMES)}")
     stored = load_run(run)
+    models = list(dict.fromkeys(r.case.model for r in stored.results))
+    if baseline is not None and baseline not in models:
+        raise AttnbenchError(
+            f"--baseline: no model {baseline!r} in this run", hint=f"the run's models: {', '.join(models)}"
+        )
     print_warnings(stored.warnings)
     figures: list[Plot] = []
     notice: str | None = None

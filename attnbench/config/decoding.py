@@ -4,21 +4,20 @@ their own (its own context lengths, batches and models, always causal). Both are
 A decode case produces one new token after a context of n tokens, which only a model that looks backwards can do:
 attention must be causal and a recurrence unidirectional. ``core.cases.expand`` leaves the combinations that
 cannot decode out (``causal: [false, true]`` decodes the causal ones); a model left with none is refused here, with
-the key that made it so. Learned positions must also cover the new token's position n.
+the key that made it so. That learned positions cover the new token's position n is the family's rule
+(``catalogue.cannot_build``), checked on every case by ``config.options.check_buildable``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from attnbench.config.checks import check_unique, inherited_lengths
 from attnbench.config.messages import Context, Path_
-from attnbench.config.options import check_unique, inherited_lengths
+from attnbench.config.model import ConfigModel
 from attnbench.core.cases import Axes, Options
-from attnbench.core.catalogue import MODELS, decode_problem, is_recurrent
-
-if TYPE_CHECKING:  # only for the hints: the schema lives in config.experiment, which imports this module
-    from attnbench.config.experiment import ConfigModel
+from attnbench.core.catalogue import MODELS, Kind, UserModel, decode_problem
 
 __all__ = ["check_decode", "decode_section"]
 
@@ -29,8 +28,12 @@ _CAUSAL_HINT = (
 
 
 def _value(options: Options, model: str, name: str) -> Any:
-    spec = MODELS[model].option(name)
+    spec = MODELS[model].option(name) if model in MODELS else None
     return dict(options).get(name, spec.default if spec is not None else None)
+
+
+def _kind(model: str, users: Mapping[str, UserModel]) -> Kind:
+    return users[model].kind if model in users else MODELS[model].kind
 
 
 def check_decode(
@@ -38,17 +41,18 @@ def check_decode(
     causal: Sequence[bool],
     causal_path: Path_,
     options: Mapping[str, tuple[Options, ...]],
-    seq_lens: Sequence[int],
+    users: Mapping[str, UserModel],
     ctx: Context,
 ) -> None:
-    """Every model asked to decode has a variant that can, and its learned positions reach position n.
-    ``causal_path`` is where causal was written, or ``("modes",)`` where it was left at its default."""
+    """Every model asked to decode has a variant that can. ``causal_path`` is where causal was written, or
+    ``("modes",)`` where it was left at its default. A recurrent user model is causal by construction."""
     for model in models:
         sets = options.get(model, ((),))
-        if is_recurrent(model):
-            if all(_value(s, model, "bidirectional") for s in sets):
+        kind = _kind(model, users)
+        if kind == "recurrent":
+            if model not in users and all(_value(s, model, "bidirectional") for s in sets):
                 raise ctx.error(
-                    str(decode_problem(model, causal=False)),
+                    str(decode_problem(model, kind, causal=False)),
                     ("model_options", model, "bidirectional"),
                     hint="set bidirectional: false (or [false, true]: decode runs the unidirectional one), or leave "
                     f"{model} out of decode",
@@ -61,19 +65,15 @@ def check_decode(
                 causal_path,
                 hint=_CAUSAL_HINT,
             )
-        for s in sets:
-            max_len = _value(s, model, "max_len")
-            if _value(s, model, "positional") == "learned" and max_len and max_len <= max(seq_lens):
-                raise ctx.error(
-                    f"max_len {max_len} does not reach position {max(seq_lens)}: a decode step at n={max(seq_lens)} "
-                    "adds the token after the context, at position n",
-                    ("model_options", model, "max_len"),
-                    hint=f"raise max_len to at least {max(seq_lens) + 1}, or set 0 (= each case's n + 1)",
-                )
 
 
 def decode_section(
-    m: ConfigModel, axes: Mapping[str, list[Any]], options: Mapping[str, tuple[Options, ...]], ctx: Context
+    m: ConfigModel,
+    names: Sequence[str],
+    axes: Mapping[str, list[Any]],
+    options: Mapping[str, tuple[Options, ...]],
+    users: Mapping[str, UserModel],
+    ctx: Context,
 ) -> tuple[Axes | None, dict[str, Any] | None]:
     """The ``decode:`` section as one grid of causal decode cases, and the section resolved (None: not given)."""
     d = m.decode
@@ -85,17 +85,17 @@ def decode_section(
             ("decode",),
             hint="modes: [decode] crosses the grid; the section gives decode cases their own lengths and models",
         )
-    models = d.models or m.models
+    models = d.models or list(names)
     for i, model in enumerate(models):
-        if model not in m.models:
+        if model not in names:
             raise ctx.error(
-                f"{model!r} is not in models ({', '.join(m.models)}); decode.models picks from them",
+                f"{model!r} is not in models ({', '.join(names)}); decode.models picks from them",
                 ctx.item(("decode", "models"), i),
                 hint=f"add {model} to models, or remove it here",
             )
     check_unique(models, "model", ("decode", "models"), ctx)
     batch, seq_lens = inherited_lengths("decode", d.batch, d.seq_len, m.grid, ctx, example_batch=1)
-    check_decode(models, [True], ("decode",), options, seq_lens, ctx)
+    check_decode(models, [True], ("decode",), options, users, ctx)
     grid = Axes(
         models=tuple(models),
         modes=("decode",),
@@ -109,5 +109,6 @@ def decode_section(
         device=m.device,
         model_options={model: options[model] for model in models if model in options},
         heads_kv=tuple(axes.get("heads_kv", (0,))),
+        users={model: users[model] for model in models if model in users},
     )
     return grid, {"models": models, "seq_len": seq_lens, "batch": batch}

@@ -6,9 +6,11 @@ checks what spans fields (heads divide d_model, grid size, model options) → ``
 the way is one ``ConfigError`` naming the file and line, the key path, what was wrong and what is allowed; no
 yaml or pydantic exception leaves these modules.
 
-This module is the schema and the public API. Reading the source (file, YAML, line index, ``--set``) lives in
-``config.source``; pydantic's errors in plain words, and where each error points, in ``config.messages``; the
-``model_options`` and ``presets`` sections checked against the catalogue in ``config.options``; decode cases
+This module is the public API and the checks that span sections; every import points down. Reading the source
+(file, YAML, line index, ``--set``) lives in ``config.source``; pydantic's errors in plain words, and where each
+error points, in ``config.messages``; the schema (pydantic models) in ``config.model``; checks any section uses in
+``config.checks``; models the user brings (``factory:`` entries, installed plugins) in ``config.users``; the
+``model_options`` and ``presets`` sections, and whether every case can be built, in ``config.options``; decode cases
 (``modes: [decode]`` or a ``decode:`` section) in ``config.decoding``.
 """
 
@@ -22,11 +24,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Any, cast
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from attnbench.config.checks import check_names, check_unique
 from attnbench.config.decoding import check_decode, decode_section
 from attnbench.config.messages import (
     OVERRIDE,
@@ -36,7 +39,16 @@ from attnbench.config.messages import (
     did_you_mean,
     from_validation,
 )
-from attnbench.config.options import check_model_options, check_names, check_presets, check_unique, preset_names
+from attnbench.config.model import (
+    MAX_NAME_LEN,
+    NAME,
+    SECTIONS,
+    ConfigModel,
+    GridModel,
+    TimingModel,
+    UserModelEntry,
+)
+from attnbench.config.options import check_buildable, check_model_options, check_presets
 from attnbench.config.source import (
     BUILTIN,
     MAX_DEPTH,
@@ -49,6 +61,7 @@ from attnbench.config.source import (
     parse_yaml,
     read_file,
 )
+from attnbench.config.users import check_models
 from attnbench.core.cases import (  # the size caps, re-exported here with the config's own
     MAX_BATCH,
     MAX_D_MODEL,
@@ -66,7 +79,7 @@ from attnbench.core.cases import (  # the size caps, re-exported here with the c
     default_interval_s,
     expand,
 )
-from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODEL_NAMES, MODELS, MODES, has_heads
+from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODELS, MODES, has_heads
 from attnbench.core.errors import ConfigError
 
 __all__ = [
@@ -92,6 +105,7 @@ __all__ = [
     "GridModel",
     "Path_",
     "TimingModel",
+    "UserModelEntry",
     "builtin_config_text",
     "load_experiment",
     "load_experiment_text",
@@ -102,215 +116,9 @@ __all__ = [
 # config.messages quotes them), those on the source (file bytes, nodes, depth) in config.source. All are importable
 # from this module.
 MAX_CASES = 10_000
-MAX_NAME_LEN = 64
 
 DEFAULT_AXES: dict[str, list[Any]] = {"d_model": [512], "heads": [8], "layers": [1], "causal": [False]}
 AXIS_NAMES = ("d_model", "heads", "layers", "causal")  # may sit at the top level or under grid, not both
-
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
-
-
-# ---------------------------------------------------------------------------------------------------- schema
-def _as_list(value: Any) -> Any:
-    """A scalar where a list is allowed means a one-element list."""
-    return value if isinstance(value, list) else [value]
-
-
-def _yaml_off(value: Any) -> Any:
-    """YAML 1.1 reads a bare ``off`` as false: ``telemetry: off`` means the word."""
-    return "off" if value is False else value
-
-
-Names = Annotated[list[str], BeforeValidator(_as_list), Field(min_length=1)]
-Flags = Annotated[list[bool], BeforeValidator(_as_list), Field(min_length=1)]
-Batches = Annotated[
-    list[Annotated[int, Field(gt=0, le=MAX_BATCH)]],
-    BeforeValidator(_as_list),
-    Field(min_length=1),
-]
-SeqLens = Annotated[
-    list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]],
-    BeforeValidator(_as_list),
-    Field(min_length=1),
-]
-DModels = Annotated[
-    list[Annotated[int, Field(gt=0, le=MAX_D_MODEL)]],
-    BeforeValidator(_as_list),
-    Field(min_length=1),
-]
-HeadCounts = Annotated[
-    list[Annotated[int, Field(gt=0, le=MAX_HEADS)]],
-    BeforeValidator(_as_list),
-    Field(min_length=1),
-]
-LayerCounts = Annotated[
-    list[Annotated[int, Field(gt=0, le=MAX_LAYERS)]],
-    BeforeValidator(_as_list),
-    Field(min_length=1),
-]
-Seconds = Annotated[float, Field(gt=0)]
-_POLICY = TimingPolicy()
-
-
-class _Strict(BaseModel):
-    # strict: no "128" → 128, no true → 1, no 1.5 → 1; an int is still accepted where a float is asked for.
-    # The docstring under each field is its description in the JSON Schema (`attnbench schema`), which editors
-    # show on hover: say what the key does and what it takes, in one or two sentences.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
-
-
-class GridModel(_Strict):
-    """The axes crossed into cases: every combination is one case."""
-
-    batch: Batches | None = None
-    """Sequences per call; each value is crossed with every seq_len. Give batch or tokens."""
-    tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
-    """Tokens per call instead of batch: batch = tokens // seq_len, so every case moves the same number."""
-    seq_len: SeqLens
-    """Tokens per sequence: the axis the comparison is about."""
-    d_model: DModels | None = None
-    """Model width: the RNN hidden size, the attention embedding size (here or at the top level)."""
-    heads: HeadCounts | None = None
-    """Attention heads, each must divide d_model; ignored by recurrent models (here or at the top level)."""
-    heads_kv: HeadCounts | None = None
-    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
-    heads (here or at the top level); left out = heads."""
-    layers: LayerCounts | None = None
-    """Stacked layers (or blocks) of each model (here or at the top level)."""
-    causal: Flags | None = None
-    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
-
-
-class PresetsModel(_Strict):
-    """Fixed-size models (``catalogue.PRESETS``) cased beside the grid; batch and seq_len default to the grid's."""
-
-    names: Names
-    """Presets to run: bert-base, lstm-110m, mingru-110m."""
-    core: Names = Field(default_factory=lambda: ["sdpa"])
-    """The attention model(s) an attention preset (bert-base) is built on."""
-    modes: Names | None = None
-    """The presets' modes; null = the config's modes."""
-    batch: Batches | None = None
-    """The presets' batch sizes; null = the grid's."""
-    seq_len: SeqLens | None = None
-    """The presets' sequence lengths; null = the grid's."""
-
-
-class DecodeModel(_Strict):
-    """Decode cases beside the grid, at their own context lengths; each key left out is the grid's (models: the
-    config's). Always causal: a decode step sees the tokens before it only."""
-
-    models: Names | None = None
-    """Models that decode (the config's models when left out); attention decodes causally."""
-    seq_len: SeqLens | None = None
-    """Context lengths n: the KV cache or recurrent state holds n tokens when the next one is timed."""
-    batch: Batches | None = None
-    """Sequences decoded side by side (the grid's batch when left out)."""
-
-
-class TimingModel(_Strict):
-    """``TimingPolicy``'s fields with their ranges; the defaults are the policy's own (a test holds them)."""
-
-    target_ci: Annotated[float, Field(gt=0, lt=1)] = _POLICY.target_ci
-    """Stop sampling once the 95 % CI of the median is within ± this fraction of it (0.01 = ±1 %)."""
-    min_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.min_samples
-    """Never stop with fewer samples than this."""
-    max_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.max_samples
-    """Never take more samples than this."""
-    min_time_s: Seconds = _POLICY.min_time_s
-    """Sample for at least this many seconds."""
-    max_case_s: Seconds = _POLICY.max_case_s
-    """The whole budget of a case in seconds, warm-up included; a case that runs out says converged: false."""
-    warmup_min_calls: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = _POLICY.warmup_min_calls
-    """Untimed calls first: the last this many must agree (warmup_settle) before timing starts."""
-    warmup_max_s: Seconds = _POLICY.warmup_max_s
-    """The longest warm-up in seconds before timing starts anyway."""
-    warmup_settle: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_settle
-    """Warm-up calls within this fraction of their median count as settled."""
-    min_sample_s: Seconds = _POLICY.min_sample_s
-    """A sample shorter than this many seconds is built from several calls, so clock resolution vanishes."""
-    warmup_audit: Annotated[int, Field(ge=0, le=1000)] = _POLICY.warmup_audit
-    """The first this many timed samples must agree with the later ones, else they join the warm-up; 0 = off."""
-    warmup_agree: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_agree
-    """How closely (a fraction) the audited samples' median must agree with the later samples'."""
-    processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
-    """Run every case in this many fresh worker processes; the spread of their medians widens the CI."""
-    cache: Literal["warm", "cold"] = _POLICY.cache
-    """GPU only. cold: flush the device's L2 before every timed call (not timed); warm: do not."""
-    cuda_graph: bool = _POLICY.cuda_graph
-    """GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost."""
-    process_warmup_s: Annotated[float, Field(ge=0, le=60)] = _POLICY.process_warmup_s
-    """Before the first case of each process, this many seconds of a mixed parallel workload, so the first case does
-    not pay for thread pools, clock ramp-up and first-use initialisation; 0 = none."""
-
-
-class ConfigModel(_Strict):
-    """An attnbench experiment: which models to time, on which grid, how carefully."""
-
-    name: str
-    """Names the experiment and its run folders (results/runs/<time>-<name>-<device>/): lower-case letters,
-    digits, '.', '_' and '-'."""
-    description: str = ""
-    """Free text, kept in run.json."""
-    device: str = "auto"
-    """auto (CUDA when torch can use it, else the CPU), cpu, cuda or cuda:N; --device overrides it."""
-    models: Names
-    """The models to time; `attnbench models` says which run here and why not."""
-    model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Options per model, e.g. {sdpa: {scope: block}}; a list of values crosses them, each a variant of its own."""
-    modes: Names = Field(default_factory=lambda: ["forward", "train"])
-    """forward (under inference_mode), train (forward + backward), backward (the backward pass alone) and decode
-    (one new token after a context of seq_len: a KV cache or a recurrent state filled outside the timing)."""
-    dtype: Names = Field(default_factory=lambda: ["float32"])
-    """Floating-point types to time."""
-    grid: GridModel
-    """The axes crossed into cases: batch (or tokens) and seq_len, and optionally d_model, heads, layers, causal."""
-    presets: Annotated[PresetsModel | None, BeforeValidator(preset_names)] = None
-    """Published-size models (bert-base, lstm-110m, mingru-110m) beside the grid, at their own batch and seq_len;
-    a bare list of names is short for {names: [...]}."""
-    decode: DecodeModel | None = None
-    """Decode cases (one new token after a context of seq_len) with lengths, batches and models of their own."""
-    d_model: DModels | None = None
-    """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
-    heads: HeadCounts | None = None
-    """Attention heads, each must divide d_model; ignored by recurrent models (here or under grid)."""
-    heads_kv: HeadCounts | None = None
-    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
-    heads (here or under grid); left out = heads."""
-    layers: LayerCounts | None = None
-    """Stacked layers (or blocks) of each model (here or under grid)."""
-    causal: Flags | None = None
-    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
-    threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
-    """torch CPU threads; null = torch's default (one per core)."""
-    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
-    """Seeds inputs and weights, so reruns time the same numbers."""
-    timing: TimingModel = Field(default_factory=TimingModel)
-    """How carefully each case is timed (seconds throughout)."""
-    isolate: bool | None = None
-    """Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
-    sweep; null = on for CUDA devices (where those failures happen), off on a CPU."""
-    case_timeout_s: Seconds | None = None
-    """A case still running after this many seconds is killed and recorded as timeout (with isolation);
-    null = 60 s + 10 × timing.max_case_s."""
-    skip_larger_after_oom: bool = True
-    """Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them."""
-    telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(_yaml_off)] = "basic"
-    """Hardware telemetry around each case's timed window: off; basic (NVML utilisation, memory, power and clocks
-    on a GPU, psutil CPU use); full (basic + NVML GPM counters on Hopper and newer)."""
-    telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
-    """The sampler's polling interval in seconds; null = 100 ms: on a CPU the sampler shares the cores being
-    measured (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks
-    come from NVML's own sample buffers, so the poll reads only memory in use, temperature and clock reasons."""
-
-
-_SECTIONS: dict[Path_, type[BaseModel]] = {
-    (): ConfigModel,
-    ("grid",): GridModel,
-    ("timing",): TimingModel,
-    ("presets",): PresetsModel,
-    ("decode",): DecodeModel,
-}
 
 
 # ---------------------------------------------------------------------------------------------------- result
@@ -404,7 +212,7 @@ def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), 
     try:
         model = ConfigModel.model_validate(data)
     except ValidationError as exc:
-        raise from_validation(exc, ctx, _SECTIONS) from None
+        raise from_validation(exc, ctx, SECTIONS) from None
     return _build(model, ctx, force)
 
 
@@ -429,7 +237,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
             ("device",),
             hint=did_you_mean(m.device, ["auto", "cpu", "cuda", "cuda:0"]),
         )
-    check_names(m.models, MODEL_NAMES, "model", ("models",), ctx)
+    names, users = check_models(m, ctx)
     check_names(m.modes, MODES, "mode", ("modes",), ctx)
     check_names(m.dtype, DTYPES, "dtype", ("dtype",), ctx)
 
@@ -459,21 +267,22 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
 
     if m.grid.tokens is not None:
         axes["batch"] = _tied_batches(m.grid.tokens, m.grid.seq_len, ctx)
-    if any(has_heads(model) for model in m.models):
+    if users or any(has_heads(model) for model in names):  # a model you bring is handed heads too
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
-    heads_kv_path = _check_heads_kv(m, axes["heads"], ctx)
+    heads_kv_path = _check_heads_kv(m, names, axes["heads"], ctx)
     axes["heads_kv"] = (m.heads_kv or m.grid.heads_kv or [0]) if heads_kv_path else [0]
-    options, written_options = check_model_options(m, axes, ctx)
+    options, written_options = check_model_options(m, names, users, axes, ctx)
+    user_models = {name: entry.user for name, entry in users.items()}
     if "decode" in m.modes:
         causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
-        check_decode(m.models, axes["causal"], causal_path, options, m.grid.seq_len, ctx)
-    decode, written_decode = decode_section(m, axes, options, ctx)
+        check_decode(names, axes["causal"], causal_path, options, user_models, ctx)
+    decode, written_decode = decode_section(m, names, axes, options, user_models, ctx)
     presets, written_presets = check_presets(m, ctx)
     _check_timing(m.timing, ctx)
 
     timing = TimingPolicy(**m.timing.model_dump())
     axes_value = Axes(
-        models=tuple(m.models),
+        models=tuple(names),
         modes=tuple(cast(list[Mode], m.modes)),
         dtypes=tuple(m.dtype),
         batch=tuple(axes["batch"]),
@@ -485,6 +294,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         device=m.device,
         model_options=options,
         heads_kv=tuple(axes["heads_kv"]),
+        users=user_models,
     )
     grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
     grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
@@ -496,7 +306,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         "name": m.name,
         "description": m.description,
         "device": m.device,
-        "models": m.models,
+        "models": [entry if isinstance(entry, str) else entry.model_dump() for entry in m.models],
         "model_options": written_options,
         # Only when given, so that configs without presets keep the sha256 they always had.
         **({"presets": written_presets} if written_presets is not None else {}),
@@ -535,11 +345,12 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         decode=decode,
     )
     _check_size(experiment, ctx, force)
+    check_buildable(experiment.cases("cpu"), names, written_options, heads_kv_path, ctx)
     return experiment
 
 
 def _check_name(name: str, ctx: Context) -> None:
-    if _NAME.fullmatch(name) and len(name) <= MAX_NAME_LEN:
+    if NAME.fullmatch(name) and len(name) <= MAX_NAME_LEN:
         return
     slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")[:MAX_NAME_LEN]
     raise ctx.error(
@@ -584,7 +395,7 @@ def _check_heads(heads: list[int], d_models: list[int], path: Path_ | None, ctx:
                 )
 
 
-def _check_heads_kv(m: ConfigModel, heads: list[int], ctx: Context) -> Path_ | None:
+def _check_heads_kv(m: ConfigModel, names: Sequence[str], heads: list[int], ctx: Context) -> Path_ | None:
     """Where the grid's heads_kv was given (top level or under grid), after checking every value divides every
     heads and some model takes it; None when it was not given."""
     if m.heads_kv is not None and m.grid.heads_kv is not None:
@@ -594,10 +405,10 @@ def _check_heads_kv(m: ConfigModel, heads: list[int], ctx: Context) -> Path_ | N
         return None
     path: Path_ = ("heads_kv",) if m.heads_kv is not None else ("grid", "heads_kv")
     check_unique(values, "heads_kv", path, ctx)
-    takers = [model for model in m.models if MODELS[model].option("heads_kv") is not None]
+    takers = [model for model in names if model in MODELS and MODELS[model].option("heads_kv") is not None]
     if not takers:
         raise ctx.error(
-            f"heads_kv has no effect: no model listed ({', '.join(m.models)}) has key/value heads",
+            f"heads_kv has no effect: no model listed ({', '.join(names)}) has key/value heads",
             path,
             hint="add an attention model (sdpa, vanilla, flash-attn, flex) or linear-attn, or remove heads_kv",
         )

@@ -69,6 +69,8 @@ class Context:
         for part in loc:
             if part == "[key]":
                 return tuple(path), True
+            if isinstance(part, str) and part.startswith(TAG):
+                continue  # which arm of a tagged union pydantic tried: not a key of the data
             if isinstance(node, list) and isinstance(part, int):
                 path.append(part)
                 node = node[part] if part < len(node) else None
@@ -78,6 +80,12 @@ class Context:
             else:
                 break  # an index pydantic added to a value it wrapped into a list
         return tuple(path), False
+
+
+# Tags of the schema's tagged unions start with this, so a path into the data leaves them out (normalise).
+TAG = "§"
+# ``sections`` of from_validation name a mapping inside a list by this in place of the list's index.
+ITEM = "[]"
 
 
 # ---------------------------------------------------------------------------------------------------- words
@@ -133,7 +141,8 @@ def from_validation(exc: ValidationError, ctx: Context, sections: Mapping[Path_,
     if about_key or kind == "invalid_key":
         return ctx.error(f"keys must be strings, got {describe(value)}", path)
     if kind in ("extra_forbidden", "missing"):
-        allowed = list(sections[path[:-1]].model_fields) if path[:-1] in sections else []
+        section = tuple(ITEM if isinstance(part, int) else part for part in path[:-1])
+        allowed = list(sections[section].model_fields) if section in sections else []
         name = str(path[-1]) if path else ""
         if kind == "missing":
             return ctx.error(

@@ -22,8 +22,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 # The package's own validators, recognised by identity to say what they accept.
-from attnbench.config.experiment import _NAME, MAX_NAME_LEN, ConfigModel, _as_list, _yaml_off
-from attnbench.config.options import preset_names
+from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, as_list, preset_names, yaml_off
 from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, PRESET_NAMES, OptionSpec
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -39,10 +38,10 @@ class _EditorSchema(GenerateJsonSchema):
     def function_before_schema(self, schema: core_schema.BeforeValidatorFunctionSchema) -> JsonSchemaValue:
         inner = super().function_before_schema(schema)
         function = schema["function"]["function"]
-        if function is _as_list:
+        if function is as_list:
             # One value where a list is allowed means a one-element list; a value listed twice is refused.
             return {"anyOf": [inner["items"], {**inner, "uniqueItems": True}]} if "items" in inner else inner
-        if function is _yaml_off:
+        if function is yaml_off:
             return {"anyOf": [inner, {"const": False, "description": "a bare YAML off, read as false: off"}]}
         if function is preset_names:
             names = _one_or_many({"type": "string", "enum": list(PRESET_NAMES)})
@@ -57,13 +56,13 @@ def config_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of an attnbench config."""
     schema = ConfigModel.model_json_schema(schema_generator=_EditorSchema)
     top = schema["properties"]
-    top["name"].update(pattern=f"^{_NAME.pattern}$", maxLength=MAX_NAME_LEN)
+    top["name"].update(pattern=f"^{NAME.pattern}$", maxLength=MAX_NAME_LEN)
     top["device"] = {
         "description": top["device"]["description"],
         "default": top["device"]["default"],
         "anyOf": [{"enum": list(DEVICES)}, {"type": "string", "pattern": r"^cuda:[0-9]+$"}],
     }
-    _restrict(top["models"], MODEL_NAMES)
+    _restrict(top["models"], MODEL_NAMES, plugins=True)
     _restrict(top["modes"], MODES)
     _restrict(top["dtype"], DTYPES)
     top["model_options"].update(_model_options())
@@ -74,7 +73,7 @@ def config_schema() -> dict[str, Any]:
     ]
     presets = schema["$defs"]["PresetsModel"]["properties"]
     _restrict(presets["names"], PRESET_NAMES)
-    _restrict(presets["core"], [name for name in MODEL_NAMES if MODELS[name].family == "attention"])
+    _restrict(presets["core"], [name for name in MODEL_NAMES if MODELS[name].kind == "attention"])
     _restrict(presets["modes"], MODES)
     _tidy(schema)
     return {"$schema": DIALECT, **schema, "title": "attnbench experiment"}
@@ -89,14 +88,23 @@ def _one_or_many(item: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [item, {"type": "array", "items": item, "minItems": 1}]}
 
 
-def _restrict(node: Any, allowed: Sequence[str]) -> None:
-    """Every string the node takes (itself, in its anyOf, in its items) becomes one of ``allowed``."""
+def _restrict(node: Any, allowed: Sequence[str], *, plugins: bool = False) -> None:
+    """Every string the node takes (itself, in its anyOf/oneOf, in its items) becomes one of ``allowed``; with
+    ``plugins``, or any name an installed plugin may give its model."""
     if isinstance(node, dict):
         if node.get("type") == "string":
-            node["enum"] = list(allowed)
-        for key in ("anyOf", "items"):
-            for child in node.get(key, []) if key == "anyOf" else [node.get(key)]:
-                _restrict(child, allowed)
+            if plugins:
+                node.pop("type")
+                node["anyOf"] = [
+                    {"enum": list(allowed)},
+                    {"type": "string", "pattern": f"^{NAME.pattern}$", "description": "an installed plugin's model"},
+                ]
+                return
+            else:
+                node["enum"] = list(allowed)
+        for key in ("anyOf", "oneOf", "items"):
+            for child in node.get(key, []) if key != "items" else [node.get(key)]:
+                _restrict(child, allowed, plugins=plugins)
 
 
 def _option_schema(option: OptionSpec) -> dict[str, Any]:
@@ -112,11 +120,11 @@ def _option_schema(option: OptionSpec) -> dict[str, Any]:
 
 
 def _model_options() -> dict[str, Any]:
-    """model_options from the catalogue: each model's own options, with their types, choices and ranges."""
+    """model_options from the catalogue: each model's own options, with their types, choices and ranges (an
+    installed plugin's model takes the options its plugin declares, which the schema cannot know)."""
     return {
         "type": "object",
-        "propertyNames": {"enum": list(MODEL_NAMES)},
-        "additionalProperties": False,
+        "additionalProperties": {"type": "object", "description": "options of an installed plugin's model"},
         "properties": {
             name: {
                 "type": "object",

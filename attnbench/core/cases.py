@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from attnbench.core.catalogue import DECODE_INERT, MODELS, has_heads
+from attnbench.core.catalogue import MODELS, Kind, UserModel, decode_inert, has_heads, spec_of
+from attnbench.core.families.base import OptionValue
 
 # Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero or
 # two) before it turns into an hour of allocator failures. Configs are held to them (config.experiment), and so
@@ -27,7 +28,6 @@ MAX_THREADS = 4_096
 MAX_SAMPLES = 10_000_000
 
 Mode = Literal["forward", "train", "backward", "decode"]
-OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 
 
@@ -45,6 +45,10 @@ class Case:
     recurrent model (unidirectional ⇒ causal), so that a ``causal: [true, false]`` grid does not time the same
     LSTM twice.
 
+    ``user`` is set for a model the user brings (a config's ``factory:`` entry or an installed plugin): where it
+    comes from and which side it joins, so a stored row says so without the user's code. It is not in the key: a
+    user model's name is its identity, as a built-in's is.
+
     ``mode == "decode"``: ``seq_len`` is the context length n already held in the KV cache or recurrent state,
     and one call produces one new token per sequence (position n); such a case is always causal.
     """
@@ -60,10 +64,12 @@ class Case:
     layers: int
     causal: bool
     options: Options = ()
+    user: UserModel | None = None
 
     @property
-    def family(self) -> str:
-        return MODELS[self.model].family
+    def kind(self) -> Kind:
+        """Which side of the article's claims the model joins: recurrent or attention."""
+        return self.user.kind if self.user is not None else MODELS[self.model].kind
 
     @property
     def tokens(self) -> int:
@@ -84,20 +90,24 @@ class Case:
         """Key/value heads: ``heads`` for multi-head attention, fewer for GQA, 1 for MQA; None without heads."""
         if self.heads is None:
             return None
-        spec = MODELS[self.model].option("heads_kv")
+        spec = spec_of(self).option("heads_kv")
         return (int(self.option("heads_kv")) if spec is not None else 0) or self.heads
 
     @property
     def window(self) -> int:
         """The sliding window's width in positions, or 0 for attention over the whole sequence."""
-        return int(self.option("window")) if MODELS[self.model].option("window") is not None else 0
+        return int(self.option("window")) if spec_of(self).option("window") is not None else 0
+
+    def has_option(self, name: str) -> bool:
+        """Whether the model has option ``name`` at all (set here or left at its default)."""
+        return spec_of(self).option(name) is not None
 
     def option(self, name: str) -> OptionValue:
         """The case's value for a model option, or the catalogue default."""
         for key, value in self.options:
             if key == name:
                 return value
-        spec = MODELS[self.model].option(name)
+        spec = spec_of(self).option(name)
         if spec is None:
             raise KeyError(f"model {self.model!r} has no option {name!r}")
         return spec.default
@@ -132,6 +142,10 @@ class Case:
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["options"] = {k: v for k, v in self.options}
+        if self.user is None:
+            del data["user"]  # written only for a user model, so built-in rows read as they always did
+        else:
+            data["user"] = self.user.to_dict()
         return data
 
     @classmethod
@@ -139,7 +153,13 @@ class Case:
         raw = dict(data)
         options = raw.pop("options", {}) or {}
         assert isinstance(options, Mapping)
-        return cls(options=tuple(sorted(options.items())), **raw)  # type: ignore[arg-type]
+        user = raw.pop("user", None)
+        assert user is None or isinstance(user, Mapping)
+        return cls(
+            options=tuple(sorted(options.items())),
+            user=None if user is None else UserModel.from_dict(user),
+            **raw,  # type: ignore[arg-type]
+        )
 
 
 @dataclass(frozen=True)
@@ -212,6 +232,8 @@ class Axes:
     model_options: Mapping[str, tuple[Options, ...]] = field(default_factory=dict)
     # The grid's key/value head counts, crossed into every model that has the heads_kv option (0: = heads).
     heads_kv: tuple[int, ...] = (0,)
+    # The models of ``models`` that the user brings, by name (config ``factory:`` entries and installed plugins).
+    users: Mapping[str, UserModel] = field(default_factory=dict)
 
 
 def expand(axes: Axes) -> list[Case]:
@@ -219,8 +241,9 @@ def expand(axes: Axes) -> list[Case]:
 
     The order is model-major (then the model's option sets) with seq_len innermost, so a sweep walks each
     model's length curve in turn and a progress line reads naturally. Decode cases are causal only (a non-causal
-    combination does not apply: config validation refuses a model left with none) and carry no ``DECODE_INERT``
-    option.
+    combination does not apply: config validation refuses a model left with none) and carry no option that is
+    decode-inert for their family. A user model always carries ``heads``; a recurrent one is causal (a recurrence
+    is causal by construction, as a unidirectional LSTM's case is).
     """
     seen: set[Case] = set()
     cases: list[Case] = []
@@ -238,10 +261,13 @@ def expand(axes: Axes) -> list[Case]:
         axes.seq_len,
     ):
         if mode == "decode":
-            options = tuple(o for o in options if o[0] not in DECODE_INERT)
-        options = _with_heads_kv(model, options, heads_kv, heads)
-        spec = MODELS[model]
-        if spec.family == "recurrent":
+            options = tuple(o for o in options if o[0] not in decode_inert(model))
+        user = axes.users.get(model)
+        if user is not None:
+            causal = causal or user.kind == "recurrent"
+            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options, user)
+        elif MODELS[model].kind == "recurrent":
+            options = _with_heads_kv(model, options, heads_kv, heads)
             bidirectional = bool(dict(options).get("bidirectional", False))
             case = Case(
                 model,
@@ -257,6 +283,7 @@ def expand(axes: Axes) -> list[Case]:
                 options,
             )
         else:
+            options = _with_heads_kv(model, options, heads_kv, heads)
             case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
         if mode == "decode" and not case.causal:
             continue

@@ -4,10 +4,12 @@ Pure Python: a report computes ``tflops`` and ``pct_of_peak`` from a stored row 
 count carries a ``formula`` id (family, scope and version) that goes into the row beside it, so a later change
 of convention shows up as a new id rather than silently changing old numbers.
 
-This is also the one torch-free place that knows every model's shapes, so the sizes FLOPs depend on live here
-too: the hidden width of a recurrent block (``recurrent_hidden``; ``match: params`` searches it) and the
-parameter count of a case (``count_parameters``), which config validation and the presets use without torch and
-the models build from (a test holds ``count_parameters`` equal to the built module's).
+Each family states its own formulas, beside its options, in ``attnbench.core.families.<family>`` (its ``work``,
+``formula``, ``parameters``); this module loops over them and never names a model. The same holds for the parameter
+count of a case (``count_parameters``), which config validation and the presets use without torch (a test holds it
+equal to the built module's). A model with no formula (a user's) has its FLOPs counted on the device instead, by
+``torch.utils.flop_counter.FlopCounterMode`` over one call (formula ``counted-v1``), and a test holds every
+built-in formula to that counter.
 
 Conventions, shared by every formula:
 
@@ -29,136 +31,74 @@ Conventions, shared by every formula:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import lru_cache
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from attnbench.core.cases import Case
-from attnbench.core.catalogue import MATCH_TOLERANCE
+from attnbench.core.catalogue import family_of
+from attnbench.core.families.base import FlopCount
+from attnbench.core.families.shared import (
+    DECODE_SUFFIX,
+    GQA_SUFFIX,
+    WINDOW_SUFFIX,
+    attention_block_parameters,
+    causal_pairs,
+    kv_width,
+    positions,
+    window_pairs,
+)
 
-ATTENTION_FORMULA = "attention-v1"
-ATTENTION_BLOCK_FORMULA = "attention-block-v1"
-TRANSFORMER_FORMULA = "transformer-model-v1"
-LSTM_FORMULA = "lstm-v1"
-GRU_FORMULA = "gru-v1"
-MINGRU_FORMULA = "mingru-v1"
-MINLSTM_FORMULA = "minlstm-v1"
-# Linear attention, one formula per form (they do different work for the same function).
-LINEAR_FORMULAS = {form: f"linear-attn-{form}-v1" for form in ("chunked", "recurrent", "parallel")}
-# Inserted before the version where the attention formula counts fewer K/V heads or a band of keys:
-# attention-gqa-v1, attention-block-window-v1, … (multi-head, full attention keeps the v1 id it always had).
-GQA_SUFFIX = "-gqa"
-WINDOW_SUFFIX = "-window"
-DECODE_SUFFIX = "-decode"  # inserted before the version: attention-decode-v1, lstm-block-decode-v1, …
+if TYPE_CHECKING:
+    from attnbench.core.cases import Case
 
-# Backward / forward FLOP ratios.
-# The attention core's backward is 5 matmuls against the forward's 2 (QKᵀ recomputed, then dV, dP, dQ, dK), so
-# 2.5× the forward: the convention of FlashAttention's benchmarks (Dao 2023, FlashAttention-2 §4.1;
-# Dao-AILab/flash-attention benchmarks/benchmark_flash_attention.py, ``flops``). Kept as a fraction so counts
-# stay exact integers (4·… × 5/2 is always whole).
-_CORE_BACKWARD = (5, 2)
-# A matmul Y = X·W needs dX = dY·Wᵀ and dW = Xᵀ·dY in backward: twice its forward (Kaplan et al. 2020, §2.1).
-_MATMUL_BACKWARD = 2
-# Matmuls per cell step: LSTM has 4 gates (i, f, g, o), GRU 3 (r, z, n); each is an (I+H)→H product. minGRU
-# has 2 (z, h̃) and minLSTM 3 (f, i, h̃), each an I→H product of x_t alone (Feng et al. 2024, §3): no H→H term.
-GATES = {"lstm": 4, "gru": 3, "mingru": 2, "minlstm": 3}
-_RNN_FORMULAS = {"lstm": LSTM_FORMULA, "gru": GRU_FORMULA, "mingru": MINGRU_FORMULA, "minlstm": MINLSTM_FORMULA}
-
-
-@dataclass(frozen=True)
-class FlopCount:
-    """The FLOPs of one call of a case's mode, the formula that gave them, and the parts they add up from.
-
-    ``detail`` names the forward parts (``projections``, ``core`` for attention; ``gates`` for recurrent
-    models) and, for ``train``, their backward counterparts (``projections_backward``, …). ``flops`` is their
-    sum.
-    """
-
-    flops: int
-    formula: str
-    detail: Mapping[str, int]
+__all__ = [
+    "DECODE_SUFFIX",
+    "GQA_SUFFIX",
+    "WINDOW_SUFFIX",
+    "FlopCount",
+    "analytic",
+    "attention_block_parameters",
+    "causal_pairs",
+    "count_flops",
+    "count_parameters",
+    "executed_flops",
+    "formula_id",
+    "kv_width",
+    "positions",
+    "scores_in_full",
+    "window_pairs",
+]
 
 
-# Attention cores that compute QKᵀ and P·V for every (query, key) pair whatever the causal mask: the explicit
-# formula, and torch's math backend (which builds the mask and applies it to the full score matrix).
-FULL_SCORE_MODELS = frozenset({"vanilla", "sdpa-math"})
-
-
-def scores_in_full(case: Case, sdpa_kernel: str | None = None) -> bool:
-    """Whether ``case``'s core computes all n² scores though its mask keeps fewer: a causal case on a
-    ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend (``sdpa_kernel`` "MATH"); a
-    window on any SDPA model too (its band is an explicit mask, applied to every tile); linear attention's
-    parallel form (the whole T × T score matrix, masked after)."""
-    if case.model == "linear-attn":
-        return case.option("form") == "parallel" and case.mode != "decode"
-    if case.mode == "decode":
-        return False
-    full = case.model in FULL_SCORE_MODELS or (case.model == "sdpa" and sdpa_kernel == "MATH")
-    if case.window and case.model.startswith("sdpa"):
-        full = True
-    return case.family == "attention" and (case.causal or bool(case.window)) and full
+def analytic(case: Case) -> bool:
+    """Whether ``case``'s FLOPs come from a formula (False: they are counted on the device)."""
+    return family_of(case).analytic
 
 
 def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
     """Analytic FLOPs of one ``case.mode`` call of ``case`` (a multiply-add counts 2). See the module notes.
 
     ``full_scores`` counts every (query, key) pair of the core, masked or not: the work executed by a core that
-    masks after computing (``scores_in_full``), rather than the useful work the mask keeps."""
-    formula = formula_id(case)
-    forward, backward = _attention(case, full_scores) if case.heads is not None else _recurrent(case)
+    masks after computing (``scores_in_full``), rather than the useful work the mask keeps. NotImplementedError for
+    a model with no formula."""
+    family = family_of(case)
+    forward, backward = family.work(case, full_scores)
     # forward and decode count the forward pass, backward the backward pass alone, train both.
     detail = dict(forward) if case.mode != "backward" else {}
     if case.mode in ("train", "backward"):
         detail.update({f"{name}_backward": flops for name, flops in backward.items()})
-    return FlopCount(flops=sum(detail.values()), formula=formula, detail=MappingProxyType(detail))
+    return FlopCount(flops=sum(detail.values()), formula=family.formula(case), detail=MappingProxyType(detail))
 
 
 def formula_id(case: Case) -> str:
-    """The id of the formula ``count_flops`` uses for ``case``: family (or cell), scope and decode, versioned."""
-    scope = str(case.option("scope"))
-    if case.model == "linear-attn":
-        # A decode step is the recurrent form's step whatever form computed the context.
-        formula = LINEAR_FORMULAS["recurrent" if case.mode == "decode" else str(case.option("form"))]
-        if scope != "core":
-            formula = formula.replace("-v1", f"-{scope}-v1")
-    elif case.family == "attention":
-        formula = {"core": ATTENTION_FORMULA, "block": ATTENTION_BLOCK_FORMULA, "model": TRANSFORMER_FORMULA}[scope]
-        stem, version = formula.rsplit("-", 1)
-        gqa = GQA_SUFFIX if case.heads_kv != case.heads else ""
-        formula = f"{stem}{gqa}{WINDOW_SUFFIX if case.window else ''}-{version}"
-    elif case.model not in GATES:
-        raise ValueError(f"no FLOP formula for recurrent model {case.model!r}; known: {', '.join(GATES)}")
-    else:
-        formula = _RNN_FORMULAS[case.model] if scope == "core" else f"{case.model}-{scope}-v1"
-    if case.mode == "decode":
-        stem, version = formula.rsplit("-", 1)
-        formula = f"{stem}{DECODE_SUFFIX}-{version}"
-    return formula
+    """The id of the formula ``count_flops`` uses for ``case``: family (or cell), scope, variant and decode,
+    versioned (``attention-block-gqa-v1``, ``lstm-decode-v1``, ``counted-v1`` for a counted model)."""
+    return family_of(case).formula(case)
 
 
-def causal_pairs(q_len: int, k_len: int) -> int:
-    """How many (query, key) pairs a causal mask keeps: Σ_{i<q_len} min(i+1, k_len).
-
-    Top-left aligned, as torch's ``is_causal=True`` is: query i sees keys 0..i, whatever ``k_len``. Closed
-    form of the sum: a triangle for the first min(q_len, k_len) rows, then full rows of ``k_len``.
-    """
-    if q_len < 0 or k_len < 0:
-        raise ValueError(f"lengths must be ≥ 0, got q_len={q_len}, k_len={k_len}")
-    rows = min(q_len, k_len)
-    return rows * (rows + 1) // 2 + (q_len - rows) * k_len
-
-
-def window_pairs(length: int, window: int, *, causal: bool) -> int:
-    """How many (query, key) pairs a band of ``window`` keeps in self-attention over ``length`` positions: causal,
-    query i sees keys i − W < j ≤ i, Σ_i min(i + 1, W); not causal, |i − j| < W, each side of the diagonal
-    Σ_i min(i, W − 1) plus the diagonal itself."""
-    if window <= 0 or window >= length:
-        return causal_pairs(length, length) if causal else length * length
-    causal_part = window * (window + 1) // 2 + (length - window) * window
-    if causal:
-        return causal_part
-    return 2 * causal_part - length  # both triangles' bands, the diagonal counted once
+def scores_in_full(case: Case, sdpa_kernel: str | None = None) -> bool:
+    """Whether ``case``'s core computes all n² scores though its mask keeps fewer (``sdpa_kernel``: the backend
+    dispatch chose for model sdpa, where that decides it)."""
+    return family_of(case).scores_in_full(case, sdpa_kernel)
 
 
 def executed_flops(case: Case, sdpa_kernel: str | None = None) -> int:
@@ -166,232 +106,7 @@ def executed_flops(case: Case, sdpa_kernel: str | None = None) -> int:
     return count_flops(case, full_scores=scores_in_full(case, sdpa_kernel)).flops
 
 
-def _attention(case: Case, full_scores: bool = False) -> tuple[dict[str, int], dict[str, int]]:
-    """Forward and backward parts of ``case.layers`` attention layers or pre-norm blocks (attnbench.measure.models)."""
-    if case.heads is None or case.heads <= 0 or case.d_model % case.heads:
-        raise ValueError(f"attention case needs heads dividing d_model={case.d_model}, got heads={case.heads}")
-    b, d = case.batch, case.d_model
-    # Tokens the matmuls see per sequence: all S, or the one new token of a decode step.
-    s = 1 if case.mode == "decode" else case.seq_len
-    # Projections: the fused qkv Linear(d, d + 2·H_kv·D) and the out Linear(d, d) are (2d + 2·H_kv·D)·d weights
-    # applied to B·S tokens, 2 FLOPs each (issue 3: 2·B·S·d_model²·4 for multi-head attention, H_kv·D = d).
-    # Bias adds are not counted.
-    projections = 2 * b * s * d * (2 * d + 2 * kv_width(case))
-    # Core: QKᵀ and P·V each take D multiply-adds per kept (query, key) pair and head: 2·2·B·H·D per pair,
-    # i.e. 4·B·H·Sq·Sk·D unmasked (FlashAttention's benchmark count). Causal counts the pairs the mask keeps
-    # exactly, where FlashAttention's benchmark halves: S(S+1)/2, not S²/2, which matters at short lengths (and
-    # causal_pairs handles Sq ≠ Sk). Self-attention here: Sq = Sk = S and H·D = d_model. A decode step has one
-    # query against the n cached keys and its own: n + 1 pairs, 4·B·H·(n + 1)·D (the KV-cache read), unmasked.
-    # GQA changes neither: every query head still scores every key it sees. A window of W keeps the band's pairs
-    # (window_pairs), and a decode step min(n + 1, W) keys, the ring buffer's.
-    if case.mode == "decode":
-        pairs = min(case.span, case.window) if case.window else case.span
-    elif full_scores:
-        pairs = s * s
-    else:
-        pairs = window_pairs(s, case.window, causal=case.causal) if case.window else causal_pairs(s, s)
-        pairs = pairs if case.causal or case.window else s * s
-    core = 4 * b * d * pairs
-    if case.model == "linear-attn":
-        core = _linear_core(case, full_scores)
-    numerator, denominator = _CORE_BACKWARD if case.model != "linear-attn" else (_MATMUL_BACKWARD, 1)
-    forward = {"projections": case.layers * projections, "core": case.layers * core}
-    if case.option("scope") != "core":
-        # The block's FFN: Linear(d, m·d) then Linear(m·d, d), 2·m·d² weights per token (Vaswani et al. 2017
-        # §3.3; BERT-base m = 4). The embedding lookup and positional encodings do no matmul.
-        forward["ffn"] = case.layers * 2 * b * s * 2 * int(case.option("ffn_mult")) * d * d
-    backward = {
-        name: flops * numerator // denominator if name == "core" else _MATMUL_BACKWARD * flops
-        for name, flops in forward.items()
-    }
-    return forward, backward
-
-
-def kv_width(case: Case) -> int:
-    """Features of K (and of V) per token: H_kv·D, which is d_model for multi-head attention."""
-    if case.heads is None or case.heads_kv is None:
-        raise ValueError(f"{case.model} has no key/value heads")
-    return case.heads_kv * (case.d_model // case.heads)
-
-
-def _linear_core(case: Case, full_scores: bool) -> int:
-    """One layer's core matmuls of causal linear attention (Katharopoulos et al. 2020), per form.
-
-    Per query head the readout φ(q)ᵀ[S z] is a D × (D + 1) product, and per key/value head the state update
-    φ(k)[vᵀ 1] one outer product of the same size: the normaliser z rides along as an extra value column.
-    - recurrent (and a decode step, which is one of its steps): per token 2·H·D·(D+1) + 2·H_kv·D·(D+1).
-    - parallel: QKᵀ and P·V over the causal pairs, 4·H·D per pair as softmax attention's core (the row sums of
-      the normaliser are additions); ``full_scores``: all T² (it computes the whole matrix and masks it); plus
-      the final state for a prefill is not counted (the forward does not form it).
-    - chunked with C: the parallel form inside each of T/C chunks (C² pairs computed, C(C+1)/2 kept: counted
-      kept), the readout from each chunk's start state (2·H·D·(D+1) per token) and each chunk's state update
-      (2·H_kv·D·(D+1) per token).
-    """
-    b, t = case.batch, (1 if case.mode == "decode" else case.seq_len)
-    heads, kv = case.heads or 0, case.heads_kv or 0
-    d = case.d_model // heads
-    readout, update = 2 * b * t * heads * d * (d + 1), 2 * b * t * kv * d * (d + 1)
-    form = "recurrent" if case.mode == "decode" else str(case.option("form"))
-    if form == "recurrent":
-        return readout + update
-    if form == "parallel":
-        pairs = t * t if full_scores else causal_pairs(t, t)
-        return 4 * b * heads * d * pairs
-    chunk = int(case.option("chunk"))
-    full, rest = divmod(t, chunk)
-    pairs = full * causal_pairs(chunk, chunk) + causal_pairs(rest, rest)
-    return 4 * b * heads * d * pairs + readout + update
-
-
-def _recurrent(case: Case) -> tuple[dict[str, int], dict[str, int]]:
-    """Forward and backward of a recurrent stack (core) or of recurrent blocks, as ``measure.models`` builds it.
-    A decode step is the same count for one token per sequence (``case.tokens``): the cell's work per step does
-    not depend on how many came before."""
-    cell, d, tokens = case.model, case.d_model, case.tokens
-    directions = _directions(case)
-    hidden = recurrent_hidden(case)
-    gates = projection = 0
-    for layer in range(case.layers):
-        # At scope core the stack's later layers take the previous layer's output; a block's layer takes d.
-        inputs = d if layer == 0 or case.option("scope") != "core" else hidden * directions
-        if cell in ("lstm", "gru"):
-            # Per step and direction each gate is an (I+H)→H matmul: 2·gates·B·T·H·(I+H) in all, i.e.
-            # LSTM 8·B·T·H·(I+H), GRU 6·B·T·H·(I+H) (issue 3). Element-wise gate math is not counted.
-            gates += directions * 2 * GATES[cell] * tokens * hidden * (inputs + hidden)
-        else:
-            # minGRU/minLSTM: one I→gates·H Linear over the whole sequence; the scan is element-wise.
-            gates += 2 * GATES[cell] * tokens * inputs * hidden
-        if case.option("scope") != "core" and directions * hidden != d:
-            projection += 2 * tokens * directions * hidden * d  # the block's Linear back to d_model
-    forward = {"gates": gates} | ({"projection": projection} if projection else {})
-    # Backward ≈ 2× forward (both dX/dh and dW per matmul). Exactly, autograd skips dh₀ at the first step
-    # (h₀ = 0 needs no gradient): one step's hidden matmuls per layer and direction, a 1/T-sized difference.
-    return forward, {name: _MATMUL_BACKWARD * flops for name, flops in forward.items()}
-
-
-# ---------------------------------------------------------------------------------------------------- sizes
-def _directions(case: Case) -> int:
-    if case.model in ("lstm", "gru") and bool(case.option("bidirectional")):
-        if case.d_model % 2:
-            raise ValueError(f"bidirectional {case.model} needs an even d_model, got {case.d_model}")
-        return 2
-    return 1
-
-
-def attention_block_parameters(d_model: int, ffn_mult: int, kv_width: int | None = None) -> int:
-    """Parameters of one pre-norm Transformer block: 2 LayerNorms, QKV + output projections, the FFN. ``kv_width``
-    is H_kv·D, the width of K and of V (d_model, its default, for multi-head attention)."""
-    d, m = d_model, ffn_mult
-    kv = d if kv_width is None else kv_width
-    norms = 2 * 2 * d
-    attention = (d * (d + 2 * kv) + d + 2 * kv) + (d * d + d)
-    ffn = (d * m * d + m * d) + (m * d * d + d)
-    return norms + attention + ffn
-
-
-def cell_parameters(cell: str, inputs: int, hidden: int) -> int:
-    """Parameters of one recurrent layer, one direction, as torch / attnbench.measure.models.minrnn lay them out."""
-    gates = GATES[cell]
-    if cell in ("lstm", "gru"):
-        return gates * (inputs * hidden + hidden * hidden + 2 * hidden)  # W_ih, W_hh, b_ih, b_hh
-    return gates * (inputs * hidden + hidden)  # one Linear(I, gates·H); no H→H weights at all
-
-
-def recurrent_block_parameters(cell: str, d_model: int, hidden: int, directions: int = 1) -> int:
-    """LayerNorm, the recurrent layer (``directions`` × ``hidden`` wide), a Linear back to d_model if needed."""
-    width = directions * hidden
-    projection = width * d_model + d_model if width != d_model else 0
-    return 2 * d_model + directions * cell_parameters(cell, d_model, hidden) + projection
-
-
-# cuBLAS and cuDNN take their tensor-core paths when a matrix dimension is a multiple of 8 (16-bit types), so a
-# matched width is rounded to one wherever that stays within MATCH_TOLERANCE: a width of 934 would time the
-# LSTM on a slow path its authors would never have chosen.
-_ALIGN = 8
-
-
-@lru_cache(maxsize=256)
-def matched_hidden(cell: str, d_model: int, directions: int, ffn_mult: int) -> int:
-    """The hidden width (per direction) whose recurrent block is closest in size to the attention block,
-    preferring a multiple of 8 within ``MATCH_TOLERANCE`` of it.
-
-    With the projection the block grows strictly with the width, so a bisection finds where it crosses the
-    target; the width that needs no projection (directions × hidden = d_model) is a candidate of its own.
-    """
-    if cell not in GATES:
-        raise ValueError(f"no sizes for recurrent model {cell!r}; known: {', '.join(GATES)}")
-    target = attention_block_parameters(d_model, ffn_mult)
-
-    def projected(hidden: int) -> int:
-        width = directions * hidden
-        return 2 * d_model + directions * cell_parameters(cell, d_model, hidden) + width * d_model + d_model
-
-    def error(hidden: int) -> float:
-        return abs(recurrent_block_parameters(cell, d_model, hidden, directions) - target) / target
-
-    low, high = 1, 1
-    while projected(high) < target:
-        high *= 2
-    while low < high:  # the least hidden with projected(hidden) >= target
-        mid = (low + high) // 2
-        low, high = (mid + 1, high) if projected(mid) < target else (low, mid)
-    aligned = {max(_ALIGN, low // _ALIGN * _ALIGN), (low + _ALIGN - 1) // _ALIGN * _ALIGN}
-    candidates = {max(1, low - 1), low} | aligned | ({d_model // directions} if d_model % directions == 0 else set())
-    best = min(candidates, key=lambda h: (error(h), h))
-    fitting = [h for h in candidates if h % _ALIGN == 0 and error(h) <= MATCH_TOLERANCE]
-    return min(fitting, key=lambda h: (error(h), h)) if fitting else best
-
-
-def match_error(cell: str, d_model: int, directions: int, ffn_mult: int) -> float:
-    """How far (relative) the matched recurrent block is from the attention block's parameter count."""
-    target = attention_block_parameters(d_model, ffn_mult)
-    got = recurrent_block_parameters(cell, d_model, matched_hidden(cell, d_model, directions, ffn_mult), directions)
-    return abs(got - target) / target
-
-
-def recurrent_hidden(case: Case) -> int:
-    """The hidden width per direction of ``case``'s recurrent layers.
-
-    d_model (split over the directions) at scope core and with ``match: hidden``; with ``match: params`` the
-    width that makes each block the size of the attention block of the same d_model and ffn_mult. Raises
-    ValueError where no width gets within ``MATCH_TOLERANCE`` (tiny d_model: the sizes move in coarse steps).
-    """
-    directions = _directions(case)
-    if case.option("scope") == "core" or case.option("match") == "hidden":
-        return case.d_model // directions
-    ffn_mult = int(case.option("ffn_mult"))
-    error = match_error(case.model, case.d_model, directions, ffn_mult)
-    if error > MATCH_TOLERANCE:
-        raise ValueError(
-            f"{case.model} at d_model {case.d_model}: no hidden width gets a block within "
-            f"{MATCH_TOLERANCE:.0%} of the attention block's parameters (best is {error:.1%} off)"
-        )
-    return matched_hidden(case.model, case.d_model, directions, ffn_mult)
-
-
-def positions(case: Case) -> int:
-    """Rows of the learned position table: ``max_len``, or where that is 0 the positions the case covers (its
-    seq_len; for decode the context and the new token, n + 1)."""
-    return int(case.option("max_len")) or case.span
-
-
-def count_parameters(case: Case) -> int:
-    """The parameter count of ``case``'s model as attnbench.measure.models builds it (a test holds them equal)."""
-    d, scope = case.d_model, case.option("scope")
-    if case.heads is not None:  # attention and linear attention: the same projections
-        kv = kv_width(case)
-        per_layer = attention_block_parameters(d, int(case.option("ffn_mult")), kv) if scope != "core" else 0
-        per_layer = per_layer or (d * (d + 2 * kv) + d + 2 * kv) + (d * d + d)
-        body = case.layers * per_layer
-    else:
-        directions, hidden = _directions(case), recurrent_hidden(case)
-        if scope != "core":
-            body = case.layers * recurrent_block_parameters(case.model, d, hidden, directions)
-        else:
-            body = sum(
-                directions * cell_parameters(case.model, d if layer == 0 else directions * hidden, hidden)
-                for layer in range(case.layers)
-            )
-    embedding = int(case.option("vocab")) * d + 2 * d if scope == "model" else 0  # and the final LayerNorm
-    table = positions(case) * d if case.option("positional") == "learned" else 0
-    return body + embedding + table
+def count_parameters(case: Case) -> int | None:
+    """The parameter count of ``case``'s model as attnbench.measure.models builds it (a test holds them equal);
+    None for a model only its built module can count."""
+    return family_of(case).parameters(case)

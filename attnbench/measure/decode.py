@@ -60,7 +60,7 @@ class DecodeSetup:
             self._token = make_input(replace(case, seq_len=1), str(device), dtype)  # (B, 1, d) or (B, 1) ids
             self._state: Any = _allocate(model, case)
             started = time.perf_counter()
-            chunk = case.seq_len if case.family == "attention" else PREFILL_CHUNK
+            chunk = case.seq_len if case.kind == "attention" else PREFILL_CHUNK
             for start in range(0, case.seq_len, chunk):
                 context = make_input(replace(case, seq_len=min(chunk, case.seq_len - start)), str(device), dtype)
                 self._decoder.prefill(context, self._state, output=False)
@@ -69,9 +69,10 @@ class DecodeSetup:
                 torch.cuda.synchronize(device)
             prefill_s = time.perf_counter() - started
         allocated, computed = tensor_bytes(self._state), state_bytes(case)
-        if allocated != computed:  # the formula and the modules disagree: a bug of ours, not a measurement
+        if computed is not None and allocated != computed:  # the formula and the modules disagree: our bug
             raise RuntimeError(f"decode state: {allocated} bytes allocated, {computed} computed for {case.key}")
-        self.extra: Extra = {"state_bytes": computed, "prefill_s": prefill_s}
+        # A model without a formula (a user's) reports the bytes of the tensors its state says it holds.
+        self.extra: Extra = {"state_bytes": allocated, "prefill_s": prefill_s}
 
     def step(self) -> object:
         """The timed call: one new token per sequence at context n."""
@@ -103,8 +104,10 @@ def _allocate(model: nn.Module, case: Case) -> Any:
     except Exception as exc:
         if not is_oom(exc):
             raise
-        what = "KV cache" if case.family == "attention" else "recurrent state"
+        what = "KV cache" if case.kind == "attention" else "recurrent state"
+        computed = state_bytes(case)
+        size = "" if computed is None else f"{format_bytes(computed)}, "
         raise MemoryError(
-            f"the {what} for a context of n={case.seq_len} ({format_bytes(state_bytes(case))}, batch {case.batch}, "
+            f"the {what} for a context of n={case.seq_len} ({size}batch {case.batch}, "
             f"{case.layers} layer{'s' * (case.layers != 1)}) cannot be allocated: {describe(exc)}"
         ) from exc

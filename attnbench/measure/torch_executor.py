@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from attnbench.core.cases import Case, Level
-from attnbench.core.catalogue import MODELS
-from attnbench.core.flops import count_flops, executed_flops
+from attnbench.core.families.user import COUNTED_FORMULA
+from attnbench.core.flops import analytic, count_flops, executed_flops
 from attnbench.measure.clocks import clock_for
 from attnbench.measure.compiled import (
     CompileWatch,
@@ -37,17 +37,17 @@ from attnbench.measure.gpu_timing import graphed, l2_flusher, launch_bound, prof
 from attnbench.measure.memory import RssPeak
 from attnbench.measure.models import (
     build_model,
-    gqa_path,
     make_input,
-    math_precision_flag,
     parameter_count,
     pinned_backend,
     probe,
     reduced_precision_math,
-    rnn_path,
-    sdpa_kernel_chosen,
+    row_extras,
     torch_dtype,
+    torch_family,
 )
+from attnbench.measure.models.family import Unsupported
+from attnbench.measure.models.user import check_output
 from attnbench.measure.process_warmup import warm_process
 from attnbench.measure.telemetry import open_telemetry
 from attnbench.measure.timing import TOO_SLOW, measure
@@ -171,12 +171,15 @@ class TorchExecutor:
         return None
 
     def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
-        mode = compile_mode(case.option("compile")) if MODELS[case.model].option("compile") is not None else None
-        compiling = mode is not None or case.model == "flex"  # flex is compiled by construction
+        mode = compile_mode(case.option("compile")) if case.has_option("compile") else None
+        compiling = mode is not None or torch_family(case).compiled(case)
         if compiling:
             fresh()  # no graph of an earlier case serves this one (attnbench.measure.compiled)
-        with replayable_backward(case.mode, compiling):
-            return self._measure_built(case, mode, compiling, on_timed)
+        try:
+            with replayable_backward(case.mode, compiling):
+                return self._measure_built(case, mode, compiling, on_timed)
+        except Unsupported as exc:  # said while building: a user model asked for what it does not have
+            return Result(case, "unsupported", str(exc))
 
     def _measure_built(
         self, case: Case, mode: str | None, compiling: bool, on_timed: Callable[[Result], None] | None
@@ -186,21 +189,15 @@ class TorchExecutor:
         dtype = torch_dtype(case.dtype)
         model = build_model(case, str(self.device), dtype)
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
-        if case.heads is not None and case.heads_kv != case.heads:
-            extra["gqa_path"] = gqa_path(case.model, case.heads, case.heads_kv or case.heads)
-        if case.model == "sdpa":
-            extra["sdpa_kernel"] = sdpa_kernel_chosen(case, str(self.device))
-        if case.model in ("lstm", "gru"):
-            extra["rnn_path"] = rnn_path(case, str(self.device))  # cuDNN, oneDNN, or a loop of steps
-        if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
-            # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.
-            extra["math_sdp_reduced_precision"] = math_precision_flag()
-        # Stored with the formula's id, so a later change of formula never silently changes an old row.
-        work = count_flops(case)
-        extra["flops"], extra["flops_formula"] = work.flops, work.formula
-        # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
-        sdpa_kernel = extra.get("sdpa_kernel")
-        extra["executed_flops"] = executed_flops(case, sdpa_kernel if isinstance(sdpa_kernel, str) else None)
+        # What the family records of the implementation that runs: which kernel dispatch chose, the RNN path, …
+        extra.update(row_extras(case, str(self.device)))
+        if analytic(case):
+            # Stored with the formula's id, so a later change of formula never silently changes an old row.
+            work = count_flops(case)
+            extra["flops"], extra["flops_formula"] = work.flops, work.formula
+            # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
+            sdpa_kernel = extra.get("sdpa_kernel")
+            extra["executed_flops"] = executed_flops(case, sdpa_kernel if isinstance(sdpa_kernel, str) else None)
 
         x: torch.Tensor | None = None
         decode: DecodeSetup | None = None
@@ -211,6 +208,12 @@ class TorchExecutor:
         else:
             x = make_input(case, str(self.device), dtype)
             grad_mode, step = _whole_sequence(case, model, x, model if mode is None else wrap(model, mode))
+        if not torch_family(case).probes:  # a user's model: its first call is its probe, and what it does is counted
+            with grad_mode(), pinned_backend(model):
+                _check_call(case, model, x, decode)
+                if not analytic(case):
+                    extra["flops"] = extra["executed_flops"] = counted_flops(step)
+                    extra["flops_formula"] = COUNTED_FORMULA
 
         # A forced SDPA backend is set once around every call below, not per layer inside each (SdpaCore).
         with grad_mode(), pinned_backend(model):
@@ -377,3 +380,23 @@ def _whole_sequence(
         return None
 
     return contextlib.nullcontext, backward
+
+
+def _check_call(case: Case, model: nn.Module, x: torch.Tensor | None, decode: DecodeSetup | None) -> None:
+    """One call of a model only its factory knows, outside the timing: it must keep the input's shape."""
+    with torch.no_grad():
+        if decode is not None:
+            check_output(case, decode.step(), (case.batch, 1, case.d_model))
+        elif x is not None:
+            expected = (*x.shape, case.d_model) if not x.is_floating_point() else tuple(x.shape)
+            check_output(case, model(x), expected)
+
+
+def counted_flops(step: Callable[[], object]) -> int:
+    """FLOPs of one call of ``step`` as torch's ``FlopCounterMode`` counts them (matrix products, forward and, for a
+    train step, backward): the count for a model with no formula of its own."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return int(counter.get_total_flops())

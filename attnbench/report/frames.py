@@ -53,20 +53,47 @@ def frame(runs: Sequence[StoredRun]) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
+    own = _user_option_types(runs)
     for stored in runs:
         identity = _run_columns(stored)
         for result, row in zip(stored.results, summary_rows(stored.results, stored.run), strict=True):
-            options = dict(result.case.options)
-            rows.append({**identity, **row, **{name: options.get(name) for name in OPTION_COLUMNS}})
-    table = pd.DataFrame(rows, columns=[*RUN_COLUMNS, *COLUMNS, *OPTION_COLUMNS])
+            options = _typed_options(result.case.options, {**OPTION_TYPES, **own})
+            rows.append({**identity, **row, **{name: options.get(name) for name in (*OPTION_COLUMNS, *own)}})
+    table = pd.DataFrame(rows, columns=[*RUN_COLUMNS, *COLUMNS, *OPTION_COLUMNS, *own])
     for column, kind in COLUMN_TYPES.items():
         table[column] = table[column].astype(_PANDAS_DTYPES[kind])  # type: ignore[call-overload]
     for name in ("run_id", "git_commit", "label", "device_name"):
         table[name] = table[name].astype("string")
     table["started_utc"] = pd.to_datetime(table["started_utc"], utc=True, format="ISO8601")
-    for name, kind in OPTION_TYPES.items():
+    for name, kind in {**OPTION_TYPES, **own}.items():
         table[name] = table[name].astype(_PANDAS_DTYPES[kind])  # type: ignore[call-overload]
     return table
+
+
+def _typed_options(options: tuple[tuple[str, Any], ...], types: dict[str, type]) -> dict[str, Any]:
+    """The options whose value is of its column's type (a user model's option may share a name, not a type)."""
+    return {
+        name: value
+        for name, value in options
+        if type(value) is types.get(name) or (types.get(name) is float and type(value) is int)
+    }
+
+
+def _user_option_types(runs: Sequence[StoredRun]) -> dict[str, type]:
+    """A column for each option of a user model that no built-in option names, typed by its first value; an
+    option whose values disagree in type stays in the options text only."""
+    found: dict[str, type] = {}
+    mixed: set[str] = set()
+    for stored in runs:
+        for result in stored.results:
+            if result.case.user is None:
+                continue
+            for name, value in result.case.options:
+                if name in OPTION_TYPES or name in COLUMNS or name in RUN_COLUMNS:
+                    continue
+                if found.setdefault(name, type(value)) is not type(value):
+                    mixed.add(name)
+    return {name: kind for name, kind in found.items() if name not in mixed}
 
 
 def samples_frame(runs: Sequence[StoredRun]) -> pd.DataFrame:

@@ -107,7 +107,7 @@ def _speedups(group: CurveGroup, baseline_model: str | None) -> tuple[list[tuple
 def pivot_tables(results: Sequence[Result], baseline_model: str | None = None) -> list[PivotTable]:
     """Group results by mode/dtype/device/d_model/layers; rows are models (with what else varies)."""
     if baseline_model is None:
-        baseline_model = next((r.case.model for r in results if is_recurrent(r.case.model)), None)
+        baseline_model = next((r.case.model for r in results if is_recurrent(r.case)), None)
     tables = []
     for group in group_curves(results):
         rows, has_baseline = _speedups(group, baseline_model)

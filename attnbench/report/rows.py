@@ -105,6 +105,10 @@ COLUMNS: tuple[str, ...] = (
     # Issue 17: whether other work competed for the machine while the case was timed, and the evidence.
     "contended",
     "contention",
+    # Issue 26: which side of the comparison the model joins (recurrent, attention; a user model's entry says) and
+    # where the model comes from (built-in, config: a factory entry, plugin <distribution>).
+    "kind",
+    "source",
 )
 
 
@@ -136,7 +140,7 @@ _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "state_mem_method"),
-        "contention",
+        *("contention", "kind", "source"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -226,7 +230,9 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row[name] = result.extra.get(name)
     row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
     row["heads_kv"] = case.heads_kv
-    row["window"] = case.window if MODELS[case.model].option("window") is not None else None
+    row["window"] = case.window if case.has_option("window") else None
+    row["kind"] = case.kind if case.user is not None or case.model in MODELS else None
+    row["source"] = case.user.source if case.user is not None else "built-in"
     compile_s = result.extra.get("compile_s")
     row["compile_s"] = compile_s if isinstance(compile_s, float) else None
     if result.contention is not None:

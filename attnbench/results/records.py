@@ -20,6 +20,10 @@ Schema history (``SCHEMA_VERSION``):
       ``chunk``, ``feature``, ``decay``, ``kernel`` (a reader from before refuses them as unknown); ``extra`` may carry
       ``gqa_path`` (how a core read fewer K/V heads), ``compile_s`` (torch.compile's first call, untimed) and
       ``recompiles`` (graphs dynamo compiled during the timing: nonzero means the timing saw a recompilation).
+      Issue 26: a case may carry ``user`` ({factory, kind, source}: a model the user brought, whose name is then
+      any config model name and whose options are its own); model ``mamba2``; ``flops_formula`` ``counted-v1``
+      (FLOPs counted by torch's FlopCounterMode over one call). ``extra``'s keys are declared with their types in
+      ``results.extras``: a declared key of the wrong type is refused, an undeclared one kept as stored.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -31,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attnbench.core.cases import MAX_BATCH, MAX_D_MODEL, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, Case, TimingPolicy
-from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
+from attnbench.core.catalogue import DTYPES, KINDS, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
+from attnbench.core.extras import declared
+from attnbench.core.families.user import FACTORY
 from attnbench.core.shards import MAX_SHARDS, Shard
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
@@ -219,16 +225,11 @@ _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_mod
 
 def _case_from_dict(data: object) -> Case:
     """``Case.from_dict`` after checking every field against the catalogue, so a bad row never reaches it."""
-    c = fields.record(data, "", _CASE_REQUIRED, ("options",))
+    c = fields.record(data, "", _CASE_REQUIRED, ("options", "user"))
+    if "user" in c:
+        return _user_case(c)
     model = fields.choice(c["model"], "model", MODEL_NAMES, "model")
-    fields.choice(c["mode"], "mode", MODES, "mode")
-    fields.choice(c["dtype"], "dtype", DTYPES, "dtype")
-    if not RESOLVED_DEVICE.fullmatch(fields.text(c["device"], "device")):
-        raise fields.expected("device", "cpu, cuda or cuda:N", c["device"])
-    for name, cap in _CASE_CAPS.items():
-        if name != "heads" or c[name] is not None:
-            fields.integer(c[name], name, maximum=cap)
-    fields.flag(c["causal"], "causal")
+    _check_sizes(c)
     kinds = {o.name: o.type for o in MODELS[model].options}
     for name, value in fields.record(c.get("options", {}), "options", (), kinds).items():
         kind = kinds[name]
@@ -242,6 +243,40 @@ def _case_from_dict(data: object) -> Case:
     return Case.from_dict(c)
 
 
+def _check_sizes(c: Mapping[str, Any]) -> None:
+    fields.choice(c["mode"], "mode", MODES, "mode")
+    fields.choice(c["dtype"], "dtype", DTYPES, "dtype")
+    if not RESOLVED_DEVICE.fullmatch(fields.text(c["device"], "device")):
+        raise fields.expected("device", "cpu, cuda or cuda:N", c["device"])
+    for name, cap in _CASE_CAPS.items():
+        if name != "heads" or c[name] is not None:
+            fields.integer(c[name], name, maximum=cap)
+    fields.flag(c["causal"], "causal")
+
+
+def _user_case(c: Mapping[str, Any]) -> Case:
+    """A user model's case: any model name, its own options (scalars), and where it came from."""
+    model = fields.text(c["model"], "model")
+    if model in MODEL_NAMES:
+        raise fields.expected("model", "a name of its own (a user model's)", model)
+    user = fields.record(c["user"], "user", ("factory", "kind"), ("source",))
+    if not FACTORY.fullmatch(fields.text(user["factory"], "user.factory")):
+        raise fields.expected("user.factory", "module.path:function", user["factory"])
+    fields.choice(user["kind"], "user.kind", KINDS, "kind")
+    if "source" in user:
+        fields.text(user["source"], "user.source")
+    _check_sizes(c)
+    options = c.get("options", {})
+    if not isinstance(options, dict):
+        raise fields.expected("options", "an object", options)
+    for name, value in options.items():
+        key = fields.path("options", name)
+        if not isinstance(value, bool | int | float | str):
+            raise fields.expected(key, "a string, number or boolean", value)
+        _bounded(value, key)
+    return Case.from_dict(c)
+
+
 def _bounded(value: object, key: str) -> None:
     """A stored number of any kind stays within int64, so that every sum, product and float conversion of it is
     finite (a 10**400 would pass the type check and overflow the first conversion to float)."""
@@ -250,14 +285,22 @@ def _bounded(value: object, key: str) -> None:
 
 
 def _extra(data: object) -> dict[str, str | int | float | bool | None]:
+    """The row's extras: scalars, each declared key of its declared type (``core.extras``)."""
     if not isinstance(data, dict):
         raise fields.expected("extra", "an object", data)
+    known = _DECLARED
     for name, value in data.items():
         key = fields.path("extra", name)
         if value is not None and not isinstance(value, str | int | float | bool):
             raise fields.expected(key, "a string, number, boolean or null", value)
+        spec = known.get(name)
+        if spec is not None and not spec.fits(value):
+            raise fields.expected(key, f"{spec.type.__name__} or null ({spec.help})", value)
         _bounded(value, key)
     return dict(data)
+
+
+_DECLARED = declared()
 
 
 def _shard_from_dict(data: object) -> Shard:

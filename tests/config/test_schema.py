@@ -64,11 +64,16 @@ ACCEPTED = {
     "presets as a list": _tiny(presets=["bert-base"]),
     "presets as a mapping": _tiny(presets={"names": ["lstm-110m"], "batch": [1]}),
     "crossed model options": _tiny(model_options={"sdpa-flash": {"scope": "block", "positional": ["none", "rope"]}}),
+    "a model you bring": _tiny(
+        models=["lstm", {"name": "my-rnn", "factory": "json:loads", "kind": "recurrent", "options": {"width": [1, 2]}}]
+    ),
 }
 
 REFUSED = {
     "unknown key": _tiny(modells=["lstm"]),
-    "unknown model": _tiny(models=["lsmt"]),
+    # A plugin may name its model anything a name can be, so the schema refuses only what no name can be.
+    "a name no model can have": _tiny(models=["LSTM model"]),
+    "a model you bring without its kind": _tiny(models=[{"name": "my-rnn", "factory": "json:loads"}]),
     "unknown mode": _tiny(modes=["inference"]),
     "unknown dtype": _tiny(dtype=["fp16"]),
     "bad device": _tiny(device="gpu"),
@@ -80,7 +85,6 @@ REFUSED = {
     "seq_len above the cap": _tiny(grid={"batch": [2], "seq_len": [2**23]}),
     "an unknown timing key": _tiny(timing={"target_cl": 0.01}),
     "an unknown cache policy": _tiny(timing={"cache": "lukewarm"}),
-    "options of an unknown model": _tiny(model_options={"lsmt": {"scope": "block"}}),
     "an unknown option": _tiny(model_options={"lstm": {"bidirectonal": True}}),
     "an option's unknown choice": _tiny(model_options={"lstm": {"scope": "layer"}}),
     "an option of the wrong type": _tiny(model_options={"lstm": {"bidirectional": "yes"}}),
@@ -128,8 +132,11 @@ def test_every_key_has_a_description_an_editor_can_show() -> None:
 def test_closed_sets_are_enums_and_defaults_are_the_models() -> None:
     schema = config_schema()
     top = schema["properties"]
-    assert top["models"]["anyOf"][0]["enum"] == list(MODEL_NAMES)
-    assert top["models"]["anyOf"][1]["items"]["enum"] == list(MODEL_NAMES)
+    one, many = top["models"]["anyOf"]
+    for entry in (one, many["items"]):
+        name, bring = entry["oneOf"]
+        assert name["anyOf"][0]["enum"] == list(MODEL_NAMES)  # and any name an installed plugin gives its model
+        assert bring == {"$ref": "#/$defs/UserModelEntry"}
     assert {"auto", "cpu", "cuda"} <= set(top["device"]["anyOf"][0]["enum"])
     timing = schema["$defs"]["TimingModel"]["properties"]
     assert {k: v["default"] for k, v in timing.items()} == TimingPolicy().to_dict()

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.report.rows import COLUMNS
-from tests.support import BAD_CONFIGS, QUICK_TIMING, tiny_config
+from tests.support import BAD_CONFIGS, FIXTURE, QUICK_TIMING, tiny_config
 
 runner = CliRunner()
 
@@ -140,7 +140,7 @@ def test_validate(tmp_path: Path) -> None:
     [
         (["validate", "does-not-exist.yaml"], "does-not-exist.yaml"),
         (["report", "no/such/run"], "no such run folder"),
-        (["report", ".", "--baseline", "lsmt"], "unknown model 'lsmt'"),
+        (["report", str(FIXTURE), "--baseline", "lsmt"], "no model 'lsmt' in this run"),
         (["sweep", "--device", "tpu", "--dry-run"], "not a device"),
         (["models", "--dtype", "float8"], "unknown dtype"),
     ],

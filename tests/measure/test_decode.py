@@ -46,7 +46,7 @@ def test_a_decode_row_times_one_step_and_records_its_state(executor: TorchExecut
     held = result.state_mem_bytes
     assert held is not None
     page = 4096
-    if case.family == "attention":  # 4.2 MiB of K and V: its pages, the first and last maybe shared
+    if case.kind == "attention":  # 4.2 MiB of K and V: its pages, the first and last maybe shared
         assert state_bytes(case) <= held <= state_bytes(case) + 2 * page
     else:  # h (and c) of a few hundred bytes: the page or two each sits in (two allocations may share none)
         tensors = 2 if model == "lstm" else 1

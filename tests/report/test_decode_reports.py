@@ -40,7 +40,7 @@ def test_the_fixture_is_a_decode_run(stored: StoredRun) -> None:
 def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> None:
     state = COLUMNS.index("state_bytes")
     assert COLUMNS[state : state + 3] == ("state_bytes", "state_mem_bytes", "state_mem_method")
-    assert COLUMNS[-2:] == ("contended", "contention")  # columns are only ever appended
+    assert COLUMNS[-4:] == ("contended", "contention", "kind", "source")  # columns are only ever appended
     rows = list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
     for r, row in zip(stored.results, rows, strict=True):
         assert int(row["state_bytes"]) == r.state_bytes and int(row["state_mem_bytes"]) == r.state_mem_bytes

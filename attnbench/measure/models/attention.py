@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -30,7 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnbench.core.cases import Case
+from attnbench.core.families.base import ExtraValue
+from attnbench.measure.models.blocks import NetworkFamily, Stack, TransformerBlock, front, network
 from attnbench.measure.models.decoding import KVCache, LayerStack, Layout
+from attnbench.measure.models.family import torch_dtype
+from attnbench.measure.models.positional import Rotary
 
 # SDPA's enable_gqa (torch 2.5+): K/V with fewer heads than Q, read in place. Older torch repeats them.
 SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -434,3 +440,154 @@ class AttentionStack(LayerStack):
 
     def __init__(self, layers: list[SelfAttention]) -> None:
         super().__init__(list(layers))
+
+
+# ---------------------------------------------------------------------------------------------------- the family
+# The SDPA backend each forced model pins, by SDPBackend member name (CUDNN_ATTENTION is new in torch 2.5).
+FORCED_BACKENDS = {
+    "sdpa-math": "MATH",
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+}
+# Why a model is missing on a device the catalogue leaves out, for the cheap check before any probing.
+_DEVICE_NOTES = {
+    "sdpa-efficient": "EFFICIENT_ATTENTION has no CPU kernel",
+    "sdpa-cudnn": "CUDNN_ATTENTION runs on cuDNN, which is GPU-only",
+    "flash-attn": "the flash_attn package ships CUDA kernels only",
+}
+# dtypes a model supports at all, where narrower than catalogue.DTYPES (flash_attn_func: fp16/bf16 only).
+_DTYPE_LIMITS = {"flash-attn": ("float16", "bfloat16")}
+
+
+def _forced_core(model: str, causal: bool, window: int) -> nn.Module:
+    backend = getattr(SDPBackend, FORCED_BACKENDS[model], None)
+    if backend is None:
+        raise NotImplementedError(f"torch {torch.__version__} has no SDPBackend.{FORCED_BACKENDS[model]}")
+    return SdpaCore(causal, backend, window)
+
+
+# Each builds a parameter-free core from (causal, window).
+CORES: dict[str, Callable[[bool, int], nn.Module]] = {
+    "vanilla": VanillaCore,
+    "sdpa": lambda causal, window: SdpaCore(causal, None, window),
+    "flash-attn": FlashAttnCore,
+    "flex": FlexCore,
+    **{model: partial(_forced_core, model) for model in FORCED_BACKENDS},
+}
+
+
+def attention_network(
+    case: Case,
+    layer_type: type[SelfAttention],
+    make_core: Callable[[], nn.Module],
+    device: str,
+    dtype: torch.dtype,
+) -> nn.Module:
+    """Attention-like layers (``layer_type`` around ``make_core()``), or pre-norm blocks of them, at the case's
+    scope; linear attention is the same network with its own layer and core."""
+    if case.heads is None or case.head_dim is None:
+        raise ValueError(f"{case.model} needs heads")
+    made = front(case, device, dtype)
+    rotary = None
+    if case.option("positional") == "rope":
+        # One table shared by every layer: it holds no parameters, only cos/sin of the positions.
+        rotary = Rotary(case.head_dim, case.span, device=device, dtype=dtype)
+
+    def attention() -> SelfAttention:
+        heads = case.heads or 0
+        return layer_type(
+            case.d_model, heads, make_core(), device=device, dtype=dtype, rotary=rotary, heads_kv=case.heads_kv
+        )
+
+    if case.option("scope") == "core":
+        return network(case, AttentionStack([attention() for _ in range(case.layers)]), made, device, dtype)
+    ffn_mult = int(case.option("ffn_mult"))
+    blocks = [
+        TransformerBlock(attention(), case.d_model, ffn_mult, device=device, dtype=dtype) for _ in range(case.layers)
+    ]
+    return network(case, Stack(*blocks), made, device, dtype)
+
+
+class AttentionTorch(NetworkFamily):
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        core = CORES[case.model]
+        return attention_network(case, SelfAttention, lambda: core(case.causal, case.window), device, dtype)
+
+    def device_note(self, model: str) -> str | None:
+        return _DEVICE_NOTES.get(model)
+
+    def unavailable(self, case: Case, device_type: str) -> str | None:
+        allowed = _DTYPE_LIMITS.get(case.model)
+        if allowed is not None and case.dtype not in allowed:
+            return f"{case.model}: supports only {' and '.join(allowed)}, not {case.dtype}"
+        return None
+
+    def label(self, model: str) -> str:
+        return FORCED_BACKENDS.get(model, model)
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        extra: dict[str, ExtraValue] = {}
+        if case.heads is not None and case.heads_kv != case.heads:
+            extra["gqa_path"] = gqa_path(case.model, case.heads, case.heads_kv or case.heads)
+        if case.model == "sdpa":
+            extra["sdpa_kernel"] = sdpa_kernel_chosen(case, device)
+        if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
+            # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.
+            extra["math_sdp_reduced_precision"] = math_precision_flag()
+        return extra
+
+    def compiled(self, case: Case) -> bool:
+        return case.model == "flex"  # flex is compiled by construction
+
+
+# SDPBackend is a pybind11 enum: SDPBackend(99) does not raise, so map the int back through its members.
+_BACKEND_NAMES: dict[int, str] = {member.value: name for name, member in SDPBackend.__members__.items()}
+
+
+def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
+    """Which SDPA backend PyTorch's own dispatch picks for ``case`` (e.g. ``"FLASH_ATTENTION"``), or None.
+
+    Asks ``torch._fused_sdp_choice`` (private, hence the guards) with q, k, v shaped and strided exactly as
+    ``SelfAttention`` hands them to the core, with grads on for ``train``: the dispatcher looks at strides,
+    head dim, dtype, device and whether a backward is needed. ``torch.empty`` does no work and is freed at
+    once; meta tensors would not do, since dispatch on ``meta`` answers MATH whatever the real device would.
+    A decode step asks with its own shapes: one query against the n + 1 keys of a (B, H, n + 1, D) cache.
+    """
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None or case.heads is None or case.head_dim is None:
+        return None
+    train = case.mode in ("train", "backward")  # backward mode dispatches as train does: a graph is kept
+    dtype = torch_dtype(case.dtype)
+    try:
+        with torch.set_grad_enabled(train):
+            kv_heads = case.heads_kv or case.heads
+            gqa = kv_heads != case.heads
+            mask = None
+            if case.mode == "decode":
+                keys = min(case.span, case.window) if case.window else case.span
+                q = torch.empty(case.batch, case.heads, 1, case.head_dim, device=device, dtype=dtype)
+                k = v = torch.empty(case.batch, kv_heads, keys, case.head_dim, device=device, dtype=dtype)
+                causal = False
+            else:
+                d, width = case.head_dim, (case.heads + 2 * kv_heads) * case.head_dim
+                qkv = torch.empty(
+                    case.batch, case.seq_len, width, device=device, dtype=dtype, requires_grad=train
+                )  # (B, T, (H + 2·H_kv)·D), split as SelfAttention splits it
+                q_, k_, v_ = qkv.split([case.heads * d, kv_heads * d, kv_heads * d], dim=-1)
+                q = q_.view(case.batch, case.seq_len, case.heads, d).transpose(1, 2)
+                k = k_.view(case.batch, case.seq_len, kv_heads, d).transpose(1, 2)
+                v = v_.view(case.batch, case.seq_len, kv_heads, d).transpose(1, 2)
+                causal = case.causal and not case.window
+                if case.window:  # the band goes in as an explicit mask, as SdpaCore passes it
+                    mask = torch.ones(case.seq_len, case.seq_len, dtype=torch.bool, device=device)
+            index = int(
+                choose(q, k, v, mask, 0.0, causal, enable_gqa=gqa) if gqa else choose(q, k, v, mask, 0.0, causal)
+            )
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None  # includes OOM for a case too big to hold even its inputs: that case will say so itself
+    name = _BACKEND_NAMES.get(index)
+    return None if name in (None, "ERROR") else name
+
+
+TORCH = AttentionTorch()

@@ -20,11 +20,15 @@ mixing layer's step in the middle; a network embeds one token id and adds the po
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from attnbench.core.cases import Case
+from attnbench.core.families.shared import positions
 from attnbench.measure.models.decoding import (
     NetworkState,
     StackState,
@@ -33,6 +37,12 @@ from attnbench.measure.models.decoding import (
     stack_prefill,
     stack_step,
 )
+from attnbench.measure.models.family import TorchFamily
+from attnbench.measure.models.positional import input_encoding
+
+Front = tuple[nn.Embedding | None, nn.Module | None]
+# The probe's vocabulary: building a BERT-base embedding just to ask whether its kernels run here would cost seconds.
+_PROBE_VOCAB = 64
 
 
 class FeedForward(nn.Module):
@@ -166,3 +176,55 @@ class Network(nn.Module):
     def step(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
         """One token per sequence ((B, 1) ids or (B, 1, d)) at position n -> (B, 1, d_model)."""
         return self._finish(decodable(self.body).step(self._front(x, state.position), state.body))
+
+
+def front(case: Case, device: str, dtype: torch.dtype) -> Front:
+    """The token embedding (scope model) and the input positions, made before any layer: the order in which
+    modules are made fixes which random numbers each weight gets, so it must not depend on the core."""
+    embedding = None
+    if case.option("scope") == "model":
+        embedding = nn.Embedding(int(case.option("vocab")), case.d_model, device=device, dtype=dtype)
+    kind = str(case.option("positional"))
+    return embedding, input_encoding(kind, case.d_model, positions(case), device=device, dtype=dtype)
+
+
+def network(case: Case, body: nn.Module, made: Front, device: str, dtype: torch.dtype) -> nn.Module:
+    """``body`` at the case's scope: alone (with input positions, if any), or as a whole model with the embedding in
+    front and a final LayerNorm after."""
+    embedding, positional = made
+    if case.option("scope") != "model":
+        return body if positional is None else Network(body, positional=positional)
+    final_norm = nn.LayerNorm(case.d_model, device=device, dtype=dtype)
+    return Network(body, embedding=embedding, positional=positional, final_norm=final_norm)
+
+
+def recurrent_network(
+    case: Case,
+    core: Callable[[], nn.Module],
+    layer: Callable[[int], nn.Module],
+    width: int,
+    device: str,
+    dtype: torch.dtype,
+) -> nn.Module:
+    """A recurrent family's model: at scope core the family's own stack (``core()``); otherwise ``case.layers``
+    recurrent blocks around ``layer(i)``, each ``width`` wide (directions × hidden) with a projection back to
+    d_model where that differs."""
+    made = front(case, device, dtype)
+    if case.option("scope") == "core":
+        return network(case, core(), made, device, dtype)
+    blocks = [RecurrentBlock(layer(i), width, case.d_model, device=device, dtype=dtype) for i in range(case.layers)]
+    return network(case, Stack(*blocks), made, device, dtype)
+
+
+class NetworkFamily(TorchFamily):
+    """The torch half of a family with the network options (scope, positions, vocabulary): its probe shrinks the
+    vocabulary and the learned table with the case."""
+
+    def tiny(self, case: Case) -> Case:
+        tiny = super().tiny(case)
+        options = dict(case.options)
+        if "vocab" in options or case.option("scope") == "model":
+            options["vocab"] = min(_PROBE_VOCAB, int(case.option("vocab")))
+        if int(case.option("max_len")):
+            options["max_len"] = tiny.seq_len + (case.span - case.seq_len)  # a decode also needs position n
+        return replace(tiny, options=tuple(sorted(options.items())))

@@ -49,7 +49,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.measure.models.attention import SelfAttention
+from attnbench.core.cases import Case
+from attnbench.core.families.base import ExtraValue
+from attnbench.measure.models.attention import SelfAttention, attention_network
+from attnbench.measure.models.blocks import NetworkFamily
+from attnbench.measure.models.family import package_problem
 
 Form = Literal["recurrent", "parallel", "chunked"]
 Feature = Literal["elu", "relu"]
@@ -353,3 +357,38 @@ class LinearAttention(SelfAttention):
         den = phi_q[..., 0, :] @ state.next_norm[..., None]  # (B, H_kv, G, 1)
         y = (num / (den + EPS)).flatten(1, 2).unsqueeze(2).to(x.dtype)  # (B, H, 1, D)
         return self._merge(y)
+
+
+class LinearTorch(NetworkFamily):
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        def core() -> LinearCore:
+            return LinearCore(
+                str(case.option("form")),
+                str(case.option("feature")),
+                case.option("decay") == "retnet",
+                int(case.option("chunk")),
+                str(case.option("kernel")),
+            )
+
+        return attention_network(case, LinearAttention, core, device, dtype)
+
+    def unavailable(self, case: Case, device_type: str) -> str | None:
+        """Why the fused kernel (``kernel: fla``) cannot run here, found before building."""
+        if case.option("kernel") != "fla":
+            return None
+        if device_type != "cuda":
+            return "linear-attn kernel fla: flash-linear-attention's kernels are Triton, CUDA only"
+        if case.option("decay") != "none":
+            return "linear-attn kernel fla: chunk_linear_attn has no decay (use kernel torch for decay retnet)"
+        return package_problem("linear-attn kernel fla", "fla.ops.linear_attn")
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        if case.heads is None or case.heads_kv == case.heads:
+            return {}
+        # The torch forms keep queries grouped per key/value head (nothing copied); fla's kernel takes one head
+        # count, so its keys and values are repeated for it first.
+        fla = case.option("kernel") == "fla" and case.mode != "decode"
+        return {"gqa_path": "repeat" if fla else "grouped"}
+
+
+TORCH = LinearTorch()

@@ -25,6 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnbench.core.cases import Case
+from attnbench.core.families.minrnn import FAMILY
+from attnbench.measure.models.blocks import NetworkFamily, recurrent_network
 from attnbench.measure.models.decoding import LayerStack, RecurrentState
 
 Scan = Literal["parallel", "sequential"]
@@ -153,3 +156,21 @@ class MinRNNStack(LayerStack):
         self, cell: MinCell, d_model: int, layers: int, *, scan: Scan, device: str, dtype: torch.dtype
     ) -> None:
         super().__init__([MinRNN(cell, d_model, d_model, scan=scan, device=device, dtype=dtype) for _ in range(layers)])
+
+
+class MinRnnTorch(NetworkFamily):
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        cell: MinCell = "mingru" if case.model == "mingru" else "minlstm"
+        scan: Scan = "parallel" if case.option("scan") == "parallel" else "sequential"
+        hidden = FAMILY.hidden(case)  # d_model, or matched to the attention block's parameters
+        return recurrent_network(
+            case,
+            lambda: MinRNNStack(cell, case.d_model, case.layers, scan=scan, device=device, dtype=dtype),
+            lambda _: MinRNN(cell, case.d_model, hidden, scan=scan, device=device, dtype=dtype),
+            hidden,
+            device,
+            dtype,
+        )
+
+
+TORCH = MinRnnTorch()

@@ -13,12 +13,18 @@ here at d_model 256, against ~0.1 ms for the cell), which would time the library
 
 from __future__ import annotations
 
+import contextlib
 from typing import Literal
 
 import torch
 from torch import nn
 
+from attnbench.core.cases import Case
+from attnbench.core.families.base import ExtraValue
+from attnbench.core.families.rnn import FAMILY
+from attnbench.measure.models.blocks import NetworkFamily, recurrent_network
 from attnbench.measure.models.decoding import RecurrentState
+from attnbench.measure.models.family import make_input, rng_untouched, torch_dtype
 
 Cell = Literal["lstm", "gru"]
 
@@ -108,3 +114,63 @@ class Recurrent(nn.Module):
             hs.append(y)
         state.pending = (hs, cs or None)  # per layer; a stack would be one more copy inside the timed step
         return y.unsqueeze(1)  # (B, 1, hidden)
+
+
+# The operator that gives each implementation of torch.nn.LSTM/GRU away, in the order they are looked for. bf16
+# LSTM/GRU run on cuDNN only where torch was built against cuDNN 9.13+ (and on sm80+); elsewhere CUDA runs fused
+# cells step by step. On a CPU, oneDNN takes LSTM (float32, bf16) and everything else is a loop of aten ops.
+RNN_PATHS: tuple[tuple[str, str], ...] = (
+    ("aten::_cudnn_rnn", "cudnn"),
+    ("aten::miopen_rnn", "miopen"),
+    ("aten::mkldnn_rnn_layer", "onednn"),
+    ("aten::_thnn_fused_lstm_cell", "fused-cell-loop"),
+    ("aten::_thnn_fused_gru_cell", "fused-cell-loop"),
+)
+RNN_LOOP = "aten-loop"  # none of the above: one aten matmul and element-wise ops per step, from Python-free C++
+
+
+class RnnTorch(NetworkFamily):
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        cell: Cell = "lstm" if case.model == "lstm" else "gru"
+        bidirectional = bool(case.option("bidirectional"))
+        hidden = FAMILY.hidden(case)  # d_model per direction, or matched to the attention block's parameters
+        directions = FAMILY.directions(case)
+        return recurrent_network(
+            case,
+            lambda: Recurrent(cell, case.d_model, case.layers, bidirectional=bidirectional, device=device, dtype=dtype),
+            lambda _: Recurrent(
+                cell, case.d_model, 1, bidirectional=bidirectional, device=device, dtype=dtype, hidden=hidden
+            ),
+            directions * hidden,
+            device,
+            dtype,
+        )
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        return {"rnn_path": rnn_path(case, device)}
+
+
+def rnn_path(case: Case, device: str) -> str | None:
+    """Which implementation ``case``'s LSTM/GRU runs on (``RNN_PATHS``, else ``RNN_LOOP``); None for a model of
+    another family.
+
+    Found, not predicted: one forward of the probe-sized model under the profiler (operator names only, as the
+    host dispatched them, whatever the device), outside any timed region. The choice depends on device, dtype,
+    cuDNN's build and flags, not on sizes. autograd's own profiler, not kineto's: this needs only the names, and
+    the first kineto profile of a process imports torch._dynamo (1.4-1.9 s, against 20 ms for this)."""
+    from torch.autograd.profiler import profile
+
+    if case.user is not None or case.model not in FAMILY.gates:
+        return None
+    tiny = TORCH.tiny(case)
+    dtype = torch_dtype(case.dtype)
+    with rng_untouched(device):
+        model, x = TORCH.build(tiny, device, dtype), make_input(tiny, device, dtype)
+        grad = torch.inference_mode() if case.mode == "forward" else contextlib.nullcontext()
+        with grad, profile(use_kineto=False) as prof:
+            model(x)
+    names = {event.name for event in prof.function_events}
+    return next((path for op, path in RNN_PATHS if op in names), RNN_LOOP)
+
+
+TORCH = RnnTorch()

@@ -15,7 +15,9 @@ from attnbench.config.experiment import load_experiment_text
 from attnbench.core.cases import Case, Mode, TimingPolicy
 from attnbench.core.catalogue import MODELS, PRESETS
 from attnbench.core.errors import ConfigError
-from attnbench.core.flops import attention_block_parameters, count_parameters, matched_hidden
+from attnbench.core.families.minrnn import FAMILY as MINRNN
+from attnbench.core.families.rnn import FAMILY as RNN
+from attnbench.core.flops import attention_block_parameters, count_parameters
 from attnbench.measure.models import build_model, make_input, parameter_count, probe, registry
 from attnbench.measure.models.blocks import RecurrentBlock, TransformerBlock
 
@@ -175,7 +177,7 @@ def preset_case(name: str, seq_len: int = 128) -> Case:
         preset.d_model,
         preset.heads,
         preset.layers,
-        preset.family == "recurrent",
+        preset.kind == "recurrent",
         preset.options,
     )
 
@@ -202,7 +204,7 @@ def test_recurrent_presets_match_bert_base(name: str, hidden: int, capsys: pytes
     this = preset_case(name)
     ours = parameter_count(build_model(this, "meta", torch.float32))
     assert ours == count_parameters(this)
-    assert matched_hidden(this.model, 768, 1, 4) == hidden
+    assert (RNN if this.model in ("lstm", "gru") else MINRNN).matched_hidden(this.model, 768, 1, 4) == hidden
     assert abs(ours - bert) / bert < 0.01
     with capsys.disabled():
         print(f"\n{name}: {ours:,} parameters vs bert-base {bert:,} ({(ours - bert) / bert:+.2%})")

@@ -230,7 +230,9 @@ def test_every_cpu_model_probes_as_decodable(model: str) -> None:
 
 def test_learned_positions_must_reach_the_new_token() -> None:
     short = decode_case("sdpa", "model", dtype="float32", positional="learned", max_len=13)  # n = 13 needs 14
-    assert "fewer than the 14 positions of a decode step at n=13" in str(probe(short, "cpu"))
+    assert "max_len 13 does not reach position 13: a decode step at n=13 adds the token after the context" in str(
+        probe(short, "cpu")
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------- GPU

@@ -5,23 +5,24 @@ Real torch on tiny shapes on CPU; the ``gpu`` class runs the CUDA-only kernels w
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
 
 import pytest
 import torch
 
 from attnbench.core.cases import Case, Mode
-from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS
+from attnbench.core.catalogue import DTYPES, FAMILIES, MODEL_NAMES, MODELS
 from attnbench.measure.models import (
-    BUILDERS,
     availability,
     build_model,
     parameter_count,
     probe,
-    sdpa_kernel_chosen,
     torch_dtype,
 )
-from attnbench.measure.models.registry import _probe_tiny
+from attnbench.measure.models.attention import sdpa_kernel_chosen
+from attnbench.measure.models.family import TorchFamily
+from attnbench.measure.models.registry import _probe_tiny, torch_family
 
 CPU_CORES = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
 GPU_CORES = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flash-attn")
@@ -119,7 +120,7 @@ def test_cores_share_weights_for_a_seed() -> None:
 AVAILABLE_ON_CPU = [m for m, reason in availability("cpu").items() if reason is None]
 
 
-@pytest.mark.parametrize("model", [m for m in AVAILABLE_ON_CPU if MODELS[m].family == "attention"])
+@pytest.mark.parametrize("model", [m for m in AVAILABLE_ON_CPU if MODELS[m].kind == "attention"])
 @pytest.mark.parametrize("layers", [1, 2])
 def test_attention_shapes(model: str, layers: int) -> None:
     case = attention_case(model, batch=3, seq_len=5, layers=layers)
@@ -146,7 +147,7 @@ def test_parallel_rnn_shapes(model: str, layers: int) -> None:
 
 
 def test_recurrent_bidirectional_needs_even_width() -> None:
-    with pytest.raises(ValueError, match="even d_model"):
+    with pytest.raises(ValueError, match="d_model must be even"):
         build_model(recurrent_case("gru", bidirectional=True, d_model=15), "cpu", torch.float32)
 
 
@@ -197,8 +198,15 @@ def test_availability_covers_the_catalogue() -> None:
     assert status["sdpa-efficient"] is not None
 
 
-def test_catalogue_and_registry_agree() -> None:
-    assert set(BUILDERS) == set(MODEL_NAMES)
+def test_every_family_has_both_halves() -> None:
+    """Each torch-free family has a torch half of the same name, and every model name belongs to one family."""
+    assert [m for f in FAMILIES for m in (s.name for s in f.models)] == list(MODEL_NAMES)
+    for family in FAMILIES:
+        half = importlib.import_module(f"attnbench.measure.models.{family.name}").TORCH
+        assert isinstance(half, TorchFamily), family.name
+        for spec in family.models:
+            assert spec.family == family.name
+            assert torch_family(attention_case(spec.name) if spec.heads else recurrent_case(spec.name)) is half
 
 
 def test_torch_dtype_covers_catalogue() -> None:

@@ -146,9 +146,9 @@ def test_probe_explains_what_cannot_be_built() -> None:
     reason = probe(case("lstm", "rope"), "cpu")
     assert reason is not None and "rope" in reason and "sinusoidal or learned" in reason
     odd = Case("vanilla", "forward", "float32", "cpu", 1, 8, 12, 4, 1, False, (("positional", "rope"),))
-    assert "head_dim must be even, got 3" in (probe(odd, "cpu") or "")
+    assert "head_dim = d_model / heads must be even; 12 / 4 = 3" in (probe(odd, "cpu") or "")
     short = case("vanilla", "learned", max_len=4)
-    assert "max_len=4" in (probe(short, "cpu") or "")
+    assert "max_len 4 is below seq_len 10" in (probe(short, "cpu") or "")
     assert probe(case("vanilla", "rope"), "cpu") is None
     with pytest.raises(ValueError, match="rope"):
         build_model(case("gru", "rope"), "cpu", F64)
@@ -179,7 +179,7 @@ heads: 4
         ),
         (
             "vanilla: {positional: learned, max_len: 8}",
-            "max_len 8 is below grid seq_len 16",
+            "max_len 8 is below seq_len 16",
             "vanilla.max_len",
             "at least 16",
         ),

@@ -1,0 +1,265 @@
+"""The config's schema: pydantic models of every section, with their ranges and descriptions.
+
+The lowest module of ``config`` but ``messages`` and ``checks``: ``options``, ``decoding``, ``users`` and ``experiment``
+import it, and it imports none of them. A field's docstring is its description in the JSON Schema
+(``attnbench schema``), which editors show on hover.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+
+from attnbench.config.messages import ITEM, TAG, Path_
+from attnbench.core.cases import (
+    MAX_BATCH,
+    MAX_D_MODEL,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SAMPLES,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TOKENS,
+    TimingPolicy,
+)
+
+MAX_NAME_LEN = 64
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+def as_list(value: Any) -> Any:
+    """A scalar where a list is allowed means a one-element list."""
+    return value if isinstance(value, list) else [value]
+
+
+def preset_names(value: Any) -> Any:
+    """``presets: [bert-base, lstm-110m]`` (or one name) means ``presets: {names: [...]}``."""
+    return {"names": value} if isinstance(value, list | str) else value
+
+
+def yaml_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``off`` as false: ``telemetry: off`` means the word."""
+    return "off" if value is False else value
+
+
+Names = Annotated[list[str], BeforeValidator(as_list), Field(min_length=1)]
+Flags = Annotated[list[bool], BeforeValidator(as_list), Field(min_length=1)]
+Batches = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_BATCH)]],
+    BeforeValidator(as_list),
+    Field(min_length=1),
+]
+SeqLens = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]],
+    BeforeValidator(as_list),
+    Field(min_length=1),
+]
+DModels = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_D_MODEL)]],
+    BeforeValidator(as_list),
+    Field(min_length=1),
+]
+HeadCounts = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_HEADS)]],
+    BeforeValidator(as_list),
+    Field(min_length=1),
+]
+LayerCounts = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_LAYERS)]],
+    BeforeValidator(as_list),
+    Field(min_length=1),
+]
+Seconds = Annotated[float, Field(gt=0)]
+_POLICY = TimingPolicy()
+
+
+class _Strict(BaseModel):
+    # strict: no "128" → 128, no true → 1, no 1.5 → 1; an int is still accepted where a float is asked for.
+    # The docstring under each field is its description in the JSON Schema (`attnbench schema`), which editors
+    # show on hover: say what the key does and what it takes, in one or two sentences.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
+
+
+class GridModel(_Strict):
+    """The axes crossed into cases: every combination is one case."""
+
+    batch: Batches | None = None
+    """Sequences per call; each value is crossed with every seq_len. Give batch or tokens."""
+    tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
+    """Tokens per call instead of batch: batch = tokens // seq_len, so every case moves the same number."""
+    seq_len: SeqLens
+    """Tokens per sequence: the axis the comparison is about."""
+    d_model: DModels | None = None
+    """Model width: the RNN hidden size, the attention embedding size (here or at the top level)."""
+    heads: HeadCounts | None = None
+    """Attention heads, each must divide d_model; ignored by recurrent models (here or at the top level)."""
+    heads_kv: HeadCounts | None = None
+    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
+    heads (here or at the top level); left out = heads."""
+    layers: LayerCounts | None = None
+    """Stacked layers (or blocks) of each model (here or at the top level)."""
+    causal: Flags | None = None
+    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
+
+
+class PresetsModel(_Strict):
+    """Fixed-size models (``catalogue.PRESETS``) cased beside the grid; batch and seq_len default to the grid's."""
+
+    names: Names
+    """Presets to run: bert-base, lstm-110m, mingru-110m."""
+    core: Names = Field(default_factory=lambda: ["sdpa"])
+    """The attention model(s) an attention preset (bert-base) is built on."""
+    modes: Names | None = None
+    """The presets' modes; null = the config's modes."""
+    batch: Batches | None = None
+    """The presets' batch sizes; null = the grid's."""
+    seq_len: SeqLens | None = None
+    """The presets' sequence lengths; null = the grid's."""
+
+
+class DecodeModel(_Strict):
+    """Decode cases beside the grid, at their own context lengths; each key left out is the grid's (models: the
+    config's). Always causal: a decode step sees the tokens before it only."""
+
+    models: Names | None = None
+    """Models that decode (the config's models when left out); attention decodes causally."""
+    seq_len: SeqLens | None = None
+    """Context lengths n: the KV cache or recurrent state holds n tokens when the next one is timed."""
+    batch: Batches | None = None
+    """Sequences decoded side by side (the grid's batch when left out)."""
+
+
+class TimingModel(_Strict):
+    """``TimingPolicy``'s fields with their ranges; the defaults are the policy's own (a test holds them)."""
+
+    target_ci: Annotated[float, Field(gt=0, lt=1)] = _POLICY.target_ci
+    """Stop sampling once the 95 % CI of the median is within ± this fraction of it (0.01 = ±1 %)."""
+    min_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.min_samples
+    """Never stop with fewer samples than this."""
+    max_samples: Annotated[int, Field(ge=3, le=MAX_SAMPLES)] = _POLICY.max_samples
+    """Never take more samples than this."""
+    min_time_s: Seconds = _POLICY.min_time_s
+    """Sample for at least this many seconds."""
+    max_case_s: Seconds = _POLICY.max_case_s
+    """The whole budget of a case in seconds, warm-up included; a case that runs out says converged: false."""
+    warmup_min_calls: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = _POLICY.warmup_min_calls
+    """Untimed calls first: the last this many must agree (warmup_settle) before timing starts."""
+    warmup_max_s: Seconds = _POLICY.warmup_max_s
+    """The longest warm-up in seconds before timing starts anyway."""
+    warmup_settle: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_settle
+    """Warm-up calls within this fraction of their median count as settled."""
+    min_sample_s: Seconds = _POLICY.min_sample_s
+    """A sample shorter than this many seconds is built from several calls, so clock resolution vanishes."""
+    warmup_audit: Annotated[int, Field(ge=0, le=1000)] = _POLICY.warmup_audit
+    """The first this many timed samples must agree with the later ones, else they join the warm-up; 0 = off."""
+    warmup_agree: Annotated[float, Field(gt=0, lt=1)] = _POLICY.warmup_agree
+    """How closely (a fraction) the audited samples' median must agree with the later samples'."""
+    processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
+    """Run every case in this many fresh worker processes; the spread of their medians widens the CI."""
+    cache: Literal["warm", "cold"] = _POLICY.cache
+    """GPU only. cold: flush the device's L2 before every timed call (not timed); warm: do not."""
+    cuda_graph: bool = _POLICY.cuda_graph
+    """GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost."""
+    process_warmup_s: Annotated[float, Field(ge=0, le=60)] = _POLICY.process_warmup_s
+    """Before the first case of each process, this many seconds of a mixed parallel workload, so the first case does
+    not pay for thread pools, clock ramp-up and first-use initialisation; 0 = none."""
+
+
+class UserModelEntry(_Strict):
+    """A model you bring: ``factory`` is called with the case (an ``attnbench.plugin.ModelRequest``) and returns a
+    ``torch.nn.Module`` mapping (batch, seq_len, d_model) to the same shape. Sweeping it imports and runs your code."""
+
+    name: str
+    """The model's name in rows, tables and plots: lower-case letters, digits, '.', '_' and '-', not a built-in
+    model's name."""
+    factory: str
+    """The function that builds it, as module.path:function (importable from where attnbench runs)."""
+    kind: Literal["recurrent", "attention"]
+    """Which side of the comparison it joins: recurrent (a recurrence: causal, decodes from a fixed-size state) or
+    attention."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Its own options, passed to the factory and recorded in every row's key; a list of values crosses them."""
+
+
+def _model_tag(value: Any) -> str:
+    return f"{TAG}entry" if isinstance(value, dict | UserModelEntry) else f"{TAG}name"
+
+
+ModelEntry = Annotated[
+    Annotated[str, Tag(f"{TAG}name")] | Annotated[UserModelEntry, Tag(f"{TAG}entry")],
+    Discriminator(_model_tag),
+]
+ModelEntries = Annotated[list[ModelEntry], BeforeValidator(as_list), Field(min_length=1)]
+
+
+class ConfigModel(_Strict):
+    """An attnbench experiment: which models to time, on which grid, how carefully."""
+
+    name: str
+    """Names the experiment and its run folders (results/runs/<time>-<name>-<device>/): lower-case letters,
+    digits, '.', '_' and '-'."""
+    description: str = ""
+    """Free text, kept in run.json."""
+    device: str = "auto"
+    """auto (CUDA when torch can use it, else the CPU), cpu, cuda or cuda:N; --device overrides it."""
+    models: ModelEntries
+    """The models to time: a built-in's or an installed plugin's name (`attnbench models` lists them and says which
+    run here), or {name, factory, kind, options} for a model you bring."""
+    model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Options per model, e.g. {sdpa: {scope: block}}; a list of values crosses them, each a variant of its own."""
+    modes: Names = Field(default_factory=lambda: ["forward", "train"])
+    """forward (under inference_mode), train (forward + backward), backward (the backward pass alone) and decode
+    (one new token after a context of seq_len: a KV cache or a recurrent state filled outside the timing)."""
+    dtype: Names = Field(default_factory=lambda: ["float32"])
+    """Floating-point types to time."""
+    grid: GridModel
+    """The axes crossed into cases: batch (or tokens) and seq_len, and optionally d_model, heads, layers, causal."""
+    presets: Annotated[PresetsModel | None, BeforeValidator(preset_names)] = None
+    """Published-size models (bert-base, lstm-110m, mingru-110m) beside the grid, at their own batch and seq_len;
+    a bare list of names is short for {names: [...]}."""
+    decode: DecodeModel | None = None
+    """Decode cases (one new token after a context of seq_len) with lengths, batches and models of their own."""
+    d_model: DModels | None = None
+    """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
+    heads: HeadCounts | None = None
+    """Attention heads, each must divide d_model; ignored by recurrent models (here or under grid)."""
+    heads_kv: HeadCounts | None = None
+    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
+    heads (here or under grid); left out = heads."""
+    layers: LayerCounts | None = None
+    """Stacked layers (or blocks) of each model (here or under grid)."""
+    causal: Flags | None = None
+    """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
+    threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
+    """torch CPU threads; null = torch's default (one per core)."""
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    """Seeds inputs and weights, so reruns time the same numbers."""
+    timing: TimingModel = Field(default_factory=TimingModel)
+    """How carefully each case is timed (seconds throughout)."""
+    isolate: bool | None = None
+    """Each case in a worker process, so a segfault, a hang or a poisoned CUDA context costs one row, not the
+    sweep; null = on for CUDA devices (where those failures happen), off on a CPU."""
+    case_timeout_s: Seconds | None = None
+    """A case still running after this many seconds is killed and recorded as timeout (with isolation);
+    null = 60 s + 10 × timing.max_case_s."""
+    skip_larger_after_oom: bool = True
+    """Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them."""
+    telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(yaml_off)] = "basic"
+    """Hardware telemetry around each case's timed window: off; basic (NVML utilisation, memory, power and clocks
+    on a GPU, psutil CPU use); full (basic + NVML GPM counters on Hopper and newer)."""
+    telemetry_interval_s: Annotated[float, Field(ge=0.001, le=10.0)] | None = None
+    """The sampler's polling interval in seconds; null = 100 ms: on a CPU the sampler shares the cores being
+    measured (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks
+    come from NVML's own sample buffers, so the poll reads only memory in use, temperature and clock reasons."""
+
+
+SECTIONS: dict[Path_, type[BaseModel]] = {
+    (): ConfigModel,
+    ("grid",): GridModel,
+    ("timing",): TimingModel,
+    ("presets",): PresetsModel,
+    ("decode",): DecodeModel,
+    ("models", ITEM): UserModelEntry,
+}

@@ -1,0 +1,245 @@
+"""Models the user brings, in a config: ``{name, factory, kind, options}`` entries of ``models``, and the names of
+installed plugins (the ``attnbench.models`` entry-point group; ``attnbench.plugin`` is their interface).
+
+Checked without running the user's code wherever that can be known: the name, the factory's form, and that its
+module can be found on the import path (found, not imported: importing a module runs it). Whether the factory
+imports, builds and returns the right module is found by the sweep, which refuses to start on an import that fails
+and records a build that fails as a row. A plugin's entry point is loaded (its object must be a torch-free
+``ModelPlugin``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from importlib.machinery import PathFinder
+from typing import Any
+
+from attnbench.config.checks import check_unique
+from attnbench.config.messages import Context, Path_, describe, did_you_mean
+from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, UserModelEntry
+from attnbench.core.cases import Options
+from attnbench.core.catalogue import MODEL_NAMES, OptionSpec, UserModel
+from attnbench.core.families.user import FACTORY, OPTION_HELP
+from attnbench.core.plugins import API_VERSION, ENTRY_POINT_GROUP, ModelPlugin
+
+__all__ = ["Plugin", "UserEntry", "check_models", "find_module", "installed_plugins", "user_option_sets"]
+
+_OPTION_TYPES = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class UserEntry:
+    """A user model as the config resolved it: where it comes from, and the options it takes (a plugin's with
+    their defaults; a config entry's are its own, given there)."""
+
+    name: str
+    user: UserModel
+    options: tuple[OptionSpec, ...]
+    given: Mapping[str, Any]  # a config entry's options as written (a plugin's are set under model_options)
+    where: Path_ = ()  # where a config entry's options were written (models[i].options)
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One entry point of the ``attnbench.models`` group: its model's name, the distribution that installs it, and
+    its ``ModelPlugin`` — or why it could not be loaded."""
+
+    name: str
+    distribution: str
+    value: str
+    plugin: ModelPlugin | None
+    problem: str = ""
+
+    @property
+    def source(self) -> str:
+        return f"plugin {self.distribution}"
+
+
+@lru_cache(maxsize=1)
+def installed_plugins() -> tuple[Plugin, ...]:
+    """Every installed plugin, loaded once per process (a plugin that does not load is kept, with the reason)."""
+    found = []
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        distribution = point.dist.name if point.dist is not None else "?"
+        try:
+            loaded = point.load()
+        except Exception as exc:  # the plugin's own import failed: say so where it is used, never crash a listing
+            found.append(Plugin(point.name, distribution, point.value, None, f"{type(exc).__name__}: {exc}"))
+            continue
+        if not isinstance(loaded, ModelPlugin):
+            why = f"{point.value} is {describe(loaded)}, not an attnbench.plugin.ModelPlugin"
+            found.append(Plugin(point.name, distribution, point.value, None, why))
+        elif loaded.api_version > API_VERSION:
+            why = f"written for plugin API {loaded.api_version}; this attnbench speaks {API_VERSION}: upgrade attnbench"
+            found.append(Plugin(point.name, distribution, point.value, None, why))
+        else:
+            found.append(Plugin(point.name, distribution, point.value, loaded))
+    return tuple(sorted(found, key=lambda p: p.name))
+
+
+def find_module(dotted: str) -> str | None:
+    """None if module ``dotted`` can be found on the import path, else why not. Nothing is imported: only the
+    finders are asked (for a submodule, inside its parent package's folders)."""
+    parts = dotted.split(".")
+    search: Sequence[str] | None = None
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        module = sys.modules.get(name)
+        if module is not None:
+            spec = module.__spec__
+        elif search is None:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError) as exc:
+                return f"{name} cannot be looked up: {exc}"
+        else:
+            spec = PathFinder.find_spec(name, list(search))
+        if spec is None:
+            return f"no module named {name!r} on the import path"
+        if i < len(parts) - 1:
+            locations = spec.submodule_search_locations
+            if locations is None:
+                return f"{name} is a module, not a package, so it has no {parts[i + 1]!r}"
+            search = list(locations)
+    return None
+
+
+def check_models(m: ConfigModel, ctx: Context) -> tuple[list[str], dict[str, UserEntry]]:
+    """The models' names in order, and the user models among them by name."""
+    names: list[str] = []
+    users: dict[str, UserEntry] = {}
+    # Entry points are looked up only when a name is not a built-in's: that costs a scan of the installed packages.
+    wanted = any(isinstance(entry, str) and entry not in MODEL_NAMES for entry in m.models)
+    plugins = {p.name: p for p in installed_plugins()} if wanted else {}
+    for i, entry in enumerate(m.models):
+        path = ctx.item(("models",), i)
+        if isinstance(entry, UserModelEntry):
+            users[entry.name] = _factory_entry(entry, path, ctx)
+            names.append(entry.name)
+            continue
+        if entry in MODEL_NAMES:
+            names.append(entry)
+            continue
+        plugin = plugins.get(entry)
+        if plugin is None:
+            known = [*MODEL_NAMES, *plugins]
+            raise ctx.error(
+                f"unknown model {entry!r}; valid: {', '.join(known)}",
+                path,
+                hint=did_you_mean(entry, known)
+                or "a model of your own: {name: …, factory: module.path:function, kind: recurrent|attention}",
+            )
+        if plugin.plugin is None:
+            raise ctx.error(
+                f"plugin {entry!r} (from {plugin.distribution}, {plugin.value}) does not load: {plugin.problem}",
+                path,
+                hint="fix or reinstall the plugin's package; `attnbench models` lists every plugin and its state",
+            )
+        options = tuple(
+            OptionSpec(name, type(default), default, OPTION_HELP) for name, default in plugin.plugin.options.items()
+        )
+        user = UserModel(plugin.plugin.factory, plugin.plugin.kind, plugin.source)
+        users[entry] = UserEntry(entry, user, options, {})
+        names.append(entry)
+    check_unique(names, "model", ("models",), ctx)
+    return names, users
+
+
+def _factory_entry(entry: UserModelEntry, path: Path_, ctx: Context) -> UserEntry:
+    if not NAME.fullmatch(entry.name) or len(entry.name) > MAX_NAME_LEN:
+        raise ctx.error(
+            f"name {entry.name!r} is not allowed: lower-case letters, digits, '.', '_' and '-', starting with a letter "
+            f"or digit, at most {MAX_NAME_LEN} characters",
+            (*path, "name"),
+        )
+    if entry.name in MODEL_NAMES:
+        raise ctx.error(
+            f"{entry.name!r} is a built-in model's name; a model you bring needs a name of its own",
+            (*path, "name"),
+            hint=f"e.g. my-{entry.name}",
+        )
+    if not FACTORY.fullmatch(entry.factory):
+        raise ctx.error(
+            f"factory {entry.factory!r} is not of the form module.path:function",
+            (*path, "factory"),
+            hint="e.g. factory: mypkg.layers:build (a function in mypkg/layers.py)",
+        )
+    module = entry.factory.split(":", 1)[0]
+    missing = find_module(module)
+    if missing is not None:
+        raise ctx.error(
+            f"factory {entry.factory!r}: {missing}",
+            (*path, "factory"),
+            hint="install the package that has it, or run attnbench with its folder on PYTHONPATH",
+        )
+    options = []
+    for name, raw in entry.options.items():
+        listed = raw if isinstance(raw, list) else [raw]
+        first = listed[0] if listed else None
+        if not isinstance(first, _OPTION_TYPES):
+            raise ctx.error(
+                f"must be a string, number or boolean (or a list of them), got {describe(raw)}",
+                (*path, "options", name),
+            )
+        options.append(OptionSpec(name, type(first), first, OPTION_HELP))
+    user = UserModel(entry.factory, entry.kind, "config")
+    return UserEntry(entry.name, user, tuple(options), dict(entry.options), (*path, "options"))
+
+
+def user_option_sets(
+    entry: UserEntry, model_options: Mapping[str, Any], path: Path_, ctx: Context
+) -> tuple[tuple[Options, ...], dict[str, Any]]:
+    """The option sets a user model is crossed with (every option in each, defaults included), and the options as
+    written. A config entry's options are its own; a plugin's come from ``model_options`` over its defaults."""
+    if entry.user.source == "config":
+        if model_options:
+            raise ctx.error(
+                f"{entry.name} is a model of your own: give its options in its entry under models, not here",
+                path,
+                hint=f"models: [{{name: {entry.name}, factory: …, options: {{…}}}}]",
+            )
+        given, given_path = entry.given, entry.where
+    else:
+        given, given_path = model_options, path
+    names: list[str] = []
+    values: list[list[Any]] = []
+    specs = {o.name: o for o in entry.options}
+    for name, raw in given.items():
+        spec = specs.get(name)
+        if spec is None:
+            known = ", ".join(specs) or "none"
+            raise ctx.error(
+                f"unknown option {name!r} for {entry.name}; its options: {known}",
+                (*given_path, name),
+                hint=did_you_mean(name, list(specs)),
+            )
+        listed = raw if isinstance(raw, list) else [raw]
+        if not listed:
+            raise ctx.error("must not be empty: give at least one value", (*given_path, name))
+        checked = [_typed(v, spec, ctx.item((*given_path, name), i), ctx) for i, v in enumerate(listed)]
+        check_unique(checked, f"{name} value", (*given_path, name), ctx)
+        names.append(name)
+        values.append(checked)
+    defaults = {o.name: o.default for o in entry.options if o.name not in names}
+    sets = [
+        tuple(sorted({**defaults, **dict(zip(names, combination, strict=True))}.items()))
+        for combination in itertools.product(*values)
+    ]
+    written = dict(model_options) if entry.user.source != "config" else {}
+    return tuple(dict.fromkeys(sets)), written
+
+
+def _typed(value: Any, spec: OptionSpec, path: Path_, ctx: Context) -> Any:
+    """``value`` as an option of ``spec``'s type takes it (an integer where a number is asked for becomes one)."""
+    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) != (spec.type is bool) or not isinstance(value, spec.type):
+        word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[spec.type]
+        raise ctx.error(f"must be {word} (as its other values are), got {describe(value)}", path)
+    return value

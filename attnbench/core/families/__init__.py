@@ -1,0 +1,1 @@
+"""The model families, one module each (torch-free); ``base`` says what a family is. The catalogue finds them."""

@@ -1,0 +1,129 @@
+"""The torch half of a model family: what ``attnbench.measure.models.<family>`` defines as ``TORCH``.
+
+The torch-free half (``attnbench.core.families.<family>``) says which names, options and formulas exist; this half
+builds the module, says before building why a kernel cannot run here, shrinks a case for the probe, and adds what
+the row records of the implementation that ran (its declared extras). The registry finds it by the family's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import re
+from collections.abc import Iterator
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from attnbench.core.cases import Case
+from attnbench.core.catalogue import DTYPES, family_of
+from attnbench.core.families.base import ExtraValue
+
+# The probe's input: large enough to take the real kernels' paths, small enough to cost nothing. The probe's model
+# keeps the case's widths (the kernels depend on them) but one layer.
+PROBE_BATCH, PROBE_SEQ_LEN = 1, 16
+
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a catalogue dtype name (``"bfloat16"`` → ``torch.bfloat16``)."""
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; one of: {', '.join(DTYPES)}") from None
+
+
+def make_input(case: Case, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor one call of the case's model takes: activations (B, T, d_model) in the case's dtype, or, where the
+    family takes tokens (scope model), int64 token ids (B, T), uniform over the vocabulary (they need, and get, no
+    gradient)."""
+    if family_of(case).takes_tokens(case):
+        return torch.randint(0, int(case.option("vocab")), (case.batch, case.seq_len), device=device)
+    return torch.randn(case.batch, case.seq_len, case.d_model, device=device, dtype=dtype)
+
+
+def make_decode_inputs(case: Case, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode case's context (n tokens per sequence, as ``make_input``) and the one new token per sequence."""
+    return make_input(case, device, dtype), make_input(replace(case, seq_len=1), device, dtype)
+
+
+@contextlib.contextmanager
+def rng_untouched(device: str) -> Iterator[None]:
+    """Building a probe's model draws random weights; leave the caller's generator state as it was."""
+    dev = torch.device(device)
+    cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        yield
+
+
+class Unsupported(Exception):
+    """The model cannot run this case here, said while building it (a user model without the decode protocol):
+    the executor records an ``unsupported`` row with this reason."""
+
+
+class TorchFamily:
+    """Defaults for a family with nothing to say beyond building its modules."""
+
+    # Whether the probe runs a shrunken copy of the case first (False: the case's own build is the probe).
+    probes: bool = True
+
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        """The model for ``case`` on ``device`` in ``dtype``: (B, T, d_model) -> (B, T, d_model), or token ids
+        (B, T) in at scope model. Weights come from torch's global generator."""
+        raise NotImplementedError
+
+    def unavailable(self, case: Case, device_type: str) -> str | None:
+        """Why ``case`` cannot run on ``device_type``, found without building anything (a missing package, a kernel
+        that does not exist for this dtype), or None."""
+        return None
+
+    def device_note(self, model: str) -> str | None:
+        """Why ``model`` is missing on a device its spec leaves out, for the cheap check before any probing."""
+        return None
+
+    def tiny(self, case: Case) -> Case:
+        """``case`` at the probe's size: batch 1, 16 tokens, one layer; its widths kept."""
+        return replace(case, batch=PROBE_BATCH, seq_len=PROBE_SEQ_LEN, layers=1)
+
+    def label(self, model: str) -> str:
+        """How a probe's reason names the model (a forced SDPA backend by the backend's name)."""
+        return model
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        """What the row records of the implementation ``case`` runs on (each key declared by the family's
+        ``extras``), found outside any timed region."""
+        return {}
+
+    def compiled(self, case: Case) -> bool:
+        """Whether the model is compiled by construction, whatever its ``compile`` option (flex)."""
+        return False
+
+
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)")
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """An exception's or warning's text on one line, without torch's "(Triggered internally at …)", at most
+    ``limit`` characters."""
+    text = " ".join(_TRIGGERED.sub("", text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def package_problem(what: str, module: str) -> str | None:
+    """None if ``module`` imports, else why not: ``{what}: package … is not installed`` or does not import."""
+    top = module.split(".")[0]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top:
+            return f"{what}: package {top} is not installed"
+        return f"{what}: package {top} does not import: {one_line(str(exc))}"
+    return None
