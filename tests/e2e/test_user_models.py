@@ -219,7 +219,9 @@ def installed_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     if shutil.which("pip", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("no pip beside this Python")
     pytest.importorskip("setuptools", reason="building the example plugin needs setuptools")
-    target = tmp_path / "plugins"
+    target, source = tmp_path / "plugins", tmp_path / "plugin-source"
+    # From a copy: setuptools builds in the source tree, which must stay as the repository has it.
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [
             sys.executable,
@@ -231,7 +233,7 @@ def installed_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
             "--no-build-isolation",
             "--target",
             str(target),
-            str(PLUGIN),
+            str(source),
         ],
         check=True,
         capture_output=True,
