@@ -194,8 +194,12 @@ def load_experiment(
     return load_experiment_text(text, source, overrides, force=force)
 
 
-def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), *, force: bool = False) -> Experiment:
-    """Validate YAML text; ``source`` names it in errors (a path, or ``builtin:…``)."""
+def load_experiment_text(
+    text: str, source: str, overrides: Sequence[str] = (), *, force: bool = False, stored: bool = False
+) -> Experiment:
+    """Validate YAML text; ``source`` names it in errors (a path, or ``builtin:…``). ``stored``: the text is a stored
+    run's resolved config, whose ``users`` key says what each model the user brought was when it ran, so its
+    cases expand without the user's code or plugins installed here."""
     data, lines = parse_yaml(text, source)
     if not isinstance(data, dict):
         what = "empty" if data is None else f"{describe(data)}, not a mapping of keys to values"
@@ -208,12 +212,13 @@ def load_experiment_text(text: str, source: str, overrides: Sequence[str] = (), 
     for text_ in overrides:
         keys, value = parse_override(text_)
         apply_override(data, keys, value, touched)
+    known = data.pop("users", None) if stored else None
     ctx = Context(source, lines, data, touched)
     try:
         model = ConfigModel.model_validate(data)
     except ValidationError as exc:
         raise from_validation(exc, ctx, SECTIONS) from None
-    return _build(model, ctx, force)
+    return _build(model, ctx, force, known if isinstance(known, dict) else None)
 
 
 def resolved_text(resolved: Mapping[str, Any]) -> str:
@@ -224,12 +229,12 @@ def resolved_text(resolved: Mapping[str, Any]) -> str:
 def stored_experiment(resolved: Mapping[str, Any], source: str) -> Experiment:
     """The experiment a stored run was swept from, read back from its resolved config (the case cap lifted: the
     sweep already checked it)."""
-    return load_experiment_text(resolved_text(resolved), source, force=True)
+    return load_experiment_text(resolved_text(resolved), source, force=True, stored=True)
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
-    """Checks that span fields, then the Experiment."""
+def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str, Any] | None = None) -> Experiment:
+    """Checks that span fields, then the Experiment; ``known``: a stored run's record of its user models."""
     _check_name(m.name, ctx)
     if not DEVICE_REQUEST.fullmatch(m.device):
         raise ctx.error(
@@ -237,7 +242,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
             ("device",),
             hint=did_you_mean(m.device, ["auto", "cpu", "cuda", "cuda:0"]),
         )
-    names, users = check_models(m, ctx)
+    names, users = check_models(m, ctx, known)
     check_names(m.modes, MODES, "mode", ("modes",), ctx)
     check_names(m.dtype, DTYPES, "dtype", ("dtype",), ctx)
 
@@ -322,6 +327,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False) -> Experiment:
         "skip_larger_after_oom": m.skip_larger_after_oom,
         "telemetry": m.telemetry,
         "telemetry_interval_s": m.telemetry_interval_s,
+        # Only with models the user brought: what each was, so the stored run expands without their code.
+        **({"users": {name: entry.record() for name, entry in users.items()}} if users else {}),
     }
     resolved = json.loads(json.dumps(resolved))  # a deep, plain copy
     sha = hashlib.sha256(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -44,6 +44,20 @@ class UserEntry:
     given: Mapping[str, Any]  # a config entry's options as written (a plugin's are set under model_options)
     where: Path_ = ()  # where a config entry's options were written (models[i].options)
 
+    def record(self) -> dict[str, Any]:
+        """What a stored run keeps of it (resolved config ``users``): enough to expand its cases again."""
+        return {**self.user.to_dict(), "options": {o.name: o.default for o in self.options}}
+
+    @classmethod
+    def recorded(cls, name: str, data: Mapping[str, Any], entry: UserModelEntry | None) -> UserEntry:
+        """The entry a stored run recorded (``record``), with the config entry's options as written, if any."""
+        user = UserModel.from_dict(data)
+        defaults = data.get("options", {})
+        options = tuple(OptionSpec(k, type(v), v, OPTION_HELP) for k, v in defaults.items())
+        if entry is None:
+            return cls(name, user, options, {})
+        return cls(name, user, options, dict(entry.options), ())
+
 
 @dataclass(frozen=True)
 class Plugin:
@@ -110,15 +124,24 @@ def find_module(dotted: str) -> str | None:
     return None
 
 
-def check_models(m: ConfigModel, ctx: Context) -> tuple[list[str], dict[str, UserEntry]]:
-    """The models' names in order, and the user models among them by name."""
+def check_models(
+    m: ConfigModel, ctx: Context, known: Mapping[str, Any] | None = None
+) -> tuple[list[str], dict[str, UserEntry]]:
+    """The models' names in order, and the user models among them by name. ``known``: a stored run's record of
+    its user models (resolved config ``users``), taken as it is: neither their modules nor plugins are looked up."""
     names: list[str] = []
     users: dict[str, UserEntry] = {}
-    # Entry points are looked up only when a name is not a built-in's: that costs a scan of the installed packages.
-    wanted = any(isinstance(entry, str) and entry not in MODEL_NAMES for entry in m.models)
+    known = known or {}
+    # Entry points are looked up only when a name is neither a built-in's nor known: that scans the installed packages.
+    wanted = any(isinstance(entry, str) and entry not in MODEL_NAMES and entry not in known for entry in m.models)
     plugins = {p.name: p for p in installed_plugins()} if wanted else {}
     for i, entry in enumerate(m.models):
         path = ctx.item(("models",), i)
+        name = entry.name if isinstance(entry, UserModelEntry) else entry
+        if name in known and isinstance(known[name], dict):
+            users[name] = UserEntry.recorded(name, known[name], entry if isinstance(entry, UserModelEntry) else None)
+            names.append(name)
+            continue
         if isinstance(entry, UserModelEntry):
             users[entry.name] = _factory_entry(entry, path, ctx)
             names.append(entry.name)

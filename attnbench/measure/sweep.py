@@ -442,7 +442,9 @@ def _resume_experiment(request: SweepRequest, stored: StoredRun) -> Experiment:
     if request.config is None:
         text = resolved_text(stored.run.config)
         try:
-            experiment = load_experiment_text(text, stored.run.config_source, request.overrides, force=True)
+            experiment = load_experiment_text(
+                text, stored.run.config_source, request.overrides, force=True, stored=True
+            )
         except ConfigError as exc:
             if exc.where.startswith(OVERRIDE):
                 raise  # about a --set the user gave: it names the flag

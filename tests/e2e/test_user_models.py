@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.config.experiment import load_experiment_text
+from attnbench.config.experiment import load_experiment_text, stored_experiment
 from attnbench.config.users import installed_plugins
 from attnbench.core.errors import ConfigError
 from attnbench.results.store import load_run
@@ -149,9 +149,14 @@ def test_a_factory_model_runs_beside_built_ins_with_counted_flops(user_package: 
         (16, 2, True, "cpu", "float32", 1),
         (16, 2, True, "cpu", "float32", 2),
     }
-    # Stored rows read back without the user's code: the report and a comparison of the run with itself.
+    # Stored rows read back without the user's code: the report, a comparison of the run with itself, and the
+    # stored config, which expands to the same cases (what merge and resume need) with the package gone.
     for name in [m for m in sys.modules if m.startswith("byo_layers")]:
         del sys.modules[name]
+    sys.path.remove(str(user_package))
+    again = stored_experiment(stored.run.config, stored.run.config_source)
+    assert [c.key for c in again.cases("cpu")] == [r.case.key for r in stored.results]
+    assert again.sha256 == stored.run.config_sha256
     assert runner.invoke(app, ["report", str(folder), "--format", "csv"]).exit_code == 0
     same = runner.invoke(app, ["compare", str(folder), str(folder)])
     assert same.exit_code == 0, same.output
@@ -278,3 +283,23 @@ def test_an_installed_plugin_is_listed_and_swept(installed_plugin: Path, tmp_pat
     claims = runner.invoke(app, ["claims", str(folder), "--format", "json"])
     assert claims.exit_code in (0, 1), claims.output
     json.loads(claims.stdout)
+
+
+def test_shards_of_a_user_model_merge_without_its_code(user_package: Path, tmp_path: Path) -> None:
+    path = config(tmp_path, ["lstm", entry("my-gate", "byo_layers.layers:build")], grid={"batch": [2], "seq_len": [8]})
+    shards = []
+    for i in range(2):
+        out = tmp_path / f"shard{i}"
+        result = runner.invoke(app, ["sweep", str(path), "--out", str(out), "--shard", f"{i}/2", "--no-plots"])
+        assert result.exit_code == 0, result.output
+        shards.append(str(next(out.iterdir())))
+    sys.path.remove(str(user_package))
+    for name in [m for m in sys.modules if m.startswith("byo_layers")]:
+        del sys.modules[name]
+    merged = tmp_path / "merged"
+    result = runner.invoke(app, ["merge", *shards, "--output", str(merged)])
+    assert result.exit_code == 0, result.output
+    rows = load_run(merged)
+    assert {(r.case.model, r.case.mode) for r in rows.results} == {
+        (model, mode) for model in ("lstm", "my-gate") for mode in ("forward", "train")
+    }
