@@ -151,11 +151,11 @@ def check_models(
             continue
         plugin = plugins.get(entry)
         if plugin is None:
-            known = [*MODEL_NAMES, *plugins]
+            valid = [*MODEL_NAMES, *plugins]
             raise ctx.error(
-                f"unknown model {entry!r}; valid: {', '.join(known)}",
+                f"unknown model {entry!r}; valid: {', '.join(valid)}",
                 path,
-                hint=did_you_mean(entry, known)
+                hint=did_you_mean(entry, valid)
                 or "a model of your own: {name: …, factory: module.path:function, kind: recurrent|attention}",
             )
         if plugin.plugin is None:
