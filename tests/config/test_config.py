@@ -235,7 +235,7 @@ def test_builtin_defaults_load(device_type: str) -> None:
     assert experiment.source == f"builtin:default-{kind}"
     assert set(experiment.axes.modes) == {"forward", "train"}
     assert {"lstm", "gru", "vanilla", "sdpa-flash"} <= set(experiment.axes.models)
-    assert len(experiment.cases(kind)) == (44 if kind == "cpu" else 96)
+    assert len(experiment.cases(kind)) == (36 if kind == "cpu" else 96)
 
 
 def test_builtin_default_takes_overrides_and_refuses_unknown_device_types() -> None:

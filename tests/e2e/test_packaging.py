@@ -62,7 +62,7 @@ def test_wheel_install_runs_the_builtin_default_from_anywhere(installed: tuple[P
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[0]
     assert first.startswith(str(site))  # the installed copy, not the checkout
-    assert "44 cases on cpu (dry run" in out.stdout
+    assert "36 cases on cpu (dry run" in out.stdout
     assert not (tmp_path / "results").exists()
 
 

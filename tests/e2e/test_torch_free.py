@@ -66,9 +66,9 @@ def test_sweep_dry_run_without_torch(blocked_env: dict[str, str]) -> None:
     out = attnbench(blocked_env, "sweep", "--dry-run")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "44 cases on cpu (dry run: nothing measured)" in lines
+    assert "36 cases on cpu (dry run: nothing measured)" in lines
     assert any(line.startswith("device: auto → cpu (") and "told without importing torch" in line for line in lines)
-    assert any(line.startswith("estimate: up to 2 min 12 s of warm-up and sampling (44 cases") for line in lines)
+    assert any(line.startswith("estimate: up to 1 min 30 s of warm-up and sampling (36 cases") for line in lines)
     gpu = attnbench(blocked_env, "sweep", "configs/default-cuda.yaml", "--device", "cuda", "--dry-run")
     assert gpu.returncode == 0, gpu.stderr
     assert "96 cases on cuda:0 (dry run" in gpu.stdout
