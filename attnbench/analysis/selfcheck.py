@@ -22,7 +22,7 @@ from typing import Literal
 
 from attnbench.core.errors import EXIT_CASE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from attnbench.core.stats import student_t_975
-from attnbench.core.units import format_change, format_change_interval, format_percent, format_seconds
+from attnbench.core.units import format_change, format_change_interval, format_duration, format_percent, format_seconds
 from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 
 Outcome = Literal["pass", "fail", "inconclusive", "not gated"]
@@ -190,6 +190,14 @@ def summary_line(report: SelfcheckReport) -> str:
         return f"selfcheck FAILED: {len(report.failures)} of {gated} gated ops disagree ({names})"
     if report.inconclusive:
         names = ", ".join(f"{c.op.name} {c.op.shape}" for c in report.inconclusive)
+        cut = {t.op for t in report.timings.ops if t.cut_short}
+        if cut and all(c.op in cut for c in report.inconclusive):
+            budget = format_duration(report.timings.budget_s or 0.0)
+            return (
+                f"selfcheck inconclusive: the {budget} budget ran out before {len(report.inconclusive)} of {gated} "
+                f"gated ops could be told apart from the tolerance ({names}); the budget, not the "
+                "evidence, ended it: --budget-s (and --max-rounds) give it more"
+            )
         return (
             f"selfcheck inconclusive: {len(report.inconclusive)} of {gated} gated ops could not be told apart from "
             f"the tolerance after {report.timings.rounds} rounds or more ({names}); the machine is too noisy for a "

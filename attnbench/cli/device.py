@@ -195,18 +195,35 @@ def selfcheck(
     ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the table as markdown.")] = None,
     threads: ThreadsOpt = None,
+    budget_s: Annotated[
+        float,
+        typer.Option(
+            "--budget-s",
+            min=1.0,
+            help="Wall time the whole check may take: no round starts that would not end within it.",
+        ),
+    ] = 120.0,
 ) -> None:
     """Time a fixed list of ops with attnbench and with torch.utils.benchmark (and triton's do_bench on a GPU),
-    interleaved. An op of ≥ 100 µs (attnbench's time) fails when the 95 % interval of its ratio lies beyond ±5 %
-    (±3 % against do_bench), passes when inside; otherwise rounds are added, and it stays inconclusive. Exit 1 on
-    a failure, 5 when some op is inconclusive and none failed, else 0."""
+    interleaved, within a time budget. An op of ≥ 100 µs (attnbench's time) fails when the 95 % interval of its
+    ratio lies beyond ±5 % (±3 % against do_bench), passes when inside; otherwise rounds are added while the budget
+    lasts, and it stays inconclusive. Exit 1 on a failure, 5 when some op is inconclusive and none failed, else 0."""
     from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
+    from attnbench.core.units import format_duration
     from attnbench.measure.devices import resolve_device, use_threads
-    from attnbench.measure.selfcheck import run_selfcheck
+    from attnbench.measure.selfcheck import MAX_ROUNDS_FACTOR, QUICK_ROUNDS, ROUNDS, ops_for, run_selfcheck
     from attnbench.report.selfcheck_md import render_markdown, table_rows
 
     resolved = resolve_device(device or "auto")
     use_threads(threads)
+    least = rounds or (QUICK_ROUNDS if quick else ROUNDS)
+    most = max(least, max_rounds or MAX_ROUNDS_FACTOR * least)
+    count = len(ops_for(resolved.split(":")[0], quick=quick))
+    stderr.print(
+        f"selfcheck: {count} ops on {resolved}, {least} interleaved rounds each (up to {most} while undecided), "
+        f"within a {format_duration(budget_s)} budget (--budget-s)",
+        markup=False,
+    )
     timings = run_selfcheck(
         resolved,
         quick=quick,
@@ -214,6 +231,7 @@ def selfcheck(
         progress=lambda line: stderr.print(f"selfcheck {line}", markup=False),
         decided=decided,
         max_rounds=max_rounds,
+        budget_s=budget_s,
     )
     report = judge(timings)
     header, rows = table_rows(report)
@@ -232,6 +250,10 @@ def selfcheck(
     noise = noise_note(report)
     for note in [*timings.notes, *([noise] if noise else [])]:
         stdout.print(f"note: {note}", markup=False)
+    if timings.elapsed_s is not None:
+        stdout.print(
+            f"took {format_duration(timings.elapsed_s)} of its {format_duration(budget_s)} budget", markup=False
+        )
     stdout.print(summary_line(report), markup=False)
     if output is not None:
         write_or_print(render_markdown(report), output)

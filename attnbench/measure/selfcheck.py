@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -42,10 +43,17 @@ if TYPE_CHECKING:
 
 ROUNDS, QUICK_ROUNDS = 7, 3
 MAX_ROUNDS_FACTOR = 3  # an op that is still inconclusive gets rounds added, up to this many times the rounds asked
+# The wall time the whole check may take by default: a self-check that runs past a few minutes is not run. Rounds
+# are checked against it before they start (one that would not fit is not started), so it is a bound, not a wish.
+DEFAULT_BUDGET_S = 120.0
+# The first pass gives each op this share of what is left per op; the rest is for the rounds undecided ops need.
+FIRST_PASS_SHARE = 0.7
 
 # blocked_autorange's min_run_time per round: its default, and a quarter of it for a quick run.
 MIN_RUN_TIME_S, QUICK_MIN_RUN_TIME_S = 0.2, 0.05
 QUICK_MAX_CASE_S = 1.0  # each attnbench measurement of a quick run
+# Each attnbench measurement of a full run: the default policy's 10 s would let one noisy op's round eat the budget.
+MAX_CASE_S = 2.0
 
 
 def ops_for(device_type: str, *, quick: bool = False) -> list[SelfcheckOp]:
@@ -105,8 +113,8 @@ def ops_for(device_type: str, *, quick: bool = False) -> list[SelfcheckOp]:
 
 
 def policy_for(quick: bool) -> TimingPolicy:
-    """The default policy; a quick run caps each measurement at ``QUICK_MAX_CASE_S``."""
-    return replace(TimingPolicy(), max_case_s=QUICK_MAX_CASE_S) if quick else TimingPolicy()
+    """The default policy, each measurement capped at ``MAX_CASE_S`` (quick: ``QUICK_MAX_CASE_S``)."""
+    return replace(TimingPolicy(), max_case_s=QUICK_MAX_CASE_S if quick else MAX_CASE_S)
 
 
 def run_selfcheck(
@@ -117,10 +125,18 @@ def run_selfcheck(
     progress: Progress | None = None,
     decided: Callable[[OpTimings], bool] | None = None,
     max_rounds: int | None = None,
+    budget_s: float | None = DEFAULT_BUDGET_S,
+    now: Callable[[], float] = time.monotonic,
 ) -> SelfcheckTimings:
     """Time every op of ``ops_for(device)`` with attnbench and the references, interleaved, ``rounds`` rounds each;
     then, while ``decided`` (the verdict's rule, ``analysis.selfcheck.decided``) says an op's rounds cannot tell it
-    from the tolerance yet, one more round of that op, up to ``max_rounds`` (default ``MAX_ROUNDS_FACTOR × rounds``)."""
+    from the tolerance yet, more rounds of the undecided ops in turn, up to ``max_rounds`` each (default
+    ``MAX_ROUNDS_FACTOR × rounds``).
+
+    All within ``budget_s`` of wall time (None: no bound): the first pass gives each op ``FIRST_PASS_SHARE`` of
+    what is left per op, the second pass what remains; a round is started only when it will end before its slice
+    does (by the op's slowest round so far, or before any, by the most a round can take), and an op whose rounds
+    the budget ended says so (``OpTimings.cut_short``)."""
     import torch
 
     from attnbench.measure.environment import collect_environment
@@ -155,16 +171,39 @@ def run_selfcheck(
     # As the executor does: torch's long-lived objects out of the collector, so a collection that lands inside
     # a timed call walks only this run's garbage (torch.utils.benchmark disables gc while timing instead).
     gc.freeze()
-    checks: list[OpTimings] = []
+    started = now()
+    deadline = None if budget_s is None else started + budget_s
     ops = [_on_device(op, device) for op in ops_for(dev.type, quick=quick)]
+    min_run_time = QUICK_MIN_RUN_TIME_S if quick else MIN_RUN_TIME_S
+
+    def check(op: OpTimings, least: int, most: int, until: float | None) -> OpTimings:
+        return _check_op(op, dev, policy, (least, most), min_run_time, timers, do_bench, decided, until, now)
+
+    checks: list[OpTimings] = []
     for index, op in enumerate(ops, start=1):
         if progress:
             progress(f"[{index}/{len(ops)}] {op.name} {op.shape} {op.dtype}: {rounds} rounds")
-        min_run_time = QUICK_MIN_RUN_TIME_S if quick else MIN_RUN_TIME_S
-        check = _check_op(op, dev, policy, (rounds, max_rounds), min_run_time, timers, do_bench, decided)
-        if progress and len(check.ours_s) > rounds:
-            progress(f"[{index}/{len(ops)}] {op.name}: {len(check.ours_s)} rounds to reach a verdict")
-        checks.append(check)
+        until = None if deadline is None else now() + FIRST_PASS_SHARE * (deadline - now()) / (len(ops) - index + 1)
+        checks.append(check(OpTimings(op), rounds, rounds, until))
+    # Second pass: the undecided ops, a round at a time in turn, while rounds and the budget last.
+    while decided is not None and (deadline is None or now() < deadline):
+        undecided = [i for i, c in enumerate(checks) if not c.skipped and not decided(c) and len(c.ours_s) < max_rounds]
+        progressed = False
+        for i in undecided:
+            before = len(checks[i].ours_s)
+            checks[i] = check(checks[i], before + 1, before + 1, deadline)
+            progressed = progressed or len(checks[i].ours_s) > before
+            if progress:
+                progress(f"[{i + 1}/{len(ops)}] {checks[i].op.name}: {len(checks[i].ours_s)} rounds")
+        if not progressed:  # nothing left to decide, or no round fits what is left of the budget
+            break
+    if deadline is not None:  # the budget, not the evidence, ended every op still undecided
+        checks = [
+            replace(c, cut_short=True)
+            if decided is not None and not c.skipped and not decided(c) and len(c.ours_s) < max_rounds
+            else c
+            for c in checks
+        ]
     if quick and dev.type == "cuda":
         notes.append(f"quick run: one op per family, each attnbench measurement capped at {QUICK_MAX_CASE_S:g} s")
     elif quick:
@@ -181,6 +220,8 @@ def run_selfcheck(
         timers=tuple(timers),
         ops=tuple(checks),
         notes=tuple(notes),
+        budget_s=budget_s,
+        elapsed_s=now() - started,
     )
 
 
@@ -211,15 +252,19 @@ def _on_device(op: SelfcheckOp, device: str) -> SelfcheckOp:
 
 
 def _check_op(
-    op: SelfcheckOp,
+    so_far_: OpTimings,
     dev: torch.device,
     policy: TimingPolicy,
-    rounds: tuple[int, int],  # (at least, at most)
+    rounds: tuple[int, int],  # (at least, at most) rounds in all, those of ``so_far_`` included
     min_run_time: float,
     timers: list[str],
     do_bench: Callable[..., float] | None,
     decided: Callable[[OpTimings], bool] | None = None,
+    until: float | None = None,
+    now: Callable[[], float] = time.monotonic,
 ) -> OpTimings:
+    """More rounds of one op, from the rounds it has: while fewer than ``rounds[0]``, or, up to ``rounds[1]``, while
+    ``decided`` says no; none that would end after ``until``."""
     import torch
     from torch.utils.benchmark import Timer
 
@@ -227,6 +272,11 @@ def _check_op(
     from attnbench.measure.models import probe
     from attnbench.measure.timing import measure
 
+    op = so_far_.op
+    if so_far_.skipped:
+        return so_far_
+    if until is not None and now() >= until:
+        return so_far_
     if op.case is not None:
         reason = probe(op.case, str(dev))
         if reason is not None:
@@ -250,17 +300,29 @@ def _check_op(
         if DO_BENCH in timers:
             runners[DO_BENCH] = reference_do_bench
         names = list(runners)
-        medians: dict[str, list[float]] = {name: [] for name in names}
+        medians: dict[str, list[float]] = {"attnbench": list(so_far_.ours_s)}
+        medians.update({name: list(values) for name, values in so_far_.references})
+        for name in names:
+            medians.setdefault(name, [])
 
         def so_far() -> OpTimings:
             return OpTimings(op, tuple(medians["attnbench"]), tuple((t, tuple(medians[t])) for t in timers))
 
         least, most = rounds
-        r = 0
+        r = len(medians["attnbench"])
+        # Until a round of this op has run, what one can take at most: attnbench's budget and the reference's run
+        # time, twice (blocked_autorange may overrun it by a block); after, the slowest round seen.
+        slowest = policy.max_case_s + 2 * min_run_time * (len(names) - 1)
+        measured = False
         while r < least or (r < most and decided is not None and not decided(so_far())):
+            began = now()
+            if until is not None and began + slowest > until:
+                break  # the round would not end within the budget: not started
             # Rotate the order each round so no timer always runs first (or right after another's warm-up).
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 medians[name].append(runners[name]())
+            took = now() - began
+            slowest, measured = (max(slowest, took), True) if measured else (took, True)
             r += 1
     return so_far()
 

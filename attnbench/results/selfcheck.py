@@ -40,6 +40,8 @@ class OpTimings:
     ours_s: tuple[float, ...] = ()
     references: tuple[tuple[str, tuple[float, ...]], ...] = ()
     skipped: str = ""  # why the op could not run here
+    # True when the time budget, not the evidence, ended its rounds (a round that could not fit was not started).
+    cut_short: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,3 +54,5 @@ class SelfcheckTimings:
     timers: tuple[str, ...]  # the references used, in column order
     ops: tuple[OpTimings, ...]
     notes: tuple[str, ...] = ()
+    budget_s: float | None = None  # the wall-time bound it ran within (None: none)
+    elapsed_s: float | None = None  # the wall time its rounds took

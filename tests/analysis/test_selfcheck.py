@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,11 +124,66 @@ def test_adaptive_rounds_stop_once_decided_and_never_past_the_budget() -> None:
         asked.append(len(t.ours_s))
         return len(t.ours_s) >= 4
 
-    timed = measure_selfcheck._check_op(op, torch.device("cpu"), policy, (2, 6), 0.01, [TIMER], None, decided)
+    cpu = torch.device("cpu")
+    timed = measure_selfcheck._check_op(OpTimings(op), cpu, policy, (2, 6), 0.01, [TIMER], None, decided)
     assert len(timed.ours_s) == 4 and len(dict(timed.references)[TIMER]) == 4
     assert asked == [2, 3, 4]  # asked only once the rounds asked for were done
-    capped = measure_selfcheck._check_op(op, torch.device("cpu"), policy, (2, 3), 0.01, [TIMER], None, lambda t: False)
+    capped = measure_selfcheck._check_op(OpTimings(op), cpu, policy, (2, 3), 0.01, [TIMER], None, lambda t: False)
     assert len(capped.ours_s) == 3
+    more = measure_selfcheck._check_op(capped, cpu, policy, (5, 5), 0.01, [TIMER], None, None)
+    assert more.ours_s[:3] == capped.ours_s and len(more.ours_s) == 5  # rounds continue from those it had
+
+
+class FakeClock:
+    """A monotonic clock that moves ``step`` seconds at every reading: time passes only where code asks for it."""
+
+    def __init__(self, step: float) -> None:
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def test_no_round_starts_that_would_not_end_within_its_slice() -> None:
+    import torch
+
+    op = SelfcheckOp("matmul", "float32", size=64)
+    policy = policy_for(True)  # a round takes at most 1 s + 2 × 0.01 s before one has run
+    cpu = torch.device("cpu")
+    clock = FakeClock(0.25)  # every reading 0.25 s later: a round reads it at its start and end, so "takes" 0.25 s
+    none = measure_selfcheck._check_op(OpTimings(op), cpu, policy, (3, 3), 0.01, [TIMER], None, None, 1.0, clock)
+    assert none.ours_s == ()  # 1.02 s could not fit before t = 1: not started
+    clock = FakeClock(0.25)
+    some = measure_selfcheck._check_op(OpTimings(op), cpu, policy, (9, 9), 0.01, [TIMER], None, None, 3.0, clock)
+    # The first round needs 1.02 s of room, later ones the 0.25 s the first took: rounds end at 0.75, 1.25, …, 2.75.
+    assert len(some.ours_s) == 5
+
+
+def test_the_budget_bounds_the_whole_check_and_says_when_it_ended_it() -> None:
+    clock = FakeClock(0.5)
+    timings = measure_selfcheck.run_selfcheck(
+        "cpu", quick=True, rounds=3, decided=lambda t: False, max_rounds=50, budget_s=20.0, now=clock
+    )
+    # Time passes only at readings here: the few taken after the last round (by the fake clock, 0.5 s each) aside,
+    # the rounds end within the budget.
+    assert timings.budget_s == 20.0 and timings.elapsed_s is not None and timings.elapsed_s <= 20.0 + 3 * 0.5
+    assert all(len(t.ours_s) >= 2 for t in timings.ops)  # every op had its slice of the first pass
+    assert all(t.cut_short for t in timings.ops)  # never decided, rounds left: the budget ended them
+    report = judge(timings)
+    assert all(c.outcome == "inconclusive" for c in report.checks if any(r.gated for r in c.references))
+    ample = measure_selfcheck.run_selfcheck(
+        "cpu", quick=True, rounds=2, decided=lambda t: True, budget_s=1000.0, now=FakeClock(0.5)
+    )
+    assert [len(t.ours_s) for t in ample.ops] == [2] * len(ample.ops) and not any(t.cut_short for t in ample.ops)
+
+
+def test_the_summary_says_the_budget_not_the_machine_ended_it() -> None:
+    undecided = OpTimings(MATMUL, (0.9e-3, 1.1e-3, 1.05e-3), ((TIMER, (1e-3,) * 3),), cut_short=True)
+    timed = SelfcheckTimings("cpu", "Test CPU", "2.13.0", 2, 3, (TIMER,), (undecided,), budget_s=120.0)
+    line = selfcheck.summary_line(judge(timed))
+    assert "the 2 min budget ran out before 1 of 1 gated ops could be told apart" in line
+    assert "--budget-s" in line
 
 
 def test_report_failures_and_summary_line() -> None:
@@ -196,7 +252,7 @@ def test_the_op_list(device_type: str, quick: bool) -> None:
 def test_policies() -> None:
     from attnbench.core.cases import TimingPolicy
 
-    assert policy_for(False) == TimingPolicy()
+    assert policy_for(False) == replace(TimingPolicy(), max_case_s=2.0)  # a round's most: the budget is shared
     assert policy_for(True).max_case_s == 1.0
 
 
@@ -260,6 +316,7 @@ def test_quick_selfcheck_on_cpu(tmp_path: Path) -> None:
     assert result.exit_code in (0, 1, EXIT_INCONCLUSIVE), result.output
     for text in ("attnbench", TIMER, "verdict", "matmul", "sdpa-flash", "vanilla", "lstm", "3 interleaved rounds"):
         assert text in result.output
+    assert "within a 2 min budget (--budget-s)" in result.output and "of its 2 min budget" in result.output
     assert ("selfcheck passed" in result.output) == (result.exit_code == 0)
     text = out.read_text()
     assert text.startswith("# attnbench selfcheck — cpu")
