@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # scripts/slurm_check.sh - attnbench submit against a real Slurm, on this one machine.
 #
-# usage (as root, from anywhere; the repository's .venv must hold attnbench, e.g. pip install -e '.[slurm]'):
+# usage (as root, from anywhere; a Python with attnbench installed, e.g. pip install -e '.[slurm]', found as below):
 #   scripts/slurm_check.sh [check]   install what is missing, start a private single-node Slurm, run the checks,
 #                                    stop everything it started and remove its configuration
 #   scripts/slurm_check.sh up        the same cluster, left running (prints `export SLURM_CONF=...`)
 #   scripts/slurm_check.sh down      stop and remove whatever an earlier run left
+#   scripts/slurm_check.sh python    print the Python it would use, and exit
 # options:
 #   --keep-on-failure   keep $SLURM_CHECK_ROOT (configs, logs, the submission folders) when a check fails
-# env: SLURM_CHECK_ROOT (default /tmp/attnbench-slurm-check), ATTNBENCH_VENV (default <repo>/.venv),
+# env: SLURM_CHECK_ROOT (default /tmp/attnbench-slurm-check),
 #      SLURM_CHECK_PORT_BASE (default 6917: slurmctld, +1 slurmd, +2 slurmdbd, +3 mariadb)
+#      the Python to run attnbench with, the first of: ATTNBENCH_PYTHON (an interpreter), the virtual environment
+#      ATTNBENCH_VENV (default <repo>/.venv) if it holds attnbench, the interpreter of the `attnbench` on PATH
 #
 # The checks (each prints its figures; the committed output is results/slurm-check-cpu.log):
 #   1. `attnbench submit` of a tiny CPU config as a 3-task job array: one sbatch --array, every task COMPLETED in
@@ -31,6 +34,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 ROOT=${SLURM_CHECK_ROOT:-/tmp/attnbench-slurm-check}
 VENV=${ATTNBENCH_VENV:-$REPO/.venv}
+PY=""                             # the Python with attnbench: find_python
 PORT_BASE=${SLURM_CHECK_PORT_BASE:-6917}
 CTLD_PORT=$PORT_BASE SLURMD_PORT=$((PORT_BASE + 1)) DBD_PORT=$((PORT_BASE + 2)) DB_PORT=$((PORT_BASE + 3))
 MARKER=.attnbench-slurm-check     # only a directory carrying this file is ever rm -rf'd
@@ -41,7 +45,7 @@ ACCOUNTING=1 GPUS=2               # accounting is not optional: see the header
 MODE=check KEEP_ON_FAILURE=0
 while (($#)); do
     case $1 in
-        check | up | down) MODE=$1 ;;
+        check | up | down | python) MODE=$1 ;;
         --keep-on-failure) KEEP_ON_FAILURE=1 ;;
         -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -178,13 +182,40 @@ install_packages() {
 }
 remove_policy_rc() { ((CREATED_POLICY_RC)) && rm -f "$POLICY_RC"; CREATED_POLICY_RC=0; }
 
-install_python() {
-    [[ -x $VENV/bin/attnbench ]] || die "no attnbench in $VENV: python3 -m venv .venv && .venv/bin/pip install -e '.[slurm]'"
-    if ! "$VENV/bin/python" -c "import submitit" 2>/dev/null; then
-        log "installing the slurm extra (submitit) into $VENV"
-        "$VENV/bin/pip" install -q --disable-pip-version-check "submitit>=1.5"
+# The Python to run attnbench with (PY): ATTNBENCH_PYTHON, else the virtual environment's, else the interpreter of
+# the attnbench on PATH; each must import attnbench. The error says what was looked for and what was found.
+imports_attnbench() { (cd / && "$@" -c "import attnbench" 2>/dev/null); }  # from /: not the checkout beside it
+
+find_python() {
+    local tried=() candidate on_path
+    if [[ -n ${ATTNBENCH_PYTHON:-} ]]; then
+        candidate=$ATTNBENCH_PYTHON
+        if imports_attnbench "$candidate"; then PY=$candidate; return; fi
+        tried+=("ATTNBENCH_PYTHON=$candidate (does not import attnbench)")
+    else
+        tried+=("ATTNBENCH_PYTHON (unset)")
     fi
-    log "attnbench $("$VENV/bin/python" -c 'import attnbench; print(attnbench.__version__)'), submitit $("$VENV/bin/python" -c 'import submitit; print(submitit.__version__)'), $("$VENV/bin/python" -V)"
+    if [[ -x $VENV/bin/python ]] && imports_attnbench "$VENV/bin/python"; then PY=$VENV/bin/python; return; fi
+    tried+=("the virtual environment $VENV ($([[ -x $VENV/bin/python ]] && echo 'no attnbench in it' || echo 'absent'))")
+    on_path=$(command -v attnbench || true)
+    if [[ -n $on_path ]]; then
+        candidate=$(head -n 1 "$on_path" | sed -n 's/^#! *//p')
+        if [[ -n $candidate ]] && imports_attnbench "$candidate"; then PY=$candidate; return; fi
+        tried+=("attnbench on PATH ($on_path, whose interpreter ${candidate:-?} does not import attnbench)")
+    else
+        tried+=("attnbench on PATH (none)")
+    fi
+    local joined
+    joined=$(printf '%s; ' "${tried[@]}")
+    die "no Python with attnbench: looked for ${joined%; }. Set ATTNBENCH_PYTHON=/path/to/python, or python3 -m venv .venv && .venv/bin/pip install -e '.[slurm]'"
+}
+
+install_python() {
+    if ! "$PY" -c "import submitit" 2>/dev/null; then
+        log "installing the slurm extra (submitit) for $PY"
+        "$PY" -m pip install -q --disable-pip-version-check "submitit>=1.5"
+    fi
+    log "attnbench $("$PY" -c 'import attnbench; print(attnbench.__version__)'), submitit $("$PY" -c 'import submitit; print(submitit.__version__)'), $("$PY" -V) ($PY)"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -378,8 +409,6 @@ start_daemons() {
 # ---------------------------------------------------------------------------------------------
 # the checks
 # ---------------------------------------------------------------------------------------------
-ATTNBENCH=$VENV/bin/attnbench
-PY=$VENV/bin/python
 JOBS=$ROOT/jobs
 declare -A FIG
 
@@ -450,7 +479,7 @@ phase_cpu_array() {
     log "1. attnbench submit: a 3-task CPU job array"
     local folder=$JOBS/cpu t0
     t0=$(now)
-    run "$ATTNBENCH" submit "$JOBS/tiny-cpu.yaml" --executor slurm --array 3 --partition debug --time 10 \
+    run "$PY" -m attnbench submit "$JOBS/tiny-cpu.yaml" --executor slurm --array 3 --partition debug --time 10 \
         --folder "$folder"
     FIG[cpu_submit_to_merged_s]=$(since "$t0")
     check test "$RC" -eq 0 "attnbench submit exited 0"
@@ -469,7 +498,7 @@ phase_gpu_array() {
     log "2. one (fake) GPU per task: --gpus-per-task 1 on a node with 2"
     local folder=$JOBS/gpu t0 array
     t0=$(now)
-    run "$ATTNBENCH" submit "$JOBS/tiny-cpu.yaml" --executor slurm --array 3 --device cpu --gpus-per-task 1 \
+    run "$PY" -m attnbench submit "$JOBS/tiny-cpu.yaml" --executor slurm --array 3 --device cpu --gpus-per-task 1 \
         --time 10 --folder "$folder"
     FIG[gpu_submit_to_merged_s]=$(since "$t0")
     check test "$RC" -eq 0 "attnbench submit --gpus-per-task 1 exited 0"
@@ -485,7 +514,7 @@ phase_gpu_array() {
 phase_cancel_and_resume() {
     log "3. a task cancelled while it runs, then attnbench submit --resume"
     local folder=$JOBS/cancel array victim t0 i state
-    run "$ATTNBENCH" submit "$JOBS/slow-cpu.yaml" --executor slurm --array 3 --time 10 --folder "$folder" --no-wait
+    run "$PY" -m attnbench submit "$JOBS/slow-cpu.yaml" --executor slurm --array 3 --time 10 --folder "$folder" --no-wait
     check test "$RC" -eq 0 "attnbench submit --no-wait exited 0"
     array=$(array_id "$folder")
     # The victim: the largest shard's element, once it has written a row (so it is measuring, not starting).
@@ -523,10 +552,10 @@ PYTHON
     sleep 1
     sacct_table "$array"
     check test "$(sacct -X -n -j "$victim" -o State | grep -c CANCELLED)" -eq 1 "sacct: $victim CANCELLED"
-    run "$ATTNBENCH" submit --status "$folder"
+    run "$PY" -m attnbench submit --status "$folder"
     check test "$RC" -eq 0 "attnbench submit --status shows the gap"
     t0=$(now)
-    run "$ATTNBENCH" submit --resume "$folder"
+    run "$PY" -m attnbench submit --resume "$folder"
     FIG[resume_to_merged_s]=$(since "$t0")
     check test "$RC" -eq 0 "attnbench submit --resume exited 0"
     check test "$("$PY" -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"]; print(sum(x["attempt"]==2 for x in j), len(j))' "$folder/submission.json")" = "1 4" \
@@ -539,7 +568,7 @@ phase_sbatch_refuses() {
     log "4. an sbatch that refuses the array"
     local out
     set +e
-    out=$("$ATTNBENCH" submit "$JOBS/tiny-cpu.yaml" --executor slurm --array 2 --partition no-such-partition \
+    out=$("$PY" -m attnbench submit "$JOBS/tiny-cpu.yaml" --executor slurm --array 2 --partition no-such-partition \
         --folder "$JOBS/refused" 2>&1)
     RC=$?
     set -e
@@ -577,6 +606,12 @@ on_exit() {
 if [[ $MODE == down ]]; then
     teardown
     remove_root
+    exit 0
+fi
+
+find_python
+if [[ $MODE == python ]]; then
+    echo "$PY"
     exit 0
 fi
 

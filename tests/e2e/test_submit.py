@@ -308,3 +308,30 @@ def test_a_used_folder_is_refused(config: Path, tmp_path: Path) -> None:
     (tmp_path / "sub" / "something").write_text("x")
     result = submit(config, "--executor", "debug", "--folder", tmp_path / "sub")
     assert result.exit_code == 2 and "exists and is not empty" in result.output
+
+
+SLURM_CHECK = Path(__file__).resolve().parents[2] / "scripts" / "slurm_check.sh"
+
+
+def _which_python(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """scripts/slurm_check.sh's choice of Python, from a fresh environment (no cluster is started)."""
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ATTNBENCH_VENV": str(tmp_path / "no-venv")}
+    return subprocess.run(
+        ["bash", str(SLURM_CHECK), "python"], env={**base, **env}, capture_output=True, text=True, cwd=tmp_path
+    )
+
+
+def test_slurm_check_takes_its_python_from_the_environment_path_or_venv(tmp_path: Path) -> None:
+    here = Path(sys.executable)
+    given = _which_python(tmp_path, ATTNBENCH_PYTHON=str(here))
+    assert given.returncode == 0 and given.stdout.strip() == str(here), given.stderr
+    # The attnbench on PATH: its script's interpreter.
+    on_path = _which_python(tmp_path, PATH=f"{here.parent}:/usr/bin:/bin")
+    assert on_path.returncode == 0 and Path(on_path.stdout.strip()).name.startswith("python"), on_path.stderr
+    venv = _which_python(tmp_path, ATTNBENCH_VENV=str(here.parent.parent))
+    assert venv.returncode == 0 and venv.stdout.strip() == str(here.parent / "python"), venv.stderr
+    # None of them: one error that says which it looked for.
+    missing = _which_python(tmp_path, ATTNBENCH_PYTHON="/usr/bin/false")
+    assert missing.returncode == 1
+    for looked in ("ATTNBENCH_PYTHON=/usr/bin/false (does not import attnbench)", "no-venv (absent)", "PATH (none)"):
+        assert looked in missing.stderr
