@@ -93,9 +93,11 @@ def test_measure_noise_runs_each_round_in_a_fresh_process() -> None:
     assert noise.processes == 2 and noise.cases == tuple(c.key for c in cases)
     assert len(noise.spreads) == 2 and all(s >= 0 for s in noise.spreads)
     assert noise.floor >= 0 and math.isfinite(noise.floor)
-    # A round the machine was busy for is taken again (beside another test worker it can be), so only the quiet
-    # rounds' messages are certain.
-    assert [h for h in heard if "busy" not in h] == ["noise: process 1 of 2 done", "noise: process 2 of 2 done"]
+    # A round the machine was busy for is taken again (beside another test worker it can be), up to twice the rounds
+    # asked; the quiet rounds count up in order, and every round said what it was.
+    quiet = [h for h in heard if "busy" not in h]
+    assert quiet == [f"noise: process {i} of 2 done" for i in range(1, len(quiet) + 1)]
+    assert len(quiet) == 2 or len(heard) == 4
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, rounds: list[tuple[float, int]]) -> list[int]:
