@@ -50,17 +50,29 @@ def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 def band_mask(length: int, *, causal: bool, window: int, device: torch.device) -> torch.Tensor | None:
     """(T, T) bool, True where query i may see key j: causal j ≤ i, within a window i − j < W (and j − i < W when
-    not causal). None when every pair is visible. Built per call: a mask made under inference_mode could not be
-    saved for a later backward, and T² bytes are small beside the B·H·T² scores."""
+    not causal). None when every pair is visible. Bool throughout (T² bytes): an int64 distance matrix on the way
+    would cost 8·T² (8 GiB at 32k) in time and peak memory. Cores take it from their model's ``MaskCache``."""
     if not causal and not window:
         return None
-    i = torch.arange(length, device=device)[:, None]
-    j = torch.arange(length, device=device)[None, :]
-    distance = i - j
-    keep = distance >= 0 if causal else torch.ones(length, length, dtype=torch.bool, device=device)
-    if window:
-        keep = keep & (distance < window) & (distance > -window)
-    return keep
+    keep = torch.ones(length, length, dtype=torch.bool, device=device)
+    below = keep.tril(window - 1) if window else keep  # j − i < W (or every key after i, without a window)
+    above = keep.triu(-(window - 1)) if window else keep  # i − j < W
+    return (below.tril(0) if causal else below) & above
+
+
+class MaskCache:
+    """One model's band masks, made once per (length, causal, window, device, grad mode) and shared by its layers:
+    built per call they were time and memory in every timed call of a windowed or vanilla causal row. A mask made
+    under inference_mode cannot be saved for a backward, hence the grad mode in the key. Freed with the model."""
+
+    def __init__(self) -> None:
+        self._masks: dict[tuple[int, bool, int, str, bool], torch.Tensor | None] = {}
+
+    def get(self, length: int, *, causal: bool, window: int, device: torch.device) -> torch.Tensor | None:
+        key = (length, causal, window, str(device), torch.is_inference_mode_enabled())
+        if key not in self._masks:
+            self._masks[key] = band_mask(length, causal=causal, window=window, device=device)
+        return self._masks[key]
 
 
 def gqa_path(model: str, heads: int, heads_kv: int) -> str | None:
@@ -95,6 +107,7 @@ class VanillaCore(nn.Module):
         super().__init__()
         self.causal = causal
         self.window = window
+        self.masks = MaskCache()  # attention_network hands every layer of a model one cache
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One query against the cache, written out: scores over the n + 1 slots (the last W in a window's ring;
@@ -110,7 +123,7 @@ class VanillaCore(nn.Module):
         heads, seq_len, head_dim = q.shape[1], q.shape[-2], q.shape[-1]
         k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # (B, H, T, D): the textbook form has a K/V per head
         scores = (q @ k.transpose(-2, -1)) * head_dim**-0.5  # (B, H, T, T)
-        keep = band_mask(seq_len, causal=self.causal, window=self.window, device=q.device)
+        keep = self.masks.get(seq_len, causal=self.causal, window=self.window, device=q.device)
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
         return scores.softmax(dim=-1) @ v  # (B, H, T, D)
@@ -141,13 +154,14 @@ class SdpaCore(nn.Module):
         self.causal = causal
         self.backend = backend
         self.window = window
+        self.masks = MaskCache()  # attention_network hands every layer of a model one cache
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not self.window:
             return self._attend(q, k, v, is_causal=self.causal)
         # A window is an explicit boolean mask: SDPA has no band of its own. A backend that takes no mask
         # (CUDA's flash) raises, and the probe turns that into an unsupported row.
-        keep = band_mask(q.shape[-2], causal=self.causal, window=self.window, device=q.device)
+        keep = self.masks.get(q.shape[-2], causal=self.causal, window=self.window, device=q.device)
         return self._attend(q, k, v, is_causal=False, mask=keep)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -425,7 +439,9 @@ class SelfAttention(nn.Module):
         window = int(getattr(self.core, "window", 0))
         if not window:
             return self._merge(sdpa(q, k, v, is_causal=True))
-        keep = band_mask(q.shape[-2], causal=True, window=window, device=q.device)
+        masks = getattr(self.core, "masks", None)
+        made = masks if isinstance(masks, MaskCache) else MaskCache()
+        keep = made.get(q.shape[-2], causal=True, window=window, device=q.device)
         return self._merge(sdpa(q, k, v, is_causal=False, mask=keep))
 
     def step(self, x: torch.Tensor, state: KVCache) -> torch.Tensor:
@@ -501,12 +517,19 @@ def attention_network(
         )
 
     if case.option("scope") == "core":
-        return network(case, AttentionStack([attention() for _ in range(case.layers)]), made, device, dtype)
-    ffn_mult = int(case.option("ffn_mult"))
-    blocks = [
-        TransformerBlock(attention(), case.d_model, ffn_mult, device=device, dtype=dtype) for _ in range(case.layers)
-    ]
-    return network(case, Stack(*blocks), made, device, dtype)
+        built = network(case, AttentionStack([attention() for _ in range(case.layers)]), made, device, dtype)
+    else:
+        ffn_mult = int(case.option("ffn_mult"))
+        blocks = [
+            TransformerBlock(attention(), case.d_model, ffn_mult, device=device, dtype=dtype)
+            for _ in range(case.layers)
+        ]
+        built = network(case, Stack(*blocks), made, device, dtype)
+    shared = MaskCache()  # one band per length for every layer, not one per layer
+    for module in built.modules():
+        if isinstance(getattr(module, "masks", None), MaskCache):
+            module.masks = shared  # type: ignore[assignment]
+    return built
 
 
 class AttentionTorch(NetworkFamily):

@@ -366,3 +366,29 @@ def test_the_fla_kernel_computes_the_chunked_form_or_says_why_not(heads_kv: int)
     out, grads = forward_and_grads(case, x, grad, "cuda")
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(grads["input"].float(), ref_grads["input"], atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
+def test_a_models_band_is_made_once_per_length_bool_only_and_shared_by_its_layers(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per call it was an int64 (T, T) distance matrix, 8·T² bytes (+8 GiB at 32k) in every timed call."""
+    from attnbench.measure.models import attention
+
+    made: list[torch.Tensor | None] = []
+    real = attention.band_mask
+
+    def counting(length: int, **kwargs: object) -> torch.Tensor | None:
+        made.append(real(length, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(attention, "band_mask", counting)
+    case = Case(model, "forward", "float32", "cpu", 1, 32, 16, 2, 3, True, (("window", 8),))
+    built = build_model(case, "cpu", torch.float32)
+    x = make_input(case, "cpu", torch.float32)
+    with torch.inference_mode():
+        for _ in range(3):
+            built(x)
+    assert len(made) == 1 and made[0] is not None and made[0].dtype == torch.bool
+    built(x)  # with grads on: a mask of its own (an inference-mode tensor cannot be saved for a backward)
+    assert len(made) == 2
