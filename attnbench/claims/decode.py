@@ -35,8 +35,14 @@ from attnbench.results.records import Result
 FLAT_MAX, FLAT_NOT = 0.3, 0.7
 GROWS_MIN = 0.5
 # Below this a measured state is a few pages, and which pages it straddles (one or two for 1 KiB) moves the reading
-# more than its size: such a state is judged on its computed bytes.
+# more than its size: such a state is judged on its computed bytes (resident pages only: CUDA's allocator counts
+# the state's own blocks).
 PAGE_SCALE = 64 * KIB
+# What each way of measuring a state reads, in the words a row's reader needs.
+_METHOD_READS = {
+    "resident-pages": "the pages it sits in",
+    "cuda-allocator": "the caching allocator's blocks it held, in 512 B steps",
+}
 _RECURRENT_FIGURE = "O(n) 逐次计算 (step after step)"
 _ATTENTION_FIGURE = "O(1) 并行计算 (all positions at once)"
 _MEMORY_FIGURE = "内存占用: 固定 (fixed)"
@@ -143,7 +149,8 @@ def _measured_text(held: Sequence[int], points: int, method: str) -> str:
     if not held:
         return f"measured 0 B at {points} of {points} lengths, {method}"
     low, high = format_bytes(min(held)), format_bytes(max(held))
-    return f"measured {low if low == high else f'{low}–{high}'} ({method}: the pages it sits in)"
+    reads = _METHOD_READS.get(method, "as measured")
+    return f"measured {low if low == high else f'{low}–{high}'} ({method}: {reads})"
 
 
 def _memory_row(s: Series, attention: Sequence[Series]) -> ClaimResult | None:
@@ -159,7 +166,8 @@ def _memory_row(s: Series, attention: Sequence[Series]) -> ClaimResult | None:
     size = format_bytes(sizes[0]) if len(sizes) == 1 else f"{format_bytes(sizes[0])} → {format_bytes(sizes[-1])}"
     lengths = describe_series(replace(s, points=tuple(points)))
     verdict: Verdict
-    if len(held) >= MIN_SLOPE_POINTS and max(b for _, b in held) >= PAGE_SCALE:
+    paged = method == "resident-pages"
+    if len(held) >= MIN_SLOPE_POINTS and (not paged or max(b for _, b in held) >= PAGE_SCALE):
         fit = fit_power_law([n for n, _ in held], [float(b) for _, b in held])
         assert fit is not None  # ≥ 3 distinct lengths, positive bytes
         measured = f"state ∝ {exponent_text(fit)} measured ({method}), {size} computed ({lengths})"
@@ -173,10 +181,11 @@ def _memory_row(s: Series, attention: Sequence[Series]) -> ClaimResult | None:
             verdict, why = "inconclusive", thin_slope(computed, points)
         else:
             verdict, why = _flat(computed, "the state")
-            why += (
-                f"; judged on the computed bytes: a state of a few pages reads as the pages it straddles, which "
-                f"says where it sits rather than how large it is ({method})"
-            )
+            if paged:
+                why += (
+                    f"; judged on the computed bytes: a state of a few pages reads as the pages it straddles, which "
+                    f"says where it sits rather than how large it is ({method})"
+                )
     return ClaimResult("1d", claim, _MEMORY_FIGURE, measured + _kv_cache(s, attention), keys, verdict, why)
 
 

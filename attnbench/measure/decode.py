@@ -35,7 +35,7 @@ from attnbench.measure.compiled import wrap
 from attnbench.measure.failures import describe, is_oom
 from attnbench.measure.memory import ResidentPages
 from attnbench.measure.models import make_input
-from attnbench.measure.models.decoding import decodable, tensor_bytes
+from attnbench.measure.models.decoding import decodable, drop_scratch, tensor_bytes
 
 Extra = dict[str, str | int | float | bool | None]
 # A recurrent context is fed in chunks of this many tokens, the state carrying over: the prefill's memory (the
@@ -81,6 +81,9 @@ class DecodeSetup:
     def release(self) -> None:
         """Measure the state, then free it (the step cannot run after this)."""
         held: int | None = None
+        # What only a step needs (its output buffers, a kernel's bookkeeping) goes first: a recurrent state's
+        # next-state buffers would otherwise double its measured size.
+        drop_scratch(self._state)
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
             before = torch.cuda.memory_allocated(self._device)

@@ -83,3 +83,50 @@ def test_longer_contexts_are_skipped_after_a_cache_that_did_not_fit(tmp_path: py
     results = load_run(folder).results
     assert [(r.case.seq_len, r.status) for r in results] == [(2**21, "oom"), (2**22, "oom")]
     assert "KV cache" in results[0].reason and results[1].extra.get("skipped") is True
+
+
+@pytest.mark.parametrize(
+    ("model", "options"), [("lstm", ()), ("mingru", ()), ("linear-attn", ()), ("mamba2", (("head_dim", 16),))]
+)
+def test_what_only_a_step_needs_is_dropped_before_the_state_is_measured(
+    model: str, options: tuple[tuple[str, object], ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recurrent state's next-state buffers (a step's output) once doubled its measured size on a GPU: the
+    executor drops them first, and what remains is exactly the state the row computes."""
+    from attnbench.measure import decode as decode_module
+    from attnbench.measure.models import build_model
+    from attnbench.measure.models.decoding import tensor_bytes
+
+    heads = 4 if model == "linear-attn" else None
+    case = Case(model, "decode", "float32", "cpu", 2, 32, 64, heads, 2, True, options)  # type: ignore[arg-type]
+    model_ = build_model(case, "cpu", torch.float32)
+    setup = decode_module.DecodeSetup(model_, case, torch.device("cpu"), torch.float32)
+    with torch.inference_mode():
+        setup.step()
+    state = setup._state
+    scratch = [
+        t for t in _all_tensors(state) if all(t.data_ptr() != s.data_ptr() for s in state.tensors())
+    ]  # the step's buffers, beside the state
+    assert scratch, "a step keeps its result aside"
+    seen: list[int] = []
+    real = decode_module.drop_scratch
+    monkeypatch.setattr(decode_module, "drop_scratch", lambda s: (real(s), seen.append(len(_all_tensors(s)))))
+    setup.release()
+    assert seen == [len(list(state.tensors()))]  # only the state is left when it is measured
+    assert tensor_bytes(state) == state_bytes(case) == setup.extra["state_bytes"]
+
+
+def _all_tensors(obj: object, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor an object holds in its attributes, lists and tuples (a state's, recursively)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 6 or obj is None or isinstance(obj, str | int | float | bool):
+        return []
+    items: list[object]
+    if isinstance(obj, list | tuple):
+        items = list(obj)
+    elif hasattr(obj, "__dict__"):
+        items = list(vars(obj).values())
+    else:
+        return []
+    return [t for item in items for t in _all_tensors(item, depth + 1)]

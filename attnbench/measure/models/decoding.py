@@ -45,6 +45,18 @@ class State(Protocol):
         """Commit the last ``step``: the next step comes one position later."""
         ...
 
+    def drop_scratch(self) -> None:
+        """Free what only a step needs (the buffers it computes into, the kernel's bookkeeping), so that what is
+        left is the state a decoder carries: the executor does this before it measures the state's memory."""
+        ...
+
+
+def drop_scratch(state: Any) -> None:
+    """``state.drop_scratch()`` where the state has one (a user model's may not): see ``State``."""
+    drop = getattr(state, "drop_scratch", None)
+    if callable(drop):
+        drop()
+
 
 @runtime_checkable
 class Decodable(Protocol):
@@ -172,6 +184,9 @@ class KVCache:
     def tensors(self) -> Iterator[torch.Tensor]:
         yield self.storage
 
+    def drop_scratch(self) -> None:
+        self.seqlens = self.visible = None  # flash-attn's per-sequence lengths: bookkeeping, not K and V
+
 
 @dataclass
 class RecurrentState:
@@ -186,6 +201,9 @@ class RecurrentState:
         yield self.h
         if self.c is not None:
             yield self.c
+
+    def drop_scratch(self) -> None:
+        self.pending = None
 
     def advance(self) -> None:
         if self.pending is None:
@@ -213,6 +231,10 @@ class StackState:
         for layer in self.layers:
             cast(State, layer).advance()
 
+    def drop_scratch(self) -> None:
+        for layer in self.layers:
+            drop_scratch(layer)
+
 
 @dataclass
 class NetworkState:
@@ -227,6 +249,9 @@ class NetworkState:
     def advance(self) -> None:
         cast(State, self.body).advance()
         self.position += 1
+
+    def drop_scratch(self) -> None:
+        drop_scratch(self.body)
 
 
 def tensor_bytes(state: State) -> int:

@@ -303,6 +303,9 @@ class LinearState:
         self.norm.copy_(self.next_norm)
         self.stepped = False
 
+    def drop_scratch(self) -> None:
+        del self.next_state, self.next_norm  # a step after this has nowhere to write: the state is being measured
+
 
 class LinearAttention(SelfAttention):
     """A linear-attention layer: the same fused projections as ``SelfAttention`` (so the same parameter count for

@@ -146,6 +146,9 @@ class Mamba2State:
         self.ssm.copy_(self.next_ssm)
         self.stepped = False
 
+    def drop_scratch(self) -> None:
+        del self.next_conv, self.next_ssm  # a step after this has nowhere to write: the state is being measured
+
 
 class Mamba2(nn.Module):
     """One Mamba-2 layer, (B, T, d_model) -> (B, T, d_model) (module notes)."""
