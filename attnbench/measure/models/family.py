@@ -89,9 +89,13 @@ class TorchFamily:
         """Why ``model`` is missing on a device its spec leaves out, for the cheap check before any probing."""
         return None
 
+    def probe_seq_len(self, case: Case) -> int:
+        """The tokens of the probe's input (16: enough for the real kernels' paths)."""
+        return PROBE_SEQ_LEN
+
     def tiny(self, case: Case) -> Case:
-        """``case`` at the probe's size: batch 1, 16 tokens, one layer; its widths kept."""
-        return replace(case, batch=PROBE_BATCH, seq_len=PROBE_SEQ_LEN, layers=1)
+        """``case`` at the probe's size: batch 1, ``probe_seq_len`` tokens, one layer; its widths kept."""
+        return replace(case, batch=PROBE_BATCH, seq_len=self.probe_seq_len(case), layers=1)
 
     def label(self, model: str) -> str:
         """How a probe's reason names the model (a forced SDPA backend by the backend's name)."""

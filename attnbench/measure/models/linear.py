@@ -234,8 +234,11 @@ class LinearCore(nn.Module):
 
     ``kernel="fla"`` computes the chunked form with flash-linear-attention's fused Triton kernel
     (``fla.ops.linear_attn.chunk_linear_attn``, Yang et al.): φ is applied here, q is not scaled (``scale=1``, as
-    the paper), and its normaliser divides by φ(q)ᵀz_t + 1e-5 where ours adds 1e-6. It takes one head count, so
-    GQA's keys and values are repeated for it; RetNet's decay is not a kernel option there and is refused.
+    the paper), and its normaliser divides by φ(q)ᵀz_t + 1e-10 (fla's ``normalize_output``) where the torch forms
+    add 1e-6 (the authors' fast-transformers value): with φ > 0 and z_t ≥ φ(k_1) both are far below the sum, so
+    the two agree to rounding. It takes one head count, so GQA's keys and values are repeated for it; RetNet's decay
+    is not a kernel option there and is refused. fla raises a ``DeprecationWarning`` (as an exception) when
+    T < H, taking it for a head-first layout: that is an unsupported case, said as such.
     """
 
     def __init__(self, form: str, feature: str, decay: bool, chunk: int, kernel: str = "torch") -> None:
@@ -255,14 +258,20 @@ class LinearCore(nn.Module):
         k, v = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (k, v))
         phi_q, phi_k = feature_map(q, self.feature), feature_map(k, self.feature)
         # The package wants (B, T, H, D).
-        out, _ = self._fla(
-            phi_q.transpose(1, 2),
-            phi_k.transpose(1, 2),
-            v.transpose(1, 2),
-            scale=1.0,
-            normalize=True,
-            **self._fla_layout,
-        )
+        try:
+            out, _ = self._fla(
+                phi_q.transpose(1, 2),
+                phi_k.transpose(1, 2),
+                v.transpose(1, 2),
+                scale=1.0,
+                normalize=True,
+                **self._fla_layout,
+            )
+        except DeprecationWarning as exc:  # fla's guard against a head-first layout: it fires whenever T < H
+            raise NotImplementedError(
+                f"fla's chunk_linear_attn refuses seq_len {q.shape[-2]} < heads {heads} (it takes that for a "
+                f"head-first layout): {exc}"
+            ) from exc
         return out.transpose(1, 2)
 
     def gamma(self, kv_heads: int, device: torch.device) -> Tensor | None:
@@ -363,6 +372,11 @@ class LinearAttention(SelfAttention):
 
 
 class LinearTorch(NetworkFamily):
+    def probe_seq_len(self, case: Case) -> int:
+        """fla's kernel refuses T < H: its probe keeps at least as many tokens as heads."""
+        length = super().probe_seq_len(case)
+        return max(length, case.heads or 0) if case.option("kernel") == "fla" else length
+
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         def core() -> LinearCore:
             return LinearCore(

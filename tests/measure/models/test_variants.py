@@ -347,10 +347,61 @@ def test_the_fla_kernel_is_an_unsupported_row_with_its_reason_where_it_cannot_ru
         assert probe(case, "cpu") == "linear-attn kernel fla: flash-linear-attention's kernels are Triton, CUDA only"
 
 
+def _fake_fla(calls: list[dict[str, object]]) -> object:
+    """chunk_linear_attn's contract (B, T, H, D) in and out, normalised, scale as given; computed with the torch
+    chunked form; fla's guard against a head-first layout (T < H raises DeprecationWarning) included."""
+    import types
+
+    from attnbench.measure.models.linear import linear_attention
+
+    def chunk_linear_attn(
+        q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=True, head_first=False
+    ):  # type: ignore[no-untyped-def]
+        calls.append({"q": tuple(q.shape), "scale": scale, "normalize": normalize, "head_first": head_first})
+        if q.shape[1] < q.shape[2]:
+            raise DeprecationWarning(f"seq_len ({q.shape[1]}) < num_heads ({q.shape[2]})")
+        y, _, _ = linear_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            form="chunked",
+            feature="relu",
+            decay=None,
+            chunk=64,
+        )
+        return y.transpose(1, 2), None
+
+    module = types.ModuleType("fla.ops.linear_attn")
+    module.chunk_linear_attn = chunk_linear_attn  # type: ignore[attr-defined]
+    return module
+
+
+def test_kernel_fla_routes_through_flas_function_and_says_when_it_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows labelled fla once timed the torch form (the option never reached the model): a stand-in package
+    proves each layer now calls chunk_linear_attn, in its layout, with q unscaled."""
+    import sys
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setitem(sys.modules, "fla.ops.linear_attn", _fake_fla(calls))
+    case = case_of("linear-attn", seq_len=24, kernel="fla")  # two layers
+    torch.manual_seed(0)
+    built = build_model(case, "cpu", torch.float64)
+    built(make_input(case, "cpu", torch.float64))
+    assert calls == [{"q": (2, 24, 4, 8), "scale": 1.0, "normalize": True, "head_first": False}] * 2
+    # T < H: fla's guard, an unsupported case that says why (not an error row).
+    short = case_of("linear-attn", seq_len=3, kernel="fla")
+    with pytest.raises(NotImplementedError, match="refuses seq_len 3 < heads 4"):
+        build_model(short, "cpu", torch.float64)(make_input(short, "cpu", torch.float64))
+
+
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads_kv", [4, 2])
-def test_the_fla_kernel_computes_the_chunked_form_or_says_why_not(heads_kv: int) -> None:
+def test_the_fla_kernel_computes_the_chunked_form_or_says_why_not(
+    heads_kv: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnbench.measure.models import linear
+
     case = replace(
         case_of("linear-attn", dtype="bfloat16", seq_len=200, kernel="fla", heads_kv=heads_kv), device="cuda"
     )
@@ -358,12 +409,21 @@ def test_the_fla_kernel_computes_the_chunked_form_or_says_why_not(heads_kv: int)
     if reason is not None:
         assert reason.startswith("linear-attn kernel fla:")
         pytest.skip(reason)
+    called: list[int] = []
+    real = linear.fla_chunked()
+
+    def spy(*args: object, **kwargs: object) -> object:
+        called.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(linear, "fla_chunked", lambda: spy)
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(2, 200, 32, generator=generator, device="cuda", dtype=torch.bfloat16)
     grad = torch.randn(2, 200, 32, generator=generator, device="cuda", dtype=torch.bfloat16)
     reference = replace(case, options=tuple(o for o in case.options if o[0] != "kernel"))
     ref, ref_grads = forward_and_grads(reference, x, grad, "cuda", compute_dtype=torch.float32)
     out, grads = forward_and_grads(case, x, grad, "cuda")
+    assert called, "the fla kernel was never called: the row would time the torch form"
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(grads["input"].float(), ref_grads["input"], atol=3e-2, rtol=3e-2)
 
