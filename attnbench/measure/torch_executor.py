@@ -208,7 +208,7 @@ class TorchExecutor:
         else:
             x = make_input(case, str(self.device), dtype)
             grad_mode, step = _whole_sequence(case, model, x, model if mode is None else wrap(model, mode))
-        if not torch_family(case).probes:  # a user's model: its first call is its probe, and what it does is counted
+        if not torch_family(case).trusted:  # a user's model: its first call is checked, and what it does counted
             with grad_mode(), pinned_backend(model):
                 _check_call(case, model, x, decode)
                 if not analytic(case):
@@ -272,10 +272,14 @@ class TorchExecutor:
         try:
             watch.first_call(step, synchronize)
         except Exception as exc:
-            if is_oom(exc) or not is_compiler_failure(exc):
+            # NotImplementedError: a kernel that does not exist here (flex's backward on a CPU), which a model
+            # whose first compiled call is its probe meets here rather than in the probe.
+            if is_oom(exc) or not (is_compiler_failure(exc) or isinstance(exc, NotImplementedError)):
                 raise
-            compiled_model = case.option("compile") != "none"
-            what = f"torch.compile(mode={watch.mode})" if compiled_model else "flex's compiled kernel"
+            compiled_model = case.has_option("compile") and case.option("compile") != "none"
+            what = f"torch.compile(mode={watch.mode})" if compiled_model else f"{case.model}'s compiled kernel"
+            if isinstance(exc, NotImplementedError) and not is_compiler_failure(exc):
+                return Result(case, "unsupported", f"{case.model}: no {case.mode} kernel here: {describe(exc)}")
             return Result(case, "unsupported", f"{what} cannot compile {case.model} here: {describe(exc)}")
         return None
 

@@ -67,12 +67,38 @@ class MaskCache:
 
     def __init__(self) -> None:
         self._masks: dict[tuple[int, bool, int, str, bool], torch.Tensor | None] = {}
+        self._blocks: dict[tuple[int, bool, int, str], Any] = {}
+        self._mods: dict[tuple[bool, int], Any] = {}
 
     def get(self, length: int, *, causal: bool, window: int, device: torch.device) -> torch.Tensor | None:
         key = (length, causal, window, str(device), torch.is_inference_mode_enabled())
         if key not in self._masks:
             self._masks[key] = band_mask(length, causal=causal, window=window, device=device)
         return self._masks[key]
+
+    def block(self, length: int, *, causal: bool, window: int, device: torch.device) -> Any:
+        """FlexAttention's ``BlockMask`` of the band, once per (length, causal, window, device) for every layer.
+        ``create_block_mask`` runs compiled (``_compile=True``): eager, it materialises the whole (T, T) mask on the
+        way, 8 GiB of int64 distances at 32k, an ``oom`` row where the kernel itself fits. One ``mask_mod`` per
+        (causal, window), the same function for every layer, so dynamo compiles it once rather than per layer (and
+        past its cache limit would silently fall back to eager)."""
+        key = (length, causal, window, str(device))
+        if key not in self._blocks:
+            create = importlib.import_module("torch.nn.attention.flex_attention").create_block_mask
+            mod = self._mask_mod(causal, window)
+            self._blocks[key] = create(mod, None, None, length, length, device=device, _compile=True)
+        return self._blocks[key]
+
+    def _mask_mod(self, causal: bool, window: int) -> Any:
+        if (causal, window) not in self._mods:
+
+            def keep(b: Any, h: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+                distance = q_idx - kv_idx
+                visible = distance >= 0 if causal else distance > -window
+                return visible & (distance < window) if window else visible
+
+            self._mods[causal, window] = keep
+        return self._mods[causal, window]
 
 
 def gqa_path(model: str, heads: int, heads_kv: int) -> str | None:
@@ -318,13 +344,14 @@ def compiled_flex() -> Any:
 class FlexCore(nn.Module):
     """FlexAttention (``torch.nn.attention.flex_attention``), compiled, with causal and window as a block mask.
 
-    The mask is a ``mask_mod`` turned into a ``BlockMask`` once per sequence length (``create_block_mask`` with
-    B = H = None, on the inputs' device: the mask does not depend on batch or head, and its default device is
-    the accelerator whatever the inputs): tiles wholly outside the band are skipped, which is what makes flex
-    fast for a window. GQA goes in as ``enable_gqa``. Compilation happens on the first call, which the executor
-    makes and times apart (``compile_s``); on a CPU flex has no backward, so train and backward rows are
-    ``unsupported`` with torch's reason, found by the probe. A decode step attends over the cache's visible
-    slots with no mask: every one is in the past (a window's ring holds only its band).
+    The mask is a ``mask_mod`` turned into a ``BlockMask`` once per sequence length for the whole model
+    (``MaskCache.block``: compiled, with B = H = None, on the inputs' device: the mask does not depend on batch or
+    head, and its default device is the accelerator whatever the inputs): tiles wholly outside the band are
+    skipped, which is what makes flex fast for a window. GQA goes in as ``enable_gqa``. Compilation happens on
+    the first call, which the executor makes and times apart (``compile_s``) and which is the case's probe too
+    (a tiny probe would compile shapes the case never runs, ``dynamic=False``); on a CPU flex has no backward, so
+    train and backward rows are ``unsupported`` with torch's reason. A decode step attends over the cache's
+    visible slots with no mask: every one is in the past (a window's ring holds only its band).
     """
 
     cache_layout: Layout = "bhnd"
@@ -334,23 +361,12 @@ class FlexCore(nn.Module):
         self.causal = causal
         self.window = window
         self._flex = compiled_flex()
-        self._create = importlib.import_module("torch.nn.attention.flex_attention").create_block_mask
-        self._masks: dict[tuple[int, str], Any] = {}
+        self.masks = MaskCache()  # attention_network hands every layer of a model one cache
 
     def _block_mask(self, length: int, device: torch.device) -> Any:
         if not self.causal and not self.window:
             return None
-        key = (length, str(device))
-        if key not in self._masks:
-            causal, window = self.causal, self.window
-
-            def keep(b: Any, h: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-                distance = q_idx - kv_idx
-                visible = distance >= 0 if causal else distance > -window
-                return visible & (distance < window) if window else visible
-
-            self._masks[key] = self._create(keep, None, None, length, length, device=device)
-        return self._masks[key]
+        return self.masks.block(length, causal=self.causal, window=self.window, device=device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         mask = self._block_mask(q.shape[-2], q.device)
@@ -536,6 +552,11 @@ class AttentionTorch(NetworkFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         core = CORES[case.model]
         return attention_network(case, SelfAttention, lambda: core(case.causal, case.window), device, dtype)
+
+    def probes(self, case: Case) -> bool:
+        # flex compiles for its exact shapes (dynamic=False): a tiny copy's compile would be thrown away, so the
+        # case's first, compiling call is its probe (the executor turns a missing kernel there into unsupported).
+        return case.model != "flex"
 
     def device_note(self, model: str) -> str | None:
         return _DEVICE_NOTES.get(model)

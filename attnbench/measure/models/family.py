@@ -72,8 +72,9 @@ class Unsupported(Exception):
 class TorchFamily:
     """Defaults for a family with nothing to say beyond building its modules."""
 
-    # Whether the probe runs a shrunken copy of the case first (False: the case's own build is the probe).
-    probes: bool = True
+    # Whether what the family builds is known to map (B, T, d_model) to the same shape (False: a user's model, whose
+    # first call the executor checks before timing).
+    trusted: bool = True
 
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         """The model for ``case`` on ``device`` in ``dtype``: (B, T, d_model) -> (B, T, d_model), or token ids
@@ -84,6 +85,11 @@ class TorchFamily:
         """Why ``case`` cannot run on ``device_type``, found without building anything (a missing package, a kernel
         that does not exist for this dtype), or None."""
         return None
+
+    def probes(self, case: Case) -> bool:
+        """Whether a shrunken copy of ``case`` is run first to find a missing kernel (False: the case's own first
+        call is its probe, where a copy would cost as much or find nothing)."""
+        return True
 
     def device_note(self, model: str) -> str | None:
         """Why ``model`` is missing on a device its spec leaves out, for the cheap check before any probing."""

@@ -96,7 +96,7 @@ def probe(case: Case, device: str) -> str | None:
     reason = family.unavailable(case, device_type)
     if reason is not None:
         return reason
-    return _probe_tiny(case, device) if family.probes else None
+    return _probe_tiny(case, device) if family.probes(case) else None
 
 
 def _probe_tiny(case: Case, device: str) -> str | None:
