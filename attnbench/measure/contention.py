@@ -13,8 +13,11 @@ timed window (warm-up and samples) is watched, and the row says whether it was c
   most direct evidence: time the case wanted to run and could not;
 * **steal**: CPU time the hypervisor gave to other guests, ``STEAL_PCT`` of the window's CPU time or more;
 * on a GPU, **other compute processes** on the device (NVML's running compute processes), and an **SM clock
-  below the application clock** by more than ``CLOCK_SLACK`` at the window's end (power, thermal or another
-  context's clocks);
+  below the application clock** by more than ``CLOCK_SLACK`` at the window's end *for a reason NVML gives other
+  than idling or the software power cap* (thermal or hardware slowdown, a power brake, sync boost, the display):
+  an H200 idles at 345 MHz and boosts to ~1980, so a launch-bound case (the GPU idle between kernels) or a
+  power-capped one reads well below the application clock with nobody else on the GPU, which is the case's own
+  nature, not contention. Without the reasons (an old driver) the clock is recorded, not judged;
 * the **load average** at both ends is recorded as evidence only: it is a one-minute average, lagging any window
   shorter than that, and it counts this case's own threads.
 
@@ -40,6 +43,20 @@ OTHERS_SLACK_CORES = 0.5  # others may use this much more than the free cores be
 RUN_WAIT_PCT = 10.0  # % of the window this process's threads spent waiting for a CPU
 STEAL_PCT = 5.0  # % of the window's CPU time stolen by the hypervisor
 CLOCK_SLACK = 0.10  # an SM clock this far below the application clock
+# NVML's clock-event reason bits (nvmlClocksEventReason*), by the names rows record. The first three say the GPU is
+# idle, held to its application clocks, or at its software power cap: what the case does itself, not contention.
+CLOCK_EVENTS: tuple[tuple[int, str], ...] = (
+    (0x001, "gpu_idle"),
+    (0x002, "applications_clocks_setting"),
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x010, "sync_boost"),
+    (0x020, "sw_thermal_slowdown"),
+    (0x040, "hw_thermal_slowdown"),
+    (0x080, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+OWN_CLOCK_EVENTS = frozenset({"gpu_idle", "applications_clocks_setting", "sw_power_cap"})
 IDLE_CHECK_S = 0.5  # the pre-sweep check's window (the issue's bound: ≤ 1 s)
 
 NvmlLoader = Callable[[], Any]
@@ -114,6 +131,12 @@ class GpuReading:
     others: int | None = None
     sm_clock_mhz: float | None = None
     app_clock_mhz: float | None = None
+    events: tuple[str, ...] | None = None  # NVML's clock-event reasons (CLOCK_EVENTS names); None: unknown
+
+
+def clock_events(mask: int) -> tuple[str, ...]:
+    """The names of the reason bits set in an NVML clock-event mask."""
+    return tuple(name for bit, name in CLOCK_EVENTS if mask & bit)
 
 
 def read_gpu(nvml: Any, handle: Any) -> GpuReading:
@@ -131,7 +154,15 @@ def read_gpu(nvml: Any, handle: Any) -> GpuReading:
         sm = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
     with contextlib.suppress(nvml.NVMLError):
         app = float(nvml.nvmlDeviceGetClock(handle, nvml.NVML_CLOCK_SM, nvml.NVML_CLOCK_ID_APP_CLOCK_TARGET)) or None
-    return GpuReading(others, sm, app)
+    events = None
+    # "Clocks event reasons" is the current name (driver 535+); older drivers only know the "throttle" one.
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        reader = getattr(nvml, name, None)
+        if reader is not None:
+            with contextlib.suppress(nvml.NVMLError):
+                events = clock_events(int(reader(handle)))
+                break
+    return GpuReading(others, sm, app, events)
 
 
 def judge(
@@ -172,8 +203,12 @@ def judge(
         if gpu.others:
             reasons.append(f"{gpu.others} other process{'es' if gpu.others > 1 else ''} computed on the GPU")
         sm, app = gpu.sm_clock_mhz, gpu.app_clock_mhz
-        if sm is not None and app and sm < app * (1 - CLOCK_SLACK):
-            reasons.append(f"the SM clock ran at {sm:.0f} MHz, below the application clock {app:.0f} MHz")
+        blamed = [e for e in gpu.events or () if e not in OWN_CLOCK_EVENTS]
+        if sm is not None and app and sm < app * (1 - CLOCK_SLACK) and blamed:
+            reasons.append(
+                f"the SM clock ran at {sm:.0f} MHz, below the application clock {app:.0f} MHz "
+                f"(NVML: {', '.join(blamed)})"
+            )
     return Contention(
         contended=bool(reasons),
         reasons=tuple(reasons),
@@ -189,6 +224,7 @@ def judge(
         gpu_processes=None if gpu is None else gpu.others,
         sm_clock_mhz=None if gpu is None else gpu.sm_clock_mhz,
         app_clock_mhz=None if gpu is None else gpu.app_clock_mhz,
+        clock_events=None if gpu is None else gpu.events,
     )
 
 

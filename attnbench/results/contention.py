@@ -17,7 +17,7 @@ from attnbench.results import fields
 
 _OPTIONAL = (
     *("threads", "logical_cores", "cpu_share", "others_cores", "load_start", "load_end", "steal_pct"),
-    *("run_wait_pct", "gpu_processes", "sm_clock_mhz", "app_clock_mhz"),
+    *("run_wait_pct", "gpu_processes", "sm_clock_mhz", "app_clock_mhz", "clock_events"),
 )
 
 
@@ -39,6 +39,8 @@ class Contention:
     gpu_processes: int | None = None  # other processes holding a compute context on the GPU (NVML)
     sm_clock_mhz: float | None = None  # the SM clock at the window's end
     app_clock_mhz: float | None = None  # the application (target) SM clock
+    # NVML's clock-event reasons at the window's end, by name (gpu_idle, sw_power_cap, hw_thermal_slowdown, …)
+    clock_events: tuple[str, ...] | None = None
 
     @property
     def evidence(self) -> str:
@@ -57,7 +59,8 @@ class Contention:
         if self.gpu_processes is not None:
             parts.append(f"{self.gpu_processes} other GPU processes")
         if self.sm_clock_mhz is not None and self.app_clock_mhz is not None:
-            parts.append(f"SM clock {self.sm_clock_mhz:.0f}/{self.app_clock_mhz:.0f} MHz")
+            why = f" ({', '.join(self.clock_events)})" if self.clock_events else ""
+            parts.append(f"SM clock {self.sm_clock_mhz:.0f}/{self.app_clock_mhz:.0f} MHz{why}")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,7 +68,7 @@ class Contention:
             "contended": self.contended,
             "reasons": list(self.reasons),
             "window_s": self.window_s,
-            **{name: getattr(self, name) for name in _OPTIONAL if getattr(self, name) is not None},
+            **{name: _plain(getattr(self, name)) for name in _OPTIONAL if getattr(self, name) is not None},
         }
 
     @classmethod
@@ -96,4 +99,11 @@ class Contention:
             gpu_processes=count("gpu_processes"),
             sm_clock_mhz=number("sm_clock_mhz", positive=True),
             app_clock_mhz=number("app_clock_mhz", positive=True),
+            clock_events=None
+            if d.get("clock_events") is None
+            else tuple(fields.items(d["clock_events"], "clock_events", fields.text)),
         )
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

@@ -103,26 +103,52 @@ def test_missing_counters_are_none_not_errors() -> None:
     assert not c.contended and c.others_cores is None and c.steal_pct is None and c.run_wait_pct is None
 
 
+HW_THERMAL, IDLE, SW_POWER_CAP = 0x040, 0x001, 0x004
+
+
 def test_gpu_rules_other_processes_and_a_clock_below_the_application_clock() -> None:
-    nvml = FakeNvml([FakeGpu(processes=[os.getpid(), 4242], sm_clock_mhz=1200, app_sm_clock_mhz=1980)])
+    nvml = FakeNvml(
+        [FakeGpu(processes=[os.getpid(), 4242], sm_clock_mhz=1200, app_sm_clock_mhz=1980, throttle_mask=HW_THERMAL)]
+    )
     nvml.nvmlInit()
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     reading = read_gpu(nvml, handle)
-    assert reading == GpuReading(others=1, sm_clock_mhz=1200, app_clock_mhz=1980)
+    assert reading == GpuReading(others=1, sm_clock_mhz=1200, app_clock_mhz=1980, events=("hw_thermal_slowdown",))
     c = judge(counters(0, 0, 0), counters(1, 1, 1), threads=1, cores=2, gpu=reading)
     assert c.contended and c.gpu_processes == 1
     assert any("1 other process computed on the GPU" in r for r in c.reasons)
-    assert any("below the application clock 1980 MHz" in r for r in c.reasons)
+    assert any("below the application clock 1980 MHz (NVML: hw_thermal_slowdown)" in r for r in c.reasons)
+    assert c.clock_events == ("hw_thermal_slowdown",) and "(hw_thermal_slowdown)" in c.evidence
     # In a container NVML lists host pids, so ours is not among them: one of the listed is taken to be ours.
     nvml.gpus[0].processes = [101, 102]
     nvml.gpus[0].sm_clock_mhz = 1980
-    assert read_gpu(nvml, handle) == GpuReading(others=1, sm_clock_mhz=1980, app_clock_mhz=1980)
+    assert read_gpu(nvml, handle).others == 1
     nvml.gpus[0].processes = [os.getpid()]
     quiet = judge(counters(0, 0, 0), counters(1, 1, 1), 1, 2, gpu=read_gpu(nvml, handle))
     assert not quiet.contended and quiet.gpu_processes == 0
     # What NVML refuses stays unknown.
     nvml.gpus[0].not_supported = {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetClock"}
-    assert read_gpu(nvml, handle) == GpuReading(others=None, sm_clock_mhz=1980, app_clock_mhz=None)
+    assert read_gpu(nvml, handle) == GpuReading(
+        others=None, sm_clock_mhz=1980, app_clock_mhz=None, events=("hw_thermal_slowdown",)
+    )
+
+
+@pytest.mark.parametrize(
+    ("mask", "contended"),
+    [(IDLE, False), (SW_POWER_CAP, False), (IDLE | SW_POWER_CAP, False), (0, False), (HW_THERMAL, True)],
+)
+def test_a_low_clock_counts_only_for_a_reason_other_than_idle_or_the_power_cap(mask: int, contended: bool) -> None:
+    """An H200 idles at 345 MHz and boosts to ~1980: a launch-bound or power-capped case reads far below the
+    application clock with nobody else on the GPU. Contended rows make claims inconclusive, so only a reason the
+    case does not cause itself counts."""
+    nvml = FakeNvml([FakeGpu(processes=[os.getpid()], sm_clock_mhz=700, app_sm_clock_mhz=1980, throttle_mask=mask)])
+    nvml.nvmlInit()
+    reading = read_gpu(nvml, nvml.nvmlDeviceGetHandleByIndex(0))
+    c = judge(counters(0, 0, 0), counters(1, 1, 1), threads=1, cores=2, gpu=reading)
+    assert c.contended is contended
+    assert c.sm_clock_mhz == 700  # recorded either way
+    unknown = judge(counters(0, 0, 0), counters(1, 1, 1), 1, 2, gpu=replace(reading, events=None))
+    assert not unknown.contended  # an old driver without the reasons: the clock is recorded, not judged
 
 
 def test_a_real_busy_loop_is_seen_by_the_pre_sweep_check() -> None:
