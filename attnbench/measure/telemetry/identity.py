@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from attnbench.measure.telemetry.errors import TelemetryUnavailable
 
-_HEX_UUID = re.compile(r"(?:GPU-|MIG-)?([0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})")
+_HEX_UUID = re.compile(r"(GPU-|MIG-)?([0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,14 @@ class GpuIdentity:
 
 
 def nvml_uuid(text: str) -> str | None:
-    """NVML's "GPU-…" form of a UUID as torch prints it (bare 8-4-4-4-12 hex), or None if it is not one."""
+    """NVML's form of a UUID as torch prints it (bare 8-4-4-4-12 hex: a whole GPU, "GPU-…"), or None if it is not
+    one. A MIG slice's "MIG-…" keeps its prefix: NVML finds the slice by it, and "GPU-" with the slice's hex would
+    name no device (or, worse, be taken for the parent GPU)."""
     match = _HEX_UUID.fullmatch(text.strip())
-    return f"GPU-{match.group(1).lower()}" if match else None
+    if match is None:
+        return None
+    prefix = (match.group(1) or "GPU-").upper()
+    return f"{prefix}{match.group(2).lower()}"
 
 
 def pci_bus_id(domain: int, bus: int, device: int) -> str:

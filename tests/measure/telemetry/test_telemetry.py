@@ -350,6 +350,8 @@ def test_identity_forms_match_nvml() -> None:
     assert nvml_uuid("5e1f2c3d-0a1b-4c2d-8e3f-000000000001") == "GPU-5e1f2c3d-0a1b-4c2d-8e3f-000000000001"
     assert nvml_uuid("GPU-5E1F2C3D-0A1B-4C2D-8E3F-000000000001") == "GPU-5e1f2c3d-0a1b-4c2d-8e3f-000000000001"
     assert nvml_uuid("not a uuid") is None
+    # A MIG slice keeps its own prefix: "GPU-" with its hex would name no device, or the wrong one.
+    assert nvml_uuid("MIG-5E1F2C3D-0A1B-4C2D-8E3F-000000000001") == "MIG-5e1f2c3d-0a1b-4c2d-8e3f-000000000001"
     assert pci_bus_id(0, 0x3B, 0) == "00000000:3b:00.0"
 
 
