@@ -20,6 +20,7 @@
 #   claims.md                 `attnbench claims` on it
 #   flash-run.tgz             the attention-kernel sweep's run folder
 #   selfcheck.md              attnbench vs torch.utils.benchmark and triton's do_bench
+#   gpu-tests.xml             the GPU tests, one result each (JUnit XML; the log has pytest's -rA summary too)
 #   telemetry-overhead.md     what the telemetry sampler costs the timed calls
 # The exit code is 0 only when every step passed. It never changes clocks, power limits or modes, and never resets
 # the GPU. Commit what it brought back under results/ with the GPU in the folder name (results/gpu-check-h200/).
@@ -35,18 +36,21 @@ esac
 
 # name:budget_s, in the order they run: each step's hard limit. With the kill grace after each (a killed sweep
 # closes its folder and renders its summaries), they add up to at most TOTAL_LIMIT_S (`--plan` shows the sum).
+# setup installs the carried wheels and imports pydantic, nothing more: the first torch import (CUDA 13 loads GBs of
+# libraries) belongs to env, whose budget absorbs it. calibrate runs before the claims sweep, so the sweep's rows are
+# held to this GPU's measured ceilings.
 STEPS=(
-  setup:10
-  env:15
-  claims-sweep:90
+  setup:30
+  env:35
+  calibrate:25
+  claims-sweep:75
   claims-pack:5
-  claims-report:10
-  calibrate:30
-  selfcheck:40
-  flash-sweep:45
+  claims-report:8
+  selfcheck:30
+  flash-sweep:40
   flash-pack:5
-  gpu-tests:55
-  telemetry-overhead:20
+  gpu-tests:60
+  telemetry-overhead:12
 )
 KILL_GRACE_S=3
 TOTAL_LIMIT_S=360
@@ -113,13 +117,14 @@ skip_step() {
 }
 
 setup() {
-  # On the GPU machine: pydantic and what it needs, from the wheels carried in .whl/ (installed offline).
+  # On the GPU machine: pydantic and what it needs, from the wheels carried in .whl/ (installed offline). Only the
+  # install and pydantic's import: torch's cold import is env's.
   if [ -d .whl ] && ls .whl/*.whl > /dev/null 2>&1 && ! "$PY" -c "import pydantic" 2> /dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
       .whl/*.whl || return 1
     export PYTHONPATH="$WORK/site:$PYTHONPATH"
   fi
-  "$PY" -c "import attnbench, pydantic, torch, typer, rich, pandas, yaml, psutil; print('python', __import__('sys').version.split()[0], 'torch', torch.__version__)"
+  "$PY" -c "import pydantic, yaml, typer; print('python', __import__('sys').version.split()[0], 'pydantic', pydantic.VERSION)"
 }
 
 environment() {
@@ -127,24 +132,49 @@ environment() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,power.default_limit \
       --format=csv || true
   fi
-  "$PY" -m attnbench env --device "$DEVICE"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" && \
+    "$PY" -m attnbench env --device "$DEVICE"
+}
+
+# reached NAME: how many of its config's cases the sweep NAME recorded (a sweep cut by its budget keeps its rows).
+reached() {
+  local folder
+  folder=$(run_folder "$1")
+  [ -n "$folder" ] || { echo "$1: no run folder"; return 1; }
+  "$PY" - "$folder" "$DEVICE" << 'PYTHON'
+import sys
+from attnbench.config.experiment import stored_experiment
+from attnbench.results.store import load_run
+
+stored = load_run(sys.argv[1])
+planned = stored_experiment(stored.run.config, stored.run.config_source).cases(sys.argv[2])
+ok = sum(r.ok for r in stored.results)
+print(f"reached {len(stored.results)} of {len(planned)} cases ({ok} ok)")
+PYTHON
 }
 
 # The article's claims: every claim's cases at batch 1 and three lengths, each model at one scope, and the three
-# 110 M-parameter presets at one length (claim 3); on the CPU, the same at toy sizes.
+# 110 M-parameter presets at one length (claim 3); on the CPU, the same at toy sizes. Decode and the presets run
+# first (order): a sweep cut by its budget loses the grid's longest lengths, not claim 1's decode rows or claim 3.
+# minGRU runs its parallel scan only: the sequential one launches tens of thousands of kernels at n = 2k-8k.
 claims_sweep() {
+  local rc
   if [ "$MODE" = gpu ]; then
-    "$PY" -m attnbench sweep configs/claims.yaml --device cuda --out "$WORK/claims" -q \
+    "$PY" -m attnbench sweep configs/claims.yaml --device cuda --out "$WORK/claims" -q --set 'order=[decode,presets]' \
       --set 'grid.batch=[1]' --set 'model_options.lstm={scope: core}' --set 'model_options.vanilla={scope: core}' \
-      --set 'model_options.sdpa-flash={scope: core}' --set 'presets.seq_len=[128]' \
-      --set 'decode.models=[lstm,sdpa-flash]' --set 'decode.seq_len=[2048,16384,131072]' \
-      --set timing.max_case_s=0.3 --set timing.min_time_s=0.1
+      --set 'model_options.sdpa-flash={scope: core}' --set 'model_options.mingru={scan: parallel}' \
+      --set 'presets.seq_len=[128]' --set 'decode.models=[lstm,sdpa-flash]' \
+      --set 'decode.seq_len=[2048,16384,131072]' --set timing.max_case_s=0.3 --set timing.min_time_s=0.1
   else
     "$PY" -m attnbench sweep configs/claims-cpu.yaml --device cpu --out "$WORK/claims" -q \
-      --set 'grid.seq_len=[16,32,64]' --set d_model=32 --set heads=2 --set 'presets.seq_len=[8]' \
-      --set 'decode.seq_len=[64,256,1024]' \
+      --set 'order=[decode,presets]' --set 'grid.seq_len=[16,64]' --set d_model=32 --set heads=2 \
+      --set 'presets.seq_len=[8]' --set 'presets.modes=[forward]' --set 'decode.seq_len=[64,1024]' \
+      --set 'model_options.mingru={scan: parallel}' \
       --set timing.max_case_s=0.3 --set timing.warmup_max_s=0.1 --set timing.min_time_s=0.02
   fi
+  rc=$?
+  reached claims
+  return "$rc"
 }
 
 # Every attention kernel (and cuDNN LSTM) at two lengths (2048: claim 4's), causal and not: the flash-vs-vanilla comparison, each
@@ -198,7 +228,9 @@ selfcheck() {
   local rc extra=()
   # On --cpu the verdict is not held against the check (below), so no rounds are added to reach one.
   [ "$MODE" = cpu ] && extra=(--max-rounds 3)
-  "$PY" -m attnbench selfcheck --device "$DEVICE" --quick -o "$OUT/selfcheck.md" "${extra[@]}"
+  # Its own budget, a few seconds inside the step's, so it ends with a verdict rather than a kill.
+  "$PY" -m attnbench selfcheck --device "$DEVICE" --quick -o "$OUT/selfcheck.md" --budget-s "$SELFCHECK_BUDGET_S" \
+    "${extra[@]}"
   rc=$?
   # A shared CPU's tiny ops may disagree under load: on --cpu the step checks the plumbing (the command ran to a
   # verdict and wrote its report), not the verdict. On the GPU a disagreement fails the check; an inconclusive
@@ -216,8 +248,13 @@ selfcheck() {
 }
 
 # Only the files that mark a test `gpu`: collecting the whole suite to deselect ~2,200 tests took 40 of a CPU
-# check's 45 s here, time the GPU's budget is better spent on. (No file found: pytest collects everything.)
-gpu_tests() { "$PY" -m pytest -m gpu -q -p no:cacheprovider $(grep -rlE 'mark\.gpu' tests --include='*.py'); }
+# check's 45 s here, time the GPU's budget is better spent on. (No file found: pytest collects everything.) -rA and
+# the JUnit file say which test did what, even when the step is killed; a test past ATTNBENCH_TEST_TIMEOUT_S fails
+# on its own (tests/conftest.py), and FlexAttention's, compiling per length, run last (the same).
+gpu_tests() {
+  ATTNBENCH_TEST_TIMEOUT_S=20 "$PY" -m pytest -m gpu -rA -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" \
+    $(grep -rlE 'mark\.gpu' tests --include='*.py')
+}
 
 telemetry_overhead() {
   local args=(--device "$DEVICE" --rounds 1)
@@ -227,17 +264,18 @@ telemetry_overhead() {
 }
 
 export -f setup environment claims_sweep flash_sweep run_folder pack claims_report calibrate selfcheck gpu_tests \
-  telemetry_overhead
-export MODE DEVICE PY OUT WORK SCALE
+  telemetry_overhead reached
+SELFCHECK_BUDGET_S=$(($(budget_of selfcheck) - 8))
+export MODE DEVICE PY OUT WORK SCALE SELFCHECK_BUDGET_S
 
 log "attnbench GPU check ($MODE mode) in $ROOT, $(date -u +%Y-%m-%dT%H:%M:%SZ); outputs in $OUT"
 if run_step setup bash -c setup; then
   [ -d "$WORK/site" ] && export PYTHONPATH="$WORK/site:$PYTHONPATH"
   run_step env bash -c environment
+  run_step calibrate bash -c calibrate
   run_step claims-sweep bash -c claims_sweep
   run_step claims-pack bash -c "pack claims"  # as soon as the sweep ends, whatever ended it
   run_step claims-report bash -c claims_report
-  run_step calibrate bash -c calibrate
   run_step selfcheck bash -c selfcheck
   run_step flash-sweep bash -c flash_sweep
   run_step flash-pack bash -c "pack flash"

@@ -42,6 +42,7 @@ from attnbench.config.messages import (
 from attnbench.config.model import (
     MAX_NAME_LEN,
     NAME,
+    SECTION_ORDER,
     SECTIONS,
     ConfigModel,
     GridModel,
@@ -141,8 +142,9 @@ class Experiment:
     skip_larger_after_oom: bool = True
     telemetry: Level = "basic"
     telemetry_interval_s: float | None = None
-    presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets, cased after the grid
-    decode: Axes | None = None  # the decode: section's grid, cased after the grid and before the presets
+    presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets
+    decode: Axes | None = None  # the decode: section's grid
+    order: tuple[str, ...] = SECTION_ORDER  # which section's cases run first
 
     def interval_for(self, device: str) -> float:
         """The telemetry sampler's polling interval on ``device`` (see ConfigModel.telemetry_interval_s)."""
@@ -162,10 +164,16 @@ class Experiment:
         return self.case_timeout_s if self.case_timeout_s is not None else 60.0 + 10.0 * self.timing.max_case_s
 
     def cases(self, device: str) -> list[Case]:
-        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"); the decode
-        section's and then the presets' cases follow the grid's."""
-        extra = (*(() if self.decode is None else (self.decode,)), *self.presets)
-        presets = [case for axes in extra for case in expand(dataclasses.replace(axes, device=device))]
+        """Every case, model-major with seq_len innermost, for a resolved device ("cpu", "cuda:0"), the sections
+        in ``order`` (by default the grid's, then the decode section's, then the presets')."""
+        sections: dict[str, list[Case]] = {
+            "grid": self._grid_cases(device),
+            "decode": [] if self.decode is None else expand(dataclasses.replace(self.decode, device=device)),
+            "presets": [case for axes in self.presets for case in expand(dataclasses.replace(axes, device=device))],
+        }
+        return list(dict.fromkeys(case for section in self.order for case in sections[section]))
+
+    def _grid_cases(self, device: str) -> list[Case]:
         if self.tokens is None:
             grid = expand(dataclasses.replace(self.axes, device=device))
         else:
@@ -174,7 +182,7 @@ class Experiment:
             tokens = self.tokens
             crossed = expand(dataclasses.replace(self.axes, device=device, batch=(1,)))
             grid = [dataclasses.replace(case, batch=tokens // case.seq_len) for case in crossed]
-        return list(dict.fromkeys([*grid, *presets]))
+        return grid
 
 
 # ---------------------------------------------------------------------------------------------------- public
@@ -282,6 +290,10 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
         check_decode(names, axes["causal"], causal_path, options, user_models, ctx)
     decode, written_decode = decode_section(m, names, axes, options, user_models, ctx)
+    order: tuple[str, ...] = SECTION_ORDER
+    if m.order is not None:
+        check_unique(m.order, "section", ("order",), ctx)
+        order = (*m.order, *(section for section in SECTION_ORDER if section not in m.order))
     presets, written_presets = check_presets(m, ctx)
     _check_timing(m.timing, ctx)
 
@@ -316,6 +328,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         # Only when given, so that configs without presets keep the sha256 they always had.
         **({"presets": written_presets} if written_presets is not None else {}),
         **({"decode": written_decode} if written_decode is not None else {}),
+        **({"order": list(order)} if m.order is not None else {}),  # only when given: the sha256 stays as it was
         "modes": m.modes,
         "dtype": m.dtype,
         "grid": grid,
@@ -350,6 +363,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         telemetry_interval_s=m.telemetry_interval_s,
         presets=presets,
         decode=decode,
+        order=order,
     )
     _check_size(experiment, ctx, force)
     check_buildable(experiment.cases("cpu"), names, written_options, heads_kv_path, ctx)

@@ -27,6 +27,8 @@ from attnbench.core.cases import (
 
 MAX_NAME_LEN = 64
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+# The sections of a config whose cases a sweep runs, in the order it runs them unless ``order`` says otherwise.
+SECTION_ORDER: tuple[str, ...] = ("grid", "decode", "presets")
 
 
 def as_list(value: Any) -> Any:
@@ -221,6 +223,9 @@ class ConfigModel(_Strict):
     a bare list of names is short for {names: [...]}."""
     decode: DecodeModel | None = None
     """Decode cases (one new token after a context of seq_len) with lengths, batches and models of their own."""
+    order: Annotated[list[Literal["grid", "decode", "presets"]], BeforeValidator(as_list)] | None = None
+    """Which sections' cases run first: e.g. [decode, presets, grid] when a time limit might cut the sweep short and
+    those matter most; sections left out follow in the default order (grid, decode, presets)."""
     d_model: DModels | None = None
     """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
     heads: HeadCounts | None = None

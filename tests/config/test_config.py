@@ -26,7 +26,7 @@ from attnbench.config.experiment import (
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.catalogue import MODEL_NAMES, MODES
 from attnbench.core.errors import ConfigError
-from tests.support import BAD_CONFIGS, ROOT
+from tests.support import BAD_CONFIGS, ROOT, tiny_config
 
 BAD = BAD_CONFIGS
 BUILTIN = ROOT / "attnbench" / "config" / "builtin"
@@ -687,3 +687,20 @@ def test_linear_attention_cases_carry_heads_and_decode_without_their_form() -> N
     decode = [c for c in cases if c.mode == "decode"]
     assert all(c.option("form") == "chunked" for c in decode)  # the default: a step is the same in every form
     assert len(decode) == 2 * 3  # seq_len × heads_kv, not × form
+
+
+def test_order_runs_the_named_sections_first_and_the_rest_after() -> None:
+    text = tiny_config(decode={"seq_len": [32]}, presets={"names": ["lstm-110m"], "seq_len": [8]})
+    plain = load_experiment_text(text, "t.yaml")
+    assert plain.cases("cpu")[0].mode == "forward" and "order" not in plain.resolved
+    first = load_experiment_text(text, "t.yaml", ["order=[decode, presets]"])
+    modes = [(c.mode, c.option("preset") if c.has_option("preset") else "") for c in first.cases("cpu")]
+    assert modes[0][0] == "decode" and modes[-1] == ("forward", "none")  # the grid last
+    preset_at = next(i for i, (_, p) in enumerate(modes) if p == "lstm-110m")
+    assert preset_at < modes.index(("forward", "none"))  # decode, then the presets, then the grid
+    assert first.resolved["order"] == ["decode", "presets", "grid"] and first.sha256 != plain.sha256
+    assert sorted(c.key for c in first.cases("cpu")) == sorted(c.key for c in plain.cases("cpu"))
+    with pytest.raises(ConfigError, match="order"):
+        load_experiment_text(text, "t.yaml", ["order=[decode, decode]"])
+    with pytest.raises(ConfigError, match="order"):
+        load_experiment_text(text, "t.yaml", ["order=[warmup]"])

@@ -34,10 +34,17 @@ def test_the_plan_runs_every_step_under_a_timeout_within_six_minutes() -> None:
     grace = int(re.search(r"with (\d+) s kill grace", plan).group(1))  # type: ignore[union-attr]
     assert total == sum(int(b) + grace for _, b in steps) <= 360
     names = [name for name, _ in steps]
-    # The article's claims (presets included) run first after the setup, and each sweep is packed right after it.
-    assert names[:5] == ["setup", "env", "claims-sweep", "claims-pack", "claims-report"]
+    # The article's claims (presets included) run first after setting up and calibrating (so the claims sweep's rows
+    # are held to this device's ceilings), and each sweep is packed right after it.
+    assert names[:6] == ["setup", "env", "calibrate", "claims-sweep", "claims-pack", "claims-report"]
     assert names[names.index("flash-sweep") + 1] == "flash-pack"
+    budgets = dict((name, int(b)) for name, b in steps)
+    assert budgets["setup"] >= 30  # an offline wheel install, and pydantic's import: nothing more
     text = SCRIPT.read_text()
+    setup = text[text.index("setup() {") : text.index("environment() {")]
+    assert "import torch" not in setup and "import pydantic" in setup  # torch's cold import is env's
+    assert "--set 'order=[decode,presets]'" in text  # claim 1's decode rows and claim 3 first
+    assert '--junitxml="$OUT/gpu-tests.xml"' in text and "ATTNBENCH_TEST_TIMEOUT_S=" in text
     assert 'timeout -k "$KILL_GRACE_S" "$budget" "$@"' in text  # the one place a step runs
     for name in names:
         assert re.search(rf"run_step {name} ", text), name  # every step goes through run_step
@@ -78,6 +85,8 @@ def test_cpu_mode_runs_every_step_from_a_fresh_checkout(tmp_path: Path) -> None:
         assert NAME.fullmatch(path.name), path
     names = {p.name for p in found}
     assert {"gpu-check.log", "summary.md", "claims-run.tgz", "claims.md", "flash-run.tgz", "selfcheck.md"} <= names
+    assert "gpu-tests.xml" in names  # one result per GPU test, even when the step is cut short
+    assert re.search(r"^reached (\d+) of \1 cases", log, re.MULTILINE), "the claims sweep says how far it got"
     assert "telemetry-overhead.md" in names
 
     summary = (out / "summary.md").read_text()
@@ -135,3 +144,28 @@ def test_telemetry_overhead_on_a_device_that_cannot_run_its_cases_reports_them_s
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("skipped: CUDA is not available") == len(module.CUDA_CASES)
     assert "Overall: no case ran here." in run.stdout
+
+
+def test_a_test_past_its_time_fails_alone_and_flex_tests_run_last(tmp_path: Path) -> None:
+    """What the gpu-tests step relies on (tests/conftest.py): ATTNBENCH_TEST_TIMEOUT_S fails one slow test rather
+    than the step's whole budget, and FlexAttention's tests come after every other one."""
+    suite = tmp_path / "tests"
+    suite.mkdir()
+    shutil.copy(ROOT / "tests" / "conftest.py", suite / "conftest.py")
+    (suite / "test_sample.py").write_text(
+        "import time\n\n"
+        "def test_flex_first_in_the_file():\n    pass\n\n"
+        "def test_sleeps():\n    time.sleep(5)\n\n"
+        "def test_quick():\n    pass\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", str(suite)],
+        env={**os.environ, "ATTNBENCH_TEST_TIMEOUT_S": "1"},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    order = re.findall(r"::(\w+) (PASSED|FAILED)", run.stdout)  # -v: one line per test, as they run
+    assert order == [("test_sleeps", "FAILED"), ("test_quick", "PASSED"), ("test_flex_first_in_the_file", "PASSED")]
+    assert "ran past ATTNBENCH_TEST_TIMEOUT_S=1 s" in run.stdout
