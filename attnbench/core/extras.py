@@ -32,6 +32,13 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("compile_graphs", int, "", "graphs dynamo compiled on the first call"),
     ExtraSpec("graph_breaks", int, "", "graph breaks on the first call"),
     ExtraSpec("recompiles", int, "", "graphs compiled during the timing: nonzero means the timing saw a recompilation"),
+    ExtraSpec(
+        "cudagraph_skips",
+        int,
+        "",
+        "graphs inductor ran without CUDA graphs though the compile mode records them (reduce-overhead, "
+        "max-autotune): nonzero means the row is not of the mode it is labelled",
+    ),
     # The profiled call (CUDA).
     ExtraSpec("kernels_per_call", int, "", "GPU kernels one call launched (one profiled call)"),
     ExtraSpec("kernel_busy_s", float, "s", "GPU time the kernels of one call kept the device busy"),

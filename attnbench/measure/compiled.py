@@ -12,6 +12,14 @@ compiled by construction), goes through here:
    the timing means a guard failed (shape, grad mode, a Python value the graph depends on), so some samples timed
    a compilation. The row says so (``recompiles`` and a warning) rather than timing it silently.
 
+CUDA graphs (``reduce-overhead``, and ``max-autotune``, which turns them on): inductor skips them for a graph whose
+inputs it sees mutated or moved (a decode step writes its KV cache or state in place) and runs it without graphs,
+which a row labelled reduce-overhead would hide. ``counters["inductor"]["cudagraph_skips"]`` is read after the
+first call and after the timing; a skip is the row's ``cudagraph_skips`` and a warning. A decode state's tensors
+are marked static (``torch._dynamo.mark_static_address``: allocated once, never moved) so the step can be
+graphed, and the row's peak memory comes from an eager call: a graph replay runs in the graph's private pool and
+would read about 0 bytes.
+
 A compiler that cannot run here (no C++ toolchain, an op inductor cannot lower, a backend missing) raises from
 dynamo or inductor on the first call: the case is ``unsupported`` with that reason. A model dynamo cannot capture
 at all (``nn.LSTM``: "Dynamo does not support RNN, GRU, or LSTM") runs eager behind a graph break; the row's
@@ -74,6 +82,22 @@ def is_compiler_failure(exc: BaseException) -> bool:
     return False
 
 
+def _cudagraph_skips() -> int:
+    return int(_counters()["inductor"]["cudagraph_skips"])
+
+
+def uses_cudagraphs(mode: str | None) -> bool:
+    """Whether torch.compile's ``mode`` records CUDA graphs (on a CUDA device)."""
+    return mode in ("reduce-overhead", "max-autotune")
+
+
+def mark_static(tensors: Any) -> None:
+    """Tell dynamo these tensors stay where they are for the graph's life (a decode state, written in place), so
+    CUDA graphs can take them as fixed inputs rather than skip the graph."""
+    for tensor in tensors:
+        torch._dynamo.mark_static_address(tensor)
+
+
 def _graphs() -> int:
     return int(_counters()["stats"]["unique_graphs"])
 
@@ -101,6 +125,8 @@ class CompileWatch:
         self.extra["compile_graphs"] = _graphs()
         self.extra["graph_breaks"] = _graph_breaks()
         self._before_timing = _graphs()
+        if uses_cudagraphs(self.mode):
+            self.extra["cudagraph_skips"] = _cudagraph_skips()
 
     def after_timing(self) -> list[str]:
         """Graphs compiled since the first call (step 3), into ``extra``; the warnings the row should carry."""
@@ -112,6 +138,15 @@ class CompileWatch:
                 f"recompiled during timing: {recompiles} new graph(s) after the first call, so some samples "
                 "include compilation (TORCH_LOGS=recompiles says which guard failed)"
             )
+        if uses_cudagraphs(self.mode):
+            skips = _cudagraph_skips()
+            self.extra["cudagraph_skips"] = skips
+            if skips:
+                warnings.append(
+                    f"torch.compile(mode={self.mode}) skipped CUDA graphs for {skips} graph(s) (an input mutated or "
+                    "moved, e.g. a cache written in place): those ran without graphs, so the timing is not of "
+                    f"{self.mode} as labelled (TORCH_LOGS=perf_hints says why)"
+                )
         if not self.extra.get("compile_graphs"):
             warnings.append(
                 f"torch.compile(mode={self.mode}) captured no graph (graph breaks: {self.extra.get('graph_breaks')}): "

@@ -31,7 +31,7 @@ from torch import nn
 from attnbench.core.cases import Case
 from attnbench.core.decode_state import state_bytes
 from attnbench.core.units import format_bytes
-from attnbench.measure.compiled import wrap
+from attnbench.measure.compiled import mark_static, uses_cudagraphs, wrap
 from attnbench.measure.failures import describe, is_oom
 from attnbench.measure.memory import ResidentPages
 from attnbench.measure.models import make_input
@@ -68,6 +68,9 @@ class DecodeSetup:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             prefill_s = time.perf_counter() - started
+        if compile_mode is not None and uses_cudagraphs(compile_mode) and device.type == "cuda":
+            # Written in place at every step and never moved: static, so CUDA graphs need not skip the step.
+            mark_static(self._state.tensors())
         allocated, computed = tensor_bytes(self._state), state_bytes(case)
         if computed is not None and allocated != computed:  # the formula and the modules disagree: our bug
             raise RuntimeError(f"decode state: {allocated} bytes allocated, {computed} computed for {case.key}")
@@ -77,6 +80,10 @@ class DecodeSetup:
     def step(self) -> object:
         """The timed call: one new token per sequence at context n."""
         return self._step(self._token, self._state)
+
+    def eager_step(self) -> object:
+        """The same call, never compiled (the peak-memory call: a CUDA graph's replay would read about 0 bytes)."""
+        return self._decoder.step(self._token, self._state)
 
     def release(self) -> None:
         """Measure the state, then free it (the step cannot run after this)."""

@@ -208,6 +208,12 @@ class TorchExecutor:
         else:
             x = make_input(case, str(self.device), dtype)
             grad_mode, step = _whole_sequence(case, model, x, model if mode is None else wrap(model, mode))
+        # The peak-memory call is eager: a compiled call under CUDA graphs replays in the graph's private pool.
+        eager = step
+        if mode is not None and decode is not None:
+            eager = decode.eager_step
+        elif mode is not None and x is not None:
+            eager = _whole_sequence(case, model, x, model)[1]
         if not torch_family(case).trusted:  # a user's model: its first call is checked, and what it does counted
             with grad_mode(), pinned_backend(model):
                 _check_call(case, model, x, decode)
@@ -238,7 +244,7 @@ class TorchExecutor:
             if x is not None:
                 x.grad = None
             # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
-            memory = self._peak_memory(step)
+            memory = self._peak_memory(eager)
             if decode is not None:
                 extra.update(decode.extra)  # the computed state and the prefill, in the early row too
             slow = measurement.stop_reason == "too_slow_for_budget"

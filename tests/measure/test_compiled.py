@@ -132,3 +132,69 @@ def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: p
     # One block mask for three layers, made compiled (the compiled function calls the eager one inside: _compile
     # left at its default there).
     assert asked.count(True) == 1 and asked[0] is True
+
+
+def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
+    """Under reduce-overhead a decode step writes its cache in place, and inductor ran it without CUDA graphs while
+    the row said reduce-overhead. The skip counter is inductor's (counters['inductor']['cudagraph_skips'])."""
+    from attnbench.measure.compiled import _counters
+
+    fresh()
+    watch = CompileWatch("reduce-overhead")
+    watch.first_call(lambda: None, lambda: None)
+    assert watch.extra["cudagraph_skips"] == 0
+    _counters()["inductor"]["cudagraph_skips"] += 2  # what inductor counts when it gives a graph up
+    warnings = watch.after_timing()
+    assert watch.extra["cudagraph_skips"] == 2
+    assert any("skipped CUDA graphs for 2 graph(s)" in w and "reduce-overhead" in w for w in warnings)
+    plain = CompileWatch("default")
+    plain.first_call(lambda: None, lambda: None)
+    assert "cudagraph_skips" not in plain.extra  # a mode without graphs has none to skip
+    fresh()
+
+
+def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled call under CUDA graphs replays in the graph's private pool and reads about 0 bytes: memory comes
+    from the same call, eager."""
+    from attnbench.measure import torch_executor
+
+    timed: list[object] = []
+    measured: list[object] = []
+    real_timed, real_memory = (
+        torch_executor.TorchExecutor._timed_with_telemetry,
+        torch_executor.TorchExecutor._peak_memory,
+    )
+
+    def spy_timed(self: object, step: object, *args: object) -> object:
+        timed.append(step)
+        return real_timed(self, step, *args)  # type: ignore[arg-type]
+
+    def spy_memory(self: object, step: object) -> object:
+        measured.append(step)
+        return real_memory(self, step)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch_executor.TorchExecutor, "_timed_with_telemetry", spy_timed)
+    monkeypatch.setattr(torch_executor.TorchExecutor, "_peak_memory", spy_memory)
+    for mode in ("forward", "decode"):
+        case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default")
+        result = executor().run(case)
+        assert result.status == "ok", result.reason
+        assert measured[-1] is not timed[-1]  # not the compiled call
+        assert getattr(measured[-1], "__qualname__", "").endswith(("forward", "eager_step"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_decode_step_under_reduce_overhead_is_graphed_not_skipped() -> None:
+    """The decode state is marked static, so CUDA graphs take the step rather than skip it."""
+    from attnbench.core.cases import Case, TimingPolicy
+    from attnbench.measure.executor import ExecutorSettings
+    from attnbench.measure.torch_executor import TorchExecutor
+
+    quick = TimingPolicy(min_samples=5, min_time_s=0.05, max_case_s=2.0, warmup_max_s=0.5, target_ci=0.05)
+    gpu = TorchExecutor(ExecutorSettings("cuda:0", quick, telemetry="off"))
+    case = Case("sdpa", "decode", "float16", "cuda:0", 2, 256, 256, 4, 2, True, (("compile", "reduce-overhead"),))
+    result = gpu.run(case)
+    assert result.status == "ok", result.reason
+    assert result.extra["cudagraph_skips"] == 0, result.measurement.warnings if result.measurement else None
+    assert result.memory is not None and (result.memory.peak_bytes or 0) > 0  # an eager call, not a replay
