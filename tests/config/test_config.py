@@ -234,7 +234,7 @@ def test_builtin_defaults_load(device_type: str) -> None:
     kind = device_type.split(":")[0]
     assert experiment.source == f"builtin:default-{kind}"
     assert set(experiment.axes.modes) == {"forward", "train"}
-    assert {"lstm", "gru", "vanilla", "sdpa-flash"} <= set(experiment.axes.models)
+    assert {"lstm", "vanilla", "sdpa-flash"} <= set(experiment.axes.models)
     assert len(experiment.cases(kind)) == (36 if kind == "cpu" else 96)
 
 
