@@ -31,6 +31,15 @@ class Peak:
     source: str  # "calibrated matmul float32", "vendor NVIDIA H200 SXM bf16 dense"
 
 
+@dataclass(frozen=True)
+class BandwidthPeak:
+    """The memory bandwidth a row's GB/s is held against: the calibrated copy (bytes read + written per second),
+    else the vendor's DRAM figure."""
+
+    bytes_per_s: float
+    source: str  # "calibrated copy", "vendor NVIDIA H200 SXM DRAM"
+
+
 def _tf32_rnn(case: Case) -> bool:
     return case.dtype == "float32" and case.kind == "recurrent" and case.device.startswith("cuda")
 
@@ -57,6 +66,15 @@ class PeakTable:
         flops = self.vendor.flops(dtype) if self.vendor else None
         if self.vendor is not None and flops is not None:
             return Peak(flops, self.vendor.describe(dtype))
+        return None
+
+    def bandwidth(self) -> BandwidthPeak | None:
+        """The calibrated copy bandwidth, else the vendor's DRAM figure, else None."""
+        copy = self.calibration.copy if self.calibration is not None else None
+        if copy is not None:
+            return BandwidthPeak(copy.bytes_per_s, "calibrated copy")
+        if self.vendor is not None:
+            return BandwidthPeak(self.vendor.bandwidth_bytes_per_s, f"vendor {self.vendor.name} DRAM")
         return None
 
     def for_case(self, case: Case) -> Peak | None:
@@ -106,6 +124,29 @@ def pct_of_peak(result: Result, peak: Peak | None, *, executed: bool = False) ->
     if achieved is None or peak is None:
         return None
     return 100.0 * achieved / peak.flops_per_s
+
+
+def achieved_bytes_per_s(result: Result) -> float | None:
+    """The row's compulsory bytes per call (``bytes_moved``) over its median seconds per call, or None."""
+    moved = result.extra.get("bytes_moved")
+    m = result.measurement
+    if not isinstance(moved, int) or isinstance(moved, bool) or m is None or m.median_s <= 0:
+        return None
+    return moved / m.median_s
+
+
+def pct_of_peak_bw(result: Result, peak: BandwidthPeak | None) -> float | None:
+    """Achieved bytes per second as a percentage of the bandwidth ``peak`` (a roofline's sloped ceiling)."""
+    achieved = achieved_bytes_per_s(result)
+    return None if achieved is None or peak is None else 100.0 * achieved / peak.bytes_per_s
+
+
+def arithmetic_intensity(result: Result) -> float | None:
+    """Useful FLOPs per compulsory byte: where the row sits on a roofline's x axis."""
+    flops, moved = result.extra.get("flops"), result.extra.get("bytes_moved")
+    if not isinstance(flops, int) or isinstance(flops, bool) or not isinstance(moved, int) or isinstance(moved, bool):
+        return None
+    return flops / moved if moved > 0 else None
 
 
 def peak_flags(run: Run | None, results: Iterable[Result]) -> list[str]:

@@ -18,6 +18,8 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("flops", int, "flop", "FLOPs one call does, useful work (a causal core credited the pairs it keeps)"),
     ExtraSpec("flops_formula", str, "", "the formula that gave flops (attention-block-v1, …; counted-v1: counted)"),
     ExtraSpec("executed_flops", int, "flop", "FLOPs one call executes (the full n² of a core that masks after)"),
+    ExtraSpec("bytes_moved", int, "bytes", "the bytes one call must read and write (compulsory traffic, core.traffic)"),
+    ExtraSpec("bytes_formula", str, "", "the count that gave bytes_moved (bytes-compulsory-v1, …)"),
     # How the process and the timing ran.
     ExtraSpec("torch_threads", int, "", "torch's CPU threads while the case ran"),
     ExtraSpec("process_warmup_s", float, "s", "the process warm-up that ran just before this case (its first)"),

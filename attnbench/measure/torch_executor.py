@@ -20,6 +20,7 @@ from torch import nn
 from attnbench.core.cases import Case, Level
 from attnbench.core.families.user import COUNTED_FORMULA
 from attnbench.core.flops import analytic, count_flops, executed_flops
+from attnbench.core.traffic import bytes_moved
 from attnbench.measure.clocks import clock_for
 from attnbench.measure.compiled import (
     CompileWatch,
@@ -247,6 +248,11 @@ class TorchExecutor:
             memory = self._peak_memory(eager)
             if decode is not None:
                 extra.update(decode.extra)  # the computed state and the prefill, in the early row too
+            parameters = parameter_count(model)
+            state = extra.get("state_bytes")
+            traffic = bytes_moved(case, parameters, state if isinstance(state, int) else None)
+            if traffic is not None:
+                extra["bytes_moved"], extra["bytes_formula"] = traffic
             slow = measurement.stop_reason == "too_slow_for_budget"
             result = Result(
                 case,
@@ -254,7 +260,7 @@ class TorchExecutor:
                 reason=next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "") if slow else "",
                 measurement=measurement,
                 memory=memory,
-                parameters=parameter_count(model),
+                parameters=parameters,
                 extra=dict(extra),
                 telemetry=telemetry,
                 contention=contention,

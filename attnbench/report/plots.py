@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,32 +25,19 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.core.text import safe_text
 from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
+from attnbench.report.plot_style import device_name, line_style, slug
+from attnbench.report.roofline import roofline_plots
 from attnbench.results.files import make_subfolder, write_atomic
 from attnbench.results.records import Result, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-Metric = Literal["latency", "memory", "throughput", "speedup"]
+Metric = Literal["latency", "memory", "throughput", "speedup", "roofline"]
 METRICS: tuple[Metric, ...] = ("latency", "memory", "throughput", "speedup")
 
 INSTALL_HINT = "pip install matplotlib"
 MISSING_NOTICE = f"plots skipped: matplotlib is not installed ({INSTALL_HINT})"
-
-# matplotlib's tab10, spelled out so colours are fixed without importing a colormap.
-_COLOURS = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-)
-_MARKERS = ("o", "s", "^", "D", "v", "P", "*", "h", "<", ">")
 
 
 class PlotsUnavailable(AttnbenchError):
@@ -289,19 +275,6 @@ def _title(table: PivotTable, metric: Metric) -> str:
     return (_DECODE_TITLES if table.decode else _TITLES)[metric].format(baseline=table.baseline)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "run"
-
-
-def _device_name(run: Run) -> str:
-    env = run.environment
-    if env.get("gpu_name"):
-        return safe_text(str(env["gpu_name"]), lines=False)
-    name = safe_text(str(env.get("cpu_model") or env.get("device") or "?"), lines=False)
-    threads = env.get("torch_threads")
-    return f"{name} (CPU, {threads} threads)" if threads else f"{name} (CPU)"
-
-
 # ---------------------------------------------------------------------------------------------------- drawing
 
 
@@ -325,18 +298,13 @@ def _snap(low: float, high: float, base: float) -> tuple[float, float]:
     return (below if low / below < reach else low), (above if above / high < reach else high)
 
 
-def _style(index: int) -> tuple[str, str, str]:
-    """Colour, marker and line style of the row with colour index ``index``."""
-    return _COLOURS[index % len(_COLOURS)], _MARKERS[index % len(_MARKERS)], "-" if index < len(_COLOURS) else "--"
-
-
 def _plot_lines(ax: Axes, lines: Sequence[Series], colours: dict[str, int]) -> tuple[bool, bool]:
     """Each series as a line with its interval band; noisy points hollow. Returns (any band, any noisy point)."""
     banded = noisy = False
     for s in lines:
         if not s.values:
             continue
-        colour, marker, style = _style(colours[s.colour_key])
+        colour, marker, style = line_style(colours[s.colour_key])
         # A case without a timing breaks the line (NaN) instead of being bridged; unmeasured lengths are skipped.
         xs = [p.n for p in s.points]
         ys = [p.value if p.value is not None else math.nan for p in s.points]
@@ -464,7 +432,7 @@ def _mark_failures(ax: Axes, failing: Failures, colours: dict[str, int], first_n
     strip = ax.get_xaxis_transform()  # x in data, y as a fraction of the axes
     per_level = (_strip_fraction(len(failing)) - 0.02) / max(len(failing), 1)
     for k, (row, runs) in enumerate(failing):
-        colour = _style(colours[row])[0]
+        colour = line_style(colours[row])[0]
         y = 0.015 + per_level * (k + 0.5)
         for status, lengths in runs:
             ax.plot(lengths, [y] * len(lengths), "x", color=colour, markersize=7, markeredgewidth=2, transform=strip)
@@ -511,7 +479,7 @@ def _legend(
 
 def _texts(ax: Axes, run: Run, table: PivotTable, metric: Metric, lines: Sequence[Series]) -> None:
     """Title (what, on which device), subtitle (the table), and below the axes what was not plotted and the run."""
-    title = f"{_title(table, metric)} · {_device_name(run)}"
+    title = f"{_title(table, metric)} · {device_name(run)}"
     # Offsets in points, not axes fractions: the layout holds whatever the figure's size.
     for text, dy, size, weight in ((title, 22, 12.0, "bold"), (table.title, 8, 9.5, "normal")):
         ax.annotate(
@@ -590,7 +558,8 @@ def _colour_indices(tables: Sequence[PivotTable]) -> dict[str, int]:
 
 
 def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None = None) -> list[Plot]:
-    """Every plot of a run: for each pivot table, latency, memory, throughput and (with a baseline) speed-up.
+    """Every plot of a run: for each pivot table, latency, memory, throughput and (with a baseline) speed-up; and a
+    roofline per kind of device and dtype.
     A plot with nothing to draw (no case timed) is left out. Raises ``PlotsUnavailable`` without matplotlib."""
     notice = missing_matplotlib()
     if notice is not None:
@@ -600,7 +569,7 @@ def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None
     plots: list[Plot] = []
     names: set[str] = set()
     for table in tables:
-        stem = _slug(table.title)
+        stem = slug(table.title)
         while stem in names:  # two tables with one title (cannot happen today) must not overwrite each other
             stem += "-2"
         names.add(stem)
@@ -611,6 +580,9 @@ def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None
             if png is not None:
                 title = f"{_title(table, metric)} · {table.title}"
                 plots.append(Plot(metric, table.title, f"{metric}-{stem}.png", title, png))
+    # A roofline per kind of device and dtype, over every table's rows (issue 27).
+    for roof in roofline_plots(run, results, colours):
+        plots.append(Plot("roofline", roof.group, roof.filename, roof.title, roof.png))
     return plots
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, pct_of_peak
+from attnbench.analysis.efficiency import (
+    PeakTable,
+    achieved_bytes_per_s,
+    achieved_flops_per_s,
+    arithmetic_intensity,
+    pct_of_peak,
+    pct_of_peak_bw,
+)
 from attnbench.core.cases import Case
 from attnbench.core.catalogue import MODELS
 from attnbench.core.text import csv_cell
@@ -109,6 +116,14 @@ COLUMNS: tuple[str, ...] = (
     # where the model comes from (built-in, config: a factory entry, plugin <distribution>).
     "kind",
     "source",
+    # Issue 27: the bytes one call must move (core.traffic), the bandwidth that achieves, held against the calibrated
+    # copy or the vendor's DRAM figure, and useful FLOPs per byte (a roofline's x axis).
+    "bytes_moved",
+    "bytes_formula",
+    "gbps",
+    "pct_of_peak_bw",
+    "peak_bw_source",
+    "arithmetic_intensity",
 )
 
 
@@ -133,6 +148,7 @@ _INTEGER_COLUMNS = frozenset(
         "state_mem_bytes",
         "heads_kv",
         "window",
+        "bytes_moved",
     }
 )
 _BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound", "contended"})
@@ -140,7 +156,7 @@ _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "state_mem_method"),
-        *("contention", "kind", "source"),
+        *("contention", "kind", "source", "bytes_formula", "peak_bw_source"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -231,6 +247,16 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
     row["heads_kv"] = case.heads_kv
     row["window"] = case.window if case.has_option("window") else None
+    moved = result.extra.get("bytes_moved")
+    if isinstance(moved, int) and not isinstance(moved, bool):
+        row["bytes_moved"], row["bytes_formula"] = moved, result.extra.get("bytes_formula")
+        row["arithmetic_intensity"] = arithmetic_intensity(result)
+        achieved = achieved_bytes_per_s(result) if result.ok else None  # a rate only from an ok row, as tflops
+        if achieved is not None:
+            row["gbps"] = achieved / 1e9
+            bandwidth = peaks.bandwidth() if peaks is not None else None
+            if bandwidth is not None:
+                row["pct_of_peak_bw"], row["peak_bw_source"] = pct_of_peak_bw(result, bandwidth), bandwidth.source
     row["kind"] = case.kind if case.user is not None or case.model in MODELS else None
     row["source"] = case.user.source if case.user is not None else "built-in"
     compile_s = result.extra.get("compile_s")

@@ -1,0 +1,146 @@
+"""The roofline of a run (Williams, Waterman & Patterson 2009): each timed row a point at its arithmetic intensity
+(useful FLOPs per compulsory byte, ``core.traffic``) and its achieved FLOP/s, under the device's two ceilings — the
+compute peak for the dtype (flat) and the memory bandwidth times the intensity (sloped), each the calibrated figure
+or the vendor's, named in the legend. One figure per kind of device and dtype; whole-sequence modes and decode are
+marked apart, since decode sits far left (a few FLOPs per byte of weights and KV cache) where bandwidth is the
+ceiling. Pure rendering: PNG bytes from stored rows, matplotlib's Agg canvas, no pyplot.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, arithmetic_intensity
+from attnbench.core.units import format_bandwidth, format_flops
+from attnbench.report.plot_style import device_name, line_style, slug
+from attnbench.results.records import Result, Run
+
+# Whole-sequence modes filled, decode hollow (and its own marker), so the two read apart at a glance.
+_MODE_MARKERS = {"forward": "o", "train": "s", "backward": "D", "decode": "^"}
+
+
+def _points(results: Sequence[Result]) -> list[tuple[Result, float, float]]:
+    """(row, intensity, achieved FLOP/s) of every ok, uncontended row that has both."""
+    points = []
+    for result in results:
+        if not result.ok or result.contended:
+            continue
+        intensity, achieved = arithmetic_intensity(result), achieved_flops_per_s(result)
+        if intensity is not None and achieved is not None and intensity > 0 and achieved > 0:
+            points.append((result, intensity, achieved))
+    return points
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """One drawn roofline: its title and file name, and the PNG."""
+
+    group: str
+    filename: str
+    title: str
+    png: bytes
+
+
+def _colour_for(model: str, colours: dict[str, int]) -> str:
+    """A model's colour: the index its row label has in the run's other plots, else a new one."""
+    if model not in colours:
+        colours[model] = len(colours)
+    return line_style(colours[model])[0]
+
+
+def roofline_plots(run: Run, results: Sequence[Result], colours: dict[str, int]) -> list[Roofline]:
+    """One roofline per (kind of device, dtype) with a point to draw; ``colours`` maps labels to colour indices
+    (the run's other plots'), and a model not in it is added."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for result in results:
+        groups.setdefault((result.case.device.split(":")[0], result.case.dtype), []).append(result)
+    plots = []
+    for (device, dtype), rows in groups.items():
+        points = _points(rows)
+        if not points:
+            continue
+        title = f"roofline · {dtype} · {device}"
+        png = _draw(run, dtype, points, colours, title)
+        plots.append(Roofline(title, f"roofline-{slug(f'{dtype}-{device}')}.png", title, png))
+    return plots
+
+
+def _draw(
+    run: Run, dtype: str, points: Sequence[tuple[Result, float, float]], colours: dict[str, int], title: str
+) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    peaks = PeakTable.for_run(run)
+    compute, bandwidth = peaks.for_dtype(dtype), peaks.bandwidth()
+    fig = Figure(figsize=(8.4, 5.0), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    xs, ys = [x for _, x, _ in points], [y for _, _, y in points]
+    low_x, high_x = min(xs) / 3, max(xs) * 3
+    if compute is not None and bandwidth is not None:  # room for the ridge point
+        ridge = compute.flops_per_s / bandwidth.bytes_per_s
+        low_x, high_x = min(low_x, ridge / 3), max(high_x, ridge * 3)
+    handles = []
+    if bandwidth is not None:
+        span = [low_x, high_x]
+        if compute is not None:  # the sloped roof ends where it meets the flat one (the ridge point)
+            span = [low_x, min(high_x, compute.flops_per_s / bandwidth.bytes_per_s)]
+        (line,) = ax.plot(span, [bandwidth.bytes_per_s * x for x in span], color="0.35", linestyle="--", linewidth=1.2)
+        line.set_label(f"memory {format_bandwidth(bandwidth.bytes_per_s)} ({bandwidth.source})")
+        handles.append(line)
+    if compute is not None:
+        line = ax.axhline(compute.flops_per_s, color="0.15", linestyle="-", linewidth=1.2)
+        line.set_label(f"compute {format_flops(compute.flops_per_s)} ({compute.source})")
+        handles.append(line)
+    for result, x, y in points:
+        colour = _colour_for(result.case.model, colours)
+        marker = _MODE_MARKERS.get(result.case.mode, "o")
+        hollow = result.case.mode == "decode"
+        ax.scatter(
+            [x],
+            [y],
+            s=34,
+            marker=marker,
+            facecolors="none" if hollow else colour,
+            edgecolors=colour,
+            linewidths=1.3,
+            zorder=3,
+        )
+    for model in dict.fromkeys(r.case.model for r, _, _ in points):
+        handles.append(Line2D([], [], color=_colour_for(model, colours), marker="o", linestyle="", label=model))
+    for mode in dict.fromkeys(r.case.mode for r, _, _ in points):
+        hollow = mode == "decode"
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="0.3",
+                marker=_MODE_MARKERS.get(mode, "o"),
+                linestyle="",
+                label=mode,
+                markerfacecolor="none" if hollow else "0.3",
+            )
+        )
+    top = max([*ys, compute.flops_per_s if compute else 0.0]) * 3
+    ax.set_xlim(low_x, high_x)
+    ax.set_ylim(min(ys) / 3, top)
+    ax.set_xlabel("arithmetic intensity (useful FLOPs per compulsory byte, log)")
+    ax.set_ylabel("achieved FLOP/s (log)")
+    ax.grid(True, which="major", color="0.88", linewidth=0.8, zorder=0)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.legend(handles=handles, fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.suptitle(f"Roofline · {device_name(run)} · {dtype}", fontsize=12, fontweight="bold", x=0.02, ha="left")
+    note = ""
+    if compute is None or bandwidth is None:
+        note = "no ceiling known for this device: `attnbench calibrate` measures them (a quick run does not count)"
+    fig.text(0.02, 0.01, f"run {run.run_id}. {note}".strip(), fontsize=7.5, color="0.4")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
+    return buffer.getvalue()
