@@ -234,9 +234,12 @@ class Mamba2(nn.Module):
         return x, delta, b, c, -self.A_log.to(acc).exp()
 
     def _finish(self, y: Tensor, z: Tensor) -> Tensor:
-        """out_proj(RMSNorm(y ⊙ SiLU(z)) · weight), y (B, T, d_inner) in the scan's dtype."""
+        """out_proj(RMSNorm(y ⊙ SiLU(z)) · weight), y (B, T, d_inner) in the scan's dtype. The norm is per group of
+        d_inner / groups channels, as mamba_ssm's RMSNormGated(group_size=d_inner // ngroups): with groups > 1 a
+        norm over all of d_inner computes a different layer."""
         gated = y * F.silu(z.to(y.dtype))
-        normed = gated * torch.rsqrt(gated.pow(2).mean(dim=-1, keepdim=True) + _NORM_EPS)
+        grouped = gated.unflatten(-1, (self.groups, -1))
+        normed = (grouped * torch.rsqrt(grouped.pow(2).mean(dim=-1, keepdim=True) + _NORM_EPS)).flatten(-2)
         return self.out_proj((normed * self.norm_weight.to(y.dtype)).to(z.dtype))
 
     def _scan(self, xbc: Tensor, dt: Tensor, initial: Tensor | None) -> tuple[Tensor, Tensor]:

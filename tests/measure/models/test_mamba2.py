@@ -276,3 +276,18 @@ def test_the_real_kernel_runs_and_agrees_with_the_torch_form(monkeypatch: pytest
         plain = layer(u)
     assert calls, "the mamba_ssm kernel was never called"
     torch.testing.assert_close(fused, plain, atol=2e-3, rtol=2e-3)
+
+
+def test_the_gated_norm_is_per_group_as_mamba_ssm_normalises() -> None:
+    torch.manual_seed(0)
+    layer = Mamba2(32, d_state=16, head_dim=8, groups=2, dtype=torch.float64)
+    with torch.no_grad():
+        layer.norm_weight.copy_(torch.rand_like(layer.norm_weight) + 0.5)
+    y, z = torch.randn(2, 5, 64, dtype=F64), torch.randn(2, 5, 64, dtype=F64)
+    gated = y * torch.nn.functional.silu(z)
+    halves = [h / h.pow(2).mean(-1, keepdim=True).add(m2._NORM_EPS).sqrt() for h in gated.chunk(2, dim=-1)]
+    expected = layer.out_proj(torch.cat(halves, dim=-1) * layer.norm_weight)
+    torch.testing.assert_close(layer._finish(y, z), expected)
+    # One norm over all 64 channels is another layer: the groups' scales differ here.
+    whole = gated / gated.pow(2).mean(-1, keepdim=True).add(m2._NORM_EPS).sqrt()
+    assert not torch.allclose(layer.out_proj(whole * layer.norm_weight), expected)
