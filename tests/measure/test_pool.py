@@ -70,7 +70,8 @@ def test_two_cpu_workers_write_every_case_once_from_one_writer(tmp_path: Path) -
     stored = load_run(folder)
     keys = [r.case.key for r in stored.results]
     assert sorted(keys) == sorted(c.key for c in sweep.plan.cases) and len(set(keys)) == len(keys) == 6
-    assert stored.run.state == "complete" and all(r.ok for r in stored.results)
+    # ok; or, where 2 workers beside a test worker on 2 cores slowed a call past its budget, too_slow_for_budget
+    assert stored.run.state == "complete" and {r.status for r in stored.results} <= {"ok", "too_slow_for_budget"}
     assert {r.case.device for r in stored.results} == {"cpu"}
     assert listener.threads == {threading.get_ident()}  # rows appended and shown from this thread only
     assert [r.case.key for r in listener.finished_rows] == [r.case.key for r in rows] == keys

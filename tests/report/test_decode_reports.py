@@ -40,7 +40,19 @@ def test_the_fixture_is_a_decode_run(stored: StoredRun) -> None:
 def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> None:
     state = COLUMNS.index("state_bytes")
     assert COLUMNS[state : state + 3] == ("state_bytes", "state_mem_bytes", "state_mem_method")
-    assert COLUMNS[-4:] == ("contended", "contention", "kind", "source")  # columns are only ever appended
+    # Columns are only ever appended: the bandwidth columns came after kind and source.
+    assert COLUMNS[-10:] == (
+        "contended",
+        "contention",
+        "kind",
+        "source",
+        "bytes_moved",
+        "bytes_formula",
+        "gbps",
+        "pct_of_peak_bw",
+        "peak_bw_source",
+        "arithmetic_intensity",
+    )
     rows = list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
     for r, row in zip(stored.results, rows, strict=True):
         assert int(row["state_bytes"]) == r.state_bytes and int(row["state_mem_bytes"]) == r.state_mem_bytes
