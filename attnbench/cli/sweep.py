@@ -101,6 +101,21 @@ def sweep(
             "them later).",
         ),
     ] = True,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Write a Chrome trace of one call per ok case to traces/ (chrome://tracing, ui.perfetto.dev).",
+        ),
+    ] = False,
+    nvtx: Annotated[
+        bool,
+        typer.Option("--nvtx", help="GPU: each timed call inside an NVTX range named by the case key (for nsys)."),
+    ] = False,
+    run_once: Annotated[
+        bool,
+        typer.Option("--run-once", help="Time one call per case after the warm-up (under nsys or ncu); no CI."),
+    ] = False,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -136,6 +151,9 @@ def sweep(
         devices=devices,
         allow_mixed_devices=allow_mixed_devices,
         wait_idle_s=wait_idle,
+        profile=profile,
+        nvtx=nvtx,
+        run_once=run_once,
     )
     if dry_run:
         _print_plan(plan_sweep(request))
@@ -263,7 +281,7 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
     disk refused a write) or 128 + the signal that interrupted the sweep."""
     from attnbench.report.markdown import render_markdown
     from attnbench.report.terminal import comparison_tables
-    from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE
+    from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE, TRACES
 
     interrupts.on_second.append(run.abort)
     plan = run.plan
@@ -293,6 +311,12 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
             stdout.print(render_markdown(stored.run, stored.results), markup=False, highlight=False)
     sidecar = [run.folder / TELEMETRY_FILE] if (run.folder / TELEMETRY_FILE).exists() else []
     print_wrote([run.folder / RUN_FILE, run.folder / RESULTS_FILE, *sidecar, *paths])
+    if stored.run.traces:
+        stdout.print(
+            f"wrote {run.folder / TRACES}/ ({len(stored.run.traces)} Chrome traces: ui.perfetto.dev, chrome://tracing)",
+            markup=False,
+            highlight=False,
+        )
     # Counted on disk: a row stored just as a signal came is finished, whether or not the display heard of it.
     keys = {r.case.key for r in stored.results}
     done = sum(case.key in keys for case in run.plan.cases)

@@ -47,6 +47,12 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("launch_bound", bool, "", "the GPU sat idle between kernels most of a call: launch overhead dominates"),
     ExtraSpec("profile_skipped", str, "", "why no call was profiled"),
     ExtraSpec("profile_error", str, "", "why the profiled call failed (the timing stands)"),
+    # For external profilers (sweep --profile, --nvtx).
+    ExtraSpec("trace", str, "", "the case's Chrome trace, relative to its run folder (traces/…json)"),
+    ExtraSpec("trace_skipped", str, "", "why the case has no trace"),
+    ExtraSpec("trace_error", str, "", "why writing the trace failed (the timing stands)"),
+    ExtraSpec("nvtx", bool, "", "each timed call ran inside an NVTX range named by the case key"),
+    ExtraSpec("nvtx_error", str, "", "why no NVTX range could be made (the timing ran without)"),
     # Decode.
     ExtraSpec("state_bytes", int, "bytes", "the KV cache or recurrent state a decode step reads (computed)"),
     ExtraSpec("state_mem_bytes", int, "bytes", "the same, measured (state_mem_method says how)"),

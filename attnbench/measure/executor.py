@@ -39,6 +39,12 @@ class ExecutorSettings:
     telemetry_interval_s: float | None = None  # None: ``default_interval_s`` of the device
     # Validation of `compare` only: busy-wait this fraction of each call's time inside every timed call.
     inject_slowdown: float = 0.0
+    # For the profilers people already use (sweep --profile, --nvtx, --run-once): the folder that receives one
+    # Chrome trace per ok case (None: no traces); an NVTX range named by the case key around each timed call (a
+    # GPU only); one timed call after the warm-up instead of the stopping rule, for nsys and ncu.
+    trace_dir: str | None = None
+    nvtx: bool = False
+    run_once: bool = False
 
     @property
     def interval_s(self) -> float:

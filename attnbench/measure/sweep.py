@@ -40,7 +40,15 @@ from attnbench.results.environment import Environment
 from attnbench.results.files import remove_leftovers, utc_now
 from attnbench.results.lock import RunLock, remove_if_only_lock
 from attnbench.results.records import Result, Run
-from attnbench.results.store import RUN_FILE, RunWriter, StoredRun, load_run, refuse_special_files, rewrite_rows
+from attnbench.results.store import (
+    RUN_FILE,
+    RunWriter,
+    StoredRun,
+    load_run,
+    refuse_special_files,
+    rewrite_rows,
+    traces_folder,
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,11 @@ class SweepRequest:
     allow_mixed_devices: bool = False  # --devices may name GPUs of different models
     # Before the first case: wait up to this long for a busy machine to go quiet (--wait-idle); 0 checks once.
     wait_idle_s: float = 0.0
+    # For external profilers: a Chrome trace per ok case under traces/ (--profile), an NVTX range named by the case
+    # key around each timed call (--nvtx, a GPU only), one timed call after the warm-up (--run-once).
+    profile: bool = False
+    nvtx: bool = False
+    run_once: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,8 @@ class SweepPlan:
             telemetry=e.telemetry,
             telemetry_interval_s=e.interval_for(self.device),
             inject_slowdown=self.request.inject_slowdown,
+            nvtx=self.request.nvtx and self.device.startswith("cuda"),
+            run_once=self.request.run_once,
         )
 
 
@@ -140,6 +155,8 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
             f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
             hint="use it on --device cpu, where it exists to validate `attnbench compare`",
         )
+    if request.nvtx and not device.startswith("cuda"):
+        warnings.append(f"--nvtx does nothing on {device}: NVTX ranges mark CUDA work for nsys; timing goes on without")
     timing = experiment.timing
     gpu_only = [f"timing.{k}" for k, on in (("cache", timing.cache == "cold"), ("cuda_graph", timing.cuda_graph)) if on]
     if gpu_only and not device.startswith("cuda"):
@@ -233,6 +250,14 @@ class Sweep:
     def folder(self) -> Path:
         return self.writer.folder
 
+    @property
+    def settings(self) -> ExecutorSettings:
+        """The plan's, with the folder that receives the traces (--profile), made here: never a link."""
+        settings = self.plan.settings
+        if not self.plan.request.profile:
+            return settings
+        return replace(settings, trace_dir=str(traces_folder(self.folder)))
+
     def run(self, listener: SweepListener) -> tuple[Result, ...]:
         """Measure every case left, appending each row before the next case starts; returns the rows written.
         Whatever ends the loop (the last case, a KeyboardInterrupt, a full disk, a bug of ours), the folder is
@@ -253,9 +278,10 @@ class Sweep:
             listener.finished(index, result)
 
         complete = False
+        settings = self.settings
         try:
             if plan.devices:
-                pool = self._executor = WorkerPool(plan.settings, plan.devices)
+                pool = self._executor = WorkerPool(settings, plan.devices)
                 try:
                     pool.run(plan.todo, on_result, listener.started, skipper, listener.warning)
                 except DevicesFailedError as exc:
@@ -264,7 +290,7 @@ class Sweep:
                     )
                     raise
             else:
-                executor = self._executor = make_executor(plan.settings, isolate=plan.isolate)
+                executor = self._executor = make_executor(settings, isolate=plan.isolate)
                 run_cases(plan.todo, executor.run, on_result, listener.started, skipper)
             complete = len(finished) == len(plan.todo)
         except BaseException:
@@ -346,6 +372,13 @@ def open_sweep(request: SweepRequest, *, on_busy: Callable[[Contention, float], 
             calibration, problem = _cached_calibration(environment)
             if problem:
                 warnings.append(problem)
+            elif calibration is None and plan.device == "cpu":
+                # A CPU has no vendor figures: without a calibration its rows get rates but no % of a peak.
+                warnings.append(
+                    f"no calibration of this CPU at {environment.torch_threads} torch threads, so pct_of_peak and "
+                    f"pct_of_peak_bw stay empty; 'attnbench calibrate --threads {environment.torch_threads}' measures "
+                    "one once, for every later sweep"
+                )
             run = Run(
                 run_id=folder.name,
                 created_utc=utc_now(),

@@ -59,6 +59,7 @@ def _busy_wait(fn: Callable[[], object], seconds: float) -> Callable[[], object]
 
 
 TOO_SLOW = "too slow for the budget"  # how the warning that makes a row too_slow_for_budget begins
+RUN_ONCE = "run once (sweep --run-once): one call timed after the warm-up, for a profiler; no CI, not for compare"
 
 
 def _too_slow(sample_s: float, policy: TimingPolicy, left_s: float, *, taken: int | None = None) -> str:
@@ -82,12 +83,17 @@ def measure(
     *,
     inject_slowdown: float = 0.0,
     on_sampling: Callable[[], None] | None = None,
+    timed: Callable[[Callable[[], object]], Callable[[], object]] | None = None,
+    once: bool = False,
 ) -> Measurement:
     """Warm up, then sample until the median's 95 % CI is within ±``policy.target_ci`` or the budget ends.
 
     ``inject_slowdown`` (a fraction) adds a busy-wait of that fraction of the warm-up's per-call time to every
     timed call; it exists only so ``compare`` can be validated against a slowdown of known size. ``on_sampling``
     is called once, between warm-up and the first sample (telemetry measured over the sampling phase only).
+    ``timed`` wraps the function for the timed calls only, not the warm-up's (an NVTX range that an ``nsys`` or
+    ``ncu`` run filters on). ``once`` times a single call after the warm-up, for a profiler: a row, not a
+    measurement to compare (``stop_reason`` "run_once", never converged).
     """
     start = clock.now()
     warnings: list[str] = []
@@ -116,6 +122,22 @@ def measure(
     injected = inject_slowdown * min(warm)
     if injected > 0:
         fn = _busy_wait(fn, injected)
+    if timed is not None:
+        fn = timed(fn)
+    if once:
+        if on_sampling is not None:
+            on_sampling()
+        return Measurement(
+            samples_s=tuple(clock.time(fn, 1, 1)),
+            calls_per_sample=1,
+            warmup_calls=len(warm),
+            warmup_s=warmup_s,
+            converged=False,
+            stop_reason="run_once",
+            target_ci=policy.target_ci,
+            warnings=(*warnings, RUN_ONCE),
+            injected_delay_s=injected,
+        )
 
     # Short calls are grouped so that one sample is long against clock resolution and call overhead. A cold
     # cache is flushed before every sample, so there a sample is one call.

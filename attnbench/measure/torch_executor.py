@@ -13,6 +13,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -50,6 +51,7 @@ from attnbench.measure.models import (
 from attnbench.measure.models.family import Unsupported
 from attnbench.measure.models.user import check_output
 from attnbench.measure.process_warmup import warm_process
+from attnbench.measure.profiling import TRACES, nvtx_range, trace_name, trace_refusal, write_trace
 from attnbench.measure.telemetry import open_telemetry
 from attnbench.measure.timing import TOO_SLOW, measure
 from attnbench.results.contention import Contention
@@ -269,6 +271,8 @@ class TorchExecutor:
                 on_timed(result)  # the timing is safe whatever the profile below does
             if self.device.type == "cuda":
                 self._profile(timed, measurement, extra)
+            if self.settings.trace_dir is not None and result.ok:
+                self._trace(case, timed, measurement, extra)
         if decode is not None:
             decode.release()  # after the profile, which still steps: measures the state, then frees it
             extra.update(decode.extra)
@@ -311,6 +315,8 @@ class TorchExecutor:
                     self.policy,
                     inject_slowdown=self.inject_slowdown,
                     on_sampling=sampler.mark_sampling,
+                    timed=self._nvtx(case, extra),
+                    once=self.settings.run_once,
                 )
             calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
             return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens), watch.result()
@@ -319,6 +325,21 @@ class TorchExecutor:
                 raise
             extra["telemetry_error"] = describe(exc)
             return measurement, None, watch.result() if watch.done else None
+
+    def _nvtx(
+        self, case: Case, extra: dict[str, str | int | float | bool | None]
+    ) -> Callable[[Callable[[], object]], Callable[[], object]] | None:
+        """The NVTX wrapper of the timed calls (sweep --nvtx, on a GPU), or None; the row says it was there (about
+        a microsecond of host time per call) or why torch could not make one."""
+        if not self.settings.nvtx or self.device.type != "cuda":
+            return None
+        try:
+            wrap = nvtx_range(case.key)
+        except Exception as exc:
+            extra["nvtx_error"] = describe(exc)
+            return None
+        extra["nvtx"] = True
+        return wrap
 
     def _profile(
         self, step: Callable[[], object], measurement: Measurement, extra: dict[str, str | int | float | bool | None]
@@ -338,6 +359,28 @@ class TorchExecutor:
         extra["kernels_per_call"] = kernels.kernels
         extra["kernel_busy_s"] = kernels.busy_s
         extra["launch_bound"] = launch_bound(measurement.median_s, kernels.busy_s)
+
+    def _trace(
+        self,
+        case: Case,
+        step: Callable[[], object],
+        measurement: Measurement,
+        extra: dict[str, str | int | float | bool | None],
+    ) -> None:
+        """One more call under the profiler, written as a Chrome trace (sweep --profile); the row names the file,
+        relative to its run folder. As with the kernel count, a failure costs the row its trace only."""
+        assert self.settings.trace_dir is not None
+        skipped = trace_refusal(measurement.median_s)
+        if skipped is not None:
+            extra["trace_skipped"] = skipped
+            return
+        name = trace_name(case)
+        try:
+            write_trace(step, self.device, Path(self.settings.trace_dir), name)
+        except Exception as exc:
+            extra["trace_error"] = describe(exc)
+            return
+        extra["trace"] = f"{TRACES}/{name}"
 
     def _peak_memory(self, step: Callable[[], object]) -> Memory:
         """One extra call, outside the timed samples, with the device's peak counter reset before it."""

@@ -16,7 +16,8 @@ from attnbench.core.stats import Summary, student_t_975, summarize
 from attnbench.results import fields
 
 # too_slow_for_budget: timing.min_samples samples did not fit in timing.max_case_s; the row is not ``ok``.
-StopReason = Literal["converged", "budget", "max_samples", "too_slow_for_budget"]
+# run_once: one call after the warm-up (sweep --run-once), for an nsys or ncu run; an ok row with no CI.
+StopReason = Literal["converged", "budget", "max_samples", "too_slow_for_budget", "run_once"]
 
 NOISY_IQR_REL = 0.10  # IQR/median above this marks a cell as noisy (torch.utils.benchmark uses the same cut)
 # Iglewicz & Hoaglin's cut for the modified z-score 0.6745·(x − median)/MAD: above it a sample is an outlier.

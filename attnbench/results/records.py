@@ -379,6 +379,8 @@ class Run:
     # How many rows were timed on a busy machine (``Result.contended``), counted by the writer as rows land; None
     # for a run written before the watch existed (readers then count the rows themselves).
     contended_cases: int | None = None
+    # The Chrome traces the sweep wrote (--profile), relative to the run folder, in the order the rows landed.
+    traces: tuple[str, ...] = ()
 
     @property
     def commit(self) -> str | None:
@@ -404,6 +406,7 @@ class Run:
             **({} if self.shard is None else {"shard": self.shard.to_dict()}),
             **({"merged_from": [s.to_dict() for s in self.merged_from]} if self.merged_from else {}),
             **({} if self.contended_cases is None else {"contended_cases": self.contended_cases}),
+            **({"traces": list(self.traces)} if self.traces else {}),
         }
 
     @classmethod
@@ -444,6 +447,7 @@ class Run:
             shard=None if shard is None else fields.nested("shard", _shard_from_dict, shard),
             merged_from=tuple(fields.items(d.get("merged_from", []), "merged_from", _source)),
             contended_cases=None if contended is None else fields.integer(contended, "contended_cases", minimum=0),
+            traces=tuple(fields.items(d.get("traces", []), "traces", fields.text)),
         )
 
 
@@ -462,6 +466,7 @@ _RUN_OPTIONAL = (
     "shard",
     "merged_from",
     "contended_cases",
+    "traces",
 )
 
 

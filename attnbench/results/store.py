@@ -35,6 +35,7 @@ from attnbench.results.files import (
     reserve,
     reserve_path,
     write_atomic,
+    write_failed,
 )
 from attnbench.results.records import SCHEMA_VERSION, Result, Run
 
@@ -48,19 +49,32 @@ TELEMETRY_FILE = "telemetry.jsonl"  # raw telemetry samples, one line per case (
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
 PLOTS = "plots"
+TRACES = "traces"  # a Chrome trace per ok case (sweep --profile), named by the rows that have one
 
 
 def refuse_special_files(folder: Path) -> None:
     """Refuse a run folder where a file a sweep writes (run.json, the logs, the summaries) is a link, a folder or a
-    device, or where plots/ is anything but a folder: checked before a sweep writes anything there."""
+    device, or where plots/ or traces/ is anything but a folder: checked before a sweep writes anything there."""
     for name in (RUN_FILE, RESULTS_FILE, TELEMETRY_FILE, SUMMARY_CSV, SUMMARY_MD):
         refuse_special(folder / name)
-    plots = folder / PLOTS
-    if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
-        raise ResultsError(
-            f"{plots}: {'a symbolic link' if plots.is_symlink() else 'a file'}, not a folder",
-            hint="remove it (attnbench writes plots only into a folder of its own, never through a link)",
-        )
+    for name in (PLOTS, TRACES):
+        sub = folder / name
+        if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
+            raise ResultsError(
+                f"{sub}: {'a symbolic link' if sub.is_symlink() else 'a file'}, not a folder",
+                hint=f"remove it (attnbench writes {name} only into a folder of its own, never through a link)",
+            )
+
+
+def traces_folder(folder: Path) -> Path:
+    """The run folder's traces/, made when missing (refuse_special_files has refused a link in its place)."""
+    traces = folder / TRACES
+    refuse_special_files(folder)
+    try:
+        traces.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise write_failed(traces, exc) from None
+    return traces
 
 
 class RunWriter:
@@ -97,6 +111,11 @@ class RunWriter:
             }
             self._telemetry.append(dumps_line(sidecar))
         self._rows.append(dumps_line(result.to_dict()))
+        trace = result.extra.get("trace")
+        if isinstance(trace, str) and trace not in self.run.traces:
+            # Listed in the final run.json, whose set-aside space grows with the list so it still fits.
+            self.run = replace(self.run, traces=(*self.run.traces, trace))
+            reserve(self.folder / RUN_FILE, len(json.dumps(self.run.to_dict(), indent=2)) + _RESERVE_SLACK)
         if result.contended:  # said in the final run.json; the rows say which
             self.run = replace(self.run, contended_cases=(self.run.contended_cases or 0) + 1)
 

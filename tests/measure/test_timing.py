@@ -10,7 +10,7 @@ import pytest
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.stats import student_t_975
 from attnbench.measure.clocks import CpuClock
-from attnbench.measure.timing import TOO_SLOW, measure
+from attnbench.measure.timing import RUN_ONCE, TOO_SLOW, measure
 from attnbench.results.measurement import Measurement
 from tests.fakes import FakeClock, gaussian
 
@@ -188,6 +188,33 @@ def test_injected_slowdown_is_a_fraction_of_the_warmup_time_and_is_recorded() ->
     slow_first = FakeClock(lambda i, rng: 0.5 if i == 0 else 1e-3, seed=19)
     m = measure(noop, slow_first, TimingPolicy(warmup_max_s=0.6), inject_slowdown=0.1)
     assert m.injected_delay_s == pytest.approx(1e-4)
+
+
+def test_run_once_is_the_warm_up_then_one_call_alone() -> None:
+    clock = FakeClock(gaussian(1e-5, 0.0), seed=20)  # short calls: a sample would group a hundred of them
+    sampling: list[int] = []
+    m = measure(noop, clock, TimingPolicy(), once=True, on_sampling=lambda: sampling.append(clock.calls))
+    assert (len(m.samples_s), m.calls_per_sample, m.stop_reason, m.converged) == (1, 1, "run_once", False)
+    assert m.warmup_calls >= 3 and clock.calls == m.warmup_calls + 1 and sampling == [m.warmup_calls]
+    assert m.warnings[-1] == RUN_ONCE and m.median_s == pytest.approx(1e-5)
+
+
+def test_the_timed_wrapper_wraps_the_timed_calls_and_not_the_warm_up() -> None:
+    clock = FakeClock(gaussian(1e-3, 0.01), seed=21)
+    wrapped: list[int] = []
+
+    def timed(fn: object) -> object:
+        assert callable(fn)
+
+        def inner() -> object:
+            wrapped.append(clock.calls)
+            return fn()
+
+        return inner
+
+    m = measure(noop, clock, TimingPolicy(max_case_s=1.0), timed=timed)  # type: ignore[arg-type]
+    assert len(wrapped) == len(m.samples_s) * m.calls_per_sample
+    assert min(wrapped) == m.warmup_calls  # the first wrapped call is the first after the warm-up
 
 
 def test_injected_slowdown_really_slows_a_real_call() -> None:
