@@ -70,6 +70,17 @@ def test_a_profiled_sweep_still_times_every_case_with_the_stopping_rule(profiled
             assert len(result.measurement.samples_s) >= 5
 
 
+def test_workers_in_their_own_processes_write_their_traces_into_the_run(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(tiny_config(models=["sdpa-flash"], grid={"batch": [1], "seq_len": [16]}, threads=1))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(config), "--out", str(out), "--no-plots", "--isolate", "--profile"])
+    assert result.exit_code == 0, result.output
+    (folder,) = out.iterdir()
+    (row,) = load_run(folder).results
+    assert row.ok and json.loads((folder / str(row.extra["trace"])).read_text())["traceEvents"]
+
+
 def test_run_once_times_a_single_call_after_the_warm_up(tmp_path: Path) -> None:
     folder, _ = sweep(tmp_path, "--run-once")
     ok = [r for r in load_run(folder).results if r.ok]
