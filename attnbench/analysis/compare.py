@@ -16,14 +16,18 @@ confidence interval from one of two kinds of evidence:
   either the default applies); it is combined with the bootstrap interval in quadrature on the log scale, since
   the two errors are independent. When the floor is at least the threshold, a warning names timing.processes.
 
-Verdict, with threshold t for the case's model: ``regressed`` when the interval lies entirely above 1 + t,
-``improved`` entirely below 1 − t, ``same`` inside [1 − t, 1 + t], ``noisy`` otherwise. A change must be both
+Verdict, with threshold t for the case (its model/mode pattern, its model, or the default): ``regressed`` when the
+interval lies entirely above 1 + t, ``improved`` entirely below 1 − t, ``same`` inside [1 − t, 1 + t], ``noisy``
+otherwise. A change must be both
 larger than the threshold *and* significant to regress, so noise alone cannot fail a build. Statuses decide before
 timings: ok → anything else (oom, unsupported, error, timeout, crashed) is ``regressed``, a non-ok case that now
 runs is ``improved``, a case that newly ends error/timeout/crashed is ``regressed``, two non-ok ends are ``same``;
 ``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that was contended
 (``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
 and says which side — unless a side is a folder of runs with enough uncontended ones to judge on without them.
+
+Thresholds may also name ``peak_mem``, ``tokens_per_s`` and ``gbps``: ``analysis.gates.with_gates`` judges them by the
+same rule on each metric's interval and adds them to the comparison, where a regression fails it too.
 
 With folders of runs (two or more a side) the sides are also judged as wholes (``Overall``): one score per run
 over every case it timed, the two sides' scores compared as a case's processes are; a regression there fails the
@@ -42,7 +46,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attnbench.analysis.thresholds import Thresholds
 from attnbench.core.cases import Case
@@ -60,6 +64,9 @@ from attnbench.results.environment import FINGERPRINT_KEYS, Environment
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import FAILED, Result
 from attnbench.results.store import RUN_FILE, StoredRun, load_run
+
+if TYPE_CHECKING:
+    from attnbench.analysis.gates import MetricVerdict
 
 Verdict = Literal["regressed", "improved", "same", "noisy", "new", "missing"]
 
@@ -505,7 +512,7 @@ def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], po
 
 def _compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:
     case = (current or base)[0].case
-    threshold = policy.thresholds.for_model(case.model)
+    threshold = policy.thresholds.for_case(case)
     if not base:
         status = _side_status(current)[0]
         return CaseComparison(key, case, "new", "none", threshold, current_status=status, current_s=_centre(current))
@@ -662,6 +669,7 @@ class Comparison:
     allowed: tuple[Mismatch, ...] = ()
     warnings: tuple[str, ...] = ()
     overall: Overall | None = None
+    gates: tuple[MetricVerdict, ...] = ()  # the other metrics a threshold names (analysis.gates.with_gates)
 
     def counts(self) -> dict[Verdict, int]:
         counts: dict[Verdict, int] = dict.fromkeys(VERDICTS, 0)
@@ -676,7 +684,8 @@ class Comparison:
     def regressed(self) -> bool:
         """A case regressed, or every case together did (``Overall``)."""
         overall = self.overall is not None and self.overall.verdict == "regressed"
-        return overall or any(c.verdict == "regressed" for c in self.cases)
+        gated = any(g.verdict == "regressed" for g in self.gates)
+        return overall or gated or any(c.verdict == "regressed" for c in self.cases)
 
     @property
     def exit_code(self) -> int:
@@ -698,6 +707,7 @@ class Comparison:
             "policy": {
                 "threshold": self.policy.thresholds.default,
                 "thresholds_per_model": dict(self.policy.thresholds.per_model),
+                "thresholds_described": self.policy.thresholds.describe(),
                 "noise_floor": self.policy.noise_floor,
                 "noise_floor_source": self.policy.floor_source,
                 "confidence": CONFIDENCE,
@@ -709,6 +719,7 @@ class Comparison:
             "warnings": list(self.warnings),
             "cases": [_case_dict(c) for c in self.cases],
             "overall": None if self.overall is None else vars(self.overall).copy(),
+            "gates": [g.to_dict() for g in self.gates],
         }
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from attnbench.analysis.thresholds import Thresholds
 
 
-def read_thresholds(path: Path, fail_on: str | None = None) -> Thresholds:
+def read_thresholds(path: Path, fail_on: str | list[str] | None = None) -> Thresholds:
     """A ``--thresholds`` file, read as configs are (``config.source``: a regular UTF-8 file of bounded size, a
     key given twice refused with both lines rather than the last silently kept), then checked."""
     from attnbench.analysis.thresholds import thresholds_from
@@ -46,16 +46,22 @@ def compare(
     base: BaseArg,
     current: CurrentArg,
     fail_on: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--fail-on",
-            help="Slowdown a case may show before it can regress: median:P%.",
+            help="Change a case may show before it can regress: median:P%, or peak_mem:P%, tokens_per_s:P%, "
+            "gbps:P% to gate those too (repeatable).",
             show_default="median:5%, or the --thresholds file's default",
         ),
     ] = None,
     thresholds: Annotated[
         Path | None,
-        typer.Option("--thresholds", help="YAML of per-model thresholds: {default: 5%, lstm: 8%}.", show_default=False),
+        typer.Option(
+            "--thresholds",
+            help="YAML of thresholds per model, model/mode pattern or metric: {default: 5%, lstm/train: 8%, "
+            "peak_mem: 10%}.",
+            show_default=False,
+        ),
     ] = None,
     noise_floor: Annotated[
         str | None,
@@ -83,19 +89,17 @@ def compare(
     Exit 1 on a regression, 3 when the runs are not comparable, 4 when BASE holds no run.
     """
     from attnbench.analysis.compare import Policy, compare_paths
-    from attnbench.analysis.thresholds import Thresholds, parse_fraction, parse_threshold
+    from attnbench.analysis.gates import with_gates
+    from attnbench.analysis.thresholds import Thresholds, parse_fraction, with_fail_on
     from attnbench.report.compare_md import compare_table, render_compare_markdown
 
-    if thresholds is not None:
-        limits = read_thresholds(thresholds, fail_on)
-    else:
-        limits = Thresholds(parse_threshold(fail_on) if fail_on is not None else Thresholds().default)
+    limits = read_thresholds(thresholds, fail_on) if thresholds is not None else with_fail_on(Thresholds(), fail_on)
     policy = Policy(
         thresholds=limits,
         noise_floor=None if noise_floor is None else parse_fraction(noise_floor, "--noise-floor"),
         allow_mismatch=frozenset(allow_mismatch or ()),
     )
-    comparison = compare_paths(base, current, policy)
+    comparison = with_gates(compare_paths(base, current, policy))
     if format == "table" and output in (None, "-"):
         stdout.print(compare_table(comparison))
     elif format == "json":

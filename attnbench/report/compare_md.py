@@ -11,8 +11,17 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from attnbench.analysis.compare import CaseComparison, Comparison, Side, Verdict
-from attnbench.core.units import format_change, format_change_interval, format_percent, format_seconds
+from attnbench.analysis.compare import VERDICTS, CaseComparison, Comparison, Side, Verdict
+from attnbench.analysis.gates import MetricVerdict
+from attnbench.core.units import (
+    format_bandwidth,
+    format_bytes,
+    format_change,
+    format_change_interval,
+    format_percent,
+    format_rate,
+    format_seconds,
+)
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -98,6 +107,10 @@ def title(comparison: Comparison) -> str:
     n = comparison.counts()["regressed"]
     if n:
         return f"regression in {n} case{'s' if n != 1 else ''}"
+    gated = [g for g in comparison.gates if g.verdict == "regressed"]
+    if gated:
+        metrics = ", ".join(dict.fromkeys(g.metric for g in gated))
+        return f"regression in {metrics} ({len(gated)} case{'s' if len(gated) != 1 else ''})"
     if comparison.regressed and comparison.overall is not None:
         return f"regression overall ({format_change(comparison.overall.ratio - 1)}, every case together)"
     return "no regression"
@@ -122,6 +135,53 @@ def overall_lines(comparison: Comparison) -> list[str]:
             "alternately."
         )
     return ["", line]
+
+
+GATE_HEADERS = ("metric", "case", "base", "current", "change", "95 % CI", "threshold", "verdict")
+
+
+def _gate_value(g: MetricVerdict, value: float | None) -> str:
+    if value is None:
+        return "—"
+    if g.metric == "peak_mem":
+        return format_bytes(value)
+    return format_bandwidth(value) if g.metric == "gbps" else format_rate(value) + " tok/s"
+
+
+def gate_row(g: MetricVerdict) -> list[str]:
+    interval = "" if g.ci_low is None or g.ci_high is None else format_change_interval(g.ci_low - 1, g.ci_high - 1)
+    return [
+        g.metric,
+        g.case.label,
+        _gate_value(g, g.base),
+        _gate_value(g, g.current),
+        "" if g.ratio is None else format_change(g.ratio - 1),
+        interval,
+        format_percent(g.threshold),
+        g.verdict,
+    ]
+
+
+def gate_counts(comparison: Comparison) -> list[str]:
+    """``peak_mem: 1 regressed · 7 same`` for each gated metric."""
+    lines = []
+    for metric in dict.fromkeys(g.metric for g in comparison.gates):
+        counts = {v: sum(g.metric == metric and g.verdict == v for g in comparison.gates) for v in VERDICTS}
+        parts = [f"{n} {v}" for v, n in counts.items() if n]
+        lines.append(f"{metric}: " + " · ".join(parts))
+    return lines
+
+
+def gate_lines(comparison: Comparison) -> list[str]:
+    """The other gated metrics: their counts, and a table of every verdict that is not ``same``."""
+    if not comparison.gates:
+        return []
+    lines = ["", "### Other metrics", "", *(f"- {line}" for line in gate_counts(comparison))]
+    shown = [g for g in comparison.gates if g.verdict != "same"]
+    if shown:
+        rows = [[_escape(cell) for cell in gate_row(g)] for g in shown]
+        lines += ["", tabulate(rows, headers=GATE_HEADERS, tablefmt="github", disable_numparse=True)]
+    return lines
 
 
 def _side_cells(side: Side) -> tuple[str, str, str]:
@@ -153,6 +213,12 @@ def method_text(comparison: Comparison) -> str:
         "it lies below 1 − threshold, is the **same** when it lies inside ±threshold, and **noisy** otherwise. "
         "A status change decides first: ok → failed or out of memory is a regression.",
     ]
+    if comparison.gates:
+        lines.append(
+            f"Also gated: {', '.join(policy.thresholds.gated)}, by the same rule on each metric's ratio in the "
+            "direction that is worse (fewer tokens/s or GB/s, more memory): a rate's interval is the time's "
+            "inverted; peak memory's is a t interval over the runs' peaks, or the ratio itself with one run a side."
+        )
     if evidence.get("processes"):
         lines.append(
             f"Evidence for {evidence['processes']} cases: the spread between processes (one median per process, "
@@ -210,6 +276,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
         allowed = "; ".join(m.describe() for m in comparison.allowed)
         lines += ["", f"**Compared despite differences** (`--allow-mismatch`): {_escape(allowed)}."]
     lines += ["", method_text(comparison)]
+    lines += gate_lines(comparison)
     for verdict in SECTIONS:
         cases = comparison.of(verdict)
         if not cases or verdict == "same":
@@ -260,6 +327,14 @@ def compare_table(comparison: Comparison) -> Group:
     overall_style = "bold red" if comparison.overall is not None and comparison.overall.verdict == "regressed" else ""
     lines += [Text(line.replace("**", ""), style=overall_style) for line in overall_lines(comparison) if line]
     lines += [Text(line.replace("**", ""), style="yellow") for line in contended_lines(comparison) if line]
+    for g in comparison.gates:
+        if g.verdict != "same":
+            cells = gate_row(g)
+            style = _STYLE.get(g.verdict, "")
+            lines.append(
+                Text(f"{cells[0]} {cells[1]}: {cells[2]} → {cells[3]} ({cells[4]}, {cells[5]}) {g.verdict}", style)
+            )
+    lines += [Text(line) for line in gate_counts(comparison)]
     lines += [Text(f"  {case_text(c)}: {c.note}", style="italic") for c in comparison.cases if c.note]
     if comparison.allowed:
         lines.append(Text("compared despite: " + "; ".join(m.describe() for m in comparison.allowed), style="yellow"))

@@ -3,6 +3,7 @@ shell steps do what their comments say (run here with a stand-in for the GPU swe
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -284,3 +285,13 @@ def test_history_keeps_the_newest_runs_and_reads_them(tmp_path: Path) -> None:
     out = run_step("History", env, tmp_path, "gpu-history.yml")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "summary.md").read_text().startswith("# attnbench history — median time per call")
+
+
+def test_compare_step_passes_every_gate_of_fail_on(tmp_path: Path) -> None:
+    shutil.copytree(COMPARE_DATA / "base", tmp_path / "base-runs" / "run-1")
+    shutil.copytree(COMPARE_DATA / "current", tmp_path / "head-runs" / "run-1")
+    env = {**compare_env(tmp_path), "FAIL_ON": "median:5% peak_mem:10%"}
+    out = run_step("Compare", env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    policy = json.loads((tmp_path / "compare.json").read_text())["policy"]
+    assert policy["thresholds_described"] == "5 %; peak_mem 10 %"

@@ -1,0 +1,146 @@
+"""``compare``'s gates on measures besides the median time: ``peak_mem``, ``tokens_per_s`` and ``gbps``. Torch-free.
+
+A metric is gated only where a threshold names it (``analysis.thresholds``), per model, ``model/mode`` pattern or
+for every case, and each verdict follows the median's rule — regressed only when the whole 95 % interval of the
+ratio current/base lies beyond the threshold *in the direction that is worse*, so noise alone cannot fail a build:
+
+* **tokens_per_s** and **gbps** are rates over the same call: tokens (or the compulsory bytes, ``bytes_moved``)
+  divided by the time per call. For one case both sides divide the same count, so the rate's ratio is the inverse
+  of the time's, and its interval is the median's interval inverted — the same evidence (processes, or samples
+  widened by the noise floor), the same contention rule. Lower is worse.
+* **peak_mem** is one reading per run (the allocator's peak over an extra call), which repeats to the byte for
+  unchanged code. With several runs in all (three or more, as a case's processes), the interval is the Student t
+  interval of the log peaks, variance pooled (``compare.process_ratio_ci``); with one run a side it is the ratio
+  itself, as no spread was measured. Higher is worse; contention does not move it.
+
+Status changes (ok → oom) are the median gate's to judge, so a metric gate judges cases ok on both sides only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from attnbench.analysis.compare import CaseComparison, Comparison, Verdict, process_ratio_ci
+from attnbench.analysis.thresholds import GateMetric, Thresholds
+from attnbench.core.cases import Case
+from attnbench.results.records import Result
+
+HIGHER_IS_WORSE: Mapping[GateMetric, bool] = {"median": True, "peak_mem": True, "tokens_per_s": False, "gbps": False}
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    """One case's verdict on one gated metric. Ratios are current/base of the metric (bytes, tokens/s, bytes/s)."""
+
+    metric: GateMetric
+    key: str
+    case: Case
+    verdict: Verdict
+    threshold: float
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    base: float | None = None  # the side's value: a peak in bytes, or a rate per second
+    current: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "metric": self.metric,
+            "key": self.key,
+            "verdict": self.verdict,
+            "threshold": self.threshold,
+            "base": self.base,
+            "current": self.current,
+            "ratio": self.ratio,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "note": self.note,
+        }
+
+
+def judge(lo: float, hi: float, threshold: float, higher_is_worse: bool) -> Verdict:
+    """The median's rule (``compare._verdict``), turned round for a metric where lower is worse."""
+    if (lo > 1 + threshold) if higher_is_worse else (hi < 1 - threshold):
+        return "regressed"
+    if (hi < 1 - threshold) if higher_is_worse else (lo > 1 + threshold):
+        return "improved"
+    if lo >= 1 - threshold and hi <= 1 + threshold:
+        return "same"
+    return "noisy"
+
+
+def _count(result: Result, metric: GateMetric) -> float | None:
+    """What a rate divides by the time per call: tokens, or the stored compulsory bytes (None without them)."""
+    if metric == "tokens_per_s":
+        return float(result.case.tokens)
+    moved = result.extra.get("bytes_moved")
+    return float(moved) if isinstance(moved, int) and not isinstance(moved, bool) and moved > 0 else None
+
+
+def _rate(c: CaseComparison, base: Sequence[Result], metric: GateMetric, threshold: float) -> MetricVerdict | None:
+    count = _count(base[0], metric) if base else None
+    if count is None:  # a run without bytes_moved has no GB/s to gate
+        return None
+    base_rate = None if c.base_s is None else count / c.base_s
+    current_rate = None if c.current_s is None else count / c.current_s
+    ratio = None if c.ratio is None else 1 / c.ratio
+    if c.ci_low is None or c.ci_high is None or ratio is None:
+        why = c.note or "no interval of the time per call"
+        return MetricVerdict(metric, c.key, c.case, "noisy", threshold, ratio, None, None, base_rate, current_rate, why)
+    lo, hi = 1 / c.ci_high, 1 / c.ci_low
+    verdict = "noisy" if c.contended else judge(lo, hi, threshold, higher_is_worse=False)
+    return MetricVerdict(metric, c.key, c.case, verdict, threshold, ratio, lo, hi, base_rate, current_rate, c.note)
+
+
+def _peaks(rows: Sequence[Result]) -> list[float]:
+    return [float(r.memory.peak_bytes) for r in rows if r.ok and r.memory is not None and r.memory.peak_bytes]
+
+
+def _memory(
+    c: CaseComparison, base: Sequence[Result], current: Sequence[Result], threshold: float
+) -> MetricVerdict | None:
+    pb, pc = _peaks(base), _peaks(current)
+    if not pb or not pc:  # a side that recorded no peak (a device without a memory reading)
+        return None
+    if len(pb) + len(pc) >= 3:
+        ratio, lo, hi = process_ratio_ci(pb, pc)
+    else:
+        ratio = lo = hi = pc[0] / pb[0]
+    verdict = judge(lo, hi, threshold, higher_is_worse=True)
+    return MetricVerdict("peak_mem", c.key, c.case, verdict, threshold, ratio, lo, hi, _geomean(pb), _geomean(pc))
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return statistics.geometric_mean(values)
+
+
+def gate_metrics(
+    cases: Sequence[CaseComparison],
+    base_rows: Mapping[str, Sequence[Result]],
+    current_rows: Mapping[str, Sequence[Result]],
+    thresholds: Thresholds,
+) -> tuple[MetricVerdict, ...]:
+    """A verdict per case and gated metric, for every case ok on both sides whose metric has a threshold."""
+    out: list[MetricVerdict] = []
+    for metric in thresholds.gated:
+        for c in cases:
+            limit = thresholds.limit(metric, c.case)
+            if limit is None or c.base_status != "ok" or c.current_status != "ok" or c.evidence == "status":
+                continue
+            base, current = base_rows.get(c.key, ()), current_rows.get(c.key, ())
+            judged = _memory(c, base, current, limit) if metric == "peak_mem" else _rate(c, base, metric, limit)
+            if judged is not None:
+                out.append(judged)
+    return tuple(out)
+
+
+def with_gates(comparison: Comparison) -> Comparison:
+    """``comparison`` with a verdict for every gated metric (``Comparison.gates``), which ``regressed`` counts."""
+    thresholds = comparison.policy.thresholds
+    if not thresholds.gated:
+        return comparison
+    gates = gate_metrics(comparison.cases, comparison.base.rows(), comparison.current.rows(), thresholds)
+    return replace(comparison, gates=gates)
