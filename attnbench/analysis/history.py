@@ -7,9 +7,10 @@ are not mixed: the ordered runs are cut into *segments* wherever the fingerprint
 for inside each segment only. Cases are matched by key; a case missing from some runs of a segment has gaps
 there, and the history lists the cases not in every run.
 
-Each case's series is one value per run (the median time per call, tokens/s or peak memory), with the run's own
-95 % interval where it has one; ``analysis.steps`` finds where its level moved by more than the noise between
-runs. Two refinements make that work on a real machine, where most of the noise between runs is shared:
+Each case's series is one value per run (the median time per call, tokens/s, peak memory, or GB/s over the
+compulsory bytes a row stores as ``extra.bytes_moved``), with the run's own 95 % interval where it has one;
+``analysis.steps`` finds where its level moved by more than the noise between runs. Two refinements make that
+work on a real machine, where most of the noise between runs is shared:
 
 * **The run-level shift.** A run taken while the machine was busier, hotter or on another host reads slower in
   every case at once. With at least ``MIN_SHIFT_CASES`` cases timed in every run of a segment, the shift of each
@@ -30,7 +31,7 @@ import fnmatch
 import math
 import statistics
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -42,11 +43,11 @@ from attnbench.results.environment import FINGERPRINT_KEYS, Environment
 from attnbench.results.records import Result
 from attnbench.results.store import StoredRun
 
-Metric = Literal["median", "tokens_per_s", "peak_mem"]
-METRICS: tuple[Metric, ...] = ("median", "tokens_per_s", "peak_mem")
-# What each metric reads, in what unit, and whether higher is better (tokens/s) or worse (time, memory).
-METRIC_UNITS: Mapping[Metric, str] = {"median": "s", "tokens_per_s": "tokens/s", "peak_mem": "bytes"}
-HIGHER_IS_BETTER: Mapping[Metric, bool] = {"median": False, "tokens_per_s": True, "peak_mem": False}
+Metric = Literal["median", "tokens_per_s", "peak_mem", "gbps"]
+METRICS: tuple[Metric, ...] = ("median", "tokens_per_s", "peak_mem", "gbps")
+# What each metric reads, in what unit, and whether higher is better (tokens/s, GB/s) or worse (time, memory).
+METRIC_UNITS: Mapping[Metric, str] = {"median": "s", "tokens_per_s": "tokens/s", "peak_mem": "bytes", "gbps": "bytes/s"}
+HIGHER_IS_BETTER: Mapping[Metric, bool] = {"median": False, "tokens_per_s": True, "peak_mem": False, "gbps": True}
 Order = Literal["commit", "time"]
 # Fewer cases timed in every run than this and the run-level shift is not estimated (a median of a handful of
 # cases is itself noise); each case is then read as it is.
@@ -211,10 +212,26 @@ def point(result: Result | None, metric: Metric) -> Point:
     summary = result.timing.summary
     if metric == "median":
         return Point(summary.median, summary.ci_low, summary.ci_high, result.status)
-    tokens = result.case.tokens
-    low = tokens / summary.ci_high if summary.ci_high > 0 else None
-    high = tokens / summary.ci_low if summary.ci_low > 0 else None
-    return Point(tokens / summary.median, low, high, result.status)
+    if metric == "gbps":
+        moved = result.extra.get("bytes_moved")
+        if not isinstance(moved, int) or isinstance(moved, bool) or moved <= 0:
+            return Point(None, status=result.status)
+        count = float(moved)
+    else:
+        count = float(result.case.tokens)
+    low = count / summary.ci_high if summary.ci_high > 0 else None
+    high = count / summary.ci_low if summary.ci_low > 0 else None
+    return Point(count / summary.median, low, high, result.status)
+
+
+# What a history reads of one run for one metric: each case key's case and point. ``readings`` reads a run folder's
+# rows; a published site reads the digests it keeps instead (``analysis.site``).
+Reader = Callable[[StoredRun, Metric], Mapping[str, tuple[Case, Point]]]
+
+
+def readings(stored: StoredRun, metric: Metric) -> dict[str, tuple[Case, Point]]:
+    """Each case of a stored run, and its point for ``metric``."""
+    return {r.case.key: (r.case, point(r, metric)) for r in stored.results}
 
 
 def _matches(case: Case, patterns: Sequence[str]) -> bool:
@@ -228,10 +245,11 @@ def build_history(
     patterns: Sequence[str] = (),
     min_change: float = 0.0,
     repo: Path | None = None,
+    read: Reader = readings,
 ) -> History:
     """Order the runs, cut them into comparable segments, and look for steps in every case of every segment.
     ``patterns``: shell patterns a case's key or label must match (any); ``min_change``: the smallest relative
-    step worth reporting, on top of the noise rule."""
+    step worth reporting, on top of the noise rule; ``read``: what each run holds (its rows, by default)."""
     if metric not in METRICS:
         raise AttnbenchError(f"--metric: unknown metric {metric!r}", hint=f"one of: {', '.join(METRICS)}")
     if not runs:
@@ -250,12 +268,12 @@ def build_history(
     cases: list[CaseHistory] = []
     partial: list[str] = []
     for number, segment in enumerate(segments):
-        rows = [{r.case.key: r for r in stored.results} for stored in segment.runs]
+        rows = [read(stored, metric) for stored in segment.runs]
         keys: dict[str, Case] = {}
-        for stored in segment.runs:
-            for r in stored.results:
-                keys.setdefault(r.case.key, r.case)
-        series = {key: tuple(point(by_key.get(key), metric) for by_key in rows) for key in keys}
+        for by_key in rows:
+            for key, (case, _) in by_key.items():
+                keys.setdefault(key, case)
+        series = {key: tuple(by_key[key][1] if key in by_key else Point(None) for by_key in rows) for key in keys}
         shift = run_shift(list(series.values()))
         segments[number] = replace(segment, shift=shift)
         chosen = [key for key, case in keys.items() if _matches(case, patterns)]

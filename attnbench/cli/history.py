@@ -1,14 +1,24 @@
 """``attnbench history RUN_OR_FOLDER...``: each case's trend over many runs, and where its level stepped (needs no
-torch)."""
+torch); ``--fail-on-step`` alerts on a step the newest run confirmed, ``--bisect`` says where to look for one.
+
+Exit codes: 0, 1 with ``--fail-on-step`` when the newest run confirmed a step that made things worse, 2 bad input.
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from attnbench.cli.common import OutputOpt, handles_errors, print_warnings, stderr, stdout, write_or_print
+from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
+
+if TYPE_CHECKING:
+    from attnbench.analysis.alerts import StepEvent
+    from attnbench.analysis.history import History
+    from attnbench.report.alerts_md import Where
 
 RunsArg = Annotated[
     list[Path],
@@ -24,8 +34,8 @@ def history(
         typer.Option("--case", help="Only cases whose key or label matches this pattern (* ?), repeatable."),
     ] = None,
     metric: Annotated[
-        Literal["median", "tokens_per_s", "peak_mem"],
-        typer.Option("--metric", help="median time per call, tokens/s, or peak memory."),
+        Literal["median", "tokens_per_s", "peak_mem", "gbps"],
+        typer.Option("--metric", help="median time per call, tokens/s, peak memory, or GB/s (rows with bytes moved)."),
     ] = "median",
     format: Annotated[Literal["table", "md", "csv", "html"], typer.Option("--format", "-f")] = "table",
     output: OutputOpt = None,
@@ -43,6 +53,20 @@ def history(
     ] = None,
     skip_bad: Annotated[
         bool, typer.Option("--skip-bad", help="Leave out run folders that do not read, with a warning.")
+    ] = False,
+    fail_on_step: Annotated[
+        bool,
+        typer.Option(
+            "--fail-on-step", help="Exit 1 when the newest run confirms a step that made things worse, with an alert."
+        ),
+    ] = False,
+    alert: Annotated[
+        Path | None,
+        typer.Option("--alert", help="Write the alert (markdown) here; nothing is written when there is none."),
+    ] = None,
+    bisect: Annotated[
+        bool,
+        typer.Option("--bisect", help="For each step that made things worse: its commits and a git bisect command."),
     ] = False,
 ) -> None:
     """Order runs by commit (or time), show each case's trend with its CIs, and find the step changes: where a
@@ -82,3 +106,71 @@ def history(
     else:  # md, or a table written to a file (the markdown one, as with `report`)
         write_or_print(render_history_markdown(result), output)
     print_warnings([*warnings, *result.warnings])
+    if bisect:
+        from attnbench.analysis.alerts import step_events
+        from attnbench.report.alerts_md import render_bisect
+
+        worse = [e for e in step_events(result) if e.worse]
+        stdout.print(render_bisect(worse, [where_to_look(result, e, repo) for e in worse]), markup=False)
+    if fail_on_step or alert is not None:
+        from attnbench.analysis.alerts import new_steps, without_newest
+
+        before_runs = without_newest(stored, result)
+        before = None
+        if before_runs:
+            before = build_history(before_runs, metric=metric, patterns=tuple(case or ()), min_change=change, repo=repo)
+        fresh = [e for e in new_steps(result, before) if e.worse]
+        if fresh:
+            from attnbench.report.alerts_md import render_alert
+
+            text = render_alert(result, fresh, [where_to_look(result, e, repo) for e in fresh])
+            if alert is not None:
+                write_or_print(text, str(alert))
+            else:
+                stderr.print(text, markup=False)
+            if fail_on_step:
+                stderr.print(f"alert: the newest run confirmed {len(fresh)} new step(s) that made things worse")
+                raise typer.Exit(EXIT_CASE_FAILED)
+        elif alert is not None and alert.exists():
+            alert.unlink()  # an alert of an earlier history must not be posted again
+
+
+def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Where:
+    """The bisect hint for ``event``, or a sentence saying why there is nothing to bisect. The one-case overrides
+    are checked against the run's own config here (the CLI may read configs; analysis may not)."""
+    from attnbench.analysis.alerts import representative_case
+    from attnbench.analysis.bisect import bisect_hint, gates_for, one_case_sets
+    from attnbench.config.experiment import load_experiment_text, resolved_text
+
+    good, bad = event.last_good.run.commit, event.first_bad.run.commit
+    if not good or not bad:
+        return "the runs record no commit (sweep inside a git checkout to bisect)"
+    if good == bad:
+        return (
+            f"both runs measured commit `{good[:12]}`, so the step is not in the code: the machine, its load or its "
+            "software changed"
+        )
+    case = representative_case(history, event)
+    if case is None:
+        return "no case of the step has a value on both sides to sweep"
+    run = event.first_bad.run
+    try:
+        pinned = load_experiment_text(resolved_text(run.config), run.config_source, one_case_sets(case), force=True)
+        keys = [c.key for c in pinned.cases(case.device)]
+    except AttnbenchError as exc:
+        keys, why = [], exc.message
+    else:
+        why = f"it gives {len(keys)} cases"
+    if keys != [case.key]:
+        return f"commits `{good[:12]}..{bad[:12]}`; the config cannot be narrowed to `{case.label}` alone ({why})"
+    config = None if run.config_source.startswith("builtin:") else run.config_source
+    return bisect_hint(
+        case,
+        good,
+        bad,
+        config=config,
+        baseline=event.last_good.folder.resolve(),
+        gates=gates_for(event.metric, event.step.change),
+        python=sys.executable,
+        repo=repo,
+    )

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, Metric, Point, run_name
 from attnbench.analysis.steps import MIN_RUNS_PER_LEVEL, Step
 from attnbench.core.text import csv_cell
-from attnbench.core.units import format_bytes, format_change, format_change_interval, format_rate, format_seconds
+from attnbench.core.units import (
+    format_bandwidth,
+    format_bytes,
+    format_change,
+    format_change_interval,
+    format_rate,
+    format_seconds,
+)
 from attnbench.report.pivot import STATUS_TEXT
 
 if TYPE_CHECKING:
@@ -23,6 +30,7 @@ METRIC_WORDS: dict[Metric, str] = {
     "median": "median time per call",
     "tokens_per_s": "tokens/s",
     "peak_mem": "peak memory",
+    "gbps": "GB/s (compulsory bytes per second)",
 }
 
 
@@ -33,6 +41,8 @@ def value_text(value: float | None, metric: Metric) -> str:
         return format_seconds(value)
     if metric == "tokens_per_s":
         return format_rate(value) + " tok/s"
+    if metric == "gbps":
+        return format_bandwidth(value)
     return format_bytes(value)
 
 

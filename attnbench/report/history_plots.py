@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnbench.analysis.history import CaseHistory, History
+from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History
 from attnbench.report.history import METRIC_WORDS, value_text
 from attnbench.report.plots import INSTALL_HINT, PlotsUnavailable, missing_matplotlib
 
@@ -47,7 +47,7 @@ def _panel(ax: Axes, history: History, c: CaseHistory) -> None:
         below = [v - lo for v, lo in zip(y, low, strict=True)]
         above = [hi - v for v, hi in zip(y, high, strict=True)]
         ax.errorbar(x, y, yerr=[below, above], fmt="none", ecolor="#1f77b4", elinewidth=0.8, capsize=2, zorder=2)
-    higher_is_worse = history.metric != "tokens_per_s"
+    higher_is_worse = not HIGHER_IS_BETTER[history.metric]
     bounds = [0, *(s.index for s in c.fit.steps), len(c.points)]
     for step, (start, end) in zip(c.fit.steps, zip(bounds[:-2], bounds[2:], strict=True), strict=True):
         worse = (step.change > 0) == higher_is_worse

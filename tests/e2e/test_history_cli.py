@@ -136,3 +136,22 @@ def test_a_sweep_records_the_checkout_it_ran_in_and_its_label(tmp_path: Path, mo
     result = runner.invoke(app, ["sweep", "tiny.yaml", "--out", str(tmp_path / "plain"), "-q"])
     (folder,) = (tmp_path / "plain").iterdir()
     assert "code" not in json.loads((folder / "run.json").read_text())
+
+
+def test_gbps_reads_the_bytes_a_row_stores(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    for run in synthetic_runs(folder, [1.0] * 4):
+        rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line]
+        for row in rows:
+            if row["key"].startswith(STEPPED):
+                row.setdefault("extra", {})["bytes_moved"] = 10**9
+        (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["history", str(folder), "--metric", "gbps", "-f", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = [r for r in csv.DictReader(io.StringIO(result.stdout)) if r["value"]]
+    assert {r["key"] for r in rows} == {r["key"] for r in rows if r["key"].startswith(STEPPED)} and len(rows) == 4
+    from attnbench.api import load_runs
+
+    stored = load_runs([folder])[0]
+    (row,) = [r for r in stored.results if r.case.key.startswith(STEPPED)]
+    assert float(rows[0]["value"]) == pytest.approx(10**9 / row.timing.summary.median)

@@ -1,0 +1,183 @@
+"""history --fail-on-step (the alert on a step the newest run confirmed) and --bisect (the commits between the last
+good and the first bad run, and a git bisect command that finds the commit, run here on a small git repository)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.analysis.alerts import new_steps, step_events
+from attnbench.analysis.bisect import bisect_hint, one_case_sets
+from attnbench.api import history, load_runs
+from attnbench.cli import app
+from attnbench.config.experiment import load_experiment
+from tests.support import ROOT, synthetic_runs
+
+runner = CliRunner()
+STEPPED = "model=lstm|mode=forward|dtype=float32|device=cpu|batch=2|seq_len=64"
+
+
+def test_an_alert_only_when_the_newest_run_confirms_a_worse_step(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    synthetic_runs(folder, [1.0] * 6 + [1.3] * 2, only=STEPPED, sigma=0.01, case_sigma=0.005)
+    alert = tmp_path / "alert.md"
+    result = runner.invoke(app, ["history", str(folder), "-f", "md", "--fail-on-step", "--alert", str(alert)])
+    assert result.exit_code == 1, result.output
+    text = alert.read_text()
+    assert "## attnbench history: a new step in 1 case — median time per call" in text
+    assert "The newest run, **synthetic-007**" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| lstm forward float32 b=2 n=64")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].endswith("slower") and 25 < float(cells[1].split()[0].lstrip("+")) < 35
+    assert "…" in cells[2]  # the step's 95 % interval
+    assert cells[3].startswith("7. synthetic-006") and cells[4].startswith("6. synthetic-005")
+    assert "the runs record no commit" in text
+    # One run later the step is old news: no alert, and the stale file is removed.
+    synthetic_runs(tmp_path / "more", [1.3], only=STEPPED, seed=5)
+    later = tmp_path / "more" / "run-000"
+    run = json.loads((later / "run.json").read_text())
+    (later / "run.json").write_text(
+        json.dumps({**run, "run_id": "synthetic-008", "created_utc": "2026-12-01T09:00:00Z"})
+    )
+    again = runner.invoke(app, ["history", str(folder), str(later), "--fail-on-step", "--alert", str(alert)])
+    assert again.exit_code == 0, again.output
+    assert not alert.exists()
+
+
+def test_a_faster_step_does_not_fail(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    synthetic_runs(folder, [1.0] * 6 + [0.7] * 2, only=STEPPED, sigma=0.01, case_sigma=0.005)
+    result = runner.invoke(app, ["history", str(folder), "--fail-on-step"])
+    assert result.exit_code == 0, result.output
+    (event,) = new_steps(history(folder), history(sorted(folder.iterdir())[:-1]))
+    assert not event.worse and event.position == 7
+
+
+def test_the_example_history_alerts_once_its_step_is_confirmed(tmp_path: Path) -> None:
+    """The committed example (a 25 % slowdown planted from run 9): with runs 1–11 the eleventh confirms it."""
+    runs = sorted((ROOT / "results" / "history-example-cpu" / "runs").iterdir())
+    first_eleven = load_runs(runs[:11])
+    events = new_steps(history(first_eleven), history(first_eleven[:-1]))
+    (event,) = events
+    assert event.case is None and event.cases == 8 and event.worse
+    assert (event.position, event.good_position) == (9, 8)
+    assert event.first_bad.run.label == "run-09-slow25" and event.last_good.run.label == "run-08"
+    assert not new_steps(history(load_runs(runs)), history(load_runs(runs[:11])))  # run 12 adds nothing new
+
+
+# ------------------------------------------------------------------------------------------------------ bisection
+
+
+def test_one_case_overrides_pin_every_case_of_a_config() -> None:
+    for name in ("aa-cpu.yaml", "variants-cpu.yaml"):
+        path = ROOT / "configs" / name
+        for case in load_experiment(path).cases("cpu"):
+            if dict(case.options).get("window", 0) >= case.seq_len:
+                continue  # a window as long as the sequence is allowed only beside longer lengths
+            pinned = load_experiment(path, one_case_sets(case)).cases("cpu")
+            assert [c.key for c in pinned] == [case.key]
+
+
+def git(repo: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+FAKE_SWEEP = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.support import synthetic_runs
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+assert sys.argv[sys.argv.index("--set") + 1] == "models=[lstm]", sys.argv
+level = float(Path("speed.txt").read_text())  # the checkout's own speed: what the commit under test changed
+(run,) = synthetic_runs(out, [level], only={stepped!r}, sigma=0.0, case_sigma=0.0)
+data = json.loads((run / "run.json").read_text())
+(run / "run.json").write_text(json.dumps({{**data, "run_id": "bisect-" + str(level)}}))
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, list[str], Path]:
+    """A git repository of twelve commits whose code got 30 % slower at the seventh, and runs of commits 1–4 and
+    9–12 (the runner was away for 5–8): the step lies somewhere in 5..9."""
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commits = []
+    for i in range(1, 13):
+        (repo / "speed.txt").write_text("1.3" if i >= 7 else "1.0")
+        (repo / "notes.txt").write_text(f"commit {i}\n")
+        git(repo, "add", ".")
+        git(repo, "commit", "-q", "-m", f"commit {i}")
+        commits.append(git(repo, "rev-parse", "HEAD"))
+    runs = tmp_path / "runs"
+    measured = [1, 2, 3, 4, 9, 10, 11, 12]
+    folders = synthetic_runs(runs, [1.3 if i >= 7 else 1.0 for i in measured], only=STEPPED, sigma=0.01, seed=3)
+    for folder, i in zip(folders, measured, strict=True):
+        run = json.loads((folder / "run.json").read_text())
+        code = {"commit": commits[i - 1], "dirty": False, "branch": "main"}
+        (folder / "run.json").write_text(json.dumps({**run, "code": code, "label": f"c{i}"}))
+    return repo, commits, runs
+
+
+def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
+    project: tuple[Path, list[str], Path], tmp_path: Path
+) -> None:
+    repo, commits, runs = project
+    result = runner.invoke(app, ["history", str(runs), "--repo", str(repo), "--bisect", "-f", "md", "-o", "-"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout.split("## Where to look", 1)[1]
+    assert f"commits `{commits[3][:12]}..{commits[8][:12]}` (5 commits)" in out
+    assert "bisect on `lstm forward float32 b=2 n=64 d=32`" in out
+    start = next(line.strip() for line in out.splitlines() if "git bisect start" in line)
+    assert start == f"git bisect start {commits[8]} {commits[3]}"
+    run_line = next(line.strip() for line in out.splitlines() if "git bisect run" in line)
+    assert '--set "models=[lstm]"' in run_line and "--allow-mismatch config_sha256" in run_line
+
+    # Run it: a stand-in Python whose sweep reads the checkout's speed, and the real compare.
+    fake = tmp_path / "fake_sweep.py"
+    fake.write_text(FAKE_SWEEP.format(root=str(ROOT), stepped=STEPPED))
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/usr/bin/env bash\nif [ "$1" = -P ]; then exec {sys.executable} "$@"; fi\n'
+        f'shift 2; exec {sys.executable} {fake} "$@"\n'
+    )
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    good = next(s for s in load_runs([runs]) if s.run.label == "c4")
+    (event,) = [e for e in step_events(history(runs, repo=repo)) if e.worse]
+    assert event.case is not None
+    hint = bisect_hint(
+        event.case,
+        commits[3],
+        commits[8],
+        config="tiny.yaml",
+        baseline=good.folder,
+        gates=["median:15%"],
+        python=str(python),
+        repo=repo,
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(shlex.split(hint.start), cwd=repo, check=True, capture_output=True)
+    bisected = subprocess.run(shlex.split(hint.run), cwd=repo, capture_output=True, text=True, env=env)
+    subprocess.run(["git", "bisect", "reset"], cwd=repo, check=True, capture_output=True)
+    assert f"{commits[6]} is the first bad commit" in bisected.stdout, bisected.stdout + bisected.stderr
+
+
+def test_bisect_says_when_there_is_nothing_to_bisect() -> None:
+    result = runner.invoke(app, ["history", str(ROOT / "results" / "history-example-cpu" / "runs"), "--bisect"])
+    assert result.exit_code == 0, result.output
+    assert "both runs measured commit `c696c51ed8fd`, so the step is not in the code" in result.stdout
