@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli import claims, compare, device, history, info, merge, report, submit, sweep
+from attnbench.cli import claims, compare, device, history, info, merge, publish, report, submit, sweep
 from attnbench.cli.common import Command, Group, interrupted, state
 
 app = typer.Typer(
@@ -44,6 +44,7 @@ for command in (
     claims.claims,
     compare.compare,
     history.history,
+    publish.publish,
     merge.merge,
     submit.submit,
     device.calibrate,

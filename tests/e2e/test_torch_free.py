@@ -190,3 +190,10 @@ def test_merge_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> Non
     out = attnbench(blocked_env, "merge", str(FIXTURE_RUN), "-o", str(tmp_path / "merged"))
     assert out.returncode == 0, out.stderr
     assert "merged 1 run(s)" in out.stdout and (tmp_path / "merged" / "summary.md").exists()
+
+
+def test_publish_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
+    out = attnbench(blocked_env, "publish", str(ROOT / "results" / "history-example-cpu" / "runs"), "-o", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "12 runs (12 new)" in out.stdout and (tmp_path / "index.html").exists()
+    assert (tmp_path / "assets" / "plotly.min.js").stat().st_size > 1_000_000

@@ -1,0 +1,262 @@
+"""The published site's graphs: a plotly figure (plain JSON: ``data`` and ``layout``, no plotly import) per case and
+metric, and the index's sparklines as inline SVG. Values in, dicts and text out.
+
+A figure has one point per run (a gap where the case has no value there), one trace per segment (runs of one
+environment) so that a change of machine or software is a break, never a line across it; each point's 95 % interval
+as an error bar and its run, commit, label, value and interval on hover. A case's own step is a dashed line at the
+boundary, its two levels, and a band over the new level for the step's 95 % interval; a run-level step (every case
+of the segment moved together) a dotted line with its size; a new segment a grey band naming what changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, Metric, Point, run_name
+from attnbench.core.units import format_change, format_change_interval
+from attnbench.report.history import METRIC_WORDS, value_text
+
+WORSE, BETTER, SHIFT, SEGMENT = "#d62728", "#2ca02c", "#9467bd", "rgba(120,120,120,0.18)"
+COLOURS = ("#1f77b4", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")  # one per segment, in turn
+
+
+def axis_scale(metric: Metric, values: Sequence[float]) -> tuple[float, str]:
+    """(divisor, unit) for the y axis: seconds in s, ms or µs; bytes in MiB; rates as they are (SI ticks)."""
+    if metric == "median":
+        typical = sorted(values)[len(values) // 2] if values else 1.0
+        return (1.0, "s") if typical >= 1 else (1e-3, "ms") if typical >= 1e-3 else (1e-6, "µs")
+    if metric == "peak_mem":
+        return (2.0**20, "MiB")
+    if metric == "gbps":
+        return (1e9, "GB/s")
+    return (1.0, "tokens/s")
+
+
+def _offset(history: History, segment: int) -> int:
+    return sum(len(s.runs) for s in history.segments[:segment])
+
+
+def _interval_text(p: Point, metric: Metric) -> str:
+    if p.low is None or p.high is None:
+        return "—"
+    return f"{value_text(p.low, metric)} … {value_text(p.high, metric)}"
+
+
+def _points_trace(history: History, part: CaseHistory, divisor: float, colour: str) -> dict[str, Any]:
+    offset = _offset(history, part.segment)
+    runs = history.segments[part.segment].runs
+    xs, ys, plus, minus, custom = [], [], [], [], []
+    for i, (p, stored) in enumerate(zip(part.points, runs, strict=True)):
+        xs.append(offset + i + 1)
+        ys.append(None if p.value is None else p.value / divisor)
+        has_ci = p.value is not None and p.low is not None and p.high is not None
+        plus.append((p.high - p.value) / divisor if has_ci else None)  # type: ignore[operator]
+        minus.append((p.value - p.low) / divisor if has_ci else None)  # type: ignore[operator]
+        value = value_text(p.value, history.metric) if p.value is not None else p.status
+        commit = stored.run.commit[:12] if stored.run.commit else "—"
+        custom.append([run_name(stored), commit, stored.run.label or "—", value, _interval_text(p, history.metric)])
+    return {
+        "type": "scatter",
+        "mode": "lines+markers",
+        "name": f"segment {part.segment + 1}",
+        "meta": "runs",
+        "x": xs,
+        "y": ys,
+        "error_y": {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus, "thickness": 1, "width": 3},
+        "customdata": custom,
+        "hovertemplate": "<b>run %{x}: %{customdata[0]}</b><br>commit %{customdata[1]}<br>label %{customdata[2]}"
+        "<br>%{customdata[3]}<br>95 % CI %{customdata[4]}<extra></extra>",
+        "line": {"color": colour, "width": 1.5},
+        "marker": {"size": 7, "color": colour},
+        "connectgaps": False,
+    }
+
+
+def _vline(x: float, colour: str, dash: str, width: float = 1.5) -> dict[str, Any]:
+    return {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x,
+        "x1": x,
+        "y0": 0,
+        "y1": 1,
+        "line": {"color": colour, "dash": dash, "width": width},
+    }
+
+
+def _steps(history: History, part: CaseHistory, divisor: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shapes and annotations for the case's own steps in one segment."""
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
+    offset = _offset(history, part.segment)
+    bounds = [0, *(s.index for s in part.fit.steps), len(part.points)]
+    for k, step in enumerate(part.fit.steps):
+        worse = (step.change > 0) != HIGHER_IS_BETTER[history.metric]
+        colour = WORSE if worse else BETTER
+        x = offset + step.index + 0.5
+        start, end = offset + bounds[k] + 0.5, offset + bounds[k + 2] + 0.5
+        shapes.append(_vline(x, colour, "dash"))
+        for x0, x1, level in ((start, x, step.before), (x, end, step.after)):
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": "y",
+                    "x0": x0,
+                    "x1": x1,
+                    "y0": level / divisor,
+                    "y1": level / divisor,
+                    "line": {"color": "#555", "width": 1},
+                }
+            )
+        low, high = step.before * (1 + step.low) / divisor, step.before * (1 + step.high) / divisor
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "y",
+                "x0": x,
+                "x1": end,
+                "y0": low,
+                "y1": high,
+                "fillcolor": colour,
+                "opacity": 0.12,
+                "line": {"width": 0},
+            }
+        )
+        text = f"{format_change(step.change)} ({format_change_interval(step.low, step.high)})"
+        notes.append(
+            {
+                "x": x,
+                "y": step.after / divisor,
+                "xref": "x",
+                "yref": "y",
+                "text": text,
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "font": {"color": colour, "size": 11},
+            }
+        )
+    return shapes, notes
+
+
+def _context(history: History, parts: Sequence[CaseHistory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run-level steps of the case's segments, and the breaks between segments."""
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
+    for part in parts:
+        segment = history.segments[part.segment]
+        if segment.shift is None:
+            continue
+        for step in segment.shift.fit.steps:
+            x = _offset(history, segment.index) + step.index + 0.5
+            shapes.append(_vline(x, SHIFT, "dot", 2))
+            text = f"every case {format_change(step.change)} ({format_change_interval(step.low, step.high)})"
+            notes.append(
+                {
+                    "x": x,
+                    "y": 1,
+                    "xref": "x",
+                    "yref": "paper",
+                    "text": text,
+                    "showarrow": False,
+                    "xanchor": "left",
+                    "yanchor": "top",
+                    "font": {"color": SHIFT, "size": 11},
+                }
+            )
+    for segment in history.segments[1:]:
+        x = _offset(history, segment.index) + 0.5
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": x - 0.15,
+                "x1": x + 0.15,
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": SEGMENT,
+                "line": {"width": 0},
+            }
+        )
+        changed = "; ".join(segment.changed[:2]) + ("; …" if len(segment.changed) > 2 else "")
+        notes.append(
+            {
+                "x": x,
+                "y": 0,
+                "xref": "x",
+                "yref": "paper",
+                "text": f"new environment: {changed}",
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "textangle": 0,
+                "font": {"color": "#666", "size": 10},
+            }
+        )
+    return shapes, notes
+
+
+def case_figure(history: History, parts: Sequence[CaseHistory]) -> dict[str, Any]:
+    """The plotly figure of one case for ``history.metric`` over every run of the history."""
+    values = [p.value for part in parts for p in part.points if p.value is not None]
+    divisor, unit = axis_scale(history.metric, values)
+    traces = [_points_trace(history, part, divisor, COLOURS[part.segment % len(COLOURS)]) for part in parts]
+    shapes, notes = _context(history, parts)
+    for part in parts:
+        more_shapes, more_notes = _steps(history, part, divisor)
+        shapes += more_shapes
+        notes += more_notes
+    layout = {
+        "xaxis": {
+            "title": {"text": "run (history order)"},
+            "range": [0.5, len(history.runs) + 0.5],
+            "zeroline": False,
+            "tickformat": "d",
+        },
+        "yaxis": {
+            "title": {"text": f"{METRIC_WORDS[history.metric]} ({unit})"},
+            "zeroline": False,
+            "tickformat": ".3s" if history.metric == "tokens_per_s" else "",
+        },
+        "shapes": shapes,
+        "annotations": notes,
+        "hovermode": "closest",
+        "showlegend": len(parts) > 1,
+        "margin": {"l": 70, "r": 20, "t": 30, "b": 50},
+        "height": 440,
+        "font": {"family": "system-ui, sans-serif", "size": 12},
+        "plot_bgcolor": "#fff",
+    }
+    return {"data": traces, "layout": layout}
+
+
+def sparkline(history: History, parts: Sequence[CaseHistory], colour: str, width: int = 140, height: int = 30) -> str:
+    """An inline SVG of the case's values over the runs (log scale; a break between segments)."""
+    values = [p.value for part in parts for p in part.points if p.value is not None]
+    if not values:
+        return ""
+    low, high = math.log(min(values)), math.log(max(values))
+    span = (high - low) or 1.0
+    total = max(1, len(history.runs) - 1)
+    lines, last = [], ""
+    for part in parts:
+        offset = _offset(history, part.segment)
+        xy = [
+            (2 + (offset + i) / total * (width - 4), height - 3 - (math.log(p.value) - low) / span * (height - 6))
+            for i, p in enumerate(part.points)
+            if p.value is not None
+        ]
+        if xy:
+            lines.append(" ".join(f"{x:.1f},{y:.1f}" for x, y in xy))
+            last = f'<circle cx="{xy[-1][0]:.1f}" cy="{xy[-1][1]:.1f}" r="2.5" fill="{colour}"/>'
+    body = "".join(f'<polyline points="{p}" fill="none" stroke="#1f77b4" stroke-width="1.2"/>' for p in lines)
+    return (
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="trend">{body}{last}</svg>'
+    )

@@ -1,0 +1,156 @@
+"""attnbench publish: the static site's files and numbers, publishing into an existing site (new runs added, pages
+that did not change left alone), the committed example kept true, and bad input. The browser's view of the site is
+tests/e2e/test_site_browser.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from tests.support import ROOT, synthetic_runs
+
+runner = CliRunner()
+EXAMPLE_RUNS = ROOT / "results" / "history-example-cpu" / "runs"
+EXAMPLE_SITE = ROOT / "results" / "site-example-cpu"
+STEPPED = "model=lstm|mode=forward|dtype=float32|device=cpu|batch=2|seq_len=64"
+
+
+def publish(*args: str) -> str:
+    result = runner.invoke(app, ["publish", *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def figures(page: Path) -> dict[str, dict[str, object]]:
+    found = re.search(r"<script type='application/json' id='figures'>(.*?)</script>", page.read_text(), re.S)
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("example") / "site"
+    publish(str(EXAMPLE_RUNS), "-o", str(site), "--commit-url", "https://example.org/c/{commit}")
+    return site
+
+
+def test_the_site_has_a_page_per_case_with_a_point_per_run_and_metric(example: Path) -> None:
+    pages = sorted((example / "cases").glob("*.html"))
+    assert len(pages) == 8
+    index = (example / "index.html").read_text()
+    assert index.count("class='case'") == 8 and index.count('<svg class="spark"') == 8
+    for heading in ("gru · forward · float32", "vanilla · train · float32"):
+        assert heading in index
+    figs = figures(next(p for p in pages if p.name.startswith("aa-cpu-lstm-forward")))
+    assert list(figs) == ["median", "tokens_per_s", "peak_mem"]
+    (trace,) = figs["median"]["data"]  # type: ignore[misc]
+    assert trace["x"] == list(range(1, 13)) and len(trace["y"]) == 12 and None not in trace["y"]
+    assert trace["customdata"][8][:3] == ["run-09-slow25", "c696c51ed8fd", "run-09-slow25"]
+    layout = figs["median"]["layout"]
+    assert layout["yaxis"]["title"]["text"] == "median time per call (ms)"  # type: ignore[index]
+    assert any("every case +23.0 %" in note["text"] for note in layout["annotations"])  # type: ignore[index]
+    assert 13.0 < trace["y"][0] < 14.5  # run-01's 13.8 ms, as history.md has it
+
+
+def test_the_regressions_page_lists_the_step_with_links_to_both_runs(example: Path) -> None:
+    page = (example / "regressions.html").read_text()
+    (row,) = re.findall(r"<tbody>(.*?)</tbody>", page, re.S)[0].split("</tr>")[:-1]
+    assert "runs.html#run-20261203-103257-aa-cpu-cpu" in row and "runs.html#run-20261203-103217-aa-cpu-cpu" in row
+    assert row.count("https://example.org/c/c696c51ed8fd9b3490a01e7028e82b0955122436") == 2
+    assert "+23.0 %" in row and "+11.6 … +35.5 %" in row and "slower" in row
+    runs = (example / "runs.html").read_text()
+    assert runs.count("<tr id='run-") == 12 and "AMD EPYC" in runs and "2.13.0+cpu" in runs
+
+
+def test_nothing_is_fetched_from_a_network(example: Path) -> None:
+    for page in example.rglob("*.html"):
+        text = page.read_text()
+        assert not re.search(r"src=['\"](https?:)?//|<link[^>]+href=['\"](https?:)?//", text), page
+    assert (example / "assets" / "plotly.min.js").read_bytes().startswith(b"/**\n* plotly.js v")
+
+
+def _two_configs(tmp_path: Path) -> tuple[Path, Path]:
+    tiny, other = tmp_path / "tiny", tmp_path / "other"
+    synthetic_runs(tiny, [1.0] * 6, only=STEPPED, seed=1)
+    synthetic_runs(other, [1.0] * 6, seed=2)
+    for folder in other.iterdir():
+        run = json.loads((folder / "run.json").read_text())
+        run["run_id"] = "other-" + run["run_id"]
+        run["config"] = {**run["config"], "name": "other"}
+        (folder / "run.json").write_text(json.dumps(run))
+    return tiny, other
+
+
+def test_publishing_again_adds_the_new_runs_and_rewrites_only_what_changed(tmp_path: Path) -> None:
+    tiny, other = _two_configs(tmp_path)
+    site = tmp_path / "site"
+    first = publish(str(tiny), str(other), "-o", str(site))
+    assert "12 runs (12 new) of 2 config(s)" in first
+    other_pages = sorted((site / "cases").glob("other-*.html"))
+    tiny_pages = sorted(p for p in (site / "cases").glob("tiny-*.html") if "id='figures'" in p.read_text())
+    assert other_pages and tiny_pages
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in site.rglob("*") if p.is_file()}
+    again = publish(str(tiny), "-o", str(site))  # nothing new: nothing written
+    assert "12 runs (0 new)" in again and "wrote 0 files" in again
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in site.rglob("*") if p.is_file()} == before
+
+    newer = tmp_path / "newer"
+    (run,) = synthetic_runs(newer, [1.3], only=STEPPED, seed=9)
+    data = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**data, "run_id": "synthetic-006", "created_utc": "2026-12-01T07:00Z"}))
+    added = publish(str(run), "-o", str(site))  # only the new run: the site keeps the others' digests
+    assert "13 runs (1 new) of 2 config(s)" in added
+    for page in other_pages:  # another config's history did not change: its pages were not touched
+        assert (page.stat().st_mtime_ns, page.read_bytes()) == before[page]
+    for page in tiny_pages:
+        assert page.read_bytes() != before[page][1]
+    (trace,) = figures(tiny_pages[0])["median"]["data"]  # type: ignore[misc]
+    assert trace["x"] == list(range(1, 8))
+    # The same site as publishing every run at once, byte for byte.
+    whole = tmp_path / "whole"
+    publish(str(tiny), str(other), str(run), "-o", str(whole))
+    assert {p.relative_to(whole): p.read_bytes() for p in whole.rglob("*") if p.is_file()} == {
+        p.relative_to(site): p.read_bytes() for p in site.rglob("*") if p.is_file()
+    }
+
+
+def test_the_committed_example_is_what_publish_makes(tmp_path: Path) -> None:
+    """results/site-example-cpu/ was made by publish from the example runs; a change to the pages shows here
+    (regenerate it with the command in results/README.md)."""
+    made_site = tmp_path / "site"
+    publish(str(EXAMPLE_RUNS), "-o", str(made_site))
+    made = {p.relative_to(made_site) for p in made_site.rglob("*") if p.is_file()}
+    committed = {p.relative_to(EXAMPLE_SITE) for p in EXAMPLE_SITE.rglob("*") if p.is_file()}
+    assert made <= committed and committed - made == {Path("screenshot.png")}
+    for name in sorted(made):
+        if name.parts[0] != "assets":  # plotly.js is the installed package's, whatever version that is
+            assert (EXAMPLE_SITE / name).read_bytes() == (made_site / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "says"),
+    [
+        ("foreign", [], "holds files but no data/site.json"),
+        ("none", [], "no runs to publish"),
+        ("none", ["--commit-url", "https://x/"], "--commit-url: 'https://x/' has no {commit}"),
+        ("digest", [], "data/runs/bad.json: schema"),
+    ],
+)
+def test_bad_input_is_one_error_line(tmp_path: Path, setup: str, args: list[str], says: str) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    if setup == "foreign":
+        (site / "notes.txt").write_text("mine")
+        args = [str(EXAMPLE_RUNS), *args]
+    if setup == "digest":
+        publish(str(EXAMPLE_RUNS / "20261203-102756-aa-cpu-cpu"), "-o", str(site))
+        (site / "data" / "runs" / "bad.json").write_text('{"schema": "something else"}')
+    result = runner.invoke(app, ["publish", *args, "-o", str(site)])
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "Traceback" not in result.output
+    assert result.output.count("error:") == 1
