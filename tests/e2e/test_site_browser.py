@@ -22,7 +22,9 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from tests.support import ROOT
 
-CHROMIUM = os.environ.get("ATTNBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = os.environ.get("ATTNBENCH_CHROMIUM") or next(
+    (found for name in ("chromium", "chromium-browser", "google-chrome") if (found := shutil.which(name))), None
+)
 try:
     from playwright.sync_api import sync_playwright
 except ImportError:  # pragma: no cover - depends on the machine

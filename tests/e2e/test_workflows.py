@@ -109,7 +109,7 @@ def test_every_attnbench_flag_the_workflows_pass_exists() -> None:
                 known = {opt for p in group.commands[command].params for opt in (*p.opts, *p.secondary_opts)}
                 assert flags <= known, f"{name}: attnbench {command} has no {sorted(flags - known)}"
                 seen.add(command)
-    assert seen == {"env", "sweep", "compare", "history"}
+    assert seen == {"env", "sweep", "compare", "history", "publish"}
 
 
 def shell(script: str, values: dict[str, str]) -> str:
@@ -295,3 +295,63 @@ def test_compare_step_passes_every_gate_of_fail_on(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     policy = json.loads((tmp_path / "compare.json").read_text())["policy"]
     assert policy["thresholds_described"] == "5 %; peak_mem 10 %"
+
+
+def _history_env(tmp_path: Path, history: Path) -> dict[str, str]:
+    stand_in(
+        tmp_path / "venv" / "bin" / "attnbench", f'PYTHONPATH="{ROOT}" exec "{sys.executable}" -m attnbench "$@"\n'
+    )
+    for name in ("summary.md", "output"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "repo").mkdir(exist_ok=True)
+    return {
+        "WORK": str(tmp_path),
+        "HISTORY": str(history),
+        "HISTORY_DIR": str(tmp_path / "histories"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+        "GITHUB_REPOSITORY": "owner/attnbench",
+        "GITHUB_SERVER_URL": "https://github.com",
+    }
+
+
+def test_history_step_writes_the_alert_when_the_newest_run_confirms_a_step(tmp_path: Path) -> None:
+    from attnbench.report.alerts_md import ALERT_MARKER
+    from tests.support import synthetic_runs
+
+    history = tmp_path / "histories" / "tiny"
+    stepped = "model=lstm|mode=forward|dtype=float32|device=cpu|batch=2|seq_len=64"
+    synthetic_runs(history, [1.0] * 6 + [1.3] * 2, only=stepped, sigma=0.01, case_sigma=0.005)
+    env = _history_env(tmp_path, history)
+    out = run_step("History", env, tmp_path, "gpu-history.yml")
+    assert out.returncode == 0, out.stderr  # the job fails at its end, after the site is published
+    alert = tmp_path / "alert.md"
+    assert (tmp_path / "output").read_text() == f"alert={alert}\n"
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith(ALERT_MARKER + "\n## attnbench history: a new step in 1 case")
+    assert "# attnbench history — median time per call" in summary
+    script = step("gpu-history.yml", "Post the alert as an issue")["with"]["script"]
+    assert f"const marker = '{ALERT_MARKER}';" in script and "attnbench-alert" in script
+    gate = step("gpu-history.yml", "Fail on a new step")
+    assert "steps.history.outputs.alert != ''" in gate["if"]
+
+
+def test_publish_step_keeps_one_site_beside_the_histories_and_adds_to_it(tmp_path: Path) -> None:
+    from tests.support import synthetic_runs
+
+    history = tmp_path / "histories" / "tiny"
+    synthetic_runs(history, [1.0] * 4)
+    env = _history_env(tmp_path, history)
+    out = run_step("Publish the site", env, tmp_path, "gpu-history.yml")
+    assert out.returncode == 0, out.stderr
+    site = tmp_path / "histories" / "_site"
+    assert (tmp_path / "output").read_text() == f"site={site}\n"
+    assert "4 runs (4 new)" in out.stdout and (site / "index.html").exists()
+    assert "https://github.com/owner/attnbench/commit/" not in (site / "runs.html").read_text()  # no commits here
+    assert "<title>cases · attnbench · owner/attnbench</title>" in (site / "index.html").read_text()
+    again = run_step("Publish the site", env, tmp_path, "gpu-history.yml")
+    assert again.returncode == 0 and "4 runs (0 new)" in again.stdout and "wrote 0 files" in again.stdout
+    pages = workflow("gpu-history.yml")["jobs"]["pages"]
+    assert pages["needs"] == "history" and "needs.history.outputs.site != ''" in pages["if"]
+    assert "default_branch" in pages["if"] and pages["environment"]["name"] == "github-pages"
+    assert [s["uses"] for s in pages["steps"]] == ["actions/deploy-pages@v4"]
