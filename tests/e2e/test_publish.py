@@ -154,3 +154,22 @@ def test_bad_input_is_one_error_line(tmp_path: Path, setup: str, args: list[str]
     assert result.exit_code == 2, result.output
     assert says in result.output and "Traceback" not in result.output
     assert result.output.count("error:") == 1
+
+
+def test_a_new_environment_is_a_break_in_the_graph_not_a_line_across_it(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    synthetic_runs(runs, [1.0] * 10, environment={i: {"torch": "2.14.1"} for i in range(5, 10)})
+    site = tmp_path / "site"
+    publish(str(runs), "-o", str(site))
+    page = next(p for p in (site / "cases").glob("tiny-*lstm-forward-float32-b-2-n-64-*.html"))
+    figure = figures(page)["median"]
+    first, second = figure["data"]  # type: ignore[misc]
+    assert (first["x"], second["x"]) == ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+    assert first["name"] == "segment 1" and figure["layout"]["showlegend"] is True  # type: ignore[index]
+    notes = [n["text"] for n in figure["layout"]["annotations"]]  # type: ignore[index]
+    assert notes == ["new environment: torch: '2.13.0+cpu' → '2.14.1'"]
+    runs_page = (site / "runs.html").read_text()
+    assert (
+        "Segment 2" in runs_page
+        and "A new environment: torch: &#x27;2.13.0+cpu&#x27; → &#x27;2.14.1&#x27;" in runs_page
+    )
