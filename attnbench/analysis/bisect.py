@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench.core.cases import Case
-from attnbench.core.catalogue import has_heads, is_recurrent
+from attnbench.core.catalogue import is_recurrent
 
 # Where each bisect step writes its sweep (one folder per commit, so a step left behind never mixes with the next).
 BISECT_OUT = "/tmp/attnbench-bisect"
@@ -67,15 +67,23 @@ def _words(words: Sequence[str]) -> str:
 def one_case_sets(case: Case) -> list[str]:
     """``--set`` overrides that narrow a config to ``case`` alone (its key, whatever else the config crosses)."""
     grid: dict[str, object] = {"batch": [case.batch], "seq_len": [case.seq_len], "d_model": [case.d_model]}
-    if has_heads(case.model) and case.heads is not None:
+    if case.heads is not None:
         grid["heads"] = [case.heads]
     grid["layers"] = [case.layers]
-    if not is_recurrent(case.model):
+    if not is_recurrent(case):
         grid["causal"] = [case.causal]
-    sets = [f"models=[{case.model}]", f"modes=[{case.mode}]", f"dtype=[{case.dtype}]"]
+    model: object = case.model
+    options = {case.model: dict(case.options)} if case.options else {}
+    if case.user is not None and case.user.source == "config":
+        # A factory entry is its mapping in the config (a plugin is known by its name): its options go inside it.
+        entry: dict[str, object] = {"name": case.model, "factory": case.user.factory, "kind": case.user.kind}
+        if case.options:
+            entry["options"] = dict(case.options)
+        model, options = entry, {}
+    sets = [f"models={_flow([model])}", f"modes=[{case.mode}]", f"dtype=[{case.dtype}]"]
     sets += [f"{key}=null" for key in ("presets", "decode", "d_model", "heads", "heads_kv", "layers", "causal")]
     sets.append(f"grid={_flow(grid)}")
-    sets.append(f"model_options={_flow({case.model: dict(case.options)})}" if case.options else "model_options={}")
+    sets.append(f"model_options={_flow(options)}")
     return sets
 
 

@@ -19,7 +19,7 @@ from attnbench.analysis.bisect import bisect_hint, one_case_sets
 from attnbench.api import history, load_runs
 from attnbench.cli import app
 from attnbench.config.experiment import load_experiment
-from tests.support import ROOT, synthetic_runs
+from tests.support import ROOT, synthetic_runs, tiny_config
 
 runner = CliRunner()
 STEPPED = "model=lstm|mode=forward|dtype=float32|device=cpu|batch=2|seq_len=64"
@@ -181,3 +181,22 @@ def test_bisect_says_when_there_is_nothing_to_bisect() -> None:
     result = runner.invoke(app, ["history", str(ROOT / "results" / "history-example-cpu" / "runs"), "--bisect"])
     assert result.exit_code == 0, result.output
     assert "both runs measured commit `c696c51ed8fd`, so the step is not in the code" in result.stdout
+
+
+def test_one_case_overrides_pin_a_factory_model_with_its_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "plugin" / "src"))
+    entry = {
+        "name": "my-alibi",
+        "factory": "attnbench_example.layers:alibi_attention",
+        "kind": "attention",
+        "options": {"slope_base": [2.0, 8.0]},
+    }
+    path = tmp_path / "byo.yaml"
+    path.write_text(tiny_config(models=["lstm", entry], grid={"batch": [1], "seq_len": [8, 16]}))
+    cases = [c for c in load_experiment(path).cases("cpu") if c.model == "my-alibi"]
+    assert len(cases) == 4
+    for case in cases:
+        pinned = load_experiment(path, one_case_sets(case)).cases("cpu")
+        assert [c.key for c in pinned] == [case.key] and pinned[0].user == case.user
