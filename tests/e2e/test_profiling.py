@@ -131,13 +131,15 @@ def test_a_failing_trace_costs_the_row_its_trace_only(tmp_path: Path, monkeypatc
         raise RuntimeError("kineto is busy")
 
     monkeypatch.setattr(torch_executor, "write_trace", broken)
-    policy = TimingPolicy(min_samples=3, min_time_s=0.0, max_case_s=1.0, warmup_max_s=0.05, process_warmup_s=0)
+    # A budget a loaded machine's cold first call fits in: the row must end ok for its trace to be the question.
+    policy = TimingPolicy(min_samples=3, min_time_s=0.0, max_case_s=5.0, warmup_max_s=0.05, process_warmup_s=0)
     executor = TorchExecutor(ExecutorSettings("cpu", policy, telemetry="off", trace_dir=str(tmp_path)))
     try:
         result = executor.run(tiny_case("lstm"))
     finally:
         executor.close()
-    assert result.ok and "kineto is busy" in str(result.extra["trace_error"]) and "trace" not in result.extra
+    assert result.ok, (result.status, result.error)
+    assert "kineto is busy" in str(result.extra["trace_error"]) and "trace" not in result.extra
 
 
 @pytest.mark.gpu
