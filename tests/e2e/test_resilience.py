@@ -214,7 +214,7 @@ def test_retry_failed_reruns_only_failed_rows_once(finished_run: Path) -> None:
 def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
     from attnbench.measure.torch_executor import TorchExecutor
 
-    executor = TorchExecutor(ExecutorSettings("cpu", QUICK))
+    executor = TorchExecutor(ExecutorSettings("cpu", QUICK, threads=1))
     huge = Case("vanilla", "forward", "float32", "cpu", 1, 2**22, 16, 2, 1, False)  # 128 TiB of scores
     result = executor.run(huge)
     assert result.status == "oom" and "allocate" in result.reason
@@ -280,7 +280,7 @@ def test_a_telemetry_failure_costs_the_row_its_telemetry_not_its_measurement(
             return None
 
     monkeypatch.setattr(executor_module, "open_telemetry", lambda *args, **kwargs: Broken())
-    result = TorchExecutor(ExecutorSettings("cpu", QUICK)).run(case())
+    result = TorchExecutor(ExecutorSettings("cpu", QUICK, threads=1)).run(case())
     assert result.ok and result.measurement is not None
     assert result.telemetry is None
     assert result.extra["telemetry_error"] == "ValueError: a bug in a telemetry reading"

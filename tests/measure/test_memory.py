@@ -59,7 +59,7 @@ def test_vanilla_materialises_scores_and_flash_does_not() -> None:
     # A roomy budget and a loose target: the test reads the memory pass, and on a loaded machine three samples of
     # vanilla at n=1024 must still fit (else the row is too_slow_for_budget, issue 17).
     policy = TimingPolicy(min_samples=3, max_case_s=5.0, min_time_s=0.0, warmup_max_s=0.1, target_ci=0.5)
-    executor = TorchExecutor(ExecutorSettings("cpu", policy))
+    executor = TorchExecutor(ExecutorSettings("cpu", policy, threads=1))
     peaks = {}
     for model in ("vanilla", "sdpa-flash"):
         case = Case(model, "forward", "float32", "cpu", batch, n, 64, heads, 1, False)

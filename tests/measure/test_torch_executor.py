@@ -28,6 +28,9 @@ QUICK = replace(TimingPolicy(**QUICK_TIMING), max_case_s=5.0)  # type: ignore[ar
 
 
 def executor(**settings: Any) -> TorchExecutor:
+    """An in-process CPU executor on one torch thread (tiny shapes gain nothing from more; the conftest hands the
+    process's count back after each test)."""
+    settings.setdefault("threads", 1)
     return TorchExecutor(ExecutorSettings("cpu", settings.pop("timing", QUICK), telemetry="off", **settings))
 
 
