@@ -45,6 +45,8 @@ def pytest_runtest_call(item: Any) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_handed_back() -> Iterator[None]:
     """An in-process executor given ``threads`` sets torch's count for the whole process: hand it back after each
@@ -67,3 +69,23 @@ def fake_executors(monkeypatch: pytest.MonkeyPatch) -> FakeExecutors:
     factory = FakeExecutors()
     monkeypatch.setattr(sweep, "make_executor", factory)
     return factory
+
+
+# The fast tier (README "Development": -m "not slow") stays fast only while a slow test is marked as one.
+FAST_TIER_TEST_S = 1.0
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """In a run that leaves the slow tests out, name the tests that took over ``FAST_TIER_TEST_S`` anyway: they
+    belong in the slow tier (@pytest.mark.slow), or the fast tier creeps past its 90 s."""
+    if "not slow" not in (config.getoption("markexpr") or ""):
+        return
+    reports = [r for kind in ("passed", "failed") for r in terminalreporter.stats.get(kind, [])]
+    slow = sorted(
+        {(r.nodeid, r.duration) for r in reports if getattr(r, "when", "") == "call" and r.duration > FAST_TIER_TEST_S},
+        key=lambda pair: -pair[1],
+    )
+    if slow:
+        terminalreporter.write_sep("-", f"{len(slow)} tests of the fast tier took over {FAST_TIER_TEST_S:g} s")
+        for nodeid, duration in slow:
+            terminalreporter.write_line(f"{duration:6.2f}s {nodeid}  (mark it @pytest.mark.slow)")

@@ -324,6 +324,7 @@ def sized(
 
 
 @pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
+@pytest.mark.slow
 def test_counter_attention_forward_exact(model: str) -> None:
     case = sized(model)
     ops, ours = counted(case), count_flops(case)

@@ -185,12 +185,14 @@ def finished_run(tmp_path: Path, fake_executors: FakeExecutors) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_config(finished_run: Path, tmp_path: Path) -> None:
     out = runner.invoke(app, ["sweep", str(tmp_path / "r.yaml"), "--resume", str(finished_run)])
     assert out.exit_code == 2
     assert "the config differs" in out.output and "grid.seq_len: [8] then" in out.output and "hint:" in out.output
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_environment(finished_run: Path) -> None:
     run = json.loads((finished_run / "run.json").read_text())
     run["environment"]["torch"] = "1.0.0"
@@ -220,6 +222,7 @@ def test_retry_failed_reruns_only_failed_rows_once(finished_run: Path, fake_exec
     assert text.startswith(lines[0] + lines[2])
 
 
+@pytest.mark.slow
 def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
     from attnbench.measure.torch_executor import TorchExecutor
 
@@ -246,6 +249,7 @@ def test_cuda_oom_leaves_the_allocator_clean_for_the_next_case() -> None:
     assert executor.run(small).ok
 
 
+@pytest.mark.slow
 def test_resume_keeps_a_whole_last_row_that_lost_its_newline(finished_run: Path) -> None:
     path = finished_run / "results.jsonl"
     text = path.read_text()
@@ -256,6 +260,7 @@ def test_resume_keeps_a_whole_last_row_that_lost_its_newline(finished_run: Path)
     assert "0 of 4 cases left" in out.output
 
 
+@pytest.mark.slow
 def test_resume_reports_a_dropped_torn_line(finished_run: Path) -> None:
     path = finished_run / "results.jsonl"
     lines = path.read_text().splitlines(keepends=True)

@@ -208,6 +208,7 @@ def compare_env(tmp_path: Path, kind: str = "commit") -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_compare_step_writes_summary_comment_and_exit_code(tmp_path: Path) -> None:
     shutil.copytree(COMPARE_DATA / "base", tmp_path / "base-runs" / "run-1")
     shutil.copytree(COMPARE_DATA / "current", tmp_path / "head-runs" / "run-1")
@@ -242,6 +243,7 @@ def test_a_compare_that_crashes_is_not_called_a_regression(tmp_path: Path) -> No
     assert (tmp_path / "summary.md").read_text().startswith("## attnbench compare: failed (exit 70)")
 
 
+@pytest.mark.slow
 def test_history_keeps_the_newest_runs_and_reads_them(tmp_path: Path) -> None:
     from tests.support import synthetic_runs
 

@@ -112,6 +112,7 @@ def math_upcasts() -> Any:
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(before)
 
 
+@pytest.mark.slow
 def test_sdpa_math_in_bf16_computes_in_bf16_and_the_row_says_so(math_upcasts: None) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -37,11 +37,13 @@ def peaks_in_a_fresh_process(*mibs: int) -> list[int]:
 
 
 @pytest.mark.parametrize("mib", [8, 64, 256])
+@pytest.mark.slow
 def test_rss_peak_sees_a_tensor_of_known_size(mib: int) -> None:
     (peak,) = peaks_in_a_fresh_process(mib)
     assert peak == pytest.approx(mib * MIB, rel=0.05, abs=2 * MIB)
 
 
+@pytest.mark.slow
 def test_rss_peak_resets_between_measurements() -> None:
     # Freed pages went back to the OS, so the second reading is the small tensor alone.
     big, small = peaks_in_a_fresh_process(128, 8)
@@ -49,6 +51,7 @@ def test_rss_peak_resets_between_measurements() -> None:
     assert small == pytest.approx(8 * MIB, rel=0.05, abs=2 * MIB)
 
 
+@pytest.mark.slow
 def test_vanilla_materialises_scores_and_flash_does_not() -> None:
     """At n=1024, vanilla's peak exceeds one n×n score matrix per head×batch; sdpa-flash stays well below."""
     from attnbench.measure.executor import ExecutorSettings

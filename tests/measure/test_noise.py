@@ -83,6 +83,7 @@ def test_a_floor_beyond_the_threshold_says_to_use_several_processes() -> None:
     assert not any("timing.processes" in w for w in narrow.warnings)
 
 
+@pytest.mark.slow
 def test_measure_noise_runs_each_round_in_a_fresh_process() -> None:
     # A budget a first train call slowed by a neighbouring test worker still leaves min_samples room in (at 0.3 s
     # one such warm-up left 4 ms, and the reference case honestly ended too_slow_for_budget).

@@ -42,6 +42,7 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_library_sweep_writes_every_row_and_prints_nothing(
     config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -58,6 +59,7 @@ def test_the_library_sweep_writes_every_row_and_prints_nothing(
     assert [key for kind, key in recorder.events if kind == "finished"] == [r.case.key for r in rows]
 
 
+@pytest.mark.slow
 def test_an_interrupt_closes_the_folder_as_interrupted_and_keeps_the_rows(config: Path, tmp_path: Path) -> None:
     class StopAfterTwo(Recorder):
         def finished(self, index: int, result: Result) -> None:
