@@ -112,7 +112,7 @@ def latency_s(case: Case) -> float:
     if case.mode == "decode":
         steps = case.batch * (1 if is_recurrent(case.model) else case.seq_len / 64)
         return 20e-6 + 2e-6 * steps * width
-    if is_recurrent(case.model):
+    if is_recurrent(case):
         per_call = 30e-6 + 4e-6 * tokens * width
     else:
         per_call = 40e-6 + 1e-6 * tokens * width + 2e-9 * case.batch * case.seq_len**2 * (case.heads or 1)
