@@ -47,6 +47,7 @@ def test_the_planted_step_alone_is_found_in_most_histories(tmp_path: Path) -> No
     assert hits >= 14
 
 
+@pytest.mark.slow
 def test_the_step_is_measured_with_an_interval(tmp_path: Path) -> None:
     runs, _ = load_runs(synthetic_runs(tmp_path, [1.0] * 7 + [1.1] * 5, only=STEPPED))
     history = build_history(runs)

@@ -79,6 +79,7 @@ def test_devices_on_a_machine_without_them_is_refused(config: Path) -> None:
         assert out.exit_code == 2 and ("no CUDA device here" in out.output or "CUDA is not available" in out.output)
 
 
+@pytest.mark.slow
 def test_a_shard_run_records_its_slice_and_the_full_config_and_resume_keeps_it(
     config: Path, tmp_path: Path, fake_executors: FakeExecutors
 ) -> None:

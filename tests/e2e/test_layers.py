@@ -166,6 +166,7 @@ def test_no_module_imports_a_room_above_its_own() -> None:
     assert upward_imports(PACKAGE) == []
 
 
+@pytest.mark.slow
 def test_no_two_modules_import_each_other_in_a_circle() -> None:
     assert circles(PACKAGE) == []
 

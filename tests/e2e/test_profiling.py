@@ -71,6 +71,7 @@ def test_a_profiled_sweep_still_times_every_case_with_the_stopping_rule(profiled
             assert len(result.measurement.samples_s) >= 5
 
 
+@pytest.mark.slow
 def test_workers_in_their_own_processes_write_their_traces_into_the_run(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny_config(models=["sdpa-flash"], grid={"batch": [1], "seq_len": [16]}, threads=1))

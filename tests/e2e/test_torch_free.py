@@ -204,6 +204,7 @@ def test_merge_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> Non
     assert "merged 1 run(s)" in out.stdout and (tmp_path / "merged" / "summary.md").exists()
 
 
+@pytest.mark.slow
 def test_publish_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
     out = attnbench(blocked_env, "publish", str(ROOT / "results" / "history-example-cpu" / "runs"), "-o", str(tmp_path))
     assert out.returncode == 0, out.stderr

@@ -222,6 +222,7 @@ def test_compare_step_writes_summary_comment_and_exit_code(tmp_path: Path) -> No
     assert '"schema": "attnbench.compare/1"' in (tmp_path / "compare.json").read_text()
 
 
+@pytest.mark.slow
 def test_compare_step_without_a_baseline_says_so(tmp_path: Path) -> None:
     (tmp_path / "head-runs").mkdir()
     shutil.copytree(COMPARE_DATA / "current", tmp_path / "head-runs" / "run-1")
@@ -289,6 +290,7 @@ def test_history_keeps_the_newest_runs_and_reads_them(tmp_path: Path) -> None:
     assert (tmp_path / "summary.md").read_text().startswith("# attnbench history — median time per call")
 
 
+@pytest.mark.slow
 def test_compare_step_passes_every_gate_of_fail_on(tmp_path: Path) -> None:
     shutil.copytree(COMPARE_DATA / "base", tmp_path / "base-runs" / "run-1")
     shutil.copytree(COMPARE_DATA / "current", tmp_path / "head-runs" / "run-1")
@@ -317,6 +319,7 @@ def _history_env(tmp_path: Path, history: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_history_step_writes_the_alert_when_the_newest_run_confirms_a_step(tmp_path: Path) -> None:
     from attnbench.report.alerts_md import ALERT_MARKER
     from tests.support import synthetic_runs
@@ -338,6 +341,7 @@ def test_history_step_writes_the_alert_when_the_newest_run_confirms_a_step(tmp_p
     assert "steps.history.outputs.alert != ''" in gate["if"]
 
 
+@pytest.mark.slow
 def test_publish_step_keeps_one_site_beside_the_histories_and_adds_to_it(tmp_path: Path) -> None:
     from tests.support import synthetic_runs
 

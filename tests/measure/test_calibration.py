@@ -445,6 +445,7 @@ def test_ceiling_rows_beside_a_vendor_peak() -> None:
 # --- measuring, for real, at tiny sizes ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_calibrate_measures_every_dtype_or_says_why_not() -> None:
     import torch
 

@@ -41,6 +41,7 @@ def test_an_lstm_that_dynamo_cannot_capture_says_its_timing_is_eager() -> None:
     assert any("captured no graph" in w for w in result.measurement.warnings)  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_a_recompilation_during_the_timing_is_counted_and_flagged() -> None:
     fresh()
     shapes = iter([torch.randn(2, 3), torch.randn(2, 3)] + [torch.randn(n, 5) for n in range(3, 40)])
