@@ -216,7 +216,7 @@ def test_compare_step_writes_summary_comment_and_exit_code(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "output").read_text() == "rc=1\n"
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.startswith("## attnbench compare: regression in 2 cases")
+    assert summary.startswith("## attnbench compare: regression in 1 case")  # the ok → oom; no floor was measured
     assert "Base: commit" in summary and "1 run(s) per side" in summary
     assert (tmp_path / "comment.md").read_text() == summary
     assert '"schema": "attnbench.compare/1"' in (tmp_path / "compare.json").read_text()
