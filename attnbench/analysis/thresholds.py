@@ -76,15 +76,18 @@ def parse_threshold(text: object, where: str = "--fail-on") -> float:
     return value
 
 
-def parse_fraction(text: str, where: str) -> float:
-    """``3%`` or ``0.03`` → 0.03; for the noise floor, where 0 is allowed (trust the samples alone)."""
+def parse_fraction(text: str, where: str, *, below: float = 1.0) -> float:
+    """``3%`` or ``0.03`` → 0.03, from 0 (allowed: trust the samples alone) up to ``below``. A change is bounded by
+    100 %; a noise floor is a factor on the log scale (±100 % is ×2 either way), so it passes a larger ``below``."""
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         raise AttnbenchError(f"{where}: cannot read {text!r}", hint="write a percentage such as 3%") from None
-    if not 0 <= value < 1 or not math.isfinite(value):
-        raise AttnbenchError(f"{where}: {text!r} is out of range", hint="from 0 % up to (not including) 100 %")
+    if not 0 <= value < below or not math.isfinite(value):
+        raise AttnbenchError(
+            f"{where}: {text!r} is out of range", hint=f"from 0 % up to (not including) {below * 100:g} %"
+        )
     return value
 
 

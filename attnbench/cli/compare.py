@@ -96,7 +96,7 @@ def compare(
     limits = read_thresholds(thresholds, fail_on) if thresholds is not None else with_fail_on(Thresholds(), fail_on)
     policy = Policy(
         thresholds=limits,
-        noise_floor=None if noise_floor is None else parse_fraction(noise_floor, "--noise-floor"),
+        noise_floor=None if noise_floor is None else parse_fraction(noise_floor, "--noise-floor", below=10.0),
         allow_mismatch=frozenset(allow_mismatch or ()),
     )
     comparison = with_gates(compare_paths(base, current, policy))

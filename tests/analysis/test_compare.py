@@ -135,6 +135,10 @@ def test_noise_floor_parsing() -> None:
     for bad in ("x", "-1%", "100%"):
         with pytest.raises(AttnbenchError):
             parse_fraction(bad, "--noise-floor")
+    # The default floor (±100 %, a factor of 2) can be given too: a floor is a factor, not a change.
+    assert parse_fraction("100%", "--noise-floor", below=10.0) == DEFAULT_NOISE_FLOOR
+    assert cli(str(BASE), str(CURRENT), "--noise-floor", "100%").exit_code == 1  # the ok → oom
+    assert cli(str(BASE), str(CURRENT), "--noise-floor", "1000%").exit_code == 2
 
 
 # ---------------------------------------------------------------------------------------------- statistics
