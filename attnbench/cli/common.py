@@ -103,7 +103,30 @@ SweepDeviceOpt = Annotated[
     str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (default: the config's).", show_default=False)
 ]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N.", show_default="auto")]
-RunArg = Annotated[Path, typer.Argument(help="A run folder written by 'attnbench sweep'.")]
+
+
+def one_run(value: Path | None) -> Path | None:
+    """A RUN argument's callback: ``latest`` becomes the newest run folder under results/runs (``store.resolve_run``);
+    a callback runs while the command line is parsed, outside ``handles_errors``, so it fails here itself."""
+    from attnbench.results.store import resolve_run
+
+    if value is None:
+        return None
+    try:
+        return resolve_run(value)
+    except AttnbenchError as exc:
+        raise fail(exc.message, exc.hint, exc.exit_code) from None
+
+
+def runs_alias(values: list[Path] | None) -> list[Path] | None:
+    """The same for an argument that takes several runs (history, merge)."""
+    return None if values is None else [path for value in values if (path := one_run(value)) is not None]
+
+
+LATEST_HELP = "'latest': the newest run under results/runs."
+RunArg = Annotated[
+    Path, typer.Argument(help=f"A run folder written by 'attnbench sweep'; {LATEST_HELP}", callback=one_run)
+]
 OutputOpt = Annotated[str | None, typer.Option("-o", "--output", help="File to write, or - for stdout.")]
 ThreadsOpt = Annotated[
     int | None,
