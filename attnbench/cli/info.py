@@ -4,7 +4,6 @@ against, which models run here, what a run would record. Each prints a table for
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -14,25 +13,18 @@ from rich.table import Table
 
 from attnbench.cli.common import (
     DeviceOpt,
+    FormatOpt,
     OutputOpt,
     SetOpt,
     handles_errors,
     print_error,
+    print_json,
     state,
     stdout,
     write_or_print,
 )
 from attnbench.core.errors import EXIT_BAD_INPUT, AttnbenchError
 from attnbench.core.units import format_bytes
-
-FormatOpt = Annotated[
-    Literal["table", "json"], typer.Option("--format", "-f", help="table for a person, json for a script.")
-]
-
-
-def print_json(data: Any) -> None:
-    """One JSON document on stdout (control characters escaped as JSON escapes, like every output)."""
-    write_or_print(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", None)
 
 
 @handles_errors

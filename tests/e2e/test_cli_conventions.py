@@ -103,7 +103,37 @@ def test_history_format_json_is_the_history() -> None:
     assert shift_step["ci95_low"] < shift_step["change"] < shift_step["ci95_high"]
 
 
-@pytest.mark.parametrize("name", ["report", "claims", "compare", "history", "models", "env", "validate"])
+def test_calibrate_format_json_is_the_cached_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnbench.measure.environment import collect_environment
+    from attnbench.results.calibration import CACHE_ENV, save
+    from tests.measure.test_calibration import calibration
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    cached = calibration(collect_environment("cpu").fingerprint(), skipped={"float16": "skipped in this test"})
+    save(cached)
+    data = _json("calibrate", "--device", "cpu", "--noise-processes", "0", "-f", "json")
+    assert data["schema"] == "attnbench.calibrate/1" and data["calibration"] == cached.to_dict()
+    assert data["vendor"] is None and "none for CPUs" in data["vendor_note"] and "cached" in data["origin"]
+
+
+def test_selfcheck_format_json_keeps_the_verdict_and_the_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnbench.measure import selfcheck as measure_selfcheck
+    from attnbench.results.selfcheck import TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
+
+    op = OpTimings(SelfcheckOp("matmul", "float32", size=512), (1.2e-3,) * 3, ((TIMER, (1e-3,) * 3),))
+    failing = SelfcheckTimings("cpu", "Test CPU", "2.13.0", 2, 3, (TIMER,), (op,))
+    monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: failing)
+    result = runner.invoke(app, ["selfcheck", "--device", "cpu", "--format", "json"])
+    assert result.exit_code == 1  # the verdict's exit code, whatever the format
+    data = json.loads(result.stdout)
+    assert data["schema"] == "attnbench.selfcheck/1" and data["exit_code"] == 1
+    (matmul,) = data["ops"]
+    assert matmul["outcome"] == "fail" and matmul["references"][0]["ratio"] == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize(
+    "name", ["report", "claims", "compare", "history", "models", "env", "validate", "calibrate", "selfcheck"]
+)
 def test_every_command_that_prints_data_has_format_json(name: str) -> None:
     command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
     (option,) = (p for p in command.params if "--format" in p.opts)
