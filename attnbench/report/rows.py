@@ -251,6 +251,11 @@ COLUMN_MEANINGS: dict[str, str] = {
     "contention": "the evidence: which rule fired and the counters behind it",
     "kind": "which side of the comparison the model joins: recurrent or attention",
     "source": "where the model comes from: built-in, config (a factory entry) or plugin <distribution>",
+    "gbps": "bytes_moved ÷ median, in GB/s (10⁹ bytes per second): the compulsory traffic's achieved bandwidth",
+    "pct_of_peak_bw": "gbps as a percentage of the copy bandwidth (calibrated, else the vendor's DRAM figure); above "
+    "100 means the bytes came from cache",
+    "peak_bw_source": "which bandwidth pct_of_peak_bw is against: the run's calibration, or a vendor figure",
+    "arithmetic_intensity": "flops ÷ bytes_moved, FLOPs per byte: where the row sits on the roofline's x axis",
 }
 
 

@@ -293,7 +293,14 @@ _SUFFIX_UNITS = (
     ("_c", "°C"),
     ("_s", "s"),
 )
-_NAMED_UNITS = {"tokens_per_s": "tokens/s", "joules_per_token": "J/token", "tflops": "TFLOP/s"}
+_NAMED_UNITS = {
+    "tokens_per_s": "tokens/s",
+    "joules_per_token": "J/token",
+    "tflops": "TFLOP/s",
+    "gbps": "GB/s",
+    "pct_of_peak_bw": "%",
+    "arithmetic_intensity": "FLOP/byte",
+}
 
 
 def column_unit(column: str) -> str:
