@@ -1,4 +1,4 @@
-"""The figure the README and the docs' home page show: time per call against n, LSTM/GRU against attention, the
+"""The figure the README and the docs' home page show: time per call against n, recurrent models against attention, the
 forward pass beside one decode step, from a real run folder (the built-in default sweep's).
 
     python scripts/readme_figure.py latest docs/assets/latency-cpu.png      # or a run folder
@@ -21,8 +21,8 @@ from matplotlib.ticker import NullLocator
 import attnbench as ab
 from attnbench.results.store import resolve_run
 
-MODELS = ("lstm", "gru", "vanilla", "sdpa-flash")
-COLOURS = {"lstm": "#1b7837", "gru": "#7fbf7b", "vanilla": "#c51b7d", "sdpa-flash": "#2166ac"}
+# Recurrent models in greens, attention in magenta and blue; the run's models are drawn in its own order.
+PALETTE = ("#1b7837", "#7fbf7b", "#c51b7d", "#2166ac", "#e08214", "#542788")
 PANELS = (
     ("forward", "forward pass: time per call", "sequence length n"),
     ("decode", "decode: time per new token", "context length n"),
@@ -39,13 +39,15 @@ def main() -> None:
     df = ab.frame([stored])
     env = stored.run.environment
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120, constrained_layout=True)
+    models = list(dict.fromkeys(df["model"]))  # the config's order, as the run's tables have it
+    colours = dict(zip(models, PALETTE * (1 + len(models) // len(PALETTE)), strict=False))
     for ax, (mode, title, xlabel) in zip(axes, PANELS, strict=True):
         rows = df[(df["mode"] == mode) & (df["status"] == "ok")]
-        for model in MODELS:
+        for model in models:
             curve = rows[rows["model"] == model].sort_values("seq_len")
             if curve.empty:
                 continue
-            colour = COLOURS[model]
+            colour = colours[model]
             ax.fill_between(curve["seq_len"], curve["ci95_low_ms"], curve["ci95_high_ms"], color=colour, alpha=0.2)
             ax.plot(curve["seq_len"], curve["median_ms"], color=colour, label=model)
             quiet = curve[~curve["contended"].fillna(False).astype(bool)]
