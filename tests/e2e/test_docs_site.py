@@ -32,7 +32,7 @@ from attnbench.report.rows import COLUMN_TYPES, COLUMNS
 from tests.support import ROOT
 
 DOCS = ROOT / "docs"
-SHORT_README = ROOT / "README.short.md"
+README = ROOT / "README.md"
 CLI = typer.main.get_command(app)
 COMMANDS: dict[str, Any] = dict(CLI.commands)  # type: ignore[attr-defined]
 runner = CliRunner()
@@ -48,9 +48,8 @@ def _hook() -> ModuleType:
 
 
 def _pages() -> list[Path]:
-    """The hand-written pages, and the short README that links into them."""
-    pages = sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.parts)
-    return [*pages, SHORT_README] if SHORT_README.exists() else pages
+    """The hand-written pages, and the README that links into them."""
+    return [*sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.parts), README]
 
 
 def _text(page: Path) -> str:
@@ -176,6 +175,18 @@ def test_the_repository_pages_are_shown_as_committed(site: Path) -> None:
 def test_the_site_needs_no_web_fonts(site: Path) -> None:
     index = (site / "index.html").read_text(encoding="utf-8")
     assert "fonts.googleapis" not in index and "fonts.gstatic" not in index
+
+
+# ------------------------------------------------------------------------------------------------------ the README
+def test_the_readme_is_short_shows_a_real_run_and_links_into_the_docs() -> None:
+    """README ≤ 12 KB (issue 28): what the first command prints, one committed figure, and links that resolve."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.encode("utf-8")) <= 12 * 1024
+    assert "<!--" not in text, "a placeholder is left in README"
+    assert re.search(r"```text\nattnbench: \d+ cases from builtin:default-cpu", text), "the sweep's output"
+    for target in re.findall(r"\]\(((?!https?:)[^)#]+)", text):
+        assert (ROOT / target).exists(), f"README links to {target}, which is not there"
+    assert re.search(r"!\[[^]]+\]\(docs/assets/[\w-]+\.png\)", text)
 
 
 # ------------------------------------------------------------------------------------------------- the code blocks
