@@ -133,7 +133,10 @@ def history(
         from attnbench.report.alerts_md import render_bisect
 
         worse = [e for e in step_events(result) if e.worse]
-        stdout.print(render_bisect(worse, [where_to_look(result, e, repo) for e in worse]), markup=False)
+        # With -f json stdout is one JSON document a script parses, so the hint goes to stderr beside the warnings.
+        (stderr if format == "json" else stdout).print(
+            render_bisect(worse, [where_to_look(result, e, repo) for e in worse]), markup=False
+        )
     if fail_on_step or alert is not None:
         from attnbench.analysis.alerts import new_steps, without_newest
 

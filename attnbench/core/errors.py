@@ -19,8 +19,9 @@ EXIT_WRITE_FAILED = 74
 # What each code means: the exit-code reference of the docs is generated from this table.
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success, cases recorded as oom, unsupported or too_slow_for_budget included",
-    EXIT_CASE_FAILED: "a case ended error, crashed or timeout; compare found a regression; selfcheck disagreed "
-    "(an interval beyond the tolerance); or a submit task failed or left cases missing (--resume reruns them)",
+    EXIT_CASE_FAILED: "a case ended error, crashed or timeout; compare found a regression; history --fail-on-step "
+    "found a new step that made things worse; selfcheck disagreed (an interval beyond the tolerance); or a submit "
+    "task failed or left cases missing (--resume reruns them)",
     EXIT_BAD_INPUT: "bad input (a config, flag or file; a refused resume or merge; a missing submitit; an sbatch that "
     "refuses): one 'error:' line naming file, key or flag, and a 'hint:'",
     EXIT_NOT_COMPARABLE: "compare or merge refused runs that are not comparable; each difference is listed",

@@ -101,6 +101,8 @@ def test_history_format_json_is_the_history() -> None:
     named = {r["run_id"]: r["name"] for r in data["runs"]}
     assert named[shift_step["run_id"]] == "run-09-slow25"
     assert shift_step["ci95_low"] < shift_step["change"] < shift_step["ci95_high"]
+    # --bisect's hint goes to stderr then, so stdout stays one JSON document.
+    assert _json("history", str(HISTORY_RUNS), "--format", "json", "--bisect") == data
 
 
 def test_calibrate_format_json_is_the_cached_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
