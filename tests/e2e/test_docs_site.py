@@ -77,6 +77,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ the generated reference
+@pytest.mark.slow  # the site fixture runs mkdocs build --strict (over a second)
 def test_the_cli_page_has_every_command_and_every_flag(site: Path) -> None:
     text = _text(site / "reference" / "cli.html")
     for option in ("--version", "--debug", "--install-completion", "--show-completion"):
@@ -106,6 +107,7 @@ def _schema_keys(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> 
         yield from _schema_keys(node["items"], defs, path)
 
 
+@pytest.mark.slow  # the site fixture runs mkdocs build --strict (over a second)
 def test_the_config_page_has_every_key_of_the_schema(site: Path) -> None:
     schema = json.loads((ROOT / "configs" / "attnbench.schema.json").read_text(encoding="utf-8"))
     keys = set(_schema_keys(schema, schema["$defs"]))
@@ -115,6 +117,7 @@ def test_the_config_page_has_every_key_of_the_schema(site: Path) -> None:
     assert not missing, f"config reference lacks {missing}"
 
 
+@pytest.mark.slow  # the site fixture runs mkdocs build --strict (over a second)
 def test_the_models_page_has_every_model_option_and_preset(site: Path) -> None:
     text = _text(site / "reference" / "models.html")
     for family in FAMILIES:
@@ -130,6 +133,7 @@ def test_the_models_page_has_every_model_option_and_preset(site: Path) -> None:
         assert preset in text
 
 
+@pytest.mark.slow  # the site fixture runs mkdocs build --strict (over a second)
 def test_the_exit_code_page_has_every_code(site: Path) -> None:
     codes = {value for name, value in vars(errors).items() if name.startswith("EXIT_") and isinstance(value, int)}
     assert codes == set(errors.EXIT_CODES), "a new exit code needs its meaning in EXIT_CODES"
@@ -139,6 +143,7 @@ def test_the_exit_code_page_has_every_code(site: Path) -> None:
     assert "130 for SIGINT" in text
 
 
+@pytest.mark.slow  # the site fixture runs mkdocs build --strict (over a second)
 def test_the_columns_page_has_every_column_with_its_type_and_meaning(site: Path) -> None:
     hook = _hook()
     for column in COLUMNS:
@@ -161,6 +166,7 @@ def test_units_come_from_the_names() -> None:
     assert hook.column_unit("pct_of_peak") == "%" and hook.column_unit("contended") == ""
 
 
+@pytest.mark.slow  # the site fixture runs mkdocs build --strict (over a second)
 def test_the_repository_pages_are_shown_as_committed(site: Path) -> None:
     for page, source in (
         ("explanation/architecture.html", "ARCHITECTURE.md"),
@@ -172,6 +178,7 @@ def test_the_repository_pages_are_shown_as_committed(site: Path) -> None:
         assert " ".join(re.sub(r"[`*]", "", second).split()[:6]) in text, page
 
 
+@pytest.mark.slow  # the site fixture runs mkdocs build --strict (over a second)
 def test_the_site_needs_no_web_fonts(site: Path) -> None:
     index = (site / "index.html").read_text(encoding="utf-8")
     assert "fonts.googleapis" not in index and "fonts.gstatic" not in index
@@ -250,7 +257,15 @@ def test_every_attnbench_command_shown_exists_with_its_flags(page: Path, command
     assert set(options) <= real, f"{page.name}: `{command}` uses {sorted(set(options) - real)}"
 
 
-@pytest.mark.parametrize("page, command", _commands("console"), ids=lambda v: str(v)[-60:])
+def _console_params() -> list[Any]:
+    """The console commands; `history` reads a dozen runs and fits their steps (over a second): marked slow."""
+    return [
+        pytest.param(page, command, marks=[pytest.mark.slow] if command.startswith("attnbench history") else [])
+        for page, command in _commands("console")
+    ]
+
+
+@pytest.mark.parametrize("page, command", _console_params(), ids=lambda v: str(v)[-60:])
 def test_every_console_command_runs(page: Path, command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     args, expected = _parse(command)
     monkeypatch.chdir(ROOT)
