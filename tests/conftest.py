@@ -2,12 +2,15 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.fakes import FakeExecutors
 
 # Rich decides width and colour from the terminal; pin both so CLI output can be asserted.
 os.environ["COLUMNS"] = "160"
@@ -42,3 +45,47 @@ def pytest_runtest_call(item: Any) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_handed_back() -> Iterator[None]:
+    """An in-process executor given ``threads`` sets torch's count for the whole process: hand it back after each
+    test, so that no test finds the count an earlier one left (and a test that checks the hand-back still sees the
+    process's own). Looks only at a torch already imported: a torch-free test stays torch-free."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
+def fake_executors(monkeypatch: pytest.MonkeyPatch) -> FakeExecutors:
+    """Sweeps started in this test (the CLI's included) measure nothing: ``measure.sweep.make_executor``, the seam
+    that picks a sweep's executor, builds ``FakeExecutor``s instead. Script outcomes through the value returned."""
+    import attnbench.measure.sweep as sweep
+
+    factory = FakeExecutors()
+    monkeypatch.setattr(sweep, "make_executor", factory)
+    return factory
+
+
+# The fast tier (README "Development": -m "not slow") stays fast only while a slow test is marked as one.
+FAST_TIER_TEST_S = 1.0
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """In a run that leaves the slow tests out, name the tests that took over ``FAST_TIER_TEST_S`` anyway: they
+    belong in the slow tier (@pytest.mark.slow), or the fast tier creeps past its 90 s."""
+    if "not slow" not in (config.getoption("markexpr") or ""):
+        return
+    reports = [r for kind in ("passed", "failed") for r in terminalreporter.stats.get(kind, [])]
+    slow = sorted(
+        {(r.nodeid, r.duration) for r in reports if getattr(r, "when", "") == "call" and r.duration > FAST_TIER_TEST_S},
+        key=lambda pair: -pair[1],
+    )
+    if slow:
+        terminalreporter.write_sep("-", f"{len(slow)} tests of the fast tier took over {FAST_TIER_TEST_S:g} s")
+        for nodeid, duration in slow:
+            terminalreporter.write_line(f"{duration:6.2f}s {nodeid}  (mark it @pytest.mark.slow)")

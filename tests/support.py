@@ -52,6 +52,9 @@ def tiny_config(name: str = "tiny", **changes: Any) -> str:
         "d_model": 16,
         "heads": 2,
         "layers": 1,
+        # One torch thread: tiny shapes gain nothing from more, and beside another test worker on a 2-core machine
+        # OpenMP's spinning threads made each call 10-60x slower (a tiny LSTM: 0.3 ms a call, 2.8 ms with two).
+        "threads": 1,
         "timing": dict(QUICK_TIMING),
     }
     config.update(changes)

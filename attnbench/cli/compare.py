@@ -85,7 +85,7 @@ def compare(
             "--noise-floor",
             help="Between-process spread assumed when a side has one process: the 95 % half-width of the ratio "
             "between two processes of unchanged code.",
-            show_default="the larger floor the runs recorded (attnbench calibrate measures it), else 4%",
+            show_default="the larger floor the runs recorded (attnbench calibrate measures it), else 100%",
         ),
     ] = None,
     allow_mismatch: Annotated[

@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from attnbench.config.experiment import Experiment, load_experiment, load_experiment_text, resolved_text
 from attnbench.config.messages import OVERRIDE
@@ -222,6 +222,12 @@ def _shard(request: SweepRequest, stored: StoredRun | None) -> Shard | None:
     return stored.run.shard
 
 
+class ExecutorFactory(Protocol):
+    """What builds a sweep's executor from its settings: ``make_executor``, or a test's fake (``open_sweep``)."""
+
+    def __call__(self, settings: ExecutorSettings, *, isolate: bool) -> Executor: ...
+
+
 def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:
     """The executor a sweep runs: in-process, or isolated (and replicated when ``timing.processes`` > 1)."""
     if isolate:
@@ -239,11 +245,19 @@ def make_executor(settings: ExecutorSettings, *, isolate: bool) -> Executor:
 class Sweep:
     """A run folder open for writing, locked for as long as this sweep owns it."""
 
-    def __init__(self, plan: SweepPlan, writer: RunWriter, environment: Environment, warnings: tuple[str, ...]):
+    def __init__(
+        self,
+        plan: SweepPlan,
+        writer: RunWriter,
+        environment: Environment,
+        warnings: tuple[str, ...],
+        executor: ExecutorFactory | None = None,
+    ):
         self.plan = plan
         self.writer = writer
         self.environment = environment
         self.warnings = warnings  # the plan's, and what opening the folder found
+        self._make_executor = executor  # None: make_executor, looked up when the sweep runs
         self._executor: Executor | WorkerPool | None = None
 
     @property
@@ -290,7 +304,8 @@ class Sweep:
                     )
                     raise
             else:
-                executor = self._executor = make_executor(settings, isolate=plan.isolate)
+                make = self._make_executor or make_executor
+                executor = self._executor = make(settings, isolate=plan.isolate)
                 run_cases(plan.todo, executor.run, on_result, listener.started, skipper)
             complete = len(finished) == len(plan.todo)
         except BaseException:
@@ -336,11 +351,19 @@ def busy_warning(busy: Contention, waited_s: float) -> str:
 
 
 @contextmanager
-def open_sweep(request: SweepRequest, *, on_busy: Callable[[Contention, float], None] | None = None) -> Iterator[Sweep]:
+def open_sweep(
+    request: SweepRequest,
+    *,
+    on_busy: Callable[[Contention, float], None] | None = None,
+    executor: ExecutorFactory | None = None,
+) -> Iterator[Sweep]:
     """Plan the sweep, then lock (resume) or create (new) its run folder and write run.json; the lock is held
     until the block ends. A resume locks before it reads, so nobody appends between our reading and our rows,
     then clears what a killed write left behind. A new folder that stops before it holds run.json (a signal, a
-    full disk) is removed again: a folder holding nothing but the lock is debris, not a run."""
+    full disk) is removed again: a folder holding nothing but the lock is debris, not a run.
+
+    ``executor`` builds the executor instead of ``make_executor`` (the seam tests put a fake executor in; a
+    ``--devices`` sweep's pool builds its own isolated workers)."""
     lock: RunLock | None = None
     created: Path | None = None
     handed_back = ExitStack()
@@ -396,7 +419,7 @@ def open_sweep(request: SweepRequest, *, on_busy: Callable[[Contention, float], 
             )
         writer = RunWriter(folder, run)
         created = None  # it holds run.json: a run to resume from now on, never removed
-        yield Sweep(plan, writer, environment, tuple(warnings))
+        yield Sweep(plan, writer, environment, tuple(warnings), executor)
     finally:
         handed_back.close()
         if lock is not None:

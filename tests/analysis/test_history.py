@@ -29,6 +29,7 @@ def only_the_planted_step(found: dict[str, list[int]]) -> bool:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_a_planted_ten_percent_step_at_run_7_is_found_and_nothing_else(tmp_path: Path, seed: int) -> None:
     # 12 runs of the fixture with realistic noise (3 % between runs, shared by every case, 1 % per case); one
     # case is 10 % slower from run 7 on. Every other case is flat: any step found there would be a false one.
@@ -46,6 +47,7 @@ def test_the_planted_step_alone_is_found_in_most_histories(tmp_path: Path) -> No
     assert hits >= 14
 
 
+@pytest.mark.slow
 def test_the_step_is_measured_with_an_interval(tmp_path: Path) -> None:
     runs, _ = load_runs(synthetic_runs(tmp_path, [1.0] * 7 + [1.1] * 5, only=STEPPED))
     history = build_history(runs)
@@ -56,6 +58,7 @@ def test_the_step_is_measured_with_an_interval(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
+@pytest.mark.slow
 def test_a_flat_noisy_series_of_12_runs_has_no_step(tmp_path: Path, seed: int) -> None:
     runs, _ = load_runs(synthetic_runs(tmp_path, [1.0] * 12, seed=seed))
     assert build_history(runs).steps == 0

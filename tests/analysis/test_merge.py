@@ -74,6 +74,7 @@ def merge(*args: str | Path) -> Any:
     return runner.invoke(app, ["merge", *map(str, args)])
 
 
+@pytest.mark.slow
 def test_a_merge_of_every_shard_is_the_unsharded_run(runs: dict[str, Any], tmp_path: Path) -> None:
     plan = plan_merge(runs["shards"], tmp_path / "m", expected=config_cases)
     whole = load_run(runs["whole"])
@@ -88,6 +89,7 @@ def test_a_merge_of_every_shard_is_the_unsharded_run(runs: dict[str, Any], tmp_p
     assert sum(s.rows for s in plan.run.merged_from) == len(whole.results)
 
 
+@pytest.mark.slow
 def test_the_merged_folder_keeps_the_run_contract_and_every_command_reads_it(
     runs: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -110,6 +112,7 @@ def test_the_merged_folder_keeps_the_run_contract_and_every_command_reads_it(
     assert telemetry and {entry["key"] for entry in telemetry} <= keys
 
 
+@pytest.mark.slow
 def test_merging_again_gives_the_same_folder(runs: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "merged"
     files = ("run.json", "results.jsonl", "telemetry.jsonl", "summary.csv", "summary.md")
@@ -123,6 +126,7 @@ def test_merging_again_gives_the_same_folder(runs: dict[str, Any], tmp_path: Pat
     assert plan.duplicates == 12 and len(plan.results) == 12 and len(plan.run.merged_from) == 3
 
 
+@pytest.mark.slow
 def test_a_missing_shard_is_named_and_partial_merges_the_rest(runs: dict[str, Any], tmp_path: Path) -> None:
     two = [runs["shards"][0], runs["shards"][2]]
     refused = merge(*two, "-o", tmp_path / "m")
@@ -166,6 +170,7 @@ def test_two_different_rows_for_one_case_are_refused(runs: dict[str, Any], tmp_p
     assert "1 case(s) have two different rows" in refused.output and "crashed in" in refused.output
 
 
+@pytest.mark.slow
 def test_environments_that_differ_are_refused_unless_allowed(runs: dict[str, Any], tmp_path: Path) -> None:
     def other_torch(run: dict[str, Any]) -> None:
         run["environment"]["torch"] = "9.9.9"
@@ -190,6 +195,7 @@ def test_shards_of_different_splits_are_refused(runs: dict[str, Any], tmp_path: 
     assert refused.exit_code == 2 and "different splits" in refused.output
 
 
+@pytest.mark.slow
 def test_a_corrupt_shard_is_located_and_the_others_merge_with_partial(runs: dict[str, Any], tmp_path: Path) -> None:
     broken = copy_run(runs["shards"][1], tmp_path / "broken", rows=lambda lines: ["{not json", *lines])
     args = [runs["shards"][0], broken, runs["shards"][2], "-o", tmp_path / "m"]

@@ -113,6 +113,7 @@ def test_fail_pass_and_inconclusive_come_from_the_interval_over_rounds(ratios: t
     assert selfcheck.decided(OpTimings(MATMUL, ours, ((TIMER, (1e-3,) * len(ratios)),))) is (outcome != "inconclusive")
 
 
+@pytest.mark.slow
 def test_adaptive_rounds_stop_once_decided_and_never_past_the_budget() -> None:
     import torch
 
@@ -145,6 +146,7 @@ class FakeClock:
         return self.t
 
 
+@pytest.mark.slow
 def test_no_round_starts_that_would_not_end_within_its_slice() -> None:
     import torch
 
@@ -160,6 +162,7 @@ def test_no_round_starts_that_would_not_end_within_its_slice() -> None:
     assert len(some.ours_s) == 5
 
 
+@pytest.mark.slow
 def test_the_budget_bounds_the_whole_check_and_says_when_it_ended_it() -> None:
     clock = FakeClock(0.5)
     timings = measure_selfcheck.run_selfcheck(
@@ -309,6 +312,7 @@ def test_flush_free_do_bench_times_without_its_l2_flush() -> None:
     assert driver.get_empty_cache_for_benchmark().numel() * 4 == 256 * 2**20  # restored
 
 
+@pytest.mark.slow
 def test_quick_selfcheck_on_cpu(tmp_path: Path) -> None:
     # A real run. Whether it passes depends on how loaded the machine is, so only the structure is asserted.
     out = tmp_path / "selfcheck.md"

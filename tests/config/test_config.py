@@ -533,6 +533,7 @@ def loads_or_refuses(text: str, overrides: tuple[str, ...] = ()) -> Experiment |
 
 @SETTINGS
 @given(documents)
+@pytest.mark.slow
 def test_any_yaml_document_loads_or_raises_config_error(document: Any) -> None:
     loads_or_refuses(yaml.safe_dump(document))
 
@@ -606,6 +607,7 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
         max_size=2,
     ),
 )
+@pytest.mark.slow
 def test_mutated_configs_load_or_raise_config_error(document: dict[str, Any], overrides: list[str]) -> None:
     experiment = loads_or_refuses(yaml.safe_dump(document), tuple(overrides))
     if experiment is not None:  # what loads, round-trips through its resolved form
@@ -618,6 +620,7 @@ def test_the_valid_document_behind_the_mutations_is_valid() -> None:
     assert len(load(yaml.safe_dump(valid_document())).cases("cpu")) == 2 + 2 * 2
 
 
+@pytest.mark.slow
 def test_override_too_deep_or_too_long_is_a_config_error() -> None:
     from attnbench.core.errors import ConfigError
 

@@ -324,6 +324,7 @@ def sized(
 
 
 @pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
+@pytest.mark.slow
 def test_counter_attention_forward_exact(model: str) -> None:
     case = sized(model)
     ops, ours = counted(case), count_flops(case)
@@ -331,6 +332,7 @@ def test_counter_attention_forward_exact(model: str) -> None:
     assert sum(ops.values()) == ours.flops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["vanilla", "sdpa-math"])
 def test_counter_causal_is_not_discounted(model: str) -> None:
     """The mask is applied to full S×S scores, so the counter reports the unmasked core; we count kept pairs."""
@@ -411,6 +413,7 @@ def h0_correction(case: Case) -> int:
     return case.layers * directions * 2 * case.batch * gates * hidden * hidden
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.usefixtures("no_onednn")
@@ -457,6 +460,7 @@ def test_counter_min_rnn_exact(model: str, mode: Mode, scan: str) -> None:
     [BLOCK, MATCHED, (("match", "params"), ("scope", "model"), ("vocab", 50))],
     ids=["block", "matched", "model"],
 )
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_onednn")
 def test_counter_recurrent_blocks(cell: str, options: Options) -> None:
     forward, train = sized(cell, options=options), sized(cell, "train", options=options)

@@ -41,6 +41,7 @@ def configs(draw: st.DrawFn) -> list[Case]:
 
 @settings(max_examples=60, deadline=None)
 @given(cases=configs(), count=st.integers(min_value=1, max_value=12))
+@pytest.mark.slow
 def test_shards_partition_the_cases_exactly(cases: list[Case], count: int) -> None:
     shards = split(cases, count)
     assert len(shards) == count

@@ -134,6 +134,7 @@ def project(tmp_path: Path) -> tuple[Path, list[str], Path]:
     return repo, commits, runs
 
 
+@pytest.mark.slow
 def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
     project: tuple[Path, list[str], Path], tmp_path: Path
 ) -> None:

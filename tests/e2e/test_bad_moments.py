@@ -82,6 +82,7 @@ def one_error(out: Result, code: int = EXIT_BAD_INPUT) -> str:
 
 
 # ------------------------------------------------------------------------------------- links and odd files
+@pytest.mark.slow
 def test_resume_never_truncates_the_target_of_a_lock_link(run: Path, victim: Path) -> None:
     (run / ".lock").unlink()
     (run / ".lock").symlink_to(victim)
@@ -102,6 +103,7 @@ def test_retry_failed_never_appends_to_the_target_of_a_telemetry_link(run: Path,
 
 
 @pytest.mark.parametrize("name", ["run.json", "results.jsonl", "summary.md"])
+@pytest.mark.slow
 def test_resume_refuses_any_planted_link_before_writing(run: Path, victim: Path, name: str) -> None:
     shutil.copyfile(run / name, victim)
     (run / name).unlink()
@@ -112,6 +114,7 @@ def test_resume_refuses_any_planted_link_before_writing(run: Path, victim: Path,
     assert victim.read_bytes() == copy
 
 
+@pytest.mark.slow
 def test_report_plots_are_never_drawn_through_a_plots_link(run: Path, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -147,6 +150,7 @@ def as_an_ordinary_user() -> list[str]:
 
 
 @pytest.mark.parametrize("command", ["report", "resume"])
+@pytest.mark.slow
 def test_a_parent_that_cannot_be_entered_is_a_located_error(run: Path, tmp_path: Path, command: str) -> None:
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -174,6 +178,7 @@ def test_a_parent_that_cannot_be_entered_is_a_located_error(run: Path, tmp_path:
 
 
 # -------------------------------------------------------------------------------------------- resume debris
+@pytest.mark.slow
 def test_resume_removes_what_a_killed_write_left_behind(run: Path) -> None:
     debris = [run / ".summary.csv.k1ll3d.tmp", run / "plots" / ".latency-x.png.k1ll3d.tmp", run / ".run.json.x.tmp"]
     for path in debris:
@@ -184,6 +189,7 @@ def test_resume_removes_what_a_killed_write_left_behind(run: Path) -> None:
     assert not [p.name for p in run.rglob("*.tmp")]
 
 
+@pytest.mark.slow
 def test_resume_drops_the_telemetry_of_a_row_it_drops(run: Path) -> None:
     retried = fail_one_row(run)
     done = sweep("--resume", str(run), "--retry-failed", "--no-isolate")
@@ -195,6 +201,7 @@ def test_resume_drops_the_telemetry_of_a_row_it_drops(run: Path) -> None:
     assert set(owners) == rows and sum(key == retried for key, _ in owners) == 1
 
 
+@pytest.mark.slow
 def test_resume_drops_the_telemetry_of_a_torn_last_row(run: Path) -> None:
     path = run / "results.jsonl"
     lines = path.read_text().splitlines(keepends=True)
@@ -232,6 +239,7 @@ def sigterm_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_a_signal_while_the_summaries_are_written_exits_with_its_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,6 +262,7 @@ def test_a_signal_while_the_summaries_are_written_exits_with_its_code(
     assert (folder / "summary.md").exists() and load_run(folder).run.state == "complete"
 
 
+@pytest.mark.slow
 def test_a_signal_while_the_folder_is_closed_lets_it_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from attnbench.measure.torch_executor import TorchExecutor
 
@@ -272,6 +281,7 @@ def test_a_signal_while_the_folder_is_closed_lets_it_close(tmp_path: Path, monke
     assert stored.run.state == "complete" and len(stored.results) == 4  # never left "running"
 
 
+@pytest.mark.slow
 def test_the_count_of_finished_cases_is_what_is_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from attnbench.cli.progress import SweepDisplay
 
@@ -390,6 +400,7 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
 
 
 @pytest.mark.parametrize("after_s", [0.3, 1.0, 2.0])
+@pytest.mark.slow
 def test_a_real_ctrl_c_at_start_up_never_prints_a_traceback(tmp_path: Path, after_s: float) -> None:
     (tmp_path / "c.yaml").write_text(CONFIG)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -435,6 +446,7 @@ def fill_after_first_row(out: Path) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_mid_sweep_is_an_error_with_the_resume_line(disk: Path, tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(

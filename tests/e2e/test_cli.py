@@ -46,6 +46,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return folder, result.output
 
 
+@pytest.mark.slow
 def test_a_sweep_in_the_callers_process_hands_the_thread_count_back(tiny_run: tuple[Path, str]) -> None:
     folder, _ = tiny_run
     before, after = THREADS_AROUND_THE_SWEEP
@@ -178,6 +179,7 @@ def test_env_prints_the_environment() -> None:
     assert "torch_threads" in out.output and "fingerprint" in out.output
 
 
+@pytest.mark.slow
 def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import attnbench.measure.torch_executor as executor
 
@@ -208,6 +210,7 @@ def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.Mo
     assert rows[0]["status"] == "error" and "ValueError: a bug in a model" in rows[0]["reason"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_rows_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from attnbench.measure.torch_executor import TorchExecutor
 
@@ -279,6 +282,7 @@ def test_report_shows_the_telemetry_table(tiny_run: tuple[Path, str]) -> None:
     assert refused.exit_code == 2 and "-f md" in refused.output
 
 
+@pytest.mark.slow
 def test_telemetry_off_records_nothing(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)
@@ -292,6 +296,7 @@ def test_telemetry_off_records_nothing(tmp_path: Path) -> None:
     assert json.loads((folder / "run.json").read_text())["config"]["telemetry"] == "off"
 
 
+@pytest.mark.slow
 def test_env_says_whether_nvml_is_available() -> None:
     out = runner.invoke(app, ["env", "--device", "cpu"])
     assert out.exit_code == 0 and "telemetry.nvml" in out.stdout
@@ -376,6 +381,7 @@ def test_validate_every_shipped_config_and_a_folder(tmp_path: Path) -> None:
     assert out.exit_code == 2 and "no *.yaml files" in out.output and "hint:" in out.output
 
 
+@pytest.mark.slow
 def test_no_plots_writes_the_summaries_and_no_plots(tmp_path: Path) -> None:
     """For a CI gate that reads only the rows: no matplotlib import, no drawing; report --plots draws them later."""
     config = tmp_path / "one.yaml"

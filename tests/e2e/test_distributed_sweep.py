@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.results.store import load_run
+from tests.fakes import FakeExecutors
 from tests.support import ROOT, tiny_config
 
 runner = CliRunner()
@@ -78,19 +79,23 @@ def test_devices_on_a_machine_without_them_is_refused(config: Path) -> None:
         assert out.exit_code == 2 and ("no CUDA device here" in out.output or "CUDA is not available" in out.output)
 
 
-def test_a_shard_run_records_its_slice_and_the_full_config_and_resume_keeps_it(config: Path, tmp_path: Path) -> None:
-    out = sweep(config, "--shard", "1/3", "--out", tmp_path / "out", "--no-isolate", "-q")
+@pytest.mark.slow
+def test_a_shard_run_records_its_slice_and_the_full_config_and_resume_keeps_it(
+    config: Path, tmp_path: Path, fake_executors: FakeExecutors
+) -> None:
+    out = sweep(config, "--shard", "1/3", "--out", tmp_path / "out", "--no-isolate", "-q", "--no-plots")
     assert out.exit_code == 0, out.output
     (folder,) = (tmp_path / "out").iterdir()
     run = json.loads((folder / "run.json").read_text())
     assert run["shard"] == {"index": 1, "count": 3}
-    whole = sweep(config, "--out", tmp_path / "whole", "--no-isolate", "-q")
+    assert [c.key for c in fake_executors.ran] == [r.case.key for r in load_run(folder).results]  # its slice only
+    whole = sweep(config, "--out", tmp_path / "whole", "--no-isolate", "-q", "--no-plots")
     assert whole.exit_code == 0
     (whole_folder,) = (tmp_path / "whole").iterdir()
     assert run["config_sha256"] == json.loads((whole_folder / "run.json").read_text())["config_sha256"]
     other = sweep("--resume", folder, "--shard", "0/3")
     assert other.exit_code == 2 and "the run measures shard 1/3" in other.output
-    again = sweep("--resume", folder, "--no-isolate")
+    again = sweep("--resume", folder, "--no-isolate", "--no-plots")
     assert again.exit_code == 0 and f"0 of {len(load_run(folder).results)} cases left, shard 1/3" in again.output
 
 
@@ -113,11 +118,11 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("signals", [1, 2])
 def test_sigterm_with_two_workers_keeps_the_finished_rows_and_leaves_no_worker(
-    config: Path, tmp_path: Path, signals: int
+    config: Path, tmp_path: Path, signals: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Slow enough (≥ 0.3 s a case) that the signals land inside cases.
     slow = {"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05}
-    grid = {"batch": [1], "seq_len": [8, 16, 32]}
+    grid = {"batch": [1], "seq_len": [8, 16]}
     config.write_text(tiny_config("dist", models=["lstm", "gru", "sdpa-flash", "vanilla"], grid=grid, timing=slow))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "out"
@@ -144,8 +149,15 @@ def test_sigterm_with_two_workers_keeps_the_finished_rows_and_leaves_no_worker(
     if signals == 1:
         assert f"resume with: attnbench sweep --resume {folder}" in err
         assert json.loads((folder / "run.json").read_text())["state"] == "interrupted"
-    resumed = sweep("--resume", folder, "--devices", "cpu,cpu")
+    if signals == 1:
+        resumed = sweep("--resume", folder, "--devices", "cpu,cpu", "--no-plots")  # the pool resumes too
+    else:
+        # What a resume keeps is the same in-process: the cases left run on the fake executor.
+        import attnbench.measure.sweep as library
+
+        monkeypatch.setattr(library, "make_executor", FakeExecutors())
+        resumed = sweep("--resume", folder, "--no-isolate", "--no-plots")
     assert resumed.exit_code == 0, resumed.output
     after = (folder / "results.jsonl").read_text()
     keys = [json.loads(line)["key"] for line in after.splitlines()]
-    assert after.startswith(kept) and len(keys) == len(set(keys)) == 12
+    assert after.startswith(kept) and len(keys) == len(set(keys)) == 8

@@ -126,6 +126,7 @@ def test_prepare_gpu_wheels_carries_pydantic_and_its_needs_only(tmp_path: Path) 
     assert "not carried (not needed by pydantic): hypothesis, tabulate" in run.stdout
 
 
+@pytest.mark.slow
 def test_telemetry_overhead_on_a_device_that_cannot_run_its_cases_reports_them_skipped() -> None:
     """Its GPU cases are half precision (FlashAttention has no float32 CUDA kernel); a row that is not ok is
     reported and left out, where an assert used to end the GPU check. Here no CUDA: every case is skipped."""
@@ -146,6 +147,7 @@ def test_telemetry_overhead_on_a_device_that_cannot_run_its_cases_reports_them_s
     assert "Overall: no case ran here." in run.stdout
 
 
+@pytest.mark.slow
 def test_a_test_past_its_time_fails_alone_and_flex_tests_run_last(tmp_path: Path) -> None:
     """What the gpu-tests step relies on (tests/conftest.py): ATTNBENCH_TEST_TIMEOUT_S fails one slow test rather
     than the step's whole budget, and FlexAttention's tests come after every other one."""

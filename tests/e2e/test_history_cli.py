@@ -26,6 +26,7 @@ def history_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_table_names_the_step(history_folder: Path) -> None:
     result = runner.invoke(app, ["history", str(history_folder)])
     assert result.exit_code == 0, result.output
@@ -33,6 +34,7 @@ def test_the_table_names_the_step(history_folder: Path) -> None:
     assert "lstm forward float32 b=2 n=64 d=32" in result.output and "slower" in result.output
 
 
+@pytest.mark.slow
 def test_the_trend_shows_as_many_runs_as_the_terminal_holds_and_every_case_label(history_folder: Path) -> None:
     """At 80 columns, 12 runs would squeeze the case column to nothing: the table keeps the newest runs that fit."""
     from rich.console import Console
@@ -71,6 +73,7 @@ def test_csv_is_long_form_with_the_step_on_its_run(history_folder: Path) -> None
 
 
 @pytest.mark.skipif(missing_matplotlib() is not None, reason="needs matplotlib")
+@pytest.mark.slow
 def test_plots_and_html(history_folder: Path, tmp_path: Path) -> None:
     plots, page = tmp_path / "plots", tmp_path / "h.html"
     result = runner.invoke(app, ["history", str(history_folder), "--plots", str(plots), "-f", "html", "-o", str(page)])
@@ -81,6 +84,7 @@ def test_plots_and_html(history_folder: Path, tmp_path: Path) -> None:
     assert text.count("data:image/png;base64,") == 2 and "Step changes" in text
 
 
+@pytest.mark.slow
 def test_bad_input(history_folder: Path, tmp_path: Path) -> None:
     missing = runner.invoke(app, ["history", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "error:" in missing.output

@@ -86,6 +86,7 @@ COMMANDS = [
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c[2:]) or c[0] for c in COMMANDS])
+@pytest.mark.slow
 def test_no_control_character_reaches_the_terminal(hostile: Path, command: list[str]) -> None:
     out = runner.invoke(app, [part.format(run=hostile) for part in command])
     assert out.exit_code == 0, out.output
@@ -117,6 +118,7 @@ def test_a_warning_about_a_hostile_folder_name_is_escaped(hostile: Path, tmp_pat
     no_control(missing.stderr)
 
 
+@pytest.mark.slow
 def test_the_html_page_escapes_markup(hostile: Path) -> None:
     out = runner.invoke(app, ["report", str(hostile), "-f", "html", "-o", "-"])
     assert "<script>alert(1)</script>" not in out.stdout
@@ -128,6 +130,7 @@ def csv_cells(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("source", ["report", "summary"])
+@pytest.mark.slow
 def test_no_csv_cell_is_a_formula(hostile: Path, source: str) -> None:
     if source == "report":
         text = runner.invoke(app, ["report", str(hostile), "-f", "csv"]).stdout
@@ -197,6 +200,7 @@ EVERY_READING = [
 
 
 @pytest.mark.parametrize("command", EVERY_READING, ids=[" ".join(c[2:]) or c[0] for c in EVERY_READING])
+@pytest.mark.slow
 def test_arithmetic_on_values_at_the_bounds_stays_finite(extreme: Path, command: list[str]) -> None:
     out = runner.invoke(app, [part.format(run=extreme) for part in command])
     assert out.exit_code == 0 and out.exception is None, out.output

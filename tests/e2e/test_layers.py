@@ -161,10 +161,12 @@ def circles(root: Path) -> list[list[str]]:
     return groups
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_room_above_its_own() -> None:
     assert upward_imports(PACKAGE) == []
 
 
+@pytest.mark.slow
 def test_no_two_modules_import_each_other_in_a_circle() -> None:
     assert circles(PACKAGE) == []
 
@@ -183,6 +185,7 @@ def planted(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_a_planted_upward_import_is_caught(planted: Path) -> None:
     stats = planted / "core" / "stats.py"
     stats.write_text(
@@ -194,6 +197,7 @@ def test_a_planted_upward_import_is_caught(planted: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_planted_circle_is_caught(planted: Path) -> None:
     units = planted / "core" / "units.py"
     units.write_text(units.read_text() + "\n\ndef _later() -> None:\n    from attnbench.core import stats\n")
@@ -202,12 +206,14 @@ def test_a_planted_circle_is_caught(planted: Path) -> None:
     assert circles(planted) == [["attnbench.core.stats", "attnbench.core.units"]]
 
 
+@pytest.mark.slow
 def test_a_planted_torch_import_outside_measure_is_caught(planted: Path) -> None:
     pivot = planted / "report" / "pivot.py"
     pivot.write_text(pivot.read_text() + "\n\ndef _later() -> None:\n    import torch.nn\n")
     assert [p.split(" imports ")[1] for p in upward_imports(planted)] == ["torch, which belongs in measure"]
 
 
+@pytest.mark.slow
 def test_type_checking_imports_are_allowed_to_point_anywhere(planted: Path) -> None:
     stats = planted / "core" / "stats.py"
     stats.write_text(

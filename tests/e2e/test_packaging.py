@@ -14,6 +14,8 @@ import pytest
 
 from tests.support import ROOT, tiny_config
 
+pytestmark = pytest.mark.slow  # real sweeps and worker processes throughout: not in the fast tier
+
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

@@ -39,6 +39,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return sweep(tmp_path_factory.mktemp("profiled"), "--profile")
 
 
+@pytest.mark.slow
 def test_every_ok_case_leaves_a_chrome_trace_of_its_own_work(profiled: tuple[Path, str]) -> None:
     folder, output = profiled
     stored = load_run(folder)
@@ -70,6 +71,7 @@ def test_a_profiled_sweep_still_times_every_case_with_the_stopping_rule(profiled
             assert len(result.measurement.samples_s) >= 5
 
 
+@pytest.mark.slow
 def test_workers_in_their_own_processes_write_their_traces_into_the_run(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny_config(models=["sdpa-flash"], grid={"batch": [1], "seq_len": [16]}, threads=1))
@@ -81,6 +83,7 @@ def test_workers_in_their_own_processes_write_their_traces_into_the_run(tmp_path
     assert row.ok and json.loads((folder / str(row.extra["trace"])).read_text())["traceEvents"]
 
 
+@pytest.mark.slow
 def test_run_once_times_a_single_call_after_the_warm_up(tmp_path: Path) -> None:
     folder, _ = sweep(tmp_path, "--run-once")
     ok = [r for r in load_run(folder).results if r.ok]
@@ -92,6 +95,7 @@ def test_run_once_times_a_single_call_after_the_warm_up(tmp_path: Path) -> None:
         assert m.warmup_calls >= 3 and RUN_ONCE in m.warnings
 
 
+@pytest.mark.slow
 def test_nvtx_on_a_cpu_is_a_one_line_note_and_changes_nothing(tmp_path: Path) -> None:
     folder, output = sweep(tmp_path, "--nvtx")
     notes = [line for line in output.splitlines() if "--nvtx" in line]
@@ -108,6 +112,7 @@ def test_trace_names_are_safe_readable_and_distinct() -> None:
     assert set(trace_name(windowed)) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
+@pytest.mark.slow
 def test_a_linked_traces_folder_is_refused_before_anything_is_measured(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -123,6 +128,7 @@ def test_a_linked_traces_folder_is_refused_before_anything_is_measured(tmp_path:
     assert not os.listdir(elsewhere)
 
 
+@pytest.mark.slow
 def test_a_failing_trace_costs_the_row_its_trace_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from attnbench.measure import torch_executor
     from attnbench.measure.torch_executor import TorchExecutor
@@ -131,13 +137,15 @@ def test_a_failing_trace_costs_the_row_its_trace_only(tmp_path: Path, monkeypatc
         raise RuntimeError("kineto is busy")
 
     monkeypatch.setattr(torch_executor, "write_trace", broken)
-    policy = TimingPolicy(min_samples=3, min_time_s=0.0, max_case_s=1.0, warmup_max_s=0.05, process_warmup_s=0)
+    # A budget a loaded machine's cold first call fits in: the row must end ok for its trace to be the question.
+    policy = TimingPolicy(min_samples=3, min_time_s=0.0, max_case_s=5.0, warmup_max_s=0.05, process_warmup_s=0)
     executor = TorchExecutor(ExecutorSettings("cpu", policy, telemetry="off", trace_dir=str(tmp_path)))
     try:
         result = executor.run(tiny_case("lstm"))
     finally:
         executor.close()
-    assert result.ok and "kineto is busy" in str(result.extra["trace_error"]) and "trace" not in result.extra
+    assert result.ok, (result.status, result.error)
+    assert "kineto is busy" in str(result.extra["trace_error"]) and "trace" not in result.extra
 
 
 @pytest.mark.gpu

@@ -32,6 +32,7 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # a real browser: seconds a page
     pytest.mark.skipif(sync_playwright is None, reason="needs playwright (pip install playwright)"),
     pytest.mark.skipif(CHROMIUM is None, reason="needs a chromium binary (apt-get install chromium)"),
 ]

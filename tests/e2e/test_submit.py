@@ -31,7 +31,9 @@ from attnbench.results.store import load_run
 from tests.support import ROOT, tiny_config
 
 runner = CliRunner()
-QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.05, "warmup_max_s": 0.02}
+# A budget that three samples of a tiny case fit in beside another test worker (0.05 s did not, and the end-to-end
+# test's "every row ok" failed under load); converged cases stop long before it.
+QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.5, "warmup_max_s": 0.02}
 CONFIG = tiny_config(
     "submit", models=["lstm", "gru", "sdpa-flash", "vanilla"], grid={"batch": [1], "seq_len": [8, 16, 32]}, timing=QUICK
 )
@@ -61,6 +63,7 @@ def shard_sizes(config: Path, n: int) -> list[int]:
 # ------------------------------------------------------------------------------------- the debug executor
 
 
+@pytest.mark.slow  # real sweeps in subprocesses
 def test_submit_through_the_debug_executor_end_to_end(config: Path, tmp_path: Path) -> None:
     folder = tmp_path / "sub"
     result = submit(config, "--executor", "debug", "--array", "3", "--folder", folder)
@@ -77,6 +80,7 @@ def test_submit_through_the_debug_executor_end_to_end(config: Path, tmp_path: Pa
     assert status.exit_code == 0 and "12 of 12 cases have a row" in status.output
 
 
+@pytest.mark.slow  # real sweeps in subprocesses
 def test_a_task_that_dies_is_reported_and_resume_reruns_only_its_cases(
     config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +113,7 @@ def test_a_task_that_dies_is_reported_and_resume_reruns_only_its_cases(
     assert (victim, 2) in attempts and len(attempts) == 4  # only the dead shard ran again
 
 
+@pytest.mark.slow  # real sweeps in subprocesses
 def test_a_task_told_to_stop_saves_its_rows_and_the_next_attempt_finishes_them(tmp_path: Path) -> None:
     """What a Slurm time limit does: submitit raises in the task (SIGUSR2), the task stops its sweep with
     SIGTERM, the rows finished so far stay, and the next attempt resumes the same folder."""
@@ -227,6 +232,7 @@ def test_the_slurm_path_builds_one_array_of_one_shard_per_task(config: Path, tmp
         ]  # fmt: skip
 
 
+@pytest.mark.slow  # real sweeps in subprocesses
 def test_a_pickled_task_runs_its_shard(config: Path, tmp_path: Path, fake_slurm: Path) -> None:
     """What srun runs on a node: the pickled task, loaded by reference, sweeping its shard into the folder."""
     import submitit

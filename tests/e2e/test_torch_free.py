@@ -47,12 +47,14 @@ def test_blocker_really_blocks(blocked_env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "json", "table"])
+@pytest.mark.slow
 def test_report_without_torch(blocked_env: dict[str, str], fmt: str) -> None:
     out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--format", fmt)
     assert out.returncode == 0, out.stderr
     assert "sdpa-flash" in out.stdout
 
 
+@pytest.mark.slow
 def test_validate_and_help_without_torch(blocked_env: dict[str, str]) -> None:
     out = attnbench(blocked_env, "validate", "configs/default.yaml")
     assert out.returncode == 0, out.stderr
@@ -60,6 +62,7 @@ def test_validate_and_help_without_torch(blocked_env: dict[str, str]) -> None:
     assert attnbench(blocked_env, "report", "--help").returncode == 0
 
 
+@pytest.mark.slow
 def test_sweep_dry_run_without_torch(blocked_env: dict[str, str]) -> None:
     """Issue 18: a dry run lists the cases and budgets the time without importing torch (seconds saved), telling
     "auto" from the files torch and the driver leave."""
@@ -76,6 +79,7 @@ def test_sweep_dry_run_without_torch(blocked_env: dict[str, str]) -> None:
     assert attnbench(blocked_env, "sweep", "--help").returncode == 0
 
 
+@pytest.mark.slow
 def test_schema_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
     out = attnbench(blocked_env, "schema")
     assert out.returncode == 0, out.stderr
@@ -91,6 +95,7 @@ def test_bad_report_input_without_torch_is_a_clean_error(blocked_env: dict[str, 
     assert "error:" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_report_telemetry_without_torch_or_pynvml(blocked_env: dict[str, str]) -> None:
     out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--telemetry")
     assert out.returncode == 0, out.stderr
@@ -101,6 +106,7 @@ def test_report_telemetry_without_torch_or_pynvml(blocked_env: dict[str, str]) -
 
 
 @pytest.mark.parametrize("fmt", ["table", "md", "json"])
+@pytest.mark.slow
 def test_claims_without_torch_or_pynvml(blocked_env: dict[str, str], fmt: str) -> None:
     out = attnbench(blocked_env, "claims", str(FIXTURE_RUN), "--format", fmt)
     assert out.returncode == 0, out.stderr
@@ -116,12 +122,14 @@ def test_claims_without_torch_or_pynvml(blocked_env: dict[str, str], fmt: str) -
     ("fmt", "expect"),
     [("html", "<!DOCTYPE html>"), ("gab", '"unit": "ms"'), ("bmf", '"latency"'), ("samples", '"seconds"')],
 )
+@pytest.mark.slow
 def test_new_report_formats_without_torch(blocked_env: dict[str, str], fmt: str, expect: str) -> None:
     out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--format", fmt, "-o", "-")
     assert out.returncode == 0, out.stderr
     assert "sdpa-flash" in out.stdout and expect in out.stdout
 
 
+@pytest.mark.slow
 def test_report_plots_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = attnbench(blocked_env, "report", str(FIXTURE_RUN), "--plots-dir", str(tmp_path), "-f", "csv", "-o", "-")
@@ -145,12 +153,14 @@ COMPARE = ROOT / "tests" / "data" / "compare"
 
 
 @pytest.mark.parametrize("fmt", ["md", "json", "table"])
+@pytest.mark.slow
 def test_compare_without_torch(blocked_env: dict[str, str], fmt: str) -> None:
     out = attnbench(blocked_env, "compare", str(COMPARE / "base"), str(COMPARE / "current"), "--format", fmt)
     assert out.returncode == 1, out.stderr  # the fixture holds two regressions
     assert "regress" in out.stdout and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_compare_exit_codes_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
     import json
 
@@ -168,6 +178,7 @@ def test_compare_exit_codes_without_torch(blocked_env: dict[str, str], tmp_path:
     assert refused.returncode == 3 and "torch: '2.13.0+cpu' (base) vs '2.14.0' (current)" in refused.stderr
 
 
+@pytest.mark.slow
 def test_history_and_the_python_api_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
     out = attnbench(blocked_env, "history", str(FIXTURE_RUN), str(FIXTURE_RUN), "-f", "md")
     assert out.returncode == 0, out.stderr
@@ -186,12 +197,14 @@ def test_history_and_the_python_api_without_torch(blocked_env: dict[str, str], t
     assert out.stdout.split() == ["21", "21"]
 
 
+@pytest.mark.slow
 def test_merge_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
     out = attnbench(blocked_env, "merge", str(FIXTURE_RUN), "-o", str(tmp_path / "merged"))
     assert out.returncode == 0, out.stderr
     assert "merged 1 run(s)" in out.stdout and (tmp_path / "merged" / "summary.md").exists()
 
 
+@pytest.mark.slow
 def test_publish_without_torch(blocked_env: dict[str, str], tmp_path: Path) -> None:
     out = attnbench(blocked_env, "publish", str(ROOT / "results" / "history-example-cpu" / "runs"), "-o", str(tmp_path))
     assert out.returncode == 0, out.stderr

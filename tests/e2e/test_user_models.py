@@ -121,6 +121,7 @@ def entry(name: str, factory: str, kind: str = "attention", **options: object) -
     return {"name": name, "factory": factory, "kind": kind, **({"options": options} if options else {})}
 
 
+@pytest.mark.slow
 def test_a_factory_model_runs_beside_built_ins_with_counted_flops(user_package: Path, tmp_path: Path) -> None:
     models = ["lstm", entry("my-gate", "byo_layers.layers:build", width=[1, 2])]
     code, folder, output = sweep(config(tmp_path, models), tmp_path / "out")
@@ -163,6 +164,7 @@ def test_a_factory_model_runs_beside_built_ins_with_counted_flops(user_package: 
     assert "my-gate" in same.output
 
 
+@pytest.mark.slow
 def test_what_a_user_model_gets_wrong_becomes_a_row_and_the_sweep_goes_on(user_package: Path, tmp_path: Path) -> None:
     models = [
         "lstm",
@@ -285,6 +287,7 @@ def test_an_installed_plugin_is_listed_and_swept(installed_plugin: Path, tmp_pat
     json.loads(claims.stdout)
 
 
+@pytest.mark.slow
 def test_shards_of_a_user_model_merge_without_its_code(user_package: Path, tmp_path: Path) -> None:
     path = config(tmp_path, ["lstm", entry("my-gate", "byo_layers.layers:build")], grid={"batch": [2], "seq_len": [8]})
     shards = []

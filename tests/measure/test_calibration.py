@@ -445,6 +445,7 @@ def test_ceiling_rows_beside_a_vendor_peak() -> None:
 # --- measuring, for real, at tiny sizes ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_calibrate_measures_every_dtype_or_says_why_not() -> None:
     import torch
 
@@ -486,6 +487,7 @@ def test_quick_on_a_gpu_times_the_ceiling_sizes_briefly_and_is_a_ceiling(monkeyp
     assert plan_for(torch.device("cpu"), quick=True).quick  # a CPU's quick run stays a smoke test
 
 
+@pytest.mark.slow
 def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--dtype", "float32,bfloat16"])
     assert result.exit_code == 0, result.output
@@ -541,6 +543,7 @@ def _sweep(tmp_path: Path) -> tuple[Path, str]:
     return folder, result.output
 
 
+@pytest.mark.slow
 def test_sweep_records_the_cached_calibration(tmp_path: Path) -> None:
     from attnbench.measure.environment import collect_environment
 
@@ -552,12 +555,14 @@ def test_sweep_records_the_cached_calibration(tmp_path: Path) -> None:
     assert csv_row["peak_source"] == "calibrated matmul float32" and float(csv_row["pct_of_peak"]) > 0
 
 
+@pytest.mark.slow
 def test_sweep_without_a_cache_records_none(tmp_path: Path) -> None:
     folder, _ = _sweep(tmp_path)
     assert "calibration" not in json.loads((folder / "run.json").read_text())
     assert load_run(folder).run.calibration is None
 
 
+@pytest.mark.slow
 def test_sweep_with_a_damaged_cache_warns_and_goes_on(tmp_path: Path) -> None:
     from attnbench.measure.environment import collect_environment
 

@@ -21,6 +21,7 @@ from tests.support import ROOT, tiny_case
 
 
 @pytest.mark.parametrize("mode", ["forward", "train", "backward", "decode"])
+@pytest.mark.slow
 def test_a_compiled_row_records_its_compile_time_apart_and_no_recompilation(mode: str) -> None:
     case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default", heads_kv=2)
     result = executor().run(case)
@@ -32,6 +33,7 @@ def test_a_compiled_row_records_its_compile_time_apart_and_no_recompilation(mode
     assert not any("recompiled" in w for w in result.measurement.warnings)  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_an_lstm_that_dynamo_cannot_capture_says_its_timing_is_eager() -> None:
     result = executor().run(tiny_case("lstm", seq_len=16, compile="default"))
     assert result.status == "ok"
@@ -39,6 +41,7 @@ def test_an_lstm_that_dynamo_cannot_capture_says_its_timing_is_eager() -> None:
     assert any("captured no graph" in w for w in result.measurement.warnings)  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_a_recompilation_during_the_timing_is_counted_and_flagged() -> None:
     fresh()
     shapes = iter([torch.randn(2, 3), torch.randn(2, 3)] + [torch.randn(n, 5) for n in range(3, 40)])
@@ -67,6 +70,7 @@ print(json.dumps([result.status, result.reason]))
 """
 
 
+@pytest.mark.slow
 def test_a_compiler_that_cannot_run_makes_the_row_unsupported_with_its_reason() -> None:
     # In a process of its own: inductor remembers what it found out about the C++ compiler.
     done = subprocess.run(
@@ -89,6 +93,7 @@ def test_a_model_error_under_compile_is_not_mistaken_for_the_compiler() -> None:
 
 
 @pytest.mark.parametrize("mode", ["forward", "decode", "train"])
+@pytest.mark.slow
 def test_flex_runs_compiled_forward_and_decode_on_cpu_and_says_why_not_train(mode: str) -> None:
     case = tiny_case("flex", mode=mode, seq_len=64, d_model=32, heads=4, causal=True, window=16, heads_kv=1)
     result = executor().run(case)
@@ -102,6 +107,7 @@ def test_flex_runs_compiled_forward_and_decode_on_cpu_and_says_why_not_train(mod
         assert result.state_bytes == replace(case, seq_len=15).layers * 2 * 2 * 16 * 8 * 4  # K, V × batch × W × D
 
 
+@pytest.mark.slow
 def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Eager create_block_mask materialised the whole (T, T) mask (8 GiB of int64 at 32k), each layer had a mask_mod
     of its own (a recompile per layer), and the tiny probe compiled shapes the case never ran (dynamic=False)."""
@@ -153,6 +159,7 @@ def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
     fresh()
 
 
+@pytest.mark.slow
 def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """A compiled call under CUDA graphs replays in the graph's private pool and reads about 0 bytes: memory comes
     from the same call, eager."""

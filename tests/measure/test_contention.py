@@ -161,6 +161,7 @@ def test_a_real_busy_loop_is_seen_by_the_pre_sweep_check() -> None:
     assert "the machine is busy" in warning and "--wait-idle SECONDS" in warning
 
 
+@pytest.mark.slow
 def test_waiting_for_idle_gives_up_when_time_is_up_and_says_so_while_it_waits() -> None:
     heard: list[float] = []
     with hog():

@@ -34,6 +34,7 @@ def decode(model: str, n: int, *, batch: int = 2, d_model: int = 64) -> Case:
 
 
 @pytest.mark.parametrize("model", ["lstm", "mingru", "vanilla", "sdpa-flash"])
+@pytest.mark.slow
 def test_a_decode_row_times_one_step_and_records_its_state(executor: TorchExecutor, model: str) -> None:
     case = decode(model, 4096)
     result = executor.run(case)
@@ -63,6 +64,7 @@ def test_a_cache_too_large_to_hold_is_an_oom_row_that_says_so(executor: TorchExe
     assert executor.run(decode("lstm", 64)).ok  # and the next case runs as if nothing happened
 
 
+@pytest.mark.slow
 def test_longer_contexts_are_skipped_after_a_cache_that_did_not_fit(tmp_path: pytest.TempPathFactory) -> None:
     config = tmp_path / "oom.yaml"  # type: ignore[operator]
     config.write_text(

@@ -112,6 +112,7 @@ def math_upcasts() -> Any:
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(before)
 
 
+@pytest.mark.slow
 def test_sdpa_math_in_bf16_computes_in_bf16_and_the_row_says_so(math_upcasts: None) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -136,7 +137,7 @@ def test_sdpa_math_in_bf16_computes_in_bf16_and_the_row_says_so(math_upcasts: No
     case = tiny_case("sdpa-math", dtype="bfloat16")
     # A roomy budget: beside a neighbouring test worker a 0.3 s one left the bf16 case too_slow_for_budget.
     policy = TimingPolicy(**{**QUICK_TIMING, "max_case_s": 2.0})  # type: ignore[arg-type]
-    executor = TorchExecutor(ExecutorSettings("cpu", policy, telemetry="off"))
+    executor = TorchExecutor(ExecutorSettings("cpu", policy, threads=1, telemetry="off"))
     model, x = build_model(case, "cpu", torch.bfloat16), make_input(case, "cpu", torch.bfloat16)
     spy = MatmulDtypes()
     with torch.no_grad(), pinned_backend(model), spy:  # (under inference_mode the spy sees sdpa whole)

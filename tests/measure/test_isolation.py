@@ -13,6 +13,8 @@ from attnbench.measure.isolation import IsolatedExecutor
 from tests.measure import worker_standins
 from tests.support import QUICK_TIMING, tiny_case
 
+pytestmark = pytest.mark.slow  # real sweeps and worker processes throughout: not in the fast tier
+
 QUICK = TimingPolicy(**QUICK_TIMING)  # type: ignore[arg-type]
 
 

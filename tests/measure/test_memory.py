@@ -37,11 +37,13 @@ def peaks_in_a_fresh_process(*mibs: int) -> list[int]:
 
 
 @pytest.mark.parametrize("mib", [8, 64, 256])
+@pytest.mark.slow
 def test_rss_peak_sees_a_tensor_of_known_size(mib: int) -> None:
     (peak,) = peaks_in_a_fresh_process(mib)
     assert peak == pytest.approx(mib * MIB, rel=0.05, abs=2 * MIB)
 
 
+@pytest.mark.slow
 def test_rss_peak_resets_between_measurements() -> None:
     # Freed pages went back to the OS, so the second reading is the small tensor alone.
     big, small = peaks_in_a_fresh_process(128, 8)
@@ -49,6 +51,7 @@ def test_rss_peak_resets_between_measurements() -> None:
     assert small == pytest.approx(8 * MIB, rel=0.05, abs=2 * MIB)
 
 
+@pytest.mark.slow
 def test_vanilla_materialises_scores_and_flash_does_not() -> None:
     """At n=1024, vanilla's peak exceeds one n×n score matrix per head×batch; sdpa-flash stays well below."""
     from attnbench.measure.executor import ExecutorSettings
@@ -59,7 +62,7 @@ def test_vanilla_materialises_scores_and_flash_does_not() -> None:
     # A roomy budget and a loose target: the test reads the memory pass, and on a loaded machine three samples of
     # vanilla at n=1024 must still fit (else the row is too_slow_for_budget, issue 17).
     policy = TimingPolicy(min_samples=3, max_case_s=5.0, min_time_s=0.0, warmup_max_s=0.1, target_ci=0.5)
-    executor = TorchExecutor(ExecutorSettings("cpu", policy))
+    executor = TorchExecutor(ExecutorSettings("cpu", policy, threads=1))
     peaks = {}
     for model in ("vanilla", "sdpa-flash"):
         case = Case(model, "forward", "float32", "cpu", batch, n, 64, heads, 1, False)

@@ -58,6 +58,7 @@ class Listener(QuietListener):
         self.warnings.append(text)
 
 
+@pytest.mark.slow
 def test_two_cpu_workers_write_every_case_once_from_one_writer(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny_config(models=["lstm", "gru", "sdpa-flash"], timing=dict(QUICK.to_dict())))
@@ -77,6 +78,7 @@ def test_two_cpu_workers_write_every_case_once_from_one_writer(tmp_path: Path) -
     assert [r.case.key for r in listener.finished_rows] == [r.case.key for r in rows] == keys
 
 
+@pytest.mark.slow
 def test_a_killed_worker_mid_case_becomes_a_row_and_the_sweep_finishes() -> None:
     pool = WorkerPool(settings(SLOW), ["cpu", "cpu"])
     victim = pool.workers[0].isolated
@@ -100,6 +102,7 @@ def test_a_killed_worker_mid_case_becomes_a_row_and_the_sweep_finishes() -> None
     assert not pool.retired
 
 
+@pytest.mark.slow
 def test_a_device_whose_worker_cannot_start_is_retired_and_the_others_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
     # A GPU that is not there: CUDA_VISIBLE_DEVICES names no device, so CUDA cannot initialise in that worker.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "no-such-gpu")
@@ -118,6 +121,7 @@ def test_a_device_whose_worker_cannot_start_is_retired_and_the_others_go_on(monk
     assert list(pool.retired) == ["cuda:0"] and "cuda:0 retired" in warnings[0] and "1 device(s) go on" in warnings[0]
 
 
+@pytest.mark.slow
 def test_when_every_device_is_retired_the_pool_stops_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "no-such-gpu")
     pool = WorkerPool(settings(), ["cuda:0"])
@@ -130,6 +134,7 @@ def test_when_every_device_is_retired_the_pool_stops_and_says_so(monkeypatch: py
     assert [r.status for r in rows] == ["crashed"] and caught.value.exit_code == 1
 
 
+@pytest.mark.slow
 def test_an_interrupt_keeps_the_finished_rows_and_kills_every_worker() -> None:
     pool = WorkerPool(settings(SLOW), ["cpu", "cpu"])
     rows: list[Result] = []
@@ -150,6 +155,7 @@ def test_an_interrupt_keeps_the_finished_rows_and_kills_every_worker() -> None:
         assert pid is None or not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
 
 
+@pytest.mark.slow
 def test_replicates_of_a_case_stay_on_one_device() -> None:
     pool = WorkerPool(settings(TimingPolicy(**{**QUICK.to_dict(), "processes": 2})), ["cpu", "cpu"])  # type: ignore[arg-type]
     rows: list[Result] = []

@@ -65,6 +65,7 @@ def test_every_replicate_gets_a_fresh_worker_and_a_failure_fails_the_case() -> N
     assert inner.closed == 2  # closed before each run: the next one starts a new process
 
 
+@pytest.mark.slow
 def test_a_sweep_with_processes_2_runs_fresh_workers_and_stores_both_medians(tmp_path: Path) -> None:
     config = tmp_path / "rep.yaml"
     config.write_text(

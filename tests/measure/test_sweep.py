@@ -1,4 +1,7 @@
-"""The library's sweep: plan, open, run, all without a console. Only the CLI prints."""
+"""The library's sweep: plan, open, run, all without a console. Only the CLI prints.
+
+One real sweep of tiny models; the rest run on the fake executor (``tests.fakes``), through the same seam.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
 from attnbench.results.records import Result
 from attnbench.results.store import load_run
+from tests.fakes import FakeExecutors
 from tests.support import tiny_config
 
 
@@ -38,6 +42,7 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_library_sweep_writes_every_row_and_prints_nothing(
     config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -54,6 +59,7 @@ def test_the_library_sweep_writes_every_row_and_prints_nothing(
     assert [key for kind, key in recorder.events if kind == "finished"] == [r.case.key for r in rows]
 
 
+@pytest.mark.slow
 def test_an_interrupt_closes_the_folder_as_interrupted_and_keeps_the_rows(config: Path, tmp_path: Path) -> None:
     class StopAfterTwo(Recorder):
         def finished(self, index: int, result: Result) -> None:
@@ -61,12 +67,59 @@ def test_an_interrupt_closes_the_folder_as_interrupted_and_keeps_the_rows(config
             if index == 1:
                 raise KeyboardInterrupt  # what the CLI's signal handler raises
 
-    with open_sweep(SweepRequest(config, "cpu", tmp_path / "out", isolate=False)) as sweep:
+    fake = FakeExecutors()
+    with open_sweep(SweepRequest(config, "cpu", tmp_path / "out", isolate=False), executor=fake) as sweep:
         with pytest.raises(KeyboardInterrupt):
             sweep.run(StopAfterTwo())
         folder = sweep.folder
     stored = load_run(folder)
     assert stored.run.state == "interrupted" and len(stored.results) == 2
+    assert len(fake.ran) == 2 and fake.built[0].closed == [True]  # stopped at once: a case may have been running
+
+
+def test_ctrl_c_inside_a_case_keeps_the_rows_before_it_and_never_stores_the_case(config: Path, tmp_path: Path) -> None:
+    fake = FakeExecutors({"model=sdpa-flash|seq_len=8": "interrupt"})  # the third case of four
+    recorder = Recorder()
+    with open_sweep(SweepRequest(config, "cpu", tmp_path / "out", isolate=False), executor=fake) as sweep:
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run(recorder)
+        folder = sweep.folder
+    stored = load_run(folder)
+    assert stored.run.state == "interrupted"
+    assert [r.case.key for r in stored.results] == [c.key for c in fake.ran[:2]]
+    assert [kind for kind, _ in recorder.events] == ["started", "measured", "finished"] * 2 + ["started"]
+
+
+def test_every_failure_is_a_row_and_the_run_still_completes(config: Path, tmp_path: Path) -> None:
+    path = tmp_path / "more.yaml"
+    models = ["lstm", "gru", "vanilla", "sdpa-flash", "sdpa-math", "mingru", "sdpa"]
+    path.write_text(tiny_config(models=models, grid={"batch": [1], "seq_len": [8]}))
+    failures = ["oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget"]
+    fake = FakeExecutors(dict(zip([f"model={m}" for m in models[1:]], failures, strict=True)))  # type: ignore[arg-type]
+    with open_sweep(SweepRequest(path, "cpu", tmp_path / "out", isolate=False), executor=fake) as sweep:
+        rows = sweep.run(Recorder())
+        folder = sweep.folder
+    stored = load_run(folder)
+    assert stored.run.state == "complete" and [r.case.key for r in stored.results] == [r.case.key for r in rows]
+    assert [r.status for r in stored.results] == ["ok", *failures]
+    assert all(r.reason for r in stored.results[1:]) and stored.results[0].reason == ""
+    slow = stored.results[-1]
+    assert slow.measurement is not None and slow.measurement.stop_reason == "too_slow_for_budget"
+    assert fake.built[0].closed == [False]  # every case ended: closed politely
+
+
+def test_after_an_oom_the_longer_lengths_are_rows_without_running(tmp_path: Path) -> None:
+    path = tmp_path / "oom.yaml"
+    path.write_text(tiny_config(models=["vanilla", "lstm"], grid={"batch": [1], "seq_len": [8, 16, 32, 64]}))
+    fake = FakeExecutors({"model=vanilla|seq_len=16": "oom"})
+    with open_sweep(SweepRequest(path, "cpu", tmp_path / "out", isolate=False), executor=fake) as sweep:
+        rows = sweep.run(Recorder())
+    by_key = {(r.case.model, r.case.seq_len): r for r in rows}
+    assert [by_key["vanilla", n].status for n in (8, 16, 32, 64)] == ["ok", "oom", "oom", "oom"]
+    assert by_key["vanilla", 32].reason == "skipped after a smaller case ran out of memory (seq_len 16)"
+    assert {(c.model, c.seq_len) for c in fake.ran} == {("vanilla", 8), ("vanilla", 16)} | {
+        ("lstm", n) for n in (8, 16, 32, 64)
+    }
 
 
 def test_a_refusal_is_raised_before_any_folder_exists(config: Path, tmp_path: Path) -> None:

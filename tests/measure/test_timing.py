@@ -217,6 +217,7 @@ def test_the_timed_wrapper_wraps_the_timed_calls_and_not_the_warm_up() -> None:
     assert min(wrapped) == m.warmup_calls  # the first wrapped call is the first after the warm-up
 
 
+@pytest.mark.slow
 def test_injected_slowdown_really_slows_a_real_call() -> None:
     # Real clock, ratio within one process: a 50 % busy-wait must show as a clearly slower median.
     def work() -> float:

@@ -28,6 +28,9 @@ QUICK = replace(TimingPolicy(**QUICK_TIMING), max_case_s=5.0)  # type: ignore[ar
 
 
 def executor(**settings: Any) -> TorchExecutor:
+    """An in-process CPU executor on one torch thread (tiny shapes gain nothing from more; the conftest hands the
+    process's count back after each test)."""
+    settings.setdefault("threads", 1)
     return TorchExecutor(ExecutorSettings("cpu", settings.pop("timing", QUICK), telemetry="off", **settings))
 
 
@@ -51,6 +54,7 @@ def sdpa_kernel_entries(monkeypatch: pytest.MonkeyPatch) -> list[SDPBackend]:
 
 
 @pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.slow
 def test_a_forced_backend_is_entered_once_per_case_not_per_call_and_layer(
     sdpa_kernel_entries: list[SDPBackend], mode: str
 ) -> None:
@@ -68,6 +72,7 @@ def test_a_forced_backend_is_entered_once_per_case_not_per_call_and_layer(
     assert set(sdpa_kernel_entries) == {SDPBackend.MATH}
 
 
+@pytest.mark.slow
 def test_a_forced_core_pays_what_dispatch_pays_per_call(sdpa_kernel_entries: list[SDPBackend]) -> None:
     """The per-call host overhead of a forced core equals ``sdpa``'s: inside the executor's scope neither enters
     a context manager per call (counted), and their times agree (interleaved, fastest of many rounds)."""
@@ -123,6 +128,7 @@ def test_a_forced_model_called_outside_the_scope_still_forces_its_backend() -> N
 # ---------------------------------------------------------------- useful and executed FLOPs (issue 12, item 11)
 
 
+@pytest.mark.slow
 def test_a_causal_vanilla_row_stores_useful_and_executed_flops_and_the_csv_shows_both() -> None:
     from attnbench.core.flops import count_flops
     from attnbench.report.rows import COLUMNS, summary_row
@@ -191,6 +197,7 @@ def test_a_fault_found_only_when_releasing_the_device_turns_the_row_into_an_erro
 # ---------------------------------------------------------------- which RNN implementation ran (issue 12, item 12)
 
 
+@pytest.mark.slow
 def test_each_recurrent_row_says_which_implementation_ran() -> None:
     from attnbench.measure.models import rnn_path
     from attnbench.report.rows import summary_row
@@ -207,6 +214,7 @@ def test_each_recurrent_row_says_which_implementation_ran() -> None:
     assert rnn_path(tiny_case("mingru"), "cpu") is None and "rnn_path" not in executor().run(tiny_case("sdpa")).extra
 
 
+@pytest.mark.slow
 def test_the_profiler_leaves_stderr_to_attnbench() -> None:
     """torch 2.13's Kineto writes 'USDT: … profiler_start/profiler_stop' around every profile; the measure room
     turns its log level up before torch loads, so a sweep's stderr carries only attnbench's lines."""
@@ -222,6 +230,7 @@ def test_the_profiler_leaves_stderr_to_attnbench() -> None:
     assert "profiler_start" not in out.stderr and "USDT" not in out.stderr
 
 
+@pytest.mark.slow
 def test_a_case_too_slow_for_its_budget_is_a_row_that_says_so_not_a_timing() -> None:
     """Issue 17, item 4: min_samples samples that cannot fit in max_case_s give no "ok" row."""
     policy = TimingPolicy(max_case_s=1e-6, min_samples=10, warmup_max_s=1e-6)
@@ -237,6 +246,7 @@ def test_a_case_too_slow_for_its_budget_is_a_row_that_says_so_not_a_timing() -> 
     assert ok.ok and len(ok.timing.samples_s) >= QUICK.min_samples
 
 
+@pytest.mark.slow
 def test_the_process_is_warmed_up_once_before_its_first_case(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 17, item 8: what the first case of a process pays (thread pools, the autograd engine, clocks,
     first-use initialisation) is paid by a process warm-up before it, outside every timed window."""

@@ -78,6 +78,7 @@ def test_memory_plot_series_are_the_state_computed_and_measured(stored: StoredRu
 
 
 @pytest.mark.skipif(missing_matplotlib() is not None, reason="matplotlib is not installed")
+@pytest.mark.slow
 def test_decode_plots_and_html(stored: StoredRun) -> None:
     plots = render_plots(stored.run, stored.results)
     assert [p.metric for p in plots] == ["latency", "memory", "throughput", "speedup"]
@@ -116,6 +117,7 @@ def test_report_formats_and_claims_on_the_stored_run(tmp_path: Path) -> None:
     assert ids == ["1a", "1a", "1b", "1b", "1d", "1d"]
 
 
+@pytest.mark.slow
 def test_resume_runs_only_the_missing_decode_rows(tmp_path: Path) -> None:
     folder = tmp_path / DECODE_FIXTURE.name
     shutil.copytree(DECODE_FIXTURE, folder)

@@ -243,6 +243,7 @@ def test_samples_are_every_stored_sample_exactly(stored: StoredRun) -> None:
     assert [float(row["seconds"]) for row in csv_rows] == [row["seconds"] for row in rows]  # repr round-trips
 
 
+@pytest.mark.slow
 def test_samples_cli_picks_the_container_from_the_file_name(tmp_path: Path) -> None:
     jsonl, as_csv = tmp_path / "s.jsonl", tmp_path / "s.csv"
     assert runner.invoke(app, ["report", str(FIXTURE), "-f", "samples", "-o", str(jsonl)]).exit_code == 0

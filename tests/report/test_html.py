@@ -35,6 +35,7 @@ def normalised(html: str) -> str:
     return DATA_URI.sub("data:image/png;base64,<PNG>", html)
 
 
+@pytest.mark.slow
 def test_golden_html_with_plots(stored: StoredRun) -> None:
     pytest.importorskip("matplotlib")
     plots = render_plots(stored.run, stored.results)
@@ -55,6 +56,7 @@ def test_plots_are_embedded_byte_for_byte_under_their_table(stored: StoredRun) -
         assert base64.b64encode(plot.png).decode() in section
 
 
+@pytest.mark.slow
 def test_real_plots_decode_to_pngs(stored: StoredRun) -> None:
     pytest.importorskip("matplotlib")
     page = render_html(stored.run, stored.results, plots=render_plots(stored.run, stored.results))
@@ -113,6 +115,7 @@ def test_note_replaces_plots_when_matplotlib_is_missing(stored: StoredRun) -> No
     assert "plots skipped: matplotlib is not installed" in page and "<img" not in page
 
 
+@pytest.mark.slow
 def test_cli_writes_the_page_with_plots(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "run.html"

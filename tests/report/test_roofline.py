@@ -61,6 +61,7 @@ def test_without_a_ceiling_the_rate_stays_and_the_percentage_is_empty(stored: tu
     assert row["gbps"] is not None and row["pct_of_peak_bw"] is None and row["peak_bw_source"] is None
 
 
+@pytest.mark.slow
 def test_a_roofline_per_device_and_dtype(stored: tuple[Run, list[Result]]) -> None:
     run, results = stored
     roofs = [p for p in render_plots(run, results) if p.metric == "roofline"]

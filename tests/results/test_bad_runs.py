@@ -138,6 +138,7 @@ def test_a_torn_last_line_is_a_warning_and_the_rest_is_reported(fmt: str) -> Non
 
 @pytest.mark.parametrize("name", sorted(LOADS))
 @pytest.mark.parametrize("fmt", ["md", "csv", "json", "html"])
+@pytest.mark.slow
 def test_what_loads_with_a_warning_names_file_and_line(name: str, fmt: str) -> None:
     out = runner.invoke(app, ["report", str(BAD / name), "--format", fmt, "-o", "-"])
     assert out.exit_code == 0, out.output
@@ -153,6 +154,7 @@ def test_a_row_written_twice_is_counted_once_and_shown_once() -> None:
     assert len(rows) == 2 and sum("seq_len=64" in row for row in rows) == 1
 
 
+@pytest.mark.slow
 def test_a_lone_surrogate_becomes_a_replacement_character_everywhere() -> None:
     (unsupported,) = [r for r in load_run(BAD / "rows-lone-surrogate").results if r.status != "ok"]
     assert unsupported.reason == "needs CUDA \ufffd here"
@@ -162,6 +164,7 @@ def test_a_lone_surrogate_becomes_a_replacement_character_everywhere() -> None:
 
 
 @pytest.mark.parametrize("name", ["run-json-foreign", "rows-unknown-model", "rows-deeply-nested", TORN])
+@pytest.mark.slow
 def test_the_real_command_line(name: str) -> None:
     """A few through a real process: stderr alone, the exit status the shell sees, nothing caught by CliRunner."""
     entry = BAD / name
@@ -272,6 +275,7 @@ def run_with_rows(tmp_path: Path, make_rows: str) -> Path:
         ("fifo", "cannot read it (a named pipe, not a regular file)"),
     ],
 )
+@pytest.mark.slow
 def test_rows_that_are_not_a_regular_file_are_refused_at_once(tmp_path: Path, kind: str, says: str) -> None:
     folder = run_with_rows(tmp_path, kind)
     done = limited_report(folder)
@@ -280,6 +284,7 @@ def test_rows_that_are_not_a_regular_file_are_refused_at_once(tmp_path: Path, ki
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+@pytest.mark.slow
 def test_a_line_past_the_bound_is_refused_without_reading_the_rest(tmp_path: Path) -> None:
     folder = run_with_rows(tmp_path, "none")
     with (folder / "results.jsonl").open("wb") as handle:

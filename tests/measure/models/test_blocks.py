@@ -250,6 +250,7 @@ def test_probe_refuses_an_unreachable_match() -> None:
 # --- the executor runs a scope-model case -----------------------------------------------------------------------
 @pytest.mark.parametrize("model", ["sdpa-flash", "lstm"])
 @pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.slow
 def test_executor_runs_token_id_models(model: str, mode: Mode) -> None:
     from attnbench.measure.executor import ExecutorSettings
     from attnbench.measure.torch_executor import TorchExecutor

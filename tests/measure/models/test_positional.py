@@ -72,6 +72,7 @@ def test_rope_is_the_rotation_by_position() -> None:
 
 
 @pytest.mark.parametrize("head_dim", [2, 8, 64])
+@pytest.mark.slow
 def test_rope_dot_product_depends_only_on_the_distance(head_dim: int) -> None:
     generator = torch.Generator().manual_seed(head_dim)
     q, k = torch.randn(2, head_dim, generator=generator, dtype=F64)

@@ -486,6 +486,7 @@ def _gpm_session(fake: FakeNvml, warmup_s: float, sampling_s: float, mark: bool 
     return tel.summary(calls=1, tokens_per_call=1)
 
 
+@pytest.mark.slow
 def test_gpm_covers_the_sampling_phase_only_and_says_when_it_is_too_short_to_trust() -> None:
     s = _gpm_session(FakeNvml(), warmup_s=0.3, sampling_s=0.2)
     assert s.metrics["gpm_sm_util_pct"] == 61.5
@@ -496,6 +497,7 @@ def test_gpm_covers_the_sampling_phase_only_and_says_when_it_is_too_short_to_tru
     assert "GPM over the whole window, warm-up included" in unmarked.note
 
 
+@pytest.mark.slow
 def test_gpm_over_a_second_or_more_is_reliable() -> None:
     s = _gpm_session(FakeNvml(), warmup_s=0.0, sampling_s=1.05)
     assert s.metrics["gpm_reliable"] is True and s.metrics["gpm_window_s"] >= 1.0  # type: ignore[operator]
