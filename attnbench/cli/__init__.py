@@ -15,20 +15,44 @@ from typing import Annotated
 import typer
 
 from attnbench.cli import claims, compare, device, history, info, merge, publish, report, submit, sweep
-from attnbench.cli.common import Command, Group, interrupted, state
+from attnbench.cli.common import Command, Group, interrupted, state, stdout
 
 app = typer.Typer(
     name="attnbench",
     cls=Group,
     help="Measure recurrent networks against self-attention across sequence lengths, honestly.",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion and --show-completion (bash, zsh, fish, PowerShell), as typer writes them.
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
 
+def version() -> str:
+    """attnbench's version as installed: the same figure every run.json records (``environment.attnbench``)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("attnbench")
+    except PackageNotFoundError:  # run from a source tree that was never installed: what run.json says then too
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        stdout.print(f"attnbench {version()}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False) -> None:
+def main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", help="Print attnbench's version and exit.", callback=_print_version, is_eager=True),
+    ] = False,
+) -> None:
     state["debug"] = debug
     state["interrupt_said"] = False
 

@@ -9,13 +9,14 @@ reaches the terminal as a visible escape, never as a command to it.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -103,8 +104,35 @@ SweepDeviceOpt = Annotated[
     str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (default: the config's).", show_default=False)
 ]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N.", show_default="auto")]
-RunArg = Annotated[Path, typer.Argument(help="A run folder written by 'attnbench sweep'.")]
+
+
+def one_run(value: Path | None) -> Path | None:
+    """A RUN argument's callback: ``latest`` becomes the newest run folder under results/runs (``store.resolve_run``);
+    a callback runs while the command line is parsed, outside ``handles_errors``, so it fails here itself."""
+    from attnbench.results.store import resolve_run
+
+    if value is None:
+        return None
+    try:
+        return resolve_run(value)
+    except AttnbenchError as exc:
+        raise fail(exc.message, exc.hint, exc.exit_code) from None
+
+
+def runs_alias(values: list[Path] | None) -> list[Path] | None:
+    """The same for an argument that takes several runs (history, merge)."""
+    return None if values is None else [path for value in values if (path := one_run(value)) is not None]
+
+
+LATEST_HELP = "'latest': the newest run under results/runs."
+RunArg = Annotated[
+    Path, typer.Argument(help=f"A run folder written by 'attnbench sweep'; {LATEST_HELP}", callback=one_run)
+]
 OutputOpt = Annotated[str | None, typer.Option("-o", "--output", help="File to write, or - for stdout.")]
+# The commands whose only outputs are a table and its data (models, env, validate's lines, calibrate, selfcheck).
+FormatOpt = Annotated[
+    Literal["table", "json"], typer.Option("--format", "-f", help="table for a person, json for a script.")
+]
 ThreadsOpt = Annotated[
     int | None,
     typer.Option("--threads", min=1, help="torch threads (match a sweep's 'threads').", show_default="torch's"),
@@ -187,6 +215,11 @@ def write_or_print(text: str, output: str | None) -> None:
     except OSError as exc:
         raise AttnbenchError(f"cannot write {path}: {exc.strerror}", hint="choose another -o path") from None
     stderr.print(f"wrote {path}", markup=False)
+
+
+def print_json(data: Any, output: str | None = None) -> None:
+    """One JSON document (to stdout, or ``-o FILE``); control characters come out as JSON escapes, like every output."""
+    write_or_print(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", output)
 
 
 def print_warnings(warnings: Iterable[str]) -> None:

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from attnbench.cli.common import OutputOpt, handles_errors, print_warnings, stdout, write_or_print
+from attnbench.cli.common import (
+    LATEST_HELP,
+    OutputOpt,
+    handles_errors,
+    one_run,
+    print_warnings,
+    stdout,
+    write_or_print,
+)
 from attnbench.core.errors import AttnbenchError, ConfigError
 
 if TYPE_CHECKING:
@@ -34,10 +42,18 @@ def read_thresholds(path: Path, fail_on: str | list[str] | None = None) -> Thres
 
 
 BaseArg = Annotated[
-    Path, typer.Argument(help="Base run folder, or a folder of repeated runs (one process each).", show_default=False)
+    Path,
+    typer.Argument(
+        help=f"Base run folder, or a folder of repeated runs (one process each); {LATEST_HELP}",
+        show_default=False,
+        callback=one_run,
+    ),
 ]
 CurrentArg = Annotated[
-    Path, typer.Argument(help="Current run folder, or a folder of repeated runs.", show_default=False)
+    Path,
+    typer.Argument(
+        help=f"Current run folder, or a folder of repeated runs; {LATEST_HELP}", show_default=False, callback=one_run
+    ),
 ]
 
 

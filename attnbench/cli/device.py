@@ -14,8 +14,10 @@ from rich.table import Table
 
 from attnbench.cli.common import (
     DeviceOpt,
+    FormatOpt,
     ThreadsOpt,
     handles_errors,
+    print_json,
     stderr,
     stdout,
     write_or_print,
@@ -74,6 +76,7 @@ def calibrate(
             "floor); 0 skips it.",
         ),
     ] = 5,
+    format: FormatOpt = "table",
 ) -> None:
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) and the between-process noise once
     per machine, and show them beside the vendor's peaks."""
@@ -115,6 +118,27 @@ def calibrate(
         calibration = _with_noise(calibration, resolved, environment.torch_threads, noise_processes)
         origin += f"; noise floor measured now, cached in {save(calibration)}"
     vendor, why_none = vendor_for(environment.to_dict())
+    if format == "json":
+        from attnbench.analysis.efficiency import vendor_line
+
+        # The calibration as the cache and run.json store it (SI units), the vendor's figures, and where it came from.
+        print_json(
+            {
+                "schema": "attnbench.calibrate/1",
+                "calibration": calibration.to_dict(),
+                "vendor": None
+                if vendor is None
+                else {
+                    "name": vendor.name,
+                    "flops_per_s": dict(vendor.flops_per_s),
+                    "bandwidth_bytes_per_s": vendor.bandwidth_bytes_per_s,
+                    "source": vendor.source,
+                },
+                "vendor_note": vendor_line(calibration.device_name, vendor, device_type, why_none),
+                "origin": origin,
+            }
+        )
+        return
     _print_calibration(calibration, vendor, device_type, origin, why_none)
 
 
@@ -193,7 +217,9 @@ def selfcheck(
             show_default="3 × rounds",
         ),
     ] = None,
-    output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the table as markdown.")] = None,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="Also write the table as markdown (as JSON with -f json).")
+    ] = None,
     threads: ThreadsOpt = None,
     budget_s: Annotated[
         float,
@@ -203,6 +229,7 @@ def selfcheck(
             help="Wall time the whole check may take: no round starts that would not end within it.",
         ),
     ] = 120.0,
+    format: FormatOpt = "table",
 ) -> None:
     """Time a fixed list of ops with attnbench and with torch.utils.benchmark (and triton's do_bench on a GPU),
     interleaved, within a time budget. An op of ≥ 100 µs (attnbench's time) fails when the 95 % interval of its
@@ -212,7 +239,7 @@ def selfcheck(
     from attnbench.core.units import format_duration
     from attnbench.measure.devices import resolve_device, use_threads
     from attnbench.measure.selfcheck import MAX_ROUNDS_FACTOR, QUICK_ROUNDS, ROUNDS, ops_for, run_selfcheck
-    from attnbench.report.selfcheck_md import render_markdown, table_rows
+    from attnbench.report.selfcheck_md import render_markdown, selfcheck_dict, table_rows
 
     resolved = resolve_device(device or "auto")
     use_threads(threads)
@@ -234,6 +261,11 @@ def selfcheck(
         budget_s=budget_s,
     )
     report = judge(timings)
+    if format == "json":
+        print_json(selfcheck_dict(report), output)
+        if report.exit_code:
+            raise typer.Exit(report.exit_code)
+        return
     header, rows = table_rows(report)
     table = Table(
         title=(

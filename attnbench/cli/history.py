@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from attnbench.cli.common import OutputOpt, handles_errors, print_warnings, stderr, stdout, write_or_print
+from attnbench.cli.common import (
+    LATEST_HELP,
+    OutputOpt,
+    handles_errors,
+    print_warnings,
+    runs_alias,
+    stderr,
+    stdout,
+    write_or_print,
+)
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
 
 if TYPE_CHECKING:
@@ -22,7 +31,11 @@ if TYPE_CHECKING:
 
 RunsArg = Annotated[
     list[Path],
-    typer.Argument(help="Run folders, or folders that hold run folders (a rolling history).", show_default=False),
+    typer.Argument(
+        help=f"Run folders, or folders that hold run folders (a rolling history); {LATEST_HELP}",
+        show_default=False,
+        callback=runs_alias,
+    ),
 ]
 
 
@@ -37,11 +50,16 @@ def history(
         Literal["median", "tokens_per_s", "peak_mem", "gbps"],
         typer.Option("--metric", help="median time per call, tokens/s, peak memory, or GB/s (rows with bytes moved)."),
     ] = "median",
-    format: Annotated[Literal["table", "md", "csv", "html"], typer.Option("--format", "-f")] = "table",
+    format: Annotated[Literal["table", "md", "csv", "html", "json"], typer.Option("--format", "-f")] = "table",
     output: OutputOpt = None,
     plots: Annotated[
         Path | None,
-        typer.Option("--plots", help="Write one panel per case (CI bars, steps marked) as PNGs here."),
+        # --plots-dir, as `report` names the folder its plots go to; --plots is the name it had before (an alias).
+        typer.Option(
+            "--plots-dir",
+            "--plots",
+            help="Write one panel per case (CI bars, steps marked) as PNGs here (--plots: the old name).",
+        ),
     ] = None,
     min_change: Annotated[
         str | None,
@@ -101,6 +119,10 @@ def history(
         stdout.print(history_tables(result))
     elif format == "csv":
         write_or_print(render_history_csv(result), output)
+    elif format == "json":
+        from attnbench.report.history_json import render_history_json
+
+        write_or_print(render_history_json(result), output)
     elif format == "html":
         write_or_print(render_history_html(result, [(p.filename, p.png) for p in pictures]), output)
     else:  # md, or a table written to a file (the markdown one, as with `report`)
@@ -111,7 +133,10 @@ def history(
         from attnbench.report.alerts_md import render_bisect
 
         worse = [e for e in step_events(result) if e.worse]
-        stdout.print(render_bisect(worse, [where_to_look(result, e, repo) for e in worse]), markup=False)
+        # With -f json stdout is one JSON document a script parses, so the hint goes to stderr beside the warnings.
+        (stderr if format == "json" else stdout).print(
+            render_bisect(worse, [where_to_look(result, e, repo) for e in worse]), markup=False
+        )
     if fail_on_step or alert is not None:
         from attnbench.analysis.alerts import new_steps, without_newest
 

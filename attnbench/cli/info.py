@@ -1,10 +1,11 @@
 """``validate``, ``schema``, ``models`` and ``env``: what a config expands to, the schema editors check configs
-against, which models run here, what a run would record."""
+against, which models run here, what a run would record. Each prints a table for a person or, with
+``--format json``, one JSON document on stdout for a script (errors stay on stderr)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.markup import escape
@@ -12,10 +13,12 @@ from rich.table import Table
 
 from attnbench.cli.common import (
     DeviceOpt,
+    FormatOpt,
     OutputOpt,
     SetOpt,
     handles_errors,
     print_error,
+    print_json,
     state,
     stdout,
     write_or_print,
@@ -31,6 +34,10 @@ def validate(
         typer.Argument(help="YAML experiments to check; a folder means every *.yaml in it.", show_default=False),
     ],
     overrides: SetOpt = None,
+    format: Annotated[
+        Literal["table", "json"],
+        typer.Option("--format", "-f", help="table: one line per config; json: a list, one object per config."),
+    ] = "table",
 ) -> None:
     """Check configs without running them: one line each, ok with the number of cases, or the error and a hint;
     exit 2 if any failed."""
@@ -38,23 +45,32 @@ def validate(
 
     paths = _config_files(configs)
     failed = 0
+    verdicts: list[dict[str, Any]] = []
     for path in paths:
         try:
             experiment = load_experiment(path, tuple(overrides or ()))
         except AttnbenchError as exc:
             if state["debug"]:
                 raise
-            print_error(exc.message, exc.hint)
+            if format == "table":
+                print_error(exc.message, exc.hint)
+            verdicts.append({"config": str(path), "ok": False, "error": exc.message, "hint": exc.hint})
             failed += 1
             continue
         cases = experiment.cases(experiment.device)
         models = sorted({c.model for c in cases})
-        stdout.print(
-            f"ok: {path} → {len(cases)} cases ({', '.join(models)}), sha256 {experiment.sha256[:12]}",
-            markup=False,
-            highlight=False,
+        verdicts.append(
+            {"config": str(path), "ok": True, "cases": len(cases), "models": models, "sha256": experiment.sha256}
         )
-    if len(paths) > 1:
+        if format == "table":
+            stdout.print(
+                f"ok: {path} → {len(cases)} cases ({', '.join(models)}), sha256 {experiment.sha256[:12]}",
+                markup=False,
+                highlight=False,
+            )
+    if format == "json":
+        print_json(verdicts)
+    elif len(paths) > 1:
         stdout.print(f"{len(paths)} configs: {len(paths) - failed} ok, {failed} failed", markup=False)
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -87,7 +103,9 @@ def schema(output: OutputOpt = None) -> None:
 
 @handles_errors
 def models(
-    device: DeviceOpt = None, dtype: Annotated[str, typer.Option("--dtype", help="dtype to probe with.")] = "float32"
+    device: DeviceOpt = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="dtype to probe with.")] = "float32",
+    format: FormatOpt = "table",
 ) -> None:
     """List every model, built-in and installed plugin, whether it runs on this device (and why not), and its
     options."""
@@ -100,6 +118,9 @@ def models(
         raise AttnbenchError(f"--dtype: unknown dtype {dtype!r}", hint=f"one of: {', '.join(DTYPES)}")
     resolved = resolve_device(device or "auto")
     status = availability(resolved, dtype)
+    if format == "json":
+        print_json(_models_json(resolved, dtype, status))
+        return
     table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
     for column in ("model", "kind", "family", "source", "status", "what it is", "options (default, values)"):
         table.add_column(column)
@@ -131,8 +152,49 @@ def models(
     stdout.print(table)
 
 
+def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict[str, Any]:
+    """What ``models`` shows, as data: each model with its options (default and what else it takes)."""
+    from attnbench.config.users import installed_plugins
+    from attnbench.core.catalogue import MODELS
+
+    models: list[dict[str, Any]] = []
+    for name, spec in MODELS.items():
+        models.append(
+            {
+                "name": name,
+                "kind": spec.kind,
+                "family": spec.family,
+                "source": spec.source,
+                "available": status[name] is None,
+                "reason": status[name],
+                "summary": spec.summary,
+                "options": {
+                    o.name: {"default": o.default, "allowed": o.allowed(), "help": o.help}
+                    for o in spec.options
+                    if o.name != "preset"  # set by the config's presets key, never by hand
+                },
+            }
+        )
+    for plugin in installed_plugins():
+        loaded = plugin.plugin
+        models.append(
+            {
+                "name": plugin.name,
+                "kind": None if loaded is None else loaded.kind,
+                "family": "user",
+                "source": plugin.source,
+                "available": None,  # built by its factory when swept: nothing to probe before
+                "reason": plugin.problem or None,
+                "summary": plugin.value if loaded is None else loaded.summary,
+                "factory": None if loaded is None else loaded.factory,
+                "options": {} if loaded is None else {k: {"default": v} for k, v in loaded.options.items()},
+            }
+        )
+    return {"device": device, "dtype": dtype, "models": models}
+
+
 @handles_errors
-def env(device: DeviceOpt = None) -> None:
+def env(device: DeviceOpt = None, format: FormatOpt = "table") -> None:
     """Print the environment a run here would record."""
     from attnbench.measure.contention import busy_now, logical_cores
     from attnbench.measure.devices import resolve_device
@@ -141,6 +203,18 @@ def env(device: DeviceOpt = None) -> None:
 
     resolved = resolve_device(device or "auto")
     environment = collect_environment(resolved)
+    # What a sweep started now would share the machine with (the same check a sweep makes before its first case).
+    now = busy_now(resolved, environment.torch_threads or logical_cores())
+    if format == "json":
+        # run.json's own keys and values (bytes stay bytes), then what only `env` says.
+        print_json(
+            {
+                "environment": environment.to_dict(),
+                "telemetry": telemetry_status(resolved),
+                "load": {"now": now.evidence or None, "busy": now.contended, "reasons": list(now.reasons)},
+            }
+        )
+        return
     table = Table(show_header=False, box=None)
     for key, value in environment.to_dict().items():
         if key.endswith("_bytes"):
@@ -149,8 +223,6 @@ def env(device: DeviceOpt = None) -> None:
         table.add_row(key, "" if value is None else escape(str(value)))
     for key, value in telemetry_status(resolved).items():
         table.add_row(f"telemetry.{key}", escape(value))
-    # What a sweep started now would share the machine with (the same check a sweep makes before its first case).
-    now = busy_now(resolved, environment.torch_threads or logical_cores())
     table.add_row("load.now", escape(now.evidence or "unknown"))
     table.add_row("load.busy", "[yellow]yes[/]: " + escape("; ".join(now.reasons)) if now.contended else "no")
     stdout.print(table)

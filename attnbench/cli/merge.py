@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnbench.cli.common import handles_errors, print_warnings, print_wrote, stdout
+from attnbench.cli.common import LATEST_HELP, handles_errors, print_warnings, print_wrote, runs_alias, stdout
 from attnbench.core.cases import Case
 from attnbench.core.errors import ConfigError
 from attnbench.results.records import Run
@@ -36,7 +36,11 @@ AllowMismatchOpt = Annotated[
 def merge(
     runs: Annotated[
         list[Path],
-        typer.Argument(help="Shard run folders (sweep --shard i/N), or folders that hold them.", show_default=False),
+        typer.Argument(
+            help=f"Shard run folders (sweep --shard i/N), or folders that hold them; {LATEST_HELP}",
+            show_default=False,
+            callback=runs_alias,
+        ),
     ],
     output: Annotated[Path, typer.Option("-o", "--output", help="The merged run folder to write.", show_default=False)],
     partial: Annotated[

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from attnbench.cli.common import (
+    LATEST_HELP,
     ConfigArg,
     SetOpt,
     SweepDeviceOpt,
@@ -17,6 +18,7 @@ from attnbench.cli.common import (
     fail,
     handles_errors,
     interrupted,
+    one_run,
     print_warnings,
     print_wrote,
     state,
@@ -53,7 +55,10 @@ def sweep(
         typer.Option("--isolate/--no-isolate", help="Each case in a worker process.", show_default="config's"),
     ] = None,
     resume: Annotated[
-        Path | None, typer.Option("--resume", help="Finish an interrupted run folder.", show_default=False)
+        Path | None,
+        typer.Option(
+            "--resume", help=f"Finish an interrupted run folder; {LATEST_HELP}", show_default=False, callback=one_run
+        ),
     ] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: rerun non-ok cases.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Allow a grid above the 10000-case cap.")] = False,

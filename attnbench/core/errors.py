@@ -16,6 +16,22 @@ EXIT_INCONCLUSIVE = 5  # selfcheck: no op disagreed, but the rounds could not te
 EXIT_WRITE_FAILED = 74
 # Interrupted sweeps exit with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention.
 
+# What each code means: the exit-code reference of the docs is generated from this table.
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success, cases recorded as oom, unsupported or too_slow_for_budget included",
+    EXIT_CASE_FAILED: "a case ended error, crashed or timeout; compare found a regression; history --fail-on-step "
+    "found a new step that made things worse; selfcheck disagreed (an interval beyond the tolerance); or a submit "
+    "task failed or left cases missing (--resume reruns them)",
+    EXIT_BAD_INPUT: "bad input (a config, flag or file; a refused resume or merge; a missing submitit; an sbatch that "
+    "refuses): one 'error:' line naming file, key or flag, and a 'hint:'",
+    EXIT_NOT_COMPARABLE: "compare or merge refused runs that are not comparable; each difference is listed",
+    EXIT_NO_BASELINE: "compare found no baseline run",
+    EXIT_INCONCLUSIVE: "selfcheck inconclusive: no op disagreed, but some op's interval straddled the tolerance",
+    EXIT_WRITE_FAILED: "a file of the run folder could not be written (disk full, read-only file system, I/O error); "
+    "finished cases are saved: free space and resume",
+}
+EXIT_SIGNAL = "128 + the signal: 130 for SIGINT (Ctrl-C), 143 for SIGTERM; finished cases are saved"
+
 
 class AttnbenchError(Exception):
     """A failure a user can act on: what went wrong and a hint for what to do."""

@@ -1,14 +1,12 @@
-"""``attnbench selfcheck``'s table: header and rows as text (shared by the CLI's rich table), and markdown."""
+"""``attnbench selfcheck``'s table: header and rows as text (shared by the CLI's rich table), markdown, and the
+same as data for ``--format json``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-from attnbench.core.units import format_seconds
-
-if TYPE_CHECKING:
-    pass
 from attnbench.analysis.selfcheck import GATE_MIN_S, TOLERANCE, SelfcheckReport, noise_note, summary_line
+from attnbench.core.units import format_seconds
 
 
 def table_rows(report: SelfcheckReport) -> tuple[list[str], list[list[str]]]:
@@ -59,3 +57,53 @@ def render_markdown(report: SelfcheckReport) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def selfcheck_dict(report: SelfcheckReport) -> dict[str, Any]:
+    """``selfcheck --format json``: each op's verdict with attnbench's and every reference's median per call (s)
+    and the ratio's 95 % interval over the rounds. Layout ``attnbench.selfcheck/1``."""
+    timings = report.timings
+    ops = []
+    for check in report.checks:
+        references = []
+        for ref in check.references:
+            interval = ref.interval
+            references.append(
+                {
+                    "timer": ref.timer,
+                    "median_s": ref.median_s,
+                    "ratio": ref.ratio,
+                    "ratio_ci95": None if interval is None else list(interval),
+                    "ratios": list(ref.ratios),
+                    "tolerance": ref.tolerance,
+                    "outcome": ref.outcome,
+                }
+            )
+        ops.append(
+            {
+                "op": check.op.name,
+                "shape": check.op.shape,
+                "dtype": check.op.dtype,
+                "attnbench_median_s": check.ours_median_s,
+                "outcome": check.outcome,
+                "verdict": check.verdict,
+                "skipped": check.skipped or None,
+                "references": references,
+            }
+        )
+    return {
+        "schema": "attnbench.selfcheck/1",
+        "device": timings.device,
+        "device_name": timings.device_name,
+        "torch": timings.torch,
+        "threads": timings.threads,
+        "rounds": timings.rounds,
+        "budget_s": timings.budget_s,
+        "elapsed_s": timings.elapsed_s,
+        "gate_min_s": GATE_MIN_S,
+        "tolerance": TOLERANCE,
+        "exit_code": report.exit_code,
+        "summary": summary_line(report),
+        "notes": [*timings.notes, *([note] if (note := noise_note(report)) else [])],
+        "ops": ops,
+    }

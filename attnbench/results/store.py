@@ -356,6 +356,46 @@ def run_folders(path: str | Path, exclude: Path | None = None) -> list[Path]:
     return [p for p in inside if exclude is None or p.resolve() != exclude.resolve()]
 
 
+# ``latest`` stands for the newest run folder under the default ``--out`` (``attnbench report latest``): the one
+# whose run id, which a sweep starts with its UTC start time (yyyymmdd-hhmmss), is greatest.
+LATEST = "latest"
+RUNS_DIR = Path("results/runs")
+_RUN_ID_TIME = re.compile(r"^\d{8}-\d{6}-")
+
+
+def latest_run(runs_dir: Path = RUNS_DIR) -> Path:
+    """The newest run folder in ``runs_dir``: of the folders holding a run.json whose name starts with a sweep's
+    UTC start time, the greatest name (time first; two runs of one second by the rest of the name). Folders named
+    by hand (``merge -o my-sweep``) have no time in their name and are never "latest"."""
+    try:
+        named = sorted(
+            p
+            for p in runs_dir.iterdir()
+            if _RUN_ID_TIME.match(p.name) and p.is_dir() and not p.is_symlink() and (p / RUN_FILE).is_file()
+        )
+    except FileNotFoundError:
+        named = []
+    except OSError as exc:
+        raise ResultsError(
+            f"latest: cannot read {runs_dir} ({exc.strerror or exc})", hint="check its permissions"
+        ) from None
+    if not named:
+        raise ResultsError(
+            f"latest: no run folder in {runs_dir}",
+            hint=f"'latest' means the newest run a sweep wrote to {runs_dir} (run from the folder you swept in), "
+            "or name the run folder",
+        )
+    return named[-1]
+
+
+def resolve_run(path: str | Path, runs_dir: Path = RUNS_DIR) -> Path:
+    """``path``, or the newest run folder when it is the alias ``latest`` and nothing of that name exists here."""
+    path = Path(path)
+    if str(path) == LATEST and not path.exists():
+        return latest_run(runs_dir)
+    return path
+
+
 def load_runs(paths: Iterable[str | Path], *, skip_bad: bool = False) -> tuple[list[StoredRun], list[str]]:
     """Every run in ``paths`` (each a run folder or a folder of runs), in the order given, and the warnings
     reading them raised. With ``skip_bad`` a run that does not read is left out with a warning naming it and

@@ -148,6 +148,6 @@ def test_sdpa_math_in_bf16_computes_in_bf16_and_the_row_says_so(math_upcasts: No
     assert "math_sdp_reduced_precision" not in executor.run(tiny_case("sdpa-math")).extra  # float32: moot
 
 
-def test_readme_states_the_precision_decision() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_state_the_precision_decision() -> None:
+    text = (ROOT / "docs" / "explanation" / "methodology.md").read_text()
     assert "allow_fp16_bf16_reduction_math_sdp" in text
