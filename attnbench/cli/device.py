@@ -238,7 +238,15 @@ def selfcheck(
     from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
     from attnbench.core.units import format_duration
     from attnbench.measure.devices import resolve_device, use_threads
-    from attnbench.measure.selfcheck import MAX_ROUNDS_FACTOR, QUICK_ROUNDS, ROUNDS, ops_for, run_selfcheck
+    from attnbench.measure.selfcheck import (
+        MAX_ROUNDS_FACTOR,
+        QUICK_ROUNDS,
+        RENDER_S,
+        ROUNDS,
+        ops_for,
+        process_age_s,
+        run_selfcheck,
+    )
     from attnbench.report.selfcheck_md import render_markdown, selfcheck_dict, table_rows
 
     resolved = resolve_device(device or "auto")
@@ -252,7 +260,7 @@ def selfcheck(
         markup=False,
     )
     # The budget is the whole command's: start-up (torch's import, a few seconds) and the table at the end count too.
-    spent_s = _process_age_s()
+    spent_s = process_age_s()
     timings = run_selfcheck(
         resolved,
         quick=quick,
@@ -296,15 +304,3 @@ def selfcheck(
         write_or_print(render_markdown(report), output)
     if report.exit_code:
         raise typer.Exit(report.exit_code)
-
-
-RENDER_S = 1.0  # what judging and printing the table take after the last round
-
-
-def _process_age_s() -> float:
-    """Seconds since this process started (Python's start-up and imports included)."""
-    import time
-
-    import psutil
-
-    return max(0.0, time.time() - psutil.Process().create_time())

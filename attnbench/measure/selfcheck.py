@@ -361,3 +361,14 @@ def _built(op: SelfcheckOp, dev: torch.device) -> Iterator[Callable[[], object]]
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+
+
+RENDER_S = 1.0  # what judging and printing the table take after the last round: the command's budget holds it too
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Python's start-up and imports included): a budget for the whole command
+    starts there, not where the check does."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
