@@ -6,11 +6,13 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.fakes import FakeExecutors
+if TYPE_CHECKING:
+    # Imported where used: scripts/gpu_check.sh and a test copy this conftest into suites without tests/fakes.py.
+    from tests.fakes import FakeExecutors
 
 # Rich decides width and colour from the terminal; pin both so CLI output can be asserted.
 os.environ["COLUMNS"] = "160"
@@ -65,6 +67,7 @@ def fake_executors(monkeypatch: pytest.MonkeyPatch) -> FakeExecutors:
     """Sweeps started in this test (the CLI's included) measure nothing: ``measure.sweep.make_executor``, the seam
     that picks a sweep's executor, builds ``FakeExecutor``s instead. Script outcomes through the value returned."""
     import attnbench.measure.sweep as sweep
+    from tests.fakes import FakeExecutors
 
     factory = FakeExecutors()
     monkeypatch.setattr(sweep, "make_executor", factory)
