@@ -534,6 +534,15 @@ SWEEP = tiny_config(
 )
 
 
+def _sweep_fingerprint() -> str:
+    """The fingerprint the sweep below looks its calibration up by: its environment at the config's one thread."""
+    from attnbench.measure.devices import threads_handed_back
+    from attnbench.measure.environment import collect_environment
+
+    with threads_handed_back(1):
+        return collect_environment("cpu").fingerprint()
+
+
 def _sweep(tmp_path: Path) -> tuple[Path, str]:
     config = tmp_path / "tiny.yaml"
     config.write_text(SWEEP)
@@ -545,9 +554,7 @@ def _sweep(tmp_path: Path) -> tuple[Path, str]:
 
 @pytest.mark.slow
 def test_sweep_records_the_cached_calibration(tmp_path: Path) -> None:
-    from attnbench.measure.environment import collect_environment
-
-    save(calibration(collect_environment("cpu").fingerprint()))
+    save(calibration(_sweep_fingerprint()))
     folder, _ = _sweep(tmp_path)
     stored = load_run(folder)
     assert stored.run.calibration is not None and stored.run.calibration.device_name == "Test CPU"
@@ -564,9 +571,7 @@ def test_sweep_without_a_cache_records_none(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sweep_with_a_damaged_cache_warns_and_goes_on(tmp_path: Path) -> None:
-    from attnbench.measure.environment import collect_environment
-
-    path = cache_path(collect_environment("cpu").fingerprint())
+    path = cache_path(_sweep_fingerprint())
     path.parent.mkdir(parents=True)
     path.write_text("{torn")
     folder, output = _sweep(tmp_path)
