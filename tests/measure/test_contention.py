@@ -265,13 +265,15 @@ def test_a_case_too_slow_for_its_budget_on_a_busy_machine_is_no_regression() -> 
 
 
 def test_compare_never_concludes_from_contended_evidence() -> None:
-    # Twice as slow, but the current side was timed on a busy machine: noisy (contended), not regressed.
-    got = compare_case("k", [_row(False)], [_row(True, median=2e-3)], Policy())
+    # Twice as slow, but the current side was timed on a busy machine: noisy (contended), not regressed. The floor
+    # is a measured machine's, so the clean pair's doubling is beyond it (compare's unmeasured default is ×2).
+    measured = Policy(noise_floor=0.04)
+    got = compare_case("k", [_row(False)], [_row(True, median=2e-3)], measured)
     assert got.verdict == "noisy" and got.contended == ("current",)
     assert got.verdict_text == "noisy (contended: current)" and "busy machine" in got.note
-    both = compare_case("k", [_row(True)], [_row(True)], Policy())
+    both = compare_case("k", [_row(True)], [_row(True)], measured)
     assert both.verdict == "noisy" and both.contended == ("base", "current")
-    clean = compare_case("k", [_row(False)], [_row(False, median=2e-3)], Policy())
+    clean = compare_case("k", [_row(False)], [_row(False, median=2e-3)], measured)
     assert clean.verdict == "regressed" and clean.contended == ()
     comparison = Comparison(Side(ROOT, ()), Side(ROOT, ()), Policy(), (got, both, clean))
     assert not comparison.regressed or comparison.of("regressed") == (clean,)
