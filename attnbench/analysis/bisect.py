@@ -10,6 +10,7 @@ could not run at that commit, or compare gave no verdict: exit 2, 3 or 4).
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.analysis.steps import Step
 from attnbench.core.cases import Case
 from attnbench.core.catalogue import is_recurrent
 
@@ -110,6 +112,7 @@ def bisect_hint(
     config: str | None,
     baseline: Path,
     gates: Sequence[str],
+    noise_floor: float | None = None,
     python: str = "python3",
     repo: Path | None = None,
 ) -> BisectHint:
@@ -117,13 +120,21 @@ def bisect_hint(
     default) narrowed to the case with the checked-out code (``python -m attnbench`` from the checkout's root), then
     compare it with ``baseline`` (the last good run's folder) under ``gates`` (``--fail-on`` values) using the
     attnbench installed for ``python`` (``-P``: not the checkout's). The config's hash differs from the baseline's,
-    so compare is told to allow that key."""
+    so compare is told to allow that key. Each side of that compare is one process: ``noise_floor``
+    (``noise_floor_for``: the spread between runs the history measured) is what it widens their interval by, since
+    the runs may record no floor of their own, and compare's default then calls only changes beyond ×2."""
     out = f"{BISECT_OUT}/$(git rev-parse --short=12 HEAD)"
     sweep = [python, "-m", "attnbench", "sweep", *([] if config is None else [config])]
     sweep += ["--device", case.device.split(":")[0]]
     sets = " ".join(f"--set {_word(s)}" for s in one_case_sets(case))
     compare = [python, "-P", "-m", "attnbench", "compare", str(baseline)]
-    flags = " ".join(["--allow-mismatch config_sha256", *(f"--fail-on {_word(g)}" for g in gates)])
+    flags = " ".join(
+        [
+            "--allow-mismatch config_sha256",
+            *(f"--fail-on {_word(g)}" for g in gates),
+            *([] if noise_floor is None else [f"--noise-floor {noise_floor * 100:.3g}%"]),
+        ]
+    )
     script = (
         f'rm -rf "{out}"; {_words(sweep)} {sets} --out "{out}" -q --no-plots > /dev/null; '
         f'[ $? -le 1 ] || exit 125; {_words(compare)} "{out}" {flags} -f md > /dev/null; '
@@ -137,6 +148,17 @@ def bisect_hint(
         start=f"git bisect start {bad} {good}",
         run=f"git bisect run sh -c {shlex.quote(script)}",
     )
+
+
+def noise_floor_for(step: Step) -> float:
+    """The floor a one-process-a-side compare of this case needs, from the history that found the step: the step's
+    95 % interval rests on the spread between its runs (σ on the log scale, from ``runs_before`` and
+    ``runs_after`` runs), so σ is read back from its width and turned into the half-width of a 95 % interval of the
+    ratio of two single runs, as ``attnbench calibrate`` states its floor. Using 1.96 where the step used Student's
+    t overstates σ a little for short segments: the safe side, as a commit then reads good rather than bad."""
+    half_width = (math.log1p(step.high) - math.log1p(step.low)) / 2
+    sigma = half_width / (1.96 * math.sqrt(1 / max(1, step.runs_before) + 1 / max(1, step.runs_after)))
+    return min(9.99, math.expm1(1.96 * math.sqrt(2) * sigma))
 
 
 def gates_for(metric: str, change: float) -> list[str]:

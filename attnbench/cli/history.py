@@ -164,7 +164,7 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     """The bisect hint for ``event``, or a sentence saying why there is nothing to bisect. The one-case overrides
     are checked against the run's own config here (the CLI may read configs; analysis may not)."""
     from attnbench.analysis.alerts import representative_case
-    from attnbench.analysis.bisect import bisect_hint, gates_for, one_case_sets
+    from attnbench.analysis.bisect import bisect_hint, gates_for, noise_floor_for, one_case_sets
     from attnbench.config.experiment import load_experiment_text, resolved_text
 
     good, bad = event.last_good.run.commit, event.first_bad.run.commit
@@ -196,6 +196,7 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
         config=config,
         baseline=event.last_good.folder.resolve(),
         gates=gates_for(event.metric, event.step.change),
+        noise_floor=noise_floor_for(event.step),
         python=sys.executable,
         repo=repo,
     )

@@ -4,6 +4,7 @@ good and the first bad run, and a git bisect command that finds the commit, run 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import stat
@@ -15,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis.alerts import new_steps, step_events
-from attnbench.analysis.bisect import bisect_hint, one_case_sets
+from attnbench.analysis.bisect import bisect_hint, noise_floor_for, one_case_sets
+from attnbench.analysis.steps import Step
 from attnbench.api import history, load_runs
 from attnbench.cli import app
 from attnbench.config.experiment import load_experiment
@@ -168,14 +170,28 @@ def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
         config="tiny.yaml",
         baseline=good.folder,
         gates=["median:15%"],
+        noise_floor=noise_floor_for(event.step),
         python=str(python),
         repo=repo,
     )
+    # One process a side at each commit: judged against the spread the history measured between its runs (σ 1 %),
+    # not compare's default for runs that record no floor, which would call only a change beyond ×2.
+    assert f"--noise-floor {noise_floor_for(event.step) * 100:.3g}%" in hint.run
+    assert noise_floor_for(event.step) < 0.1
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(shlex.split(hint.start), cwd=repo, check=True, capture_output=True)
     bisected = subprocess.run(shlex.split(hint.run), cwd=repo, capture_output=True, text=True, env=env)
     subprocess.run(["git", "bisect", "reset"], cwd=repo, check=True, capture_output=True)
     assert f"{commits[6]} is the first bad commit" in bisected.stdout, bisected.stdout + bisected.stderr
+
+
+def test_the_bisect_floor_is_the_runs_spread_read_back_from_the_steps_interval() -> None:
+    # A step of +30 % between 4 and 4 runs spread σ = 5 % (log): its interval is ±1.96 σ √(1/4 + 1/4) wide, and two
+    # single runs then differ within ±1.96 √2 σ.
+    sigma, width = 0.05, 1.96 * 0.05 * math.sqrt(0.5)
+    low, high = math.exp(math.log(1.3) - width) - 1, math.exp(math.log(1.3) + width) - 1
+    step = Step(5, 5, 1.0, 1.3, 0.3, low, high, 4, 4)
+    assert noise_floor_for(step) == pytest.approx(math.expm1(1.96 * math.sqrt(2) * sigma))
 
 
 def test_bisect_says_when_there_is_nothing_to_bisect() -> None:
