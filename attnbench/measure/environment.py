@@ -11,6 +11,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,17 @@ def _cudnn_compile(torch: Any) -> str | None:
         return None
 
 
+# Prefixes of the variables that steer the CPU thread pools torch uses (OpenMP, Intel's and LLVM's runtimes, MKL,
+# oneDNN): ``Environment.thread_env``.
+THREAD_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "DNNL_", "ONEDNN_")
+
+
+def thread_env(environ: Mapping[str, str] | None = None) -> str:
+    """The thread-pool variables set in ``environ`` (this process's by default), sorted, as ``KEY=value`` words."""
+    found = os.environ if environ is None else environ
+    return " ".join(f"{k}={v}" for k, v in sorted(found.items()) if k.startswith(THREAD_ENV_PREFIXES))
+
+
 def collect_environment(device: str = "cpu") -> Environment:
     """Read the machine and software stack. ``device`` is a resolved device string ("cpu", "cuda:0")."""
     try:
@@ -188,5 +200,6 @@ def collect_environment(device: str = "cpu") -> Environment:
         device=device,
         device_type=device.split(":", 1)[0],
         git_commit=_git_commit(),
+        thread_env=thread_env(),
         **gpu,
     )

@@ -151,3 +151,18 @@ def test_sdpa_math_in_bf16_computes_in_bf16_and_the_row_says_so(math_upcasts: No
 def test_the_docs_state_the_precision_decision() -> None:
     text = (ROOT / "docs" / "explanation" / "methodology.md").read_text()
     assert "allow_fp16_bf16_reduction_math_sdp" in text
+
+
+def test_the_thread_pool_variables_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30: how torch's CPU threads wait decides whether a two-thread LSTM is fast or 2.5-3x slower, so a run
+    says what the user set; other variables stay out."""
+    from attnbench.measure.environment import collect_environment, thread_env
+
+    assert thread_env({"OMP_WAIT_POLICY": "ACTIVE", "KMP_BLOCKTIME": "1", "HOME": "/root", "MKL_NUM_THREADS": "2"}) == (
+        "KMP_BLOCKTIME=1 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=ACTIVE"
+    )
+    assert thread_env({"PATH": "/bin"}) == ""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    env = collect_environment("cpu")
+    assert "OMP_WAIT_POLICY=ACTIVE" in env.thread_env.split()
+    assert "thread_env" not in env.fingerprint_fields()  # set on purpose: runs with and without still compare
