@@ -110,7 +110,7 @@ def latency_s(case: Case) -> float:
     tokens = case.batch * case.seq_len
     width = (case.d_model / 32) ** 2 * case.layers
     if case.mode == "decode":
-        steps = case.batch * (1 if is_recurrent(case.model) else case.seq_len / 64)
+        steps = case.batch * (1 if is_recurrent(case) else case.seq_len / 64)
         return 20e-6 + 2e-6 * steps * width
     if is_recurrent(case):
         per_call = 30e-6 + 4e-6 * tokens * width

@@ -18,9 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.analysis.history import History
 from attnbench.analysis.steps import Step
 from attnbench.core.cases import Case
 from attnbench.core.catalogue import is_recurrent
+from attnbench.core.stats import student_t_975
+
+# A bisect step's last word: 125 (skip) when compare called the bisected case (argv[2], its key) noisy, else 0.
+NOISY_IS_SKIP = (
+    "import json, sys; cases = json.load(open(sys.argv[1]))['cases']; "
+    "sys.exit(125 if any(c['key'] == sys.argv[2] and c['verdict'] == 'noisy' for c in cases) else 0)"
+)
 
 # Where each bisect step writes its sweep (one folder per commit, so a step left behind never mixes with the next).
 BISECT_OUT = "/tmp/attnbench-bisect"
@@ -122,7 +130,8 @@ def bisect_hint(
     attnbench installed for ``python`` (``-P``: not the checkout's). The config's hash differs from the baseline's,
     so compare is told to allow that key. Each side of that compare is one process: ``noise_floor``
     (``noise_floor_for``: the spread between runs the history measured) is what it widens their interval by, since
-    the runs may record no floor of their own, and compare's default then calls only changes beyond ×2."""
+    the runs may record no floor of their own, and compare's default then calls only changes beyond ×2. A commit
+    compare calls noisy is skipped, not called good."""
     out = f"{BISECT_OUT}/$(git rev-parse --short=12 HEAD)"
     sweep = [python, "-m", "attnbench", "sweep", *([] if config is None else [config])]
     sweep += ["--device", case.device.split(":")[0]]
@@ -135,10 +144,13 @@ def bisect_hint(
             *([] if noise_floor is None else [f"--noise-floor {noise_floor * 100:.3g}%"]),
         ]
     )
+    # compare exits 0 on a noisy verdict too, and a commit that cannot be told apart is no "good" one: git bisect
+    # would blame a later commit. So noisy is a skip (125), read from compare's JSON.
+    noisy = [python, "-P", "-c", NOISY_IS_SKIP]
     script = (
-        f'rm -rf "{out}"; {_words(sweep)} {sets} --out "{out}" -q --no-plots > /dev/null; '
-        f'[ $? -le 1 ] || exit 125; {_words(compare)} "{out}" {flags} -f md > /dev/null; '
-        "rc=$?; [ $rc -le 1 ] || exit 125; exit $rc"
+        f'rm -rf "{out}" "{out}.json"; {_words(sweep)} {sets} --out "{out}" -q --no-plots > /dev/null; '
+        f'[ $? -le 1 ] || exit 125; {_words(compare)} "{out}" {flags} -f json -o "{out}.json" > /dev/null; '
+        f'rc=$?; [ $rc -le 1 ] || exit 125; [ $rc = 1 ] && exit 1; {_words(noisy)} "{out}.json" {_word(case.key)}'
     )
     return BisectHint(
         good=good,
@@ -150,15 +162,37 @@ def bisect_hint(
     )
 
 
-def noise_floor_for(step: Step) -> float:
-    """The floor a one-process-a-side compare of this case needs, from the history that found the step: the step's
-    95 % interval rests on the spread between its runs (σ on the log scale, from ``runs_before`` and
-    ``runs_after`` runs), so σ is read back from its width and turned into the half-width of a 95 % interval of the
-    ratio of two single runs, as ``attnbench calibrate`` states its floor. Using 1.96 where the step used Student's
-    t overstates σ a little for short segments: the safe side, as a commit then reads good rather than bad."""
-    half_width = (math.log1p(step.high) - math.log1p(step.low)) / 2
-    sigma = half_width / (1.96 * math.sqrt(1 / max(1, step.runs_before) + 1 / max(1, step.runs_after)))
-    return min(9.99, math.expm1(1.96 * math.sqrt(2) * sigma))
+def noise_floor_for(history: History, segment: int, case: Case, step: Step) -> float | None:
+    """The floor a one-process-a-side compare of ``case`` needs at each bisected commit, measured by the history
+    itself: the pooled standard deviation of the case's log readings on each side of the step (the runs before
+    ``first_possible`` and from ``index`` on, as measured: the whole-run drift between processes included, which is
+    what two single runs differ by), turned into the half-width of a 95 % interval of the ratio of two single runs
+    as ``attnbench calibrate`` states its floor (Student's t on the pooled degrees of freedom). None when a side has
+    fewer than two readings, or for a memory step (one reading per run repeats; compare's rule for it needs none)."""
+    if history.metric == "peak_mem":
+        return None
+    found = next((c for c in history.cases if c.segment == segment and c.case.key == case.key), None)
+    if found is None:
+        return None
+    sides = [
+        [math.log(p.value) for p in points if p.value]
+        for points in (found.points[: step.first_possible], found.points[step.index :])
+    ]
+    if any(len(side) < 2 for side in sides):
+        return None
+    df = sum(len(side) - 1 for side in sides)
+    ss = math.fsum((x - math.fsum(side) / len(side)) ** 2 for side in sides for x in side)
+    sigma = math.sqrt(ss / df)
+    return min(9.99, math.expm1(student_t_975(df) * math.sqrt(2) * sigma))
+
+
+def bisectable(change: float, floor: float | None) -> bool:
+    """Whether one run a side can tell a commit after a step of ``change`` from one before it, at the gate of half
+    the step (``gates_for``): the floor must leave room between the half and the whole step."""
+    if floor is None:
+        return True
+    whole, half = math.log1p(abs(change)), math.log1p(abs(change) / 2)
+    return math.log1p(floor) < whole - half
 
 
 def gates_for(metric: str, change: float) -> list[str]:

@@ -23,6 +23,7 @@ from attnbench.cli.common import (
     write_or_print,
 )
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError
+from attnbench.core.units import format_percent
 
 if TYPE_CHECKING:
     from attnbench.analysis.alerts import StepEvent
@@ -164,7 +165,7 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     """The bisect hint for ``event``, or a sentence saying why there is nothing to bisect. The one-case overrides
     are checked against the run's own config here (the CLI may read configs; analysis may not)."""
     from attnbench.analysis.alerts import representative_case
-    from attnbench.analysis.bisect import bisect_hint, gates_for, noise_floor_for, one_case_sets
+    from attnbench.analysis.bisect import bisect_hint, bisectable, gates_for, noise_floor_for, one_case_sets
     from attnbench.config.experiment import load_experiment_text, resolved_text
 
     good, bad = event.last_good.run.commit, event.first_bad.run.commit
@@ -189,6 +190,19 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     if keys != [case.key]:
         return f"commits `{good[:12]}..{bad[:12]}`; the config cannot be narrowed to `{case.label}` alone ({why})"
     config = None if run.config_source.startswith("builtin:") else run.config_source
+    # One process a side at each commit: the spread the history measured between its runs of this case, or the
+    # machine's calibrated floor the last good run recorded, whichever is wider.
+    floor = noise_floor_for(history, event.segment, case, event.step)
+    recorded = event.last_good.run.calibration
+    if floor is not None and recorded is not None and recorded.noise is not None:
+        floor = max(floor, recorded.noise.floor)
+    if not bisectable(event.step.change, floor):
+        return (
+            f"commits `{good[:12]}..{bad[:12]}`; one run a commit cannot bisect this step of "
+            f"{format_percent(event.step.change)}: `{case.label}` moved ±{format_percent(floor or 0)} between two runs "
+            "here, more than the room between half the step and the whole; sweep with timing.processes (e.g. 5) "
+            "to bisect by hand"
+        )
     return bisect_hint(
         case,
         good,
@@ -196,7 +210,7 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
         config=config,
         baseline=event.last_good.folder.resolve(),
         gates=gates_for(event.metric, event.step.change),
-        noise_floor=noise_floor_for(event.step),
+        noise_floor=floor,
         python=sys.executable,
         repo=repo,
     )

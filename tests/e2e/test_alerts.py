@@ -16,8 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis.alerts import new_steps, step_events
-from attnbench.analysis.bisect import bisect_hint, noise_floor_for, one_case_sets
-from attnbench.analysis.steps import Step
+from attnbench.analysis.bisect import NOISY_IS_SKIP, bisect_hint, bisectable, noise_floor_for, one_case_sets
 from attnbench.api import history, load_runs
 from attnbench.cli import app
 from attnbench.config.experiment import load_experiment
@@ -161,8 +160,11 @@ def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
     )
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     good = next(s for s in load_runs([runs]) if s.run.label == "c4")
-    (event,) = [e for e in step_events(history(runs, repo=repo)) if e.worse]
+    found = history(runs, repo=repo)
+    (event,) = [e for e in step_events(found) if e.worse]
     assert event.case is not None
+    floor = noise_floor_for(found, event.segment, event.case, event.step)
+    assert floor is not None and bisectable(event.step.change, floor)
     hint = bisect_hint(
         event.case,
         commits[3],
@@ -170,14 +172,13 @@ def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
         config="tiny.yaml",
         baseline=good.folder,
         gates=["median:15%"],
-        noise_floor=noise_floor_for(event.step),
+        noise_floor=floor,
         python=str(python),
         repo=repo,
     )
     # One process a side at each commit: judged against the spread the history measured between its runs (σ 1 %),
     # not compare's default for runs that record no floor, which would call only a change beyond ×2.
-    assert f"--noise-floor {noise_floor_for(event.step) * 100:.3g}%" in hint.run
-    assert noise_floor_for(event.step) < 0.1
+    assert f"--noise-floor {floor * 100:.3g}%" in hint.run
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(shlex.split(hint.start), cwd=repo, check=True, capture_output=True)
     bisected = subprocess.run(shlex.split(hint.run), cwd=repo, capture_output=True, text=True, env=env)
@@ -185,13 +186,29 @@ def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
     assert f"{commits[6]} is the first bad commit" in bisected.stdout, bisected.stdout + bisected.stderr
 
 
-def test_the_bisect_floor_is_the_runs_spread_read_back_from_the_steps_interval() -> None:
-    # A step of +30 % between 4 and 4 runs spread σ = 5 % (log): its interval is ±1.96 σ √(1/4 + 1/4) wide, and two
-    # single runs then differ within ±1.96 √2 σ.
-    sigma, width = 0.05, 1.96 * 0.05 * math.sqrt(0.5)
-    low, high = math.exp(math.log(1.3) - width) - 1, math.exp(math.log(1.3) + width) - 1
-    step = Step(5, 5, 1.0, 1.3, 0.3, low, high, 4, 4)
-    assert noise_floor_for(step) == pytest.approx(math.expm1(1.96 * math.sqrt(2) * sigma))
+def test_the_bisect_floor_is_the_spread_of_two_single_runs_the_history_measured(tmp_path: Path) -> None:
+    # 8 runs a side of a +30 % step, the whole run moving σ 3 % and the case 1 % more (log): two single runs of the
+    # case differ within about ±t·√2·√(0.03² + 0.01²) ≈ ±10 %, drift included; one estimate, so within a factor.
+    runs = tmp_path / "runs"
+    synthetic_runs(runs, [1.0] * 8 + [1.3] * 8, only=STEPPED, sigma=0.03, case_sigma=0.01, seed=2)
+    found = history(runs)
+    event = next(e for e in step_events(found) if e.worse and e.case is not None and STEPPED in e.case.key)
+    assert event.case is not None
+    floor = noise_floor_for(found, event.segment, event.case, event.step)
+    expected = math.expm1(2.145 * math.sqrt(2) * math.hypot(0.03, 0.01))  # t at 14 degrees of freedom
+    assert floor is not None and expected / 1.6 < floor < expected * 1.6
+    # A +30 % step leaves room for that floor at a gate of half of it; +10 % does not (one run a commit cannot
+    # tell its halves apart, and the hint says so instead of a bisection that would blame the wrong commit).
+    assert bisectable(0.3, floor) and not bisectable(0.1, floor)
+
+
+@pytest.mark.parametrize(("verdict", "code"), [("noisy", 125), ("same", 0), ("improved", 0)])
+def test_a_noisy_commit_is_skipped_not_called_good(tmp_path: Path, verdict: str, code: int) -> None:
+    report = tmp_path / "compare.json"
+    # The bisected case decides; another case of the baseline (missing from the one-case sweep, or noisy) does not.
+    cases = [{"key": "k", "verdict": verdict}, {"key": "other", "verdict": "noisy"}]
+    report.write_text(json.dumps({"cases": cases}))
+    assert subprocess.run([sys.executable, "-P", "-c", NOISY_IS_SKIP, str(report), "k"]).returncode == code
 
 
 def test_bisect_says_when_there_is_nothing_to_bisect() -> None:
