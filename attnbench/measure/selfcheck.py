@@ -367,8 +367,16 @@ RENDER_S = 1.0  # what judging and printing the table take after the last round:
 
 
 def process_age_s() -> float:
-    """Seconds since this process started (Python's start-up and imports included): a budget for the whole command
-    starts there, not where the check does."""
+    """Seconds the command has run before the check: since this process started (Python's start-up and imports
+    included) when the process is the command (``attnbench …``, ``python -m attnbench …``), else 0 — a command
+    invoked inside a longer-lived process (a test session, a notebook) starts its budget where it is called."""
+    import sys
+    from pathlib import Path
+
     import psutil
 
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if program != "attnbench" and getattr(main, "name", "") != "attnbench.__main__":
+        return 0.0
     return max(0.0, time.time() - psutil.Process().create_time())
