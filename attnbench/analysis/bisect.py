@@ -24,12 +24,6 @@ from attnbench.core.cases import Case
 from attnbench.core.catalogue import is_recurrent
 from attnbench.core.stats import student_t_975
 
-# A bisect step's last word: 125 (skip) when compare called the bisected case (argv[2], its key) noisy, else 0.
-NOISY_IS_SKIP = (
-    "import json, sys; cases = json.load(open(sys.argv[1]))['cases']; "
-    "sys.exit(125 if any(c['key'] == sys.argv[2] and c['verdict'] == 'noisy' for c in cases) else 0)"
-)
-
 # Where each bisect step writes its sweep (one folder per commit, so a step left behind never mixes with the next).
 BISECT_OUT = "/tmp/attnbench-bisect"
 
@@ -142,15 +136,15 @@ def bisect_hint(
             "--allow-mismatch config_sha256",
             *(f"--fail-on {_word(g)}" for g in gates),
             *([] if noise_floor is None else [f"--noise-floor {noise_floor * 100:.3g}%"]),
+            # A commit compare cannot judge (noisy) is no "good" one: git bisect would blame a later commit. So it
+            # is a skip, 125, like a sweep that could not run.
+            "--exit-noisy 125",
         ]
     )
-    # compare exits 0 on a noisy verdict too, and a commit that cannot be told apart is no "good" one: git bisect
-    # would blame a later commit. So noisy is a skip (125), read from compare's JSON.
-    noisy = [python, "-P", "-c", NOISY_IS_SKIP]
     script = (
-        f'rm -rf "{out}" "{out}.json"; {_words(sweep)} {sets} --out "{out}" -q --no-plots > /dev/null; '
-        f'[ $? -le 1 ] || exit 125; {_words(compare)} "{out}" {flags} -f json -o "{out}.json" > /dev/null; '
-        f'rc=$?; [ $rc -le 1 ] || exit 125; [ $rc = 1 ] && exit 1; {_words(noisy)} "{out}.json" {_word(case.key)}'
+        f'rm -rf "{out}"; {_words(sweep)} {sets} --out "{out}" -q --no-plots > /dev/null; '
+        f'[ $? -le 1 ] || exit 125; {_words(compare)} "{out}" {flags} -f md > /dev/null; '
+        "rc=$?; [ $rc -le 1 ] || exit 125; exit $rc"
     )
     return BisectHint(
         good=good,

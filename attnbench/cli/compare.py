@@ -97,12 +97,24 @@ def compare(
             show_default=False,
         ),
     ] = None,
+    exit_noisy: Annotated[
+        int | None,
+        typer.Option(
+            "--exit-noisy",
+            min=1,
+            max=255,
+            help="Exit with this code when nothing regressed but some case was noisy (git bisect run: 125 skips a "
+            "commit compare could not judge, rather than calling it good).",
+            show_default=False,
+        ),
+    ] = None,
     format: Annotated[Literal["table", "md", "json"], typer.Option("--format", "-f")] = "table",
     output: OutputOpt = None,
 ) -> None:
     """Judge each case of CURRENT against BASE: regressed, improved, same, noisy, new or missing (needs no torch).
 
-    Exit 1 on a regression, 3 when the runs are not comparable, 4 when BASE holds no run.
+    Exit 1 on a regression, 3 when the runs are not comparable, 4 when BASE holds no run (--exit-noisy: its code
+    when a case was noisy and none regressed).
     """
     from attnbench.analysis.compare import Policy, compare_paths
     from attnbench.analysis.gates import with_gates
@@ -126,3 +138,5 @@ def compare(
     print_warnings(comparison.warnings)
     if comparison.regressed:
         raise typer.Exit(comparison.exit_code)
+    if exit_noisy is not None and comparison.of("noisy"):
+        raise typer.Exit(exit_noisy)
