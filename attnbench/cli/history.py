@@ -129,15 +129,23 @@ def history(
     else:  # md, or a table written to a file (the markdown one, as with `report`)
         write_or_print(render_history_markdown(result), output)
     print_warnings([*warnings, *result.warnings])
+    # Where to look for a step's commit runs git and reads the run's config: once per step, though --bisect and the
+    # alert both name it.
+    wheres: dict[tuple[str, int, int], Where] = {}
+
+    def look(event: StepEvent) -> Where:
+        key = (event.key, event.segment, event.position)
+        if key not in wheres:
+            wheres[key] = where_to_look(result, event, repo)
+        return wheres[key]
+
     if bisect:
         from attnbench.analysis.alerts import step_events
         from attnbench.report.alerts_md import render_bisect
 
         worse = [e for e in step_events(result) if e.worse]
         # With -f json stdout is one JSON document a script parses, so the hint goes to stderr beside the warnings.
-        (stderr if format == "json" else stdout).print(
-            render_bisect(worse, [where_to_look(result, e, repo) for e in worse]), markup=False
-        )
+        (stderr if format == "json" else stdout).print(render_bisect(worse, [look(e) for e in worse]), markup=False)
     if fail_on_step or alert is not None:
         from attnbench.analysis.alerts import new_steps, without_newest
 
@@ -149,7 +157,7 @@ def history(
         if fresh:
             from attnbench.report.alerts_md import render_alert
 
-            text = render_alert(result, fresh, [where_to_look(result, e, repo) for e in fresh])
+            text = render_alert(result, fresh, [look(e) for e in fresh])
             if alert is not None:
                 write_or_print(text, str(alert))
             else:

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnbench.core.cases import Case, TimingPolicy
@@ -370,9 +372,6 @@ def process_age_s() -> float:
     """Seconds the command has run before the check: since this process started (Python's start-up and imports
     included) when the process is the command (``attnbench …``, ``python -m attnbench …``), else 0 — a command
     invoked inside a longer-lived process (a test session, a notebook) starts its budget where it is called."""
-    import sys
-    from pathlib import Path
-
     import psutil
 
     program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
