@@ -101,8 +101,6 @@ def compare(
         int | None,
         typer.Option(
             "--exit-noisy",
-            min=1,
-            max=255,
             help="Exit with this code when nothing regressed but some case was noisy (git bisect run: 125 skips a "
             "commit compare could not judge, rather than calling it good).",
             show_default=False,
@@ -121,6 +119,11 @@ def compare(
     from attnbench.analysis.thresholds import Thresholds, parse_fraction, with_fail_on
     from attnbench.report.compare_md import compare_table, render_compare_markdown
 
+    if exit_noisy is not None and not 1 <= exit_noisy <= 255:
+        raise AttnbenchError(
+            f"--exit-noisy: {exit_noisy} is not an exit code a script can tell apart (0 is success; codes end at 255)",
+            hint="1 to 255; 125 makes git bisect run skip the commit",
+        )
     limits = read_thresholds(thresholds, fail_on) if thresholds is not None else with_fail_on(Thresholds(), fail_on)
     policy = Policy(
         thresholds=limits,

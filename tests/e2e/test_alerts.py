@@ -213,6 +213,10 @@ def test_compare_can_exit_with_a_code_of_its_own_when_a_case_is_noisy(tmp_path: 
     assert runner.invoke(app, ["compare", str(base), str(current), "--exit-noisy", "125"]).exit_code == 1
     bad = runner.invoke(app, ["compare", str(base), str(base), "--exit-noisy", "0"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert (
+        "error: --exit-noisy: 0 is not an exit code a script can tell apart" in bad.output
+        and "hint: 1 to 255" in bad.output
+    )
 
 
 def test_bisect_says_when_there_is_nothing_to_bisect() -> None:
