@@ -115,13 +115,19 @@ def process_cpu_pct(cpu_s: float, window_s: float, logical_cores: int) -> float 
     """A process's CPU time as a share of everything the machine could do in the window: 100 = every core busy."""
     if window_s <= 0 or logical_cores <= 0:
         return None
-    return 100.0 * cpu_s / (window_s * logical_cores)
+    return max(0.0, 100.0 * cpu_s / (window_s * logical_cores))  # never a float sum's rounding below 0
 
 
 def per_core_mean_pct(start: Sequence[tuple[float, float]], end: Sequence[tuple[float, float]]) -> float | None:
     """Mean per-core utilisation from (busy_s, total_s) per core at window start and end; cores whose clock did not
-    advance (offline, or too short a window for the kernel's tick) are left out."""
-    shares = [100.0 * (b1 - b0) / (t1 - t0) for (b0, t0), (b1, t1) in zip(start, end, strict=False) if t1 - t0 > 0]
+    advance (offline, or too short a window for the kernel's tick) are left out. Each share is held to 0…100: busy
+    time is a sum of float fields, so a core that did no work in a short window can read -1.8e-08, which the row's
+    reader rightly refuses."""
+    shares = [
+        min(100.0, max(0.0, 100.0 * (b1 - b0) / (t1 - t0)))
+        for (b0, t0), (b1, t1) in zip(start, end, strict=False)
+        if t1 - t0 > 0
+    ]
     return mean(shares)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnbench.measure.telemetry import open_telemetry
+from attnbench.measure.telemetry.reduce import per_core_mean_pct
 from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary
 
 
@@ -61,3 +62,13 @@ def test_workload_error_propagates_and_the_thread_still_stops() -> None:
         raise ZeroDivisionError("the workload failed")
     assert not any(t.name == "attnbench-telemetry" for t in threading.enumerate())
     assert tel.summary(calls=0, tokens_per_call=0).samples >= 2
+
+
+def test_a_core_idle_through_a_short_window_reads_0_not_a_rounding_below_it() -> None:
+    # psutil's busy time is user + system + …, floats: summed at two moments they can differ by -1.8e-08 for a
+    # core that did nothing, and a negative share made a row that the results reader refused (merge failed on it).
+    busy = 0.1 + 0.2 + 0.3
+    start = [(busy, 10.0), (5.0, 10.0)]
+    end = [(0.3 + 0.2 + 0.1 - 1e-9, 10.01), (5.01, 10.01)]
+    assert per_core_mean_pct(start, end) == pytest.approx(50.0)
+    assert per_core_mean_pct([(0.0, 1.0)], [(2.0, 2.0)]) == 100.0  # busy past the clock's tick: held to 100
