@@ -178,8 +178,12 @@ def measure(
         if remaining < sample_s and samples:
             break
         needed = max(policy.min_samples, 0 if audited else 2 * audit)
-        # Re-check the stopping rule about ten times a second of sampling, never past the budget.
-        block = max(1, min(policy.max_samples - len(samples), int(min(0.1, remaining) / sample_s)))
+        # Re-check the stopping rule about ten times a second of sampling, never past the budget; the first time as
+        # soon as timing.min_time_s has passed, when that is sooner (the rule cannot stop before it, and a short
+        # min_time_s, as in a quick check, is kept rather than rounded up to a tenth of a second).
+        until_min_s = policy.min_time_s - (clock.now() - sampling_start)
+        step_s = min(0.1, remaining, until_min_s) if until_min_s > 0 else min(0.1, remaining)
+        block = max(1, min(policy.max_samples - len(samples), int(step_s / sample_s)))
         if len(samples) < needed:
             block = max(block, min(needed - len(samples), max(1, int(remaining / sample_s))))
         samples += clock.time(fn, calls, block)

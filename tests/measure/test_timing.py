@@ -268,3 +268,15 @@ def test_student_t_table_and_its_large_df_expansion() -> None:
     assert student_t_975(30) == pytest.approx(2.042)
     assert student_t_975(40) == pytest.approx(2.021, abs=5e-4)
     assert student_t_975(120) == pytest.approx(1.980, abs=5e-4)
+
+
+def test_a_short_min_time_is_kept_and_the_rule_is_asked_at_most_a_tenth_of_a_second_apart() -> None:
+    # A quiet 1 ms call: the rule could stop at min_time_s = 0.02 s, and it does, instead of sampling to the tenth
+    # of a second at which it used to look first.
+    policy = TimingPolicy(target_ci=0.05, min_samples=5, min_time_s=0.02, warmup_audit=0, max_case_s=10.0)
+    quick = measure(noop, FakeClock(gaussian(1e-3, 0.01), seed=5), policy)
+    assert quick.converged and 20 <= len(quick.samples_s) <= 25
+    # With the default 0.2 s, blocks stay a tenth of a second: it stops at the first look past min_time_s.
+    clock = FakeClock(gaussian(1e-3, 0.01), seed=5)
+    usual = measure(noop, clock, replace(policy, min_time_s=0.2))
+    assert usual.converged and 200 <= len(usual.samples_s) <= 205
