@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 os.environ["COLUMNS"] = "160"
 os.environ["NO_COLOR"] = "1"
 os.environ.setdefault("TERM", "dumb")
+# Sweeps, merges and submissions in tests draw no plots (their own switch, ATTNBENCH_PLOTS): drawing was an eighth
+# of the suite's time. The tests of plots turn them back on (--plots, or monkeypatch.delenv).
+os.environ["ATTNBENCH_PLOTS"] = "0"
 # Live sweeps in tests must never pick up (or write) the developer's real calibration cache.
 os.environ["ATTNBENCH_CACHE"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
 

@@ -104,6 +104,17 @@ SweepDeviceOpt = Annotated[
     str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (default: the config's).", show_default=False)
 ]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N.", show_default="auto")]
+# The commands that write a run folder draw its plots/ last. ATTNBENCH_PLOTS=0 turns them off for a whole job (a CI
+# gate that reads only the rows, a test suite): drawing is most of what such a job spends after its last case.
+PlotsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--plots/--no-plots",
+        envvar="ATTNBENCH_PLOTS",
+        help="Draw plots/ in the run folder (--no-plots: the summaries only; `attnbench report RUN --plots` draws "
+        "them later).",
+    ),
+]
 
 
 def one_run(value: Path | None) -> Path | None:

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnbench.cli.common import LATEST_HELP, handles_errors, print_warnings, print_wrote, runs_alias, stdout
+from attnbench.cli.common import (
+    LATEST_HELP,
+    PlotsOpt,
+    handles_errors,
+    print_warnings,
+    print_wrote,
+    runs_alias,
+    stdout,
+)
 from attnbench.core.cases import Case
 from attnbench.core.errors import ConfigError
 from attnbench.results.records import Run
@@ -48,6 +56,7 @@ def merge(
     ] = False,
     allow_mismatch: AllowMismatchOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the paths written.")] = False,
+    plots: PlotsOpt = True,
 ) -> None:
     """Join the shards of one sweep into one run folder that report, compare and claims read as any run.
 
@@ -55,7 +64,7 @@ def merge(
     unless --allow-mismatch) and, without --partial, an incomplete set. Never writes to its inputs; merging the
     same inputs again gives the same folder.
     """
-    plan, paths, problem = merge_runs(runs, output, partial=partial, allow_mismatch=allow_mismatch or ())
+    plan, paths, problem = merge_runs(runs, output, partial=partial, allow_mismatch=allow_mismatch or (), plots=plots)
     if not quiet:
         stdout.print(merge_summary(plan, output), markup=False, highlight=False)
     print_wrote(paths)
@@ -75,7 +84,7 @@ def config_cases(run: Run) -> list[Case] | None:
 
 
 def merge_runs(
-    paths: Sequence[Path], output: Path, *, partial: bool, allow_mismatch: Sequence[str] = ()
+    paths: Sequence[Path], output: Path, *, partial: bool, allow_mismatch: Sequence[str] = (), plots: bool = True
 ) -> tuple[MergePlan, list[Path], str | None]:
     """Plan the merge, build the folder beside ``output``, render its summaries and put it in place. Returns the
     plan, the paths written (under ``output``) and the one line to show when plots could not be drawn."""
@@ -92,7 +101,7 @@ def merge_runs(
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         write_run_folder(staging, plan.run, plan.results, plan.telemetry)
-        _, written, problem = write_run_files(staging)
+        _, written, problem = write_run_files(staging, plots=plots)
         publish(staging, output)
     except BaseException:
         discard(staging)

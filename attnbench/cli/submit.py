@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.cli.common import ConfigArg, SetOpt, handles_errors, print_warnings, stderr, stdout
+from attnbench.cli.common import ConfigArg, PlotsOpt, SetOpt, handles_errors, print_warnings, stderr, stdout
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError, ResultsError
 from attnbench.results.records import FAILED
 
@@ -77,16 +77,18 @@ def submit(
         typer.Option("--resume", help="Rerun the shards with missing cases, wait, merge.", show_default=False),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Allow a grid above the 10000-case cap.")] = False,
+    plots: PlotsOpt = True,
 ) -> None:
     """Sweep CONFIG as N shards of one job array (Slurm through submitit), wait, and merge them into one run.
 
-    Needs the slurm extra: pip install "attnbench[slurm]".
+    Needs the slurm extra: pip install "attnbench[slurm]". Plots are drawn once, for the merged run: a task's
+    shard is a slice of the curves.
     """
     if status is not None:
         _show_status(status)
         return
     if resume is not None:
-        code = _resume(resume, no_wait)
+        code = _resume(resume, no_wait, plots=plots)
     else:
         from attnbench.measure.submission import SubmitRequest
 
@@ -107,7 +109,7 @@ def submit(
             folder=folder,
             force=force,
         )
-        code = _submit(request, output, no_wait)
+        code = _submit(request, output, no_wait, plots=plots)
     if code:
         raise typer.Exit(code)
 
@@ -116,7 +118,7 @@ def _say(text: str) -> None:
     stdout.print(f"attnbench submit: {text}", markup=False, highlight=False)
 
 
-def _submit(request: SubmitRequest, output: Path | None, no_wait: bool) -> int:
+def _submit(request: SubmitRequest, output: Path | None, no_wait: bool, *, plots: bool) -> int:
     from attnbench.measure.jobarray import import_submitit, submit_shards
     from attnbench.measure.submission import discard_folder, plan_submission, prepare_folder
 
@@ -145,7 +147,7 @@ def _submit(request: SubmitRequest, output: Path | None, no_wait: bool) -> int:
         _say(f"not waiting. State: attnbench submit --status {submission.folder}")
         _say(f"wait and merge (rerunning what is missing): attnbench submit --resume {submission.folder}")
         return 0
-    return _wait_and_merge(submission, tasks, t0)
+    return _wait_and_merge(submission, tasks, t0, plots=plots)
 
 
 def _ids(tasks: list[Task]) -> str:
@@ -156,7 +158,7 @@ def _ids(tasks: list[Task]) -> str:
     return head + ", ".join(ids)
 
 
-def _wait_and_merge(submission: Submission, tasks: list[Task], t0: float) -> int:
+def _wait_and_merge(submission: Submission, tasks: list[Task], t0: float, *, plots: bool) -> int:
     from attnbench.cli.merge import merge_runs, merge_summary
     from attnbench.measure.jobarray import wait
 
@@ -172,7 +174,7 @@ def _wait_and_merge(submission: Submission, tasks: list[Task], t0: float) -> int
     waited = time.monotonic() - t0
     output = Path(submission.output)
     try:
-        plan, paths, problem = merge_runs([submission.shard_folder], output, partial=True)
+        plan, paths, problem = merge_runs([submission.shard_folder], output, partial=True, plots=plots)
     except ResultsError as exc:
         if "holds no run" not in exc.message:
             raise
@@ -252,7 +254,7 @@ def _show_status(folder: Path) -> None:
         )
 
 
-def _resume(folder: Path, no_wait: bool) -> int:
+def _resume(folder: Path, no_wait: bool, *, plots: bool) -> int:
     from attnbench.measure.jobarray import active, submit_shards
     from attnbench.measure.submission import load_submission
 
@@ -277,4 +279,4 @@ def _resume(folder: Path, no_wait: bool) -> int:
         _say("every shard's cases have rows; merging")
     if no_wait:
         return 0
-    return _wait_and_merge(submission, waiting, t0)
+    return _wait_and_merge(submission, waiting, t0, plots=plots)

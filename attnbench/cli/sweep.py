@@ -12,6 +12,7 @@ import typer
 from attnbench.cli.common import (
     LATEST_HELP,
     ConfigArg,
+    PlotsOpt,
     SetOpt,
     SweepDeviceOpt,
     caused_by_interrupt,
@@ -98,14 +99,7 @@ def sweep(
             help="When the machine is busy before the first case, wait up to this long for quiet (0: check and go on).",
         ),
     ] = 0.0,
-    plots: Annotated[
-        bool,
-        typer.Option(
-            "--plots/--no-plots",
-            help="Draw plots/ after the run (--no-plots: the summaries only; `attnbench report RUN --plots` draws "
-            "them later).",
-        ),
-    ] = True,
+    plots: PlotsOpt = True,
     profile: Annotated[
         bool,
         typer.Option(

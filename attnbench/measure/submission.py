@@ -471,7 +471,8 @@ def shard_command(folder: Path, shard: Shard, device: str) -> list[str]:
     """The sweep a task runs: a resume of the shard's folder when an earlier attempt left one, else a new sweep
     of the frozen config's slice."""
     existing = shard_run(folder / SHARDS, shard)
-    sweep = [sys.executable, "-m", "attnbench", "sweep"]
+    # No plots per shard: the merge draws them once, for the whole run (a shard's would be a slice of each curve).
+    sweep = [sys.executable, "-m", "attnbench", "sweep", "--no-plots"]
     if existing is not None:
         return [*sweep, "--resume", str(existing)]
     return [*sweep, str(folder / CONFIG_FILE), "--shard", str(shard), "--device", device, "--out", str(folder / SHARDS)]

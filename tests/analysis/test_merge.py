@@ -95,7 +95,7 @@ def test_the_merged_folder_keeps_the_run_contract_and_every_command_reads_it(
 ) -> None:
     out = tmp_path / "merged"
     before = snapshot(runs["shards"])
-    result = merge(runs["parent"], "-o", out)
+    result = merge(runs["parent"], "-o", out, "--plots")
     assert result.exit_code == 0, result.output
     assert "merged 3 run(s) (shards 0/3, 1/3, 2/3)" in result.output and "12 of 12 cases" in result.output
     assert {"run.json", "results.jsonl", "telemetry.jsonl", "summary.csv", "summary.md", "plots"} <= {

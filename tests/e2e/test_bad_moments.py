@@ -43,7 +43,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real finished sweep of four cases, with its telemetry; tests work on copies of it."""
     tmp = tmp_path_factory.mktemp("finished")
     (tmp / "c.yaml").write_text(CONFIG)
-    done = sweep(str(tmp / "c.yaml"), "--out", str(tmp / "out"), "--no-isolate", "-q")
+    done = sweep(str(tmp / "c.yaml"), "--out", str(tmp / "out"), "--no-isolate", "-q", "--plots")
     assert done.exit_code == 0, done.output
     (folder,) = (tmp / "out").iterdir()
     assert (folder / "telemetry.jsonl").exists()

@@ -41,7 +41,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return wheel, site
 
 
-def _attnbench(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _attnbench(site: Path, cwd: Path, *args: str, as_a_user: bool = False) -> subprocess.CompletedProcess[str]:
+    """``as_a_user``: without the suite's own settings (tests/conftest.py's ATTNBENCH_PLOTS=0), as a shell has it."""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    if as_a_user:
+        env.pop("ATTNBENCH_PLOTS", None)
     code = (
         "import attnbench, sys; print(attnbench.__file__); "
         f"sys.argv=['attnbench', *{list(args)!r}]; from attnbench.cli import run; run()"
@@ -51,7 +55,7 @@ def _attnbench(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(site)},
+        env=env,
         timeout=300,
         check=False,
     )
@@ -81,7 +85,7 @@ def test_a_plain_install_draws_the_plots(installed: tuple[Path, Path], tmp_path:
     assert any(r.startswith("matplotlib") for r in base), requires
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny_config())
-    out = _attnbench(site, tmp_path, "sweep", str(config), "-q")
+    out = _attnbench(site, tmp_path, "sweep", str(config), "-q", as_a_user=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0].startswith(str(site))
     assert "plots skipped" not in out.stdout + out.stderr

@@ -111,8 +111,8 @@ def config(tmp_path: Path, models: list[object], **changes: object) -> Path:
     return path
 
 
-def sweep(path: Path, out: Path) -> tuple[int, Path, str]:
-    result = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+def sweep(path: Path, out: Path, *extra: str) -> tuple[int, Path, str]:
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(out), *extra])
     folders = sorted(out.iterdir()) if out.exists() else []
     return result.exit_code, folders[-1] if folders else out, result.output
 
@@ -124,7 +124,7 @@ def entry(name: str, factory: str, kind: str = "attention", **options: object) -
 @pytest.mark.slow
 def test_a_factory_model_runs_beside_built_ins_with_counted_flops(user_package: Path, tmp_path: Path) -> None:
     models = ["lstm", entry("my-gate", "byo_layers.layers:build", width=[1, 2])]
-    code, folder, output = sweep(config(tmp_path, models), tmp_path / "out")
+    code, folder, output = sweep(config(tmp_path, models), tmp_path / "out", "--plots")
     assert code == 0, output
     stored = load_run(folder)
     rows = [r for r in stored.results if r.case.model == "my-gate"]

@@ -32,6 +32,7 @@ from attnbench.report.plots import (
 )
 from attnbench.report.run_files import write_run_files
 from attnbench.results.store import StoredRun, load_run
+from tests.fakes import FakeExecutors
 from tests.support import DATA, FIXTURE, ROOT, tiny_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -297,10 +298,39 @@ TINY = tiny_config(
 )
 
 
+@pytest.mark.slow  # five sweeps' start-up checks and two of them drawn
+def test_attnbench_plots_0_turns_plots_off_for_sweep_and_merge_and_a_flag_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_executors: FakeExecutors
+) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+
+    def swept(out: str, *flags: str) -> Path:
+        result = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / out), "-q", *flags])
+        assert result.exit_code == 0, result.output
+        (folder,) = (tmp_path / out).iterdir()
+        return folder
+
+    monkeypatch.setenv("ATTNBENCH_PLOTS", "0")
+    off = swept("off")
+    assert (off / "summary.csv").exists() and not (off / "plots").exists()
+    assert list((swept("flag", "--plots") / "plots").glob("*.png"))  # the flag over the environment
+    merged = runner.invoke(app, ["merge", str(off), "-o", str(tmp_path / "merged"), "-q"])
+    assert merged.exit_code == 0, merged.output
+    assert (tmp_path / "merged" / "summary.md").exists() and not (tmp_path / "merged" / "plots").exists()
+    monkeypatch.setenv("ATTNBENCH_PLOTS", "1")
+    assert list((swept("on") / "plots").glob("*.png"))
+    assert not (swept("no", "--no-plots") / "plots").exists()
+    monkeypatch.setenv("ATTNBENCH_PLOTS", "maybe")
+    bad = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "ATTNBENCH_PLOTS" in bad.output and not (tmp_path / "bad").exists()
+
+
 @pytest.mark.slow
 def test_sweep_writes_plots_by_default_and_a_failure_keeps_exit_0(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("ATTNBENCH_PLOTS")  # the tests' own switch (tests/conftest.py): a user's shell has none
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)
     result = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "ok"), "-q"])
