@@ -177,8 +177,8 @@ def test_the_budget_bounds_the_whole_check_and_says_when_it_ended_it() -> None:
     rounds = [(t.op.name, len(t.ours_s), t.skipped, t.cut_short) for t in timings.ops]
     assert all(len(t.ours_s) >= 2 for t in timings.ops), rounds  # every op had its slice of the first pass
     assert all(t.cut_short for t in timings.ops), rounds  # never decided, rounds left: the budget ended them
-    report = judge(timings)
-    assert all(c.outcome == "inconclusive" for c in report.checks if any(r.gated for r in c.references))
+    # No verdict is asserted: it comes from these real rounds (on a loaded machine, a clear disagreement is FAILED
+    # however the budget ended), and what the summary says of a cut-short op is tested on fixed timings below.
     ample = measure_selfcheck.run_selfcheck(
         "cpu", quick=True, rounds=2, decided=lambda t: True, budget_s=1000.0, now=FakeClock(0.5)
     )
