@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from attnbench.analysis import selfcheck
 from attnbench.analysis.selfcheck import OpCheck, Reference, SelfcheckReport, judge, summary_line
 from attnbench.cli import app
+from attnbench.core.cases import TimingPolicy
 from attnbench.core.errors import EXIT_CASE_FAILED, EXIT_INCONCLUSIVE
 from attnbench.measure import selfcheck as measure_selfcheck
 from attnbench.measure.selfcheck import ops_for, policy_for
@@ -19,6 +20,14 @@ from attnbench.report.selfcheck_md import render_markdown, table_rows
 from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 
 runner = CliRunner()
+
+
+def loose_policy() -> TimingPolicy:
+    """The quick check's policy with its max_case_s (which the budget arithmetic reads), but one that converges
+    at once: the tests of rounds and budgets need rounds that end, not medians anyone reads."""
+    return replace(policy_for(True), target_ci=0.5, min_samples=3, min_time_s=0.005, warmup_max_s=0.01, warmup_audit=0)
+
+
 MATMUL = SelfcheckOp("matmul", "float32", size=512)
 
 
@@ -119,7 +128,7 @@ def test_adaptive_rounds_stop_once_decided_and_never_past_the_budget() -> None:
     import torch
 
     op = SelfcheckOp("matmul", "float32", size=64)
-    policy = policy_for(True)
+    policy = loose_policy()
     asked: list[int] = []
 
     def decided(t: OpTimings) -> bool:
@@ -152,7 +161,7 @@ def test_no_round_starts_that_would_not_end_within_its_slice() -> None:
     import torch
 
     op = SelfcheckOp("matmul", "float32", size=64)
-    policy = policy_for(True)  # a round takes at most 1 s + 2 × 0.01 s before one has run
+    policy = loose_policy()  # a round takes at most 1 s + 2 × 0.01 s before one has run
     cpu = torch.device("cpu")
     clock = FakeClock(0.25)  # every reading 0.25 s later: a round reads it at its start and end, so "takes" 0.25 s
     none = measure_selfcheck._check_op(OpTimings(op), cpu, policy, (3, 3), 0.01, [TIMER], None, None, 1.0, clock)
@@ -164,7 +173,8 @@ def test_no_round_starts_that_would_not_end_within_its_slice() -> None:
 
 
 @pytest.mark.slow
-def test_the_budget_bounds_the_whole_check_and_says_when_it_ended_it() -> None:
+def test_the_budget_bounds_the_whole_check_and_says_when_it_ended_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure_selfcheck, "policy_for", lambda quick: loose_policy())
     clock = FakeClock(0.5)
     # 24 s of readings at 0.5 s: every op's first-pass slice holds three or four rounds (at 20 s, two of them had
     # exactly the two asserted below: no room for one reading more).
