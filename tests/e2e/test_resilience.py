@@ -147,7 +147,11 @@ def wait_for_rows(folder_parent: Path, rows: int, timeout_s: float = 120) -> Pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "isolate"), [(signal.SIGINT, "--no-isolate"), (signal.SIGTERM, "--isolate")])
-def test_interrupt_then_resume_keeps_every_row_once(tmp_path: Path, sig: int, isolate: str) -> None:
+def test_interrupt_then_resume_keeps_every_row_once(
+    tmp_path: Path, sig: int, isolate: str, fake_executors: FakeExecutors
+) -> None:
+    """The interrupted sweep is real, in its own process; the resumes in this one measure on the fake executor: what
+    is checked of them is which rows they add and keep, not how they time."""
     process = start_sweep(tmp_path, isolate)
     folder = wait_for_rows(tmp_path / "out", 3)
     process.send_signal(sig)

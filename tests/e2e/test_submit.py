@@ -227,8 +227,8 @@ def test_the_slurm_path_builds_one_array_of_one_shard_per_task(config: Path, tmp
         assert delayed.function is run_shard
         assert delayed.args == (str(folder.resolve()), f"{job.shard}/3", "cuda")
         assert shard_command(folder.resolve(), Shard(job.shard, 3), "cuda")[3:] == [
-            "sweep", "--no-plots", str(folder.resolve() / "config.yaml"), "--shard", f"{job.shard}/3", "--device", "cuda",
-            "--out", str(folder.resolve() / "shards"),
+            "sweep", "--no-plots", str(folder.resolve() / "config.yaml"), "--shard", f"{job.shard}/3",
+            "--device", "cuda", "--out", str(folder.resolve() / "shards"),
         ]  # fmt: skip
 
 
