@@ -106,13 +106,33 @@ SweepDeviceOpt = Annotated[
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N.", show_default="auto")]
 # The commands that write a run folder draw its plots/ last. ATTNBENCH_PLOTS=0 turns them off for a whole job (a CI
 # gate that reads only the rows, a test suite): drawing is most of what such a job spends after its last case.
+PLOTS_ENV = "ATTNBENCH_PLOTS"
+_PLOTS_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def plots_wanted(flag: bool | None) -> bool:
+    """``--plots``/``--no-plots`` when given, else ATTNBENCH_PLOTS, else on. Asked first thing in a command, so a
+    bad value stops it before anything runs."""
+    if flag is not None:
+        return flag
+    value = os.environ.get(PLOTS_ENV, "").strip()
+    if not value:
+        return True
+    if value.lower() not in _PLOTS_WORDS:
+        raise AttnbenchError(
+            f"{PLOTS_ENV}={value!r}: not a yes or no",
+            "set it to 0, false, no or off (no plots), or 1, true, yes or on; or unset it (plots drawn)",
+        )
+    return _PLOTS_WORDS[value.lower()]
+
+
 PlotsOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         "--plots/--no-plots",
-        envvar="ATTNBENCH_PLOTS",
         help="Draw plots/ in the run folder (--no-plots: the summaries only; `attnbench report RUN --plots` draws "
-        "them later).",
+        f"them later). Without either flag, {PLOTS_ENV}=0 in the environment turns them off.",
+        show_default="on",
     ),
 ]
 

@@ -17,6 +17,7 @@ from attnbench.cli.common import (
     LATEST_HELP,
     PlotsOpt,
     handles_errors,
+    plots_wanted,
     print_warnings,
     print_wrote,
     runs_alias,
@@ -56,7 +57,7 @@ def merge(
     ] = False,
     allow_mismatch: AllowMismatchOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the paths written.")] = False,
-    plots: PlotsOpt = True,
+    plots: PlotsOpt = None,
 ) -> None:
     """Join the shards of one sweep into one run folder that report, compare and claims read as any run.
 
@@ -64,7 +65,10 @@ def merge(
     unless --allow-mismatch) and, without --partial, an incomplete set. Never writes to its inputs; merging the
     same inputs again gives the same folder.
     """
-    plan, paths, problem = merge_runs(runs, output, partial=partial, allow_mismatch=allow_mismatch or (), plots=plots)
+    draw_plots = plots_wanted(plots)
+    plan, paths, problem = merge_runs(
+        runs, output, partial=partial, allow_mismatch=allow_mismatch or (), plots=draw_plots
+    )
     if not quiet:
         stdout.print(merge_summary(plan, output), markup=False, highlight=False)
     print_wrote(paths)

@@ -17,7 +17,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.cli.common import ConfigArg, PlotsOpt, SetOpt, handles_errors, print_warnings, stderr, stdout
+from attnbench.cli.common import (
+    ConfigArg,
+    PlotsOpt,
+    SetOpt,
+    handles_errors,
+    plots_wanted,
+    print_warnings,
+    stderr,
+    stdout,
+)
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError, ResultsError
 from attnbench.results.records import FAILED
 
@@ -77,7 +86,7 @@ def submit(
         typer.Option("--resume", help="Rerun the shards with missing cases, wait, merge.", show_default=False),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Allow a grid above the 10000-case cap.")] = False,
-    plots: PlotsOpt = True,
+    plots: PlotsOpt = None,
 ) -> None:
     """Sweep CONFIG as N shards of one job array (Slurm through submitit), wait, and merge them into one run.
 
@@ -87,8 +96,9 @@ def submit(
     if status is not None:
         _show_status(status)
         return
+    draw_plots = plots_wanted(plots)
     if resume is not None:
-        code = _resume(resume, no_wait, plots=plots)
+        code = _resume(resume, no_wait, plots=draw_plots)
     else:
         from attnbench.measure.submission import SubmitRequest
 
@@ -109,7 +119,7 @@ def submit(
             folder=folder,
             force=force,
         )
-        code = _submit(request, output, no_wait, plots=plots)
+        code = _submit(request, output, no_wait, plots=draw_plots)
     if code:
         raise typer.Exit(code)
 

@@ -20,6 +20,7 @@ from attnbench.cli.common import (
     handles_errors,
     interrupted,
     one_run,
+    plots_wanted,
     print_warnings,
     print_wrote,
     state,
@@ -99,7 +100,7 @@ def sweep(
             help="When the machine is busy before the first case, wait up to this long for quiet (0: check and go on).",
         ),
     ] = 0.0,
-    plots: PlotsOpt = True,
+    plots: PlotsOpt = None,
     profile: Annotated[
         bool,
         typer.Option(
@@ -131,6 +132,7 @@ def sweep(
     from attnbench.core.shards import parse_shard
     from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
 
+    draw_plots = plots_wanted(plots)
     if retry_failed and resume is None:
         raise AttnbenchError("--retry-failed needs --resume RUN", hint="attnbench sweep --resume RUN --retry-failed")
     request = SweepRequest(
@@ -194,7 +196,7 @@ def sweep(
                 markup=False,
                 highlight=False,
             )
-        code = _run_and_render(run, quiet, interrupts, plots=plots)
+        code = _run_and_render(run, quiet, interrupts, plots=draw_plots)
     if code:
         raise typer.Exit(code)
 

@@ -322,8 +322,18 @@ def test_attnbench_plots_0_turns_plots_off_for_sweep_and_merge_and_a_flag_wins(
     assert list((swept("on") / "plots").glob("*.png"))
     assert not (swept("no", "--no-plots") / "plots").exists()
     monkeypatch.setenv("ATTNBENCH_PLOTS", "maybe")
-    bad = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "bad")])
-    assert bad.exit_code == 2 and "ATTNBENCH_PLOTS" in bad.output and not (tmp_path / "bad").exists()
+    for command in (
+        ["sweep", str(config), "--out", str(tmp_path / "bad")],
+        ["merge", str(off), "-o", str(tmp_path / "m2")],
+    ):
+        bad = runner.invoke(app, command)
+        assert bad.exit_code == 2 and bad.stdout == "", bad.output
+        assert bad.stderr.splitlines() == [
+            "error: ATTNBENCH_PLOTS='maybe': not a yes or no",
+            "hint: set it to 0, false, no or off (no plots), or 1, true, yes or on; or unset it (plots drawn)",
+        ]
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "m2").exists()  # refused before anything ran
+    assert not (swept("flag-over-bad", "--no-plots") / "plots").exists()  # a flag given, the variable is not read
 
 
 @pytest.mark.slow
