@@ -147,3 +147,12 @@ def test_a_case_count_in_a_configs_header_is_its_grids(path: Path) -> None:
         pytest.skip("the header states no case count")
     grid = load_experiment(path, ("presets=null", "decode=null"))
     assert int(said[1]) == len(grid.cases("cuda:0")), f"{path.name} says {said[1]} cases"
+
+
+def test_ci_runs_readmes_test_command_as_written() -> None:
+    """CI must run the test command a newcomer copies from README, not a near copy of it."""
+    block = README[README.index("Install and run the tests") :]
+    command = re.search(r"```bash\n(.+?)\n```", block, re.DOTALL)
+    assert command is not None
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert any(line.startswith(command[1] + " ") or line == command[1] for line in ci), command[1]
