@@ -349,10 +349,14 @@ def test_sweep_writes_plots_by_default_and_a_failure_keeps_exit_0(
     if missing_matplotlib() is None:
         pngs = sorted((folder / "plots").glob("*.png"))
         # The speed-up plot needs one speed-up drawn from good evidence: on a busy machine every cell may be
-        # contended (issue 17), and then there is none. The roofline is one per device and dtype (issue 27).
+        # contended (issue 17), and then there is none.
         speedups = any(p.name.startswith("speedup-") for p in pngs)
-        assert sum(p.name.startswith("roofline-") for p in pngs) == 1
-        assert len(pngs) == 4 + speedups and all(f"wrote {p}" in result.stdout for p in pngs)
+        # The roofline is one per device and dtype (issue 27), of the ok rows timed on a quiet machine: none when
+        # the other test worker left every row contended.
+        quiet = any(r.ok and not r.contended for r in load_run(folder).results)
+        rooflines = sum(p.name.startswith("roofline-") for p in pngs)
+        assert rooflines == int(quiet)
+        assert len(pngs) == 3 + rooflines + speedups and all(f"wrote {p}" in result.stdout for p in pngs)
 
     def broken(*args: object, **kwargs: object) -> None:
         raise MemoryError("no room to draw")
