@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 from contextlib import ExitStack
 from pathlib import Path
@@ -162,7 +163,12 @@ def sweep(
     interrupts = Interrupts()
     with interrupts.installed(), ExitStack() as stack:
         try:
-            with interrupts.arming():  # start-up (torch's import, the environment) is abandoned at once
+            # torch's import runs C++ module initialisers that cannot carry a Python exception through: a Ctrl-C
+            # raised inside one ended the process in std::terminate ("terminate called after throwing an instance
+            # of 'pybind11::error_already_set'"). So it is imported disarmed; a signal that came meanwhile is acted on
+            # the moment arming begins below.
+            importlib.import_module("torch")
+            with interrupts.arming():  # the rest of start-up (the environment, the folder) is abandoned at once
                 run = stack.enter_context(open_sweep(request, on_busy=_waiting(quiet)))
         except BaseException as exc:
             # A signal came while starting: whatever it surfaced as (an extension being imported may turn the

@@ -399,6 +399,33 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
     assert done.stderr == "interrupted by SIGINT: stopped while starting\n"
 
 
+def test_a_ctrl_c_during_torchs_import_waits_for_it_then_stops_before_the_first_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's C++ module initialisers cannot carry a Python exception through (a KeyboardInterrupt raised inside
+    one ended a CI run's sweep in std::terminate): the import runs disarmed, and the signal is acted on after it."""
+    import importlib
+
+    import attnbench.cli.sweep as sweep_cli
+
+    real = importlib.import_module
+    finished: list[str] = []
+
+    def import_with_a_ctrl_c(name: str, package: str | None = None) -> object:
+        module = real(name, package)
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, inside the "import"
+            finished.append(name)  # reached only if the handler did not raise
+        return module
+
+    monkeypatch.setattr(sweep_cli.importlib, "import_module", import_with_a_ctrl_c)
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    done = sweep(str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"))
+    assert finished == ["torch"]
+    assert done.exit_code == 130 and done.stderr == "interrupted by SIGINT: stopped before the first case\n"
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 @pytest.mark.parametrize("after_s", [0.3, 1.0, 2.0])
 @pytest.mark.slow
 def test_a_real_ctrl_c_at_start_up_never_prints_a_traceback(tmp_path: Path, after_s: float) -> None:
