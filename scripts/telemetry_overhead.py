@@ -70,7 +70,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--interval", type=float, default=None, help="the sampler's polling interval (s)")
     parser.add_argument("--nvml", choices=("real", "fake"), default="real", help="fake: the GPU path, on a CPU")
-    parser.add_argument("--quick", action="store_true", help="0.3 s per measurement: checks the plumbing only")
+    parser.add_argument(
+        "--quick", action="store_true", help="0.3 s per measurement, a 0.5 s sampler window: checks the plumbing only"
+    )
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     if args.nvml == "fake" and cuda:
@@ -87,7 +89,8 @@ def main() -> int:
         torch_executor.open_telemetry = partial(_either, real=torch_executor.open_telemetry, fake=fake_nvml_telemetry())
     what = "GPU path on a fake pynvml, CPU cases" if args.nvml == "fake" else args.device
     opener = fake_nvml_telemetry() if args.nvml == "fake" else _real_telemetry
-    sampler_ms = sampler_cpu_ms_per_s(partial(opener, args.device), level, interval)
+    window_s = 0.5 if args.quick else 2.0
+    sampler_ms = sampler_cpu_ms_per_s(partial(opener, args.device), level, interval, window_s)
     print(f"## Telemetry overhead ({what}, level {level}, interval {interval * 1e3:g} ms, {args.rounds} rounds)\n")
     print(
         "| case | median off | median on | on/off (median of rounds) | rounds on > off | on/off, fastest samples "
@@ -131,8 +134,8 @@ def main() -> int:
     else:
         print("\nOverall: no case ran here.")
     print(
-        f"\nThe sampler thread itself: {sampler_ms:.2f} ms of CPU time per second of window (an idle 2 s window; "
-        "CPU time, so other load on the machine does not inflate it).\n"
+        f"\nThe sampler thread itself: {sampler_ms:.2f} ms of CPU time per second of window (an idle {window_s:g} s "
+        "window; CPU time, so other load on the machine does not inflate it).\n"
     )
     return 0
 

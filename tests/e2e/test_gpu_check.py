@@ -70,6 +70,7 @@ def test_cpu_mode_runs_every_step_from_a_fresh_checkout(tmp_path: Path) -> None:
         "PYTHON": sys.executable,
         "OUT": str(out),
         "TMPDIR": str(tmp_path),
+        "ATTNBENCH_PLOTS": "0",  # as everywhere in the suite (conftest.py): the plots' own tests draw them
     }
     run = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--cpu"], cwd=checkout, env=env, capture_output=True, text=True, timeout=1200
