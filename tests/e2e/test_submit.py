@@ -33,7 +33,7 @@ from tests.support import ROOT, tiny_config
 runner = CliRunner()
 # A budget that three samples of a tiny case fit in beside another test worker (0.05 s did not, and the end-to-end
 # test's "every row ok" failed under load); converged cases stop long before it.
-QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.5, "warmup_max_s": 0.02}
+QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.5, "warmup_max_s": 0.02, "process_warmup_s": 0.05}
 CONFIG = tiny_config(
     "submit", models=["lstm", "gru", "sdpa-flash", "vanilla"], grid={"batch": [1], "seq_len": [8, 16, 32]}, timing=QUICK
 )
@@ -84,8 +84,8 @@ def test_submit_through_the_debug_executor_end_to_end(config: Path, tmp_path: Pa
 def test_a_task_that_dies_is_reported_and_resume_reruns_only_its_cases(
     config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sizes = shard_sizes(config, 3)
-    victim = max(range(3), key=lambda i: sizes[i])
+    sizes = shard_sizes(config, 2)  # two shards: one dies, one runs (a sweep fewer than three)
+    victim = max(range(2), key=lambda i: sizes[i])
     real = shard_command
 
     def dies(folder: Path, shard: Shard, device: str) -> list[str]:
@@ -95,10 +95,10 @@ def test_a_task_that_dies_is_reported_and_resume_reruns_only_its_cases(
 
     monkeypatch.setattr(submission_module, "shard_command", dies)
     folder = tmp_path / "sub"
-    failed = submit(config, "--executor", "debug", "--array", "3", "--folder", folder)
+    failed = submit(config, "--executor", "debug", "--array", "2", "--folder", folder)
     assert failed.exit_code == 1, failed.output
-    assert f"shard {victim}/3" in failed.output and "FAILED" in failed.output and "code -9" in failed.output
-    assert f"missing: shard {victim}/3: no run folder ({sizes[victim]} case(s)" in failed.output
+    assert f"shard {victim}/2" in failed.output and "FAILED" in failed.output and "code -9" in failed.output
+    assert f"missing: shard {victim}/2: no run folder ({sizes[victim]} case(s)" in failed.output
     assert f"attnbench submit --resume {folder}" in failed.output
     partial = load_run(folder / "merged")
     assert partial.run.state == "interrupted" and len(partial.results) == 12 - sizes[victim]
@@ -106,11 +106,11 @@ def test_a_task_that_dies_is_reported_and_resume_reruns_only_its_cases(
     monkeypatch.setattr(submission_module, "shard_command", real)
     resumed = submit("--resume", folder)
     assert resumed.exit_code == 0, resumed.output
-    assert f"resubmitted shard(s) {victim}/3 (missing cases)" in resumed.output
+    assert f"resubmitted shard(s) {victim}/2 (missing cases)" in resumed.output
     merged = load_run(folder / "merged")
     assert merged.run.state == "complete" and [r.case.key for r in merged.results] == config_keys(config)
     attempts = {(j.shard, j.attempt) for j in load_submission(folder).jobs}
-    assert (victim, 2) in attempts and len(attempts) == 4  # only the dead shard ran again
+    assert (victim, 2) in attempts and len(attempts) == 3  # only the dead shard ran again
 
 
 @pytest.mark.slow  # real sweeps in subprocesses
@@ -118,7 +118,7 @@ def test_a_task_told_to_stop_saves_its_rows_and_the_next_attempt_finishes_them(t
     """What a Slurm time limit does: submitit raises in the task (SIGUSR2), the task stops its sweep with
     SIGTERM, the rows finished so far stay, and the next attempt resumes the same folder."""
     config = tmp_path / "slow.yaml"
-    slow = {"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05}
+    slow = {"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05, "process_warmup_s": 0.05}
     config.write_text(
         tiny_config("slow", models=["lstm", "gru"], grid={"batch": [1], "seq_len": [8, 16, 32, 64]}, timing=slow)
     )

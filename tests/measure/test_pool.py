@@ -28,7 +28,15 @@ QUICK = TimingPolicy(
     min_samples=3, min_time_s=0.01, max_case_s=2.0, warmup_max_s=0.05, target_ci=0.5, process_warmup_s=0.05
 )
 # Cannot end early (see tests/e2e/test_resilience.py): a worker killed a second in is killed mid-case.
-SLOW = TimingPolicy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=0.05, target_ci=1e-6, max_samples=10**7)
+SLOW = TimingPolicy(
+    min_samples=3,
+    min_time_s=3.0,
+    max_case_s=4.0,
+    warmup_max_s=0.05,
+    target_ci=1e-6,
+    max_samples=10**7,
+    process_warmup_s=0.05,
+)
 
 
 def settings(policy: TimingPolicy = QUICK) -> ExecutorSettings:
@@ -96,7 +104,8 @@ def test_a_killed_worker_mid_case_becomes_a_row_and_the_sweep_finishes() -> None
         pool.close()
     assert sorted(r.case.seq_len for r in rows) == [8, 16, 24]  # every case once, the killed one included
     crashed = [r for r in rows if r.status == "crashed"]
-    assert len(crashed) == 1 and "SIGKILL" in crashed[0].reason and crashed[0].case.seq_len == 8
+    assert len(crashed) == 1 and crashed[0].case.seq_len == 8
+    assert crashed[0].reason == "the worker was killed by SIGKILL (possibly the kernel's OOM killer)"
     assert sum(r.ok for r in rows) == 2
     assert victim.workers_started == 2  # the device was not retired: its next case got a fresh worker
     assert not pool.retired

@@ -71,7 +71,8 @@ def test_a_sweep_with_processes_2_runs_fresh_workers_and_stores_both_medians(tmp
     config.write_text(
         "name: rep\ndevice: cpu\nmodels: [lstm]\nmodes: [forward]\ngrid: {batch: [2], seq_len: [16]}\n"
         "d_model: 32\ntelemetry: off\n"
-        "timing: {processes: 2, target_ci: 0.05, min_samples: 5, min_time_s: 0.01, max_case_s: 2.0}\n"
+        "timing: {processes: 2, target_ci: 0.05, min_samples: 5, min_time_s: 0.01, max_case_s: 2.0,\n"
+        "  process_warmup_s: 0.05}\n"
     )
     result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"), "-q"])
     assert result.exit_code == 0, result.output

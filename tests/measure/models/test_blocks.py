@@ -255,7 +255,9 @@ def test_executor_runs_token_id_models(model: str, mode: Mode) -> None:
     from attnbench.measure.executor import ExecutorSettings
     from attnbench.measure.torch_executor import TorchExecutor
 
-    policy = TimingPolicy(min_samples=3, max_samples=5, min_time_s=0.001, max_case_s=0.5, warmup_max_s=0.05)
+    policy = TimingPolicy(
+        min_samples=3, max_samples=5, min_time_s=0.001, max_case_s=0.5, warmup_max_s=0.05, process_warmup_s=0.05
+    )
     this = replace(case(model, "model", mode=mode, dtype="float32", layers=1), batch=1, seq_len=8)
     result = TorchExecutor(ExecutorSettings("cpu", policy, telemetry="off")).run(this)
     assert result.status == "ok", result.reason
