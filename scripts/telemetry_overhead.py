@@ -71,7 +71,9 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=None, help="the sampler's polling interval (s)")
     parser.add_argument("--nvml", choices=("real", "fake"), default="real", help="fake: the GPU path, on a CPU")
     parser.add_argument(
-        "--quick", action="store_true", help="0.3 s per measurement, a 0.5 s sampler window: checks the plumbing only"
+        "--quick",
+        action="store_true",
+        help="0.3 s per measurement, short warm-ups, a 0.5 s sampler window: plumbing only",
     )
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
@@ -80,7 +82,9 @@ def main() -> int:
     interval = args.interval or default_interval_s(args.device if args.nvml == "real" else "cuda")
     policy = TimingPolicy(target_ci=0.01, min_samples=20, min_time_s=0.5, max_case_s=1.5, warmup_max_s=0.3)
     if args.quick:
-        policy = TimingPolicy(target_ci=0.05, min_samples=5, min_time_s=0.05, max_case_s=0.3, warmup_max_s=0.1)
+        policy = TimingPolicy(
+            target_ci=0.05, min_samples=5, min_time_s=0.05, max_case_s=0.3, warmup_max_s=0.1, process_warmup_s=0.05
+        )
     level = "full" if cuda or args.nvml == "fake" else "basic"
     off = TorchExecutor(ExecutorSettings(args.device, policy, telemetry="off"))
     on = TorchExecutor(ExecutorSettings(args.device, policy, telemetry=level, telemetry_interval_s=interval))

@@ -137,7 +137,7 @@ def test_telemetry_overhead_on_a_device_that_cannot_run_its_cases_reports_them_s
     spec.loader.exec_module(module)
     assert {case.dtype for case in module.CUDA_CASES} == {"bfloat16"}
     run = subprocess.run(
-        [sys.executable, "scripts/telemetry_overhead.py", "--device", "cuda", "--rounds", "1"],
+        [sys.executable, "scripts/telemetry_overhead.py", "--device", "cuda", "--rounds", "1", "--quick"],
         cwd=ROOT,
         capture_output=True,
         text=True,
