@@ -239,7 +239,8 @@ def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
     from attnbench.measure.torch_executor import TorchExecutor
 
     executor = TorchExecutor(ExecutorSettings("cpu", QUICK, threads=1))
-    huge = Case("vanilla", "forward", "float32", "cpu", 1, 2**22, 16, 2, 1, False)  # 128 TiB of scores
+    # 8 TiB of scores; its inputs and projections are 64 MiB each (at 2**22, a gigabyte to fill before the refusal)
+    huge = Case("vanilla", "forward", "float32", "cpu", 1, 2**20, 16, 2, 1, False)
     result = executor.run(huge)
     assert result.status == "oom" and "allocate" in result.reason
     assert executor.run(case()).ok
