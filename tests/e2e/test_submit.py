@@ -159,7 +159,15 @@ def test_a_task_told_to_stop_saves_its_rows_and_the_next_attempt_finishes_them(t
 
 
 @pytest.mark.slow
-def test_the_local_executor_without_waiting_then_resume_waits_and_merges(config: Path, tmp_path: Path) -> None:
+def test_the_local_executor_without_waiting_then_resume_waits_and_merges(
+    config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    import attnbench.measure.jobarray as jobarray
+
+    # Polls every 0.2 s, not 2 s: the shards end within seconds here, and the test should not sleep past them.
+    monkeypatch.setattr(jobarray, "wait", functools.partial(jobarray.wait, poll_s=0.2))
     folder = tmp_path / "sub"
     started = submit(config, "--executor", "local", "--array", "2", "--folder", folder, "--no-wait")
     assert started.exit_code == 0, started.output
