@@ -198,10 +198,11 @@ def summary_line(report: SelfcheckReport) -> str:
                 f"gated ops could be told apart from the tolerance ({names}); the budget, not the "
                 "evidence, ended it: --budget-s (and --max-rounds) give it more"
             )
+        rounds = f"{report.timings.rounds} round{'s' if report.timings.rounds != 1 else ''}"
         return (
             f"selfcheck inconclusive: {len(report.inconclusive)} of {gated} gated ops could not be told apart from "
-            f"the tolerance after {report.timings.rounds} rounds or more ({names}); the machine is too noisy for a "
-            "verdict: rerun on a quiet one"
+            f"the tolerance after {rounds} or more ({names}); the machine is too noisy for a verdict: rerun on a "
+            "quiet one"
         )
     return f"selfcheck passed: {gated} gated ops agree within tolerance"
 

@@ -279,10 +279,11 @@ def selfcheck(
             raise typer.Exit(report.exit_code)
         return
     header, rows = table_rows(report)
+    how_many = f"{timings.rounds} interleaved round{'s' if timings.rounds != 1 else ''}"
     table = Table(
         title=(
             f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, {timings.threads} "
-            f"threads, {timings.rounds} interleaved rounds; ratio = attnbench / reference (median of per-round ratios)"
+            f"threads, {how_many}; ratio = attnbench / reference (median of per-round ratios)"
         ),
         title_justify="left",
     )
