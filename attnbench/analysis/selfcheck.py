@@ -22,7 +22,14 @@ from typing import Literal
 
 from attnbench.core.errors import EXIT_CASE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from attnbench.core.stats import student_t_975
-from attnbench.core.units import format_change, format_change_interval, format_duration, format_percent, format_seconds
+from attnbench.core.units import (
+    format_change,
+    format_change_interval,
+    format_duration,
+    format_percent,
+    format_seconds,
+    plural,
+)
 from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 
 Outcome = Literal["pass", "fail", "inconclusive", "not gated"]
@@ -198,11 +205,10 @@ def summary_line(report: SelfcheckReport) -> str:
                 f"gated ops could be told apart from the tolerance ({names}); the budget, not the "
                 "evidence, ended it: --budget-s (and --max-rounds) give it more"
             )
-        rounds = f"{report.timings.rounds} round{'s' if report.timings.rounds != 1 else ''}"
         return (
             f"selfcheck inconclusive: {len(report.inconclusive)} of {gated} gated ops could not be told apart from "
-            f"the tolerance after {rounds} or more ({names}); the machine is too noisy for a verdict: rerun on a "
-            "quiet one"
+            f"the tolerance after {plural(report.timings.rounds, 'round')} or more ({names}); the machine is too "
+            "noisy for a verdict: rerun on a quiet one"
         )
     return f"selfcheck passed: {gated} gated ops agree within tolerance"
 

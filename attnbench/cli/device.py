@@ -24,7 +24,7 @@ from attnbench.cli.common import (
 )
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.peaks import PEAK_DTYPES
-from attnbench.core.units import format_percent
+from attnbench.core.units import format_percent, plural
 
 if TYPE_CHECKING:
     from attnbench.core.peaks import VendorPeak
@@ -279,11 +279,11 @@ def selfcheck(
             raise typer.Exit(report.exit_code)
         return
     header, rows = table_rows(report)
-    how_many = f"{timings.rounds} interleaved round{'s' if timings.rounds != 1 else ''}"
     table = Table(
         title=(
             f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, {timings.threads} "
-            f"threads, {how_many}; ratio = attnbench / reference (median of per-round ratios)"
+            f"threads, {plural(timings.rounds, 'interleaved round')}; ratio = attnbench / reference (median of "
+            "per-round ratios)"
         ),
         title_justify="left",
     )

@@ -99,3 +99,8 @@ def format_change(fraction: float) -> str:
 def format_change_interval(low: float, high: float) -> str:
     """An interval of relative changes: ``"+6.1 … +14.7 %"``."""
     return f"{low * 100:+.1f} … {high * 100:+.1f} %"
+
+
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, with an s unless ``n`` is 1: "1 round", "3 rounds"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"

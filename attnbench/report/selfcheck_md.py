@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.analysis.selfcheck import GATE_MIN_S, TOLERANCE, SelfcheckReport, noise_note, summary_line
-from attnbench.core.units import format_seconds
+from attnbench.core.units import format_seconds, plural
 
 
 def table_rows(report: SelfcheckReport) -> tuple[list[str], list[list[str]]]:
@@ -38,7 +38,7 @@ def render_markdown(report: SelfcheckReport) -> str:
     timings = report.timings
     notes = [*timings.notes, *([noise] if noise else [])]
     gates = " / ".join(f"±{TOLERANCE[t]:.0%} against {t}" for t in timings.timers)
-    rounds = f"{timings.rounds} interleaved round{'s' if timings.rounds != 1 else ''}"
+    rounds = plural(timings.rounds, "interleaved round")
     lines = [
         f"# attnbench selfcheck — {timings.device} ({timings.device_name})",
         "",

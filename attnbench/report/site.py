@@ -25,7 +25,7 @@ from attnbench.analysis.alerts import StepEvent
 from attnbench.analysis.history import Metric, run_name
 from attnbench.analysis.site import Board, CaseView, RunDigest, Site
 from attnbench.core.text import safe_text
-from attnbench.core.units import format_change, format_change_interval
+from attnbench.core.units import format_change, format_change_interval, plural
 from attnbench.report.alerts_md import event_label
 from attnbench.report.history import METRIC_WORDS, step_verdict, value_text
 from attnbench.report.site_assets import SITE_CSS, SITE_JS
@@ -92,17 +92,13 @@ def _newest(view: CaseView) -> str:
     return esc(value_text(p.value, "median")) if p.value is not None else esc(p.status)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 # ------------------------------------------------------------------------------------------------------ pages
 def _index(site: Site, title: str) -> bytes:
     worse = [e for _, e in site.events if e.worse]
     lead = (
-        f"{_plural(len(site.runs), 'run')} of {_plural(len(site.boards), 'config')}, "
-        f"{_plural(len(site.cases), 'case')}; "
-        f"{_plural(len(site.events), 'confirmed step')} (<a href='regressions.html'>{len(worse)} that made things "
+        f"{plural(len(site.runs), 'run')} of {plural(len(site.boards), 'config')}, "
+        f"{plural(len(site.cases), 'case')}; "
+        f"{plural(len(site.events), 'confirmed step')} (<a href='regressions.html'>{len(worse)} that made things "
         "worse</a>). Each row: the median time per call of every run, the newest, and the latest step that moved it."
     )
     body = [f"<h1>{esc(title)}</h1>", f"<p class='lead'>{lead}</p>"]
@@ -111,7 +107,7 @@ def _index(site: Site, title: str) -> bytes:
         newest = board.runs[-1]
         body.append(f"<h2 id='config-{esc(board.config)}'>{esc(board.config)}</h2>")
         body.append(
-            f"<p>{_plural(len(board.runs), 'run')}, newest {_run_link(newest, len(board.runs))}; runs "
+            f"<p>{plural(len(board.runs), 'run')}, newest {_run_link(newest, len(board.runs))}; runs "
             f"{esc(history.order_note)}.</p>"
         )
         groups: dict[tuple[str, str, str], list[CaseView]] = {}
@@ -182,7 +178,7 @@ def _env_list(env: Mapping[str, Any], keys: Sequence[str]) -> str:
 
 
 def _runs(site: Site, title: str, commit_url: str | None) -> bytes:
-    body = ["<h1>Runs</h1>", f"<p class='lead'>{_plural(len(site.runs), 'run')}, each config in history order.</p>"]
+    body = ["<h1>Runs</h1>", f"<p class='lead'>{plural(len(site.runs), 'run')}, each config in history order.</p>"]
     for board in site.boards:
         history = board.history
         body.append(f"<h2>{esc(board.config)}</h2><p>{esc(history.order_note)}.</p>")

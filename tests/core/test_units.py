@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnbench.core.units import MIB, format_bytes, format_duration, format_rate, format_seconds
+from attnbench.core.units import MIB, format_bytes, format_duration, format_rate, format_seconds, plural
 
 
 def test_three_significant_digits_in_the_right_unit() -> None:
@@ -29,3 +29,11 @@ def test_durations_read_as_a_clock_would() -> None:
     assert format_duration(7500.0) == "2 h 5 min"
     assert format_duration(7200.0) == "2 h"
     assert format_duration(float("inf")) == "n/a"
+
+
+def test_plural_adds_an_s_unless_one() -> None:
+    assert [plural(n, "interleaved round") for n in (0, 1, 3)] == [
+        "0 interleaved rounds",
+        "1 interleaved round",
+        "3 interleaved rounds",
+    ]
