@@ -26,7 +26,7 @@ CONFIG = tiny_config(
     "merge",
     models=["lstm", "gru", "sdpa-flash", "vanilla"],
     grid={"batch": [1], "seq_len": [8, 16, 32]},
-    timing={"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.05, "warmup_max_s": 0.02, "process_warmup_s": 0.05},
+    timing={"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.05, "warmup_max_s": 0.02},
 )
 
 

@@ -22,7 +22,7 @@ from tests.fakes import FakeExecutors
 from tests.support import ROOT, tiny_config
 
 runner = CliRunner()
-QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.05, "warmup_max_s": 0.02, "process_warmup_s": 0.05}
+QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.05, "warmup_max_s": 0.02}
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_sigterm_with_two_workers_keeps_the_finished_rows_and_leaves_no_worker(
     config: Path, tmp_path: Path, signals: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Slow enough (≥ 0.3 s a case) that the signals land inside cases.
-    slow = {"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05, "process_warmup_s": 0.05}
+    slow = {"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05}
     grid = {"batch": [1], "seq_len": [8, 16]}
     config.write_text(tiny_config("dist", models=["lstm", "gru", "sdpa-flash", "vanilla"], grid=grid, timing=slow))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

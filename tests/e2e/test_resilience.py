@@ -126,7 +126,7 @@ CONFIG = tiny_config(
     models=["lstm", "gru", "sdpa-flash", "vanilla"],
     grid={"batch": [1], "seq_len": [16, 32]},
     # Slow enough (≥ 0.3 s a case) that a signal sent mid-sweep lands inside a case.
-    timing={"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05, "process_warmup_s": 0.05},
+    timing={"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05},
 )
 
 

@@ -33,7 +33,7 @@ from tests.support import ROOT, tiny_config
 runner = CliRunner()
 # A budget that three samples of a tiny case fit in beside another test worker (0.05 s did not, and the end-to-end
 # test's "every row ok" failed under load); converged cases stop long before it.
-QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.5, "warmup_max_s": 0.02, "process_warmup_s": 0.05}
+QUICK = {"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.5, "warmup_max_s": 0.02}
 CONFIG = tiny_config(
     "submit", models=["lstm", "gru", "sdpa-flash", "vanilla"], grid={"batch": [1], "seq_len": [8, 16, 32]}, timing=QUICK
 )
@@ -118,7 +118,7 @@ def test_a_task_told_to_stop_saves_its_rows_and_the_next_attempt_finishes_them(t
     """What a Slurm time limit does: submitit raises in the task (SIGUSR2), the task stops its sweep with
     SIGTERM, the rows finished so far stay, and the next attempt resumes the same folder."""
     config = tmp_path / "slow.yaml"
-    slow = {"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05, "process_warmup_s": 0.05}
+    slow = {"min_samples": 5, "min_time_s": 0.3, "max_case_s": 0.4, "warmup_max_s": 0.05}
     config.write_text(
         tiny_config("slow", models=["lstm", "gru"], grid={"batch": [1], "seq_len": [8, 16, 32, 64]}, timing=slow)
     )

@@ -535,7 +535,6 @@ SWEEP = tiny_config(
         "min_time_s": 0.005,
         "max_case_s": 1.0,
         "warmup_max_s": 0.02,
-        "process_warmup_s": 0.05,
     },
     telemetry="off",
 )

@@ -38,9 +38,7 @@ class Recorder:
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"
-    path.write_text(
-        tiny_config(timing={"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.1, "process_warmup_s": 0.05})
-    )
+    path.write_text(tiny_config(timing={"min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.1}))
     return path
 
 

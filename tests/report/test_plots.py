@@ -300,7 +300,6 @@ TINY = tiny_config(
         "min_time_s": 0.005,
         "max_case_s": 0.1,
         "warmup_max_s": 0.02,
-        "process_warmup_s": 0.05,
     },
 )
 
