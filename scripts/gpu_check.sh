@@ -132,8 +132,8 @@ environment() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,power.default_limit \
       --format=csv || true
   fi
-  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" && \
-    "$PY" -m attnbench env --device "$DEVICE"
+  # torch's version and CUDA's are among its rows; a separate `import torch` to print them cost a second import.
+  "$PY" -m attnbench env --device "$DEVICE"
 }
 
 # reached NAME: how many of its config's cases the sweep NAME recorded (a sweep cut by its budget keeps its rows).
