@@ -187,6 +187,9 @@ def measure(
         if len(samples) < needed:
             block = max(block, min(needed - len(samples), max(1, int(remaining / sample_s))))
         samples += clock.time(fn, calls, block)
+        # From here the samples themselves say how long the next one takes, not the warm-up's median: a warm-up that
+        # did not settle may hold a cold first call, and that estimate ended the loop with most of the budget unspent.
+        sample_s = statistics.median(samples) * calls
         summary = summarize(samples)
         sampled_s = clock.now() - sampling_start
         stop = len(samples) >= policy.min_samples and sampled_s >= policy.min_time_s

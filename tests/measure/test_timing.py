@@ -160,6 +160,18 @@ def test_never_fewer_than_min_samples_while_the_budget_has_room(seed: int) -> No
     assert clock.now() <= max(policy.max_case_s, 0) + one_sample
 
 
+def test_a_cold_first_call_left_in_an_unsettled_warm_up_does_not_end_the_sampling() -> None:
+    """A first backward call of 340 ms, then 1 ms calls: the warm-up stops after two calls (its budget spent), and the
+    median of those two said a sample takes 170 ms, so the loop ended after one sample with 160 ms of budget left and
+    called the row too slow for the budget (a real sdpa-flash train case on CPU did)."""
+    clock = FakeClock(lambda i, rng: 0.34 if i == 0 else rng.gauss(1e-3, 1e-5), seed=7)
+    policy = TimingPolicy(min_samples=3, max_samples=5, min_time_s=0.001, max_case_s=0.5, warmup_max_s=0.05)
+    m = measure(noop, clock, policy)
+    assert m.warmup_calls == 2 and any("warm-up did not settle" in w for w in m.warnings)
+    assert m.stop_reason != "too_slow_for_budget" and len(m.samples_s) >= policy.min_samples
+    assert m.median_s == pytest.approx(1e-3, rel=0.05)
+
+
 def test_the_warm_up_leaves_half_the_budget_to_the_samples() -> None:
     # Calls that never settle (alternating 1 and 2 ms) would use all of warmup_max_s (2 s) of a 2 s budget.
     clock = FakeClock(lambda i, rng: 1e-3 * (1 + i % 2), seed=3)
