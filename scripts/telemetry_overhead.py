@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # scripts run from a checkout; the fake pynvml lives in its tests/
 
 from attnbench.core.cases import Case, TimingPolicy, default_interval_s  # noqa: E402
+from attnbench.core.units import plural  # noqa: E402
 from attnbench.measure import torch_executor  # noqa: E402
 from attnbench.measure.executor import ExecutorSettings  # noqa: E402
 from attnbench.measure.torch_executor import TorchExecutor  # noqa: E402
@@ -95,7 +96,8 @@ def main() -> int:
     opener = fake_nvml_telemetry() if args.nvml == "fake" else _real_telemetry
     window_s = 0.5 if args.quick else 2.0
     sampler_ms = sampler_cpu_ms_per_s(partial(opener, args.device), level, interval, window_s)
-    print(f"## Telemetry overhead ({what}, level {level}, interval {interval * 1e3:g} ms, {args.rounds} rounds)\n")
+    rounds = plural(args.rounds, "round")
+    print(f"## Telemetry overhead ({what}, level {level}, interval {interval * 1e3:g} ms, {rounds})\n")
     print(
         "| case | median off | median on | on/off (median of rounds) | rounds on > off | on/off, fastest samples "
         "| samples per case |"

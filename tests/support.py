@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from attnbench.core.cases import Case, Mode
+from attnbench.core.cases import Case, Mode, TimingPolicy
 from attnbench.core.catalogue import MODELS, has_heads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +63,12 @@ def tiny_config(name: str = "tiny", **changes: Any) -> str:
         changes["timing"] = {"process_warmup_s": QUICK_TIMING["process_warmup_s"], **changes["timing"]}
     config.update(changes)
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def quick_policy(**fields: Any) -> TimingPolicy:
+    """A ``TimingPolicy`` for a test that reads rows, not speed: the short process warm-up unless ``fields`` name
+    one (the rule ``tiny_config`` applies to a config's own timing)."""
+    return TimingPolicy(**{"process_warmup_s": QUICK_TIMING["process_warmup_s"], **fields})
 
 
 def tiny_case(

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.cases import Case
 from attnbench.core.errors import ResultsError
 from attnbench.measure.executor import ExecutorSettings
 from attnbench.measure.isolation import IsolatedExecutor
@@ -23,21 +23,13 @@ from attnbench.measure.loop import OomSkipper, run_cases
 from attnbench.results.lock import RunLock
 from attnbench.results.records import Result
 from tests.fakes import FakeExecutors
-from tests.support import ROOT, tiny_case, tiny_config
+from tests.support import ROOT, quick_policy, tiny_case, tiny_config
 
 runner = CliRunner()
-QUICK = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05, process_warmup_s=0.05)
+QUICK = quick_policy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05)
 # A case that cannot end early: an unreachable CI target and a sample cap far above what 4 s holds (a tiny LSTM
 # fills the default 10 000 samples of 100 µs in about a second on a quiet machine, which beat the 1 s timeout).
-SLOW = TimingPolicy(
-    min_samples=3,
-    min_time_s=3.0,
-    max_case_s=4.0,
-    warmup_max_s=0.05,
-    target_ci=1e-6,
-    max_samples=10**7,
-    process_warmup_s=0.05,
-)
+SLOW = quick_policy(min_samples=3, min_time_s=3.0, max_case_s=4.0, warmup_max_s=0.05, target_ci=1e-6, max_samples=10**7)
 
 
 def case(seq_len: int = 16, model: str = "lstm") -> Case:

@@ -529,13 +529,7 @@ SWEEP = tiny_config(
     heads=4,
     # A budget that a call slowed by a neighbouring test worker still fits min_samples into: a too-slow row has no
     # achieved rate, so no peak to be a share of (a fresh-clone CI run saw that at 0.2 s).
-    timing={
-        "target_ci": 0.2,
-        "min_samples": 3,
-        "min_time_s": 0.005,
-        "max_case_s": 1.0,
-        "warmup_max_s": 0.02,
-    },
+    timing={"target_ci": 0.2, "min_samples": 3, "min_time_s": 0.005, "max_case_s": 1.0, "warmup_max_s": 0.02},
     telemetry="off",
 )
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from attnbench.core.cases import Case, TimingPolicy
+from attnbench.core.cases import Case
 from attnbench.core.units import MIB
 from attnbench.measure.memory import RssPeak
-from tests.support import ROOT
+from tests.support import ROOT, quick_policy
 
 pytestmark = pytest.mark.skipif(not RssPeak.probe().available, reason=RssPeak.probe().reason or "no procfs")
 
@@ -57,9 +57,7 @@ def test_vanilla_materialises_scores_and_flash_does_not() -> None:
     scores_bytes = batch * heads * n * n * 4  # float32
     # A roomy budget and a loose target: the test reads the memory pass, and on a loaded machine three samples of
     # vanilla at n=1024 must still fit (else the row is too_slow_for_budget, issue 17).
-    policy = TimingPolicy(
-        min_samples=3, max_case_s=5.0, min_time_s=0.0, warmup_max_s=0.1, target_ci=0.5, process_warmup_s=0.05
-    )
+    policy = quick_policy(min_samples=3, max_case_s=5.0, min_time_s=0.0, warmup_max_s=0.1, target_ci=0.5)
     executor = TorchExecutor(ExecutorSettings("cpu", policy, threads=1))
     peaks = {}
     for model in ("vanilla", "sdpa-flash"):

@@ -11,13 +11,12 @@ import pytest
 
 from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR, Policy, Side, compare_sides, load_side
 from attnbench.cli.device import noise_line
-from attnbench.core.cases import TimingPolicy
 from attnbench.core.stats import student_t_975
 from attnbench.measure import noise as noise_module
 from attnbench.measure.noise import measure_noise, noise_floor
 from attnbench.results.calibration import Calibration, NoiseFloor
 from attnbench.results.fields import FieldError
-from tests.support import DATA, tiny_case
+from tests.support import DATA, quick_policy, tiny_case
 
 BASE, CURRENT = DATA / "compare" / "base", DATA / "compare" / "current"
 
@@ -93,9 +92,7 @@ def test_a_floor_beyond_the_threshold_says_to_use_several_processes() -> None:
 def test_measure_noise_runs_each_round_in_a_fresh_process() -> None:
     # A budget a first train call slowed by a neighbouring test worker still leaves min_samples room in (at 0.3 s
     # one such warm-up left 4 ms, and the reference case honestly ended too_slow_for_budget).
-    policy = TimingPolicy(
-        target_ci=0.05, min_samples=5, min_time_s=0.02, max_case_s=1.0, warmup_max_s=0.1, process_warmup_s=0.05
-    )
+    policy = quick_policy(target_ci=0.05, min_samples=5, min_time_s=0.02, max_case_s=1.0, warmup_max_s=0.1)
     cases = (tiny_case("lstm"), tiny_case("vanilla", mode="train"))
     heard: list[str] = []
     noise = measure_noise("cpu", 1, processes=2, cases=cases, policy=policy, progress=heard.append)

@@ -20,22 +20,19 @@ from attnbench.measure.pool import DevicesFailedError, WorkerPool, resolve_devic
 from attnbench.measure.sweep import SweepRequest, open_sweep
 from attnbench.results.records import Result
 from attnbench.results.store import load_run
-from tests.support import tiny_case, tiny_config
+from tests.support import quick_policy, tiny_case, tiny_config
 
 # Roomy budget, loose target: these tests are about who writes which row, and on a loaded machine three samples
 # must still fit in the budget (else a row is too_slow_for_budget, issue 17).
-QUICK = TimingPolicy(
-    min_samples=3, min_time_s=0.01, max_case_s=2.0, warmup_max_s=0.05, target_ci=0.5, process_warmup_s=0.05
-)
+QUICK = quick_policy(min_samples=3, min_time_s=0.01, max_case_s=2.0, warmup_max_s=0.05, target_ci=0.5)
 # Cannot end early (see tests/e2e/test_resilience.py): a worker killed a second in is killed mid-case.
-SLOW = TimingPolicy(
+SLOW = quick_policy(
     min_samples=3,
     min_time_s=1.5,  # the other cases run this long too: 3 s made the killed-worker test 9 s
     max_case_s=2.0,
     warmup_max_s=0.05,
     target_ci=1e-6,
     max_samples=10**7,
-    process_warmup_s=0.05,
 )
 
 

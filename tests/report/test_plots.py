@@ -294,13 +294,7 @@ def test_sweep_render_writes_the_plots(run_copy: Path) -> None:
 
 TINY = tiny_config(
     "tiny-plots",
-    timing={
-        "target_ci": 0.2,
-        "min_samples": 3,
-        "min_time_s": 0.005,
-        "max_case_s": 0.1,
-        "warmup_max_s": 0.02,
-    },
+    timing={"target_ci": 0.2, "min_samples": 3, "min_time_s": 0.005, "max_case_s": 0.1, "warmup_max_s": 0.02},
 )
 
 

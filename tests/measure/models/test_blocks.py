@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from attnbench.config.experiment import load_experiment_text
-from attnbench.core.cases import Case, Mode, TimingPolicy
+from attnbench.core.cases import Case, Mode
 from attnbench.core.catalogue import MODELS, PRESETS
 from attnbench.core.errors import ConfigError
 from attnbench.core.families.minrnn import FAMILY as MINRNN
@@ -20,6 +20,7 @@ from attnbench.core.families.rnn import FAMILY as RNN
 from attnbench.core.flops import attention_block_parameters, count_parameters
 from attnbench.measure.models import build_model, make_input, parameter_count, probe, registry
 from attnbench.measure.models.blocks import RecurrentBlock, TransformerBlock
+from tests.support import quick_policy
 
 F64 = torch.float64
 CPU_ATTENTION = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
@@ -255,9 +256,7 @@ def test_executor_runs_token_id_models(model: str, mode: Mode) -> None:
     from attnbench.measure.executor import ExecutorSettings
     from attnbench.measure.torch_executor import TorchExecutor
 
-    policy = TimingPolicy(
-        min_samples=3, max_samples=5, min_time_s=0.001, max_case_s=0.5, warmup_max_s=0.05, process_warmup_s=0.05
-    )
+    policy = quick_policy(min_samples=3, max_samples=5, min_time_s=0.001, max_case_s=0.5, warmup_max_s=0.05)
     this = replace(case(model, "model", mode=mode, dtype="float32", layers=1), batch=1, seq_len=8)
     result = TorchExecutor(ExecutorSettings("cpu", policy, telemetry="off")).run(this)
     assert result.status == "ok", result.reason
