@@ -13,9 +13,16 @@ The command line is ``attnbench`` (``attnbench --help``). From Python, stored ru
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Kineto (torch.profiler: the probes' operator names, the kernel counts) writes a "USDT: profiler_start" and a
+# "profiler_stop" line to stderr around every profile from torch 2.13 on: noise between a sweep's progress lines.
+# 6 is above every level it logs at; read once, when torch loads, so it is set here, before any room of the package
+# imports torch. A user's own setting wins.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 __all__ = [
     "Case",
@@ -25,6 +32,7 @@ __all__ = [
     "RunSkipped",
     "StoredRun",
     "__version__",
+    "compare",
     "frame",
     "history",
     "load_run",
@@ -40,6 +48,7 @@ _HOMES = {
     "Run": "attnbench.results.records",
     "StoredRun": "attnbench.results.store",
     "RunSkipped": "attnbench.api",
+    "compare": "attnbench.api",
     "frame": "attnbench.api",
     "history": "attnbench.api",
     "load_run": "attnbench.api",
@@ -49,7 +58,7 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from attnbench.analysis.history import History
-    from attnbench.api import RunSkipped, frame, history, load_run, load_runs, samples_frame
+    from attnbench.api import RunSkipped, compare, frame, history, load_run, load_runs, samples_frame
     from attnbench.core.cases import Case
     from attnbench.results.records import Result, Run
     from attnbench.results.store import StoredRun

@@ -11,12 +11,14 @@ What is public is ``attnbench.__all__``; a change that breaks it needs a line in
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnbench.analysis.compare import Comparison, Policy, compare_paths
 from attnbench.analysis.history import History, Metric, build_history
-from attnbench.core.errors import ResultsError
+from attnbench.analysis.thresholds import Thresholds, parse_fraction, thresholds_from, with_fail_on
+from attnbench.core.errors import AttnbenchError, ResultsError
 from attnbench.report import frames
 from attnbench.results import store
 from attnbench.results.store import StoredRun
@@ -77,16 +79,62 @@ def history(
     runs: RunsLike,
     *,
     metric: Metric = "median",
-    cases: Iterable[str] = (),
-    min_change: float = 0.0,
+    cases: str | Iterable[str] = (),
+    min_change: float | str = 0.0,
     repo: str | Path | None = None,
 ) -> History:
     """The runs in history order, cut where the environment changes, with each case's series and step changes
-    (``History.cases[i].fit.steps``). ``cases``: shell patterns on the case key or label."""
+    (``History.cases[i].fit.steps``). ``cases``: a shell pattern on the case key or label, or several;
+    ``min_change``: the smallest step reported, a fraction (0.05) or a percentage ("5%")."""
     return build_history(
         _runs(runs),
         metric=metric,
-        patterns=tuple(cases),
-        min_change=min_change,
+        patterns=_patterns(cases),
+        min_change=_fraction(min_change, "min_change"),
         repo=None if repo is None else Path(repo),
     )
+
+
+def compare(
+    base: str | Path,
+    current: str | Path,
+    *,
+    fail_on: str | Iterable[str] = (),
+    thresholds: Mapping[str, object] | None = None,
+    noise_floor: float | str | None = None,
+    allow_mismatch: Iterable[str] = (),
+) -> Comparison:
+    """CURRENT judged against BASE exactly as ``attnbench compare`` judges them: each a run folder or a folder of
+    runs. ``fail_on`` as ``--fail-on`` (``"median:5%"``, ``"peak_mem:10%"``; its gates are judged too),
+    ``thresholds`` as a ``--thresholds`` file's mapping, ``noise_floor`` as ``--noise-floor`` (0.05 or "5%").
+    ``Comparison.regressed`` and ``.exit_code`` are the CLI's verdict; runs that are not comparable raise
+    ``NotComparableError`` (exit 3), a missing base ``NoBaselineError`` (exit 4)."""
+    gates = [fail_on] if isinstance(fail_on, str) else list(fail_on)
+    limits = (
+        thresholds_from(dict(thresholds), Path("thresholds"), gates)
+        if thresholds is not None
+        else with_fail_on(Thresholds(), gates)
+    )
+    floor = None if noise_floor is None else _fraction(noise_floor, "noise_floor", below=10.0)
+    allowed = [allow_mismatch] if isinstance(allow_mismatch, str) else list(allow_mismatch)
+    policy = Policy(thresholds=limits, noise_floor=floor, allow_mismatch=frozenset(allowed))
+    return compare_paths(Path(base), Path(current), policy)
+
+
+def _patterns(cases: str | Iterable[str]) -> tuple[str, ...]:
+    """One pattern or several: a string is one pattern, not a list of its characters."""
+    if isinstance(cases, str):
+        return (cases,)
+    patterns = tuple(cases)
+    if not all(isinstance(p, str) for p in patterns):
+        raise AttnbenchError("cases: give shell patterns as strings", hint='e.g. cases="lstm*" or ["lstm*", "sdpa*"]')
+    return patterns
+
+
+def _fraction(value: object, name: str, *, below: float = 1.0) -> float:
+    """A fraction given as a number (0.05) or a percentage ("5%"), in [0, below)."""
+    if isinstance(value, str):
+        return parse_fraction(value, name, below=below)
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < below:
+        return float(value)
+    raise AttnbenchError(f"{name}: {value!r} is not a fraction from 0 to {below}", hint=f'e.g. {name}=0.05 or "5%"')

@@ -10,6 +10,6 @@ Torch-free: a plugin's spec module imports this and stays light.
 
 from __future__ import annotations
 
-from attnbench.core.plugins import API_VERSION, ENTRY_POINT_GROUP, ModelPlugin, ModelRequest
+from attnbench.families.plugins import API_VERSION, ENTRY_POINT_GROUP, ModelPlugin, ModelRequest
 
 __all__ = ["API_VERSION", "ENTRY_POINT_GROUP", "ModelPlugin", "ModelRequest"]

@@ -539,7 +539,7 @@ PYTHON
 import sys
 from pathlib import Path
 from attnbench.core.shards import Shard
-from attnbench.measure.submission import shard_run
+from attnbench.cluster.submission import shard_run
 run = shard_run(Path(sys.argv[1]) / "shards", Shard(int(sys.argv[2]), 3))
 sys.exit(0 if run is not None and (run / "results.jsonl").exists() and (run / "results.jsonl").stat().st_size else 1)
 PYTHON

@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))  # scripts run from a checkout; the fake pynvml li
 
 from attnbench.core.cases import Case, TimingPolicy, default_interval_s  # noqa: E402
 from attnbench.core.units import plural  # noqa: E402
-from attnbench.measure import torch_executor  # noqa: E402
-from attnbench.measure.executor import ExecutorSettings  # noqa: E402
-from attnbench.measure.torch_executor import TorchExecutor  # noqa: E402
+from attnbench.timing import torch_executor  # noqa: E402
+from attnbench.timing.executor import ExecutorSettings  # noqa: E402
+from attnbench.timing.torch_executor import TorchExecutor  # noqa: E402
 
 CPU_CASES = (
     Case("lstm", "forward", "float32", "cpu", 4, 256, 256, None, 1, True),
@@ -52,8 +52,8 @@ CUDA_CASES = (
 
 def fake_nvml_telemetry() -> Callable[..., Any]:
     """``open_telemetry`` bound to a fake Hopper GPU: the GPU session's code path around a CPU case."""
-    from attnbench.measure.telemetry import open_telemetry
-    from attnbench.measure.telemetry.identity import GpuIdentity
+    from attnbench.host.sensors import open_telemetry
+    from attnbench.host.sensors.identity import GpuIdentity
     from tests.fake_pynvml import FakeGpu, FakeNvml
 
     fake = FakeNvml([FakeGpu(util_period_s=1 / 6, sample_period_s=0.02)])
@@ -158,7 +158,7 @@ def sampler_cpu_ms_per_s(opener: Callable[..., Any], level: Any, interval_s: flo
 
 
 def _real_telemetry(device: str, level: Any, interval_s: float) -> Any:
-    from attnbench.measure.telemetry import open_telemetry
+    from attnbench.host.sensors import open_telemetry
 
     return open_telemetry(device, level, interval_s)
 

@@ -69,7 +69,7 @@ def _torch_threads_handed_back() -> Iterator[None]:
 def fake_executors(monkeypatch: pytest.MonkeyPatch) -> FakeExecutors:
     """Sweeps started in this test (the CLI's included) measure nothing: ``measure.sweep.make_executor``, the seam
     that picks a sweep's executor, builds ``FakeExecutor``s instead. Script outcomes through the value returned."""
-    import attnbench.measure.sweep as sweep
+    import attnbench.sweeps.runner as sweep
     from tests.fakes import FakeExecutors
 
     factory = FakeExecutors()

@@ -13,17 +13,17 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from attnbench.core.cases import Case
-from attnbench.core.catalogue import is_recurrent
-from attnbench.core.flops import count_flops
-from attnbench.measure.executor import Executor, ExecutorSettings
-from attnbench.measure.telemetry.assemble import CpuWindow, HostCounters, cpu_metrics
-from attnbench.measure.telemetry.reduce import reliability
-from attnbench.measure.telemetry.sampler import Sample
+from attnbench.families.catalogue import is_recurrent
+from attnbench.families.flops import count_flops
+from attnbench.host.sensors.assemble import CpuWindow, HostCounters, cpu_metrics
+from attnbench.host.sensors.reduce import reliability
+from attnbench.host.sensors.sampler import Sample
 from attnbench.results.contention import Contention
 from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import NVML_METRICS, TelemetrySummary
+from attnbench.timing.executor import Executor, ExecutorSettings
 
 
 class FakeClock:

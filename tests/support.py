@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from attnbench.core.cases import Case, Mode, TimingPolicy
-from attnbench.core.catalogue import MODELS, has_heads
+from attnbench.families.catalogue import MODELS, has_heads
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -192,3 +192,11 @@ def fill_disk(disk: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+def heads_kv_of(case: Case) -> int | None:
+    """A case's key/value heads as summary.csv's column says them (None without heads)."""
+    from attnbench.families.catalogue import case_column_values
+
+    value = case_column_values(case).get("heads_kv")
+    return value if isinstance(value, int) else None

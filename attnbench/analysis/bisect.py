@@ -21,8 +21,8 @@ from pathlib import Path
 from attnbench.analysis.history import History
 from attnbench.analysis.steps import Step
 from attnbench.core.cases import Case
-from attnbench.core.catalogue import is_recurrent
 from attnbench.core.stats import student_t_975
+from attnbench.families.catalogue import causal_from_grid, option_axes
 
 # Where each bisect step writes its sweep (one folder per commit, so a step left behind never mixes with the next).
 BISECT_OUT = "/tmp/attnbench-bisect"
@@ -74,7 +74,7 @@ def one_case_sets(case: Case) -> list[str]:
     if case.heads is not None:
         grid["heads"] = [case.heads]
     grid["layers"] = [case.layers]
-    if not is_recurrent(case):
+    if causal_from_grid(case):
         grid["causal"] = [case.causal]
     model: object = case.model
     options = {case.model: dict(case.options)} if case.options else {}
@@ -85,7 +85,8 @@ def one_case_sets(case: Case) -> list[str]:
             entry["options"] = dict(case.options)
         model, options = entry, {}
     sets = [f"models={_flow([model])}", f"modes=[{case.mode}]", f"dtype=[{case.dtype}]"]
-    sets += [f"{key}=null" for key in ("presets", "decode", "d_model", "heads", "heads_kv", "layers", "causal")]
+    axes = ("d_model", "heads", *option_axes(), "layers", "causal")  # wherever the config wrote them: from grid alone
+    sets += [f"{key}=null" for key in ("presets", "decode", *axes)]
     sets.append(f"grid={_flow(grid)}")
     sets.append(f"model_options={_flow(options)}")
     return sets

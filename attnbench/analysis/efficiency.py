@@ -4,10 +4,10 @@ Torch-free: ``report`` computes these from a stored run. A row's peak is, for it
 calibration (``attnbench calibrate``) when it has that dtype, else the vendor's dense figure for the run's GPU
 (``attnbench.core.peaks``), else none (an empty cell). The source is always named beside the number.
 
-float32 recurrent models on CUDA are held against the TF32 peak first: cuDNN runs float32 RNNs on TF32 tensor
-cores by default (torch.backends.cudnn.rnn.fp32_precision == "tf32", i.e. allow_tf32 for RNNs), so the FP32
-figure would put a healthy LSTM above 100 %. float32 matmuls elsewhere stay on the FP32 peak: torch's default
-float32 matmul precision is "highest" (no TF32).
+Which dtype's peak that is, the model's family says (``catalogue.peak_dtype``): the row's own dtype, or ``tf32``
+where the family's kernels run float32 on TF32 tensor cores by default (cuDNN's LSTM and GRU on CUDA; the family
+states why). float32 matmuls elsewhere stay on the FP32 peak: torch's default float32 matmul precision is
+"highest" (no TF32), so minGRU, linear attention and Mamba-2 in float32 are held to FP32 like attention.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Any
 from attnbench.core.cases import Case
 from attnbench.core.peaks import SHORT_NAMES, VendorPeak, vendor_peak
 from attnbench.core.units import format_bandwidth, format_flops, to_mib
+from attnbench.families.catalogue import peak_dtype
 from attnbench.results.calibration import Calibration
 from attnbench.results.records import Result, Run
 
-_TF32_NOTE = " (float32 RNN on cuDNN: TF32)"
+_TF32_NOTE = " (float32 on TF32 tensor cores, as the model's kernels run it)"
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,6 @@ class BandwidthPeak:
 
     bytes_per_s: float
     source: str  # "calibrated copy", "vendor NVIDIA H200 SXM DRAM"
-
-
-def _tf32_rnn(case: Case) -> bool:
-    return case.dtype == "float32" and case.kind == "recurrent" and case.device.startswith("cuda")
 
 
 class PeakTable:
@@ -78,10 +75,12 @@ class PeakTable:
         return None
 
     def for_case(self, case: Case) -> Peak | None:
-        if _tf32_rnn(case):
-            tf32 = self.for_dtype("tf32")
-            if tf32 is not None:
-                return Peak(tf32.flops_per_s, tf32.source + _TF32_NOTE)
+        """The peak ``case``'s matmuls run at: the one for the dtype its family names (``peak_dtype``)."""
+        dtype = peak_dtype(case)
+        if dtype != case.dtype:
+            held = self.for_dtype(dtype)
+            if held is not None:
+                return Peak(held.flops_per_s, held.source + _TF32_NOTE)
         return self.for_dtype(case.dtype)
 
 

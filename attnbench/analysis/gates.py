@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from attnbench.analysis.compare import CaseComparison, Comparison, Verdict, process_ratio_ci
+from attnbench.analysis.case_compare import CaseComparison, Verdict, process_ratio_ci
 from attnbench.analysis.thresholds import GateMetric, Thresholds
 from attnbench.core.cases import Case
 from attnbench.results.records import Result
@@ -62,7 +62,7 @@ class MetricVerdict:
 
 
 def judge(lo: float, hi: float, threshold: float, higher_is_worse: bool) -> Verdict:
-    """The median's rule (``compare._verdict``), turned round for a metric where lower is worse."""
+    """The median's rule (``case_compare.ratio_verdict``), turned round for a metric where lower is worse."""
     if (lo > 1 + threshold) if higher_is_worse else (hi < 1 - threshold):
         return "regressed"
     if (hi < 1 - threshold) if higher_is_worse else (lo > 1 + threshold):
@@ -135,12 +135,3 @@ def gate_metrics(
             if judged is not None:
                 out.append(judged)
     return tuple(out)
-
-
-def with_gates(comparison: Comparison) -> Comparison:
-    """``comparison`` with a verdict for every gated metric (``Comparison.gates``), which ``regressed`` counts."""
-    thresholds = comparison.policy.thresholds
-    if not thresholds.gated:
-        return comparison
-    gates = gate_metrics(comparison.cases, comparison.base.rows(), comparison.current.rows(), thresholds)
-    return replace(comparison, gates=gates)

@@ -36,7 +36,7 @@ from attnbench.results.records import Result, Run, Source
 from attnbench.results.store import RUN_FILE, StoredRun, load_run
 
 # What must match before rows may share a run: what compare holds hard, and the code that measured (as resume).
-CODE_KEYS: tuple[str, ...] = ("attnbench", "git_commit", "flash_attn")
+CODE_KEYS: tuple[str, ...] = ("attnbench", "git_commit")
 MERGE_KEYS: tuple[str, ...] = (*HARD_KEYS, *CODE_KEYS)
 
 Expected = Callable[[Run], Sequence[Case] | None]  # every case of a run's config; None when it cannot tell

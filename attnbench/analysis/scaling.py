@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from attnbench.core.catalogue import is_recurrent
 from attnbench.core.stats import student_t_975
 from attnbench.core.units import format_bytes
+from attnbench.families.catalogue import causal_from_grid, is_recurrent, state_noun
 
 if TYPE_CHECKING:
     from attnbench.results.records import Result
@@ -189,12 +189,22 @@ def _row_label(result: Result, varying: set[str]) -> str:
     parts = [case.model]
     if "heads" in varying and case.heads is not None:
         parts.append(f"h={case.heads}")
-    if "causal" in varying and not is_recurrent(case):
+    if "causal" in varying and causal_from_grid(case):
         parts.append("causal" if case.causal else "full")
     if "batch" in varying:
         parts.append(f"b={case.batch}")
     parts += [f"{k}={v}" for k, v in case.options]
     return " ".join(parts)
+
+
+def _varies(name: str, members: Sequence[Result]) -> bool:
+    """Whether case field ``name`` takes several values among the rows where the grid chose it (causal only where
+    the grid's mask decides it, heads only where a model has heads)."""
+    if name == "causal":
+        values = {r.case.causal for r in members if causal_from_grid(r.case)}
+    else:
+        values = {getattr(r.case, name) for r in members if getattr(r.case, name) is not None}
+    return len(values) > 1
 
 
 def _devices(members: Sequence[Result]) -> str:
@@ -220,11 +230,7 @@ def group_curves(results: Sequence[Result]) -> list[CurveGroup]:
             batches_by_seq.setdefault(r.case.seq_len, set()).add(r.case.batch)
         distinct = set().union(*batches_by_seq.values())
         tied = len(distinct) > 1 and all(len(b) == 1 for b in batches_by_seq.values())
-        varying = {
-            name
-            for name in ("heads", "causal", "batch")
-            if len({getattr(r.case, name) for r in members if not is_recurrent(r.case)}) > 1
-        }
+        varying = {name for name in ("heads", "causal", "batch") if _varies(name, members)}
         if tied:
             varying.discard("batch")
         elif len(distinct) > 1:
@@ -305,12 +311,13 @@ class ScalingLine:
     batch: int | None  # None: batch tied to seq_len, so the fits are per token
     time: PowerLaw | None
     memory: PowerLaw | None
-    recurrent: bool = False  # the model's kind: a state (recurrent) or a KV cache (attention) when decoding
+    recurrent: bool = False  # the model's side of the comparison (recurrent or attention)
     time_top: PowerLaw | None = None  # the two longest lengths alone, when the whole fit has ≥ 3 points
     memory_top: PowerLaw | None = None
     notes: tuple[str, ...] = ()  # why a fit is missing
     # Decode: the state's computed bytes against n (``memory`` is then the measured state, not the peak).
     state: PowerLaw | None = None
+    state_noun: str = "state"  # what the family calls its decode state: "KV cache", "recurrent state", …
 
     @property
     def per_token(self) -> bool:
@@ -336,7 +343,7 @@ class ScalingLine:
     def _decode_text(self) -> str:
         """'sdpa: time per token ∝ n^0.78 (…), KV cache ∝ n^1.00 (computed; measured ∝ n^1.00, 95 % CI …)'."""
         parts = [] if self.time is None else [_law_text("time per token", self.time, self.time_top, None)]
-        what = "state" if self.recurrent else "KV cache"
+        what = self.state_noun
         if self.state is not None:
             if self.state.exponent == 0:  # the same bytes at every n: a fit says nothing a number does not
                 computed = f"{what} fixed at {format_bytes(self.state.prefactor)}"
@@ -426,6 +433,7 @@ def scaling_line(group: CurveGroup, curve: Curve) -> ScalingLine:
         label=curve.label,
         model=curve.model,
         recurrent=curve.recurrent,
+        state_noun=state_noun(next(iter(curve.results.values())).case),
         mode=group.mode,
         dtype=group.dtype,
         device=group.device,

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
-from attnbench.core.catalogue import MODEL_NAMES, MODES
+from attnbench.core.cases import MODES
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.units import format_percent
+from attnbench.families.catalogue import MODEL_NAMES
 
 if TYPE_CHECKING:
     from attnbench.core.cases import Case

@@ -14,7 +14,7 @@ from typing import TypeVar
 from attnbench.analysis import efficiency as peak_use
 from attnbench.analysis.efficiency import Peak, PeakTable
 from attnbench.core.cases import Case, OptionValue
-from attnbench.core.catalogue import MODELS
+from attnbench.families.catalogue import claim_role, known, option_of
 from attnbench.results.records import Result, Run
 
 K = TypeVar("K", int, str)  # what varies within a group of otherwise equal cases (heads, an option's value)
@@ -26,26 +26,32 @@ def latest_rows(results: Iterable[Result]) -> list[Result]:
 
 
 def kind(case: Case) -> str | None:
-    """Which side of the claims the row's model joins ("recurrent", "attention"; a user model's entry says), or None
-    for a built-in model this catalogue does not know."""
-    if case.user is None and case.model not in MODELS:
+    """Which side of the claims the row stands on ("recurrent": the article's RNN; "attention"), or None for a model
+    the claims are not about: its family says (``catalogue.claim_role``: a sliding window, linear attention, Mamba-2
+    are compared in their own right, results/README.md), as for a built-in model this catalogue does not know."""
+    role = claim_role(case)
+    if role is None:
         return None
-    return case.kind
+    return "recurrent" if role.side == "rnn" else "attention"
 
 
 def option(case: Case, name: str) -> OptionValue | None:
     """A model option's value, or None where the model (or this catalogue) has no such option."""
     try:
-        return case.option(name)
+        return option_of(case, name) if known(case) else None
     except KeyError:
         return None
 
 
 def article_variant(case: Case) -> bool:
-    """Whether ``case`` is a model the article's complexity claims are about: not a sliding window (a band of W
-    keys changes the complexity those claims state) and not linear attention (neither the RNN nor the attention
-    the article means: its forms are compared in their own right, results/README.md)."""
-    return not option(case, "window") and case.model != "linear-attn"
+    """Whether ``case`` is a model the article's complexity claims are about (its family gives it a role)."""
+    return claim_role(case) is not None
+
+
+def parallel_recurrence(case: Case) -> bool:
+    """Whether the family computes this recurrence's steps together (a parallel scan): claim 1a's premise fails."""
+    role = claim_role(case)
+    return role is not None and role.parallel
 
 
 def peak_of(run: Run, result: Result) -> Peak | None:
@@ -70,12 +76,12 @@ def label(case: Case) -> str:
 
 
 def variant(case: Case) -> str:
-    """Model and options; a scan mode always, since it decides whether the recurrence is sequential (but not for
-    decode, which steps the recurrence one token at a time whatever the scan)."""
+    """Model and options, with the options the family always shows for it in the claims (a scan mode, which decides
+    whether the recurrence is sequential) whether set or left at their default."""
     options = dict(case.options)
-    scan = option(case, "scan")
-    if scan is not None and case.mode != "decode":
-        options.setdefault("scan", scan)
+    role = claim_role(case)
+    for name, value in role.shown if role is not None else ():
+        options.setdefault(name, value)
     return " ".join([case.model, *(f"{k}={v}" for k, v in sorted(options.items()))])
 
 

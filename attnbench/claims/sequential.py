@@ -32,6 +32,7 @@ from attnbench.claims.selection import (
     describe_series,
     kind,
     option,
+    parallel_recurrence,
     pct_of_peak,
     series,
     variant,
@@ -49,9 +50,9 @@ from attnbench.claims.verdicts import (
     thin_slope,
     undecided,
 )
-from attnbench.core.cases import OptionValue
-from attnbench.core.catalogue import MODELS
+from attnbench.core.cases import Case, OptionValue
 from attnbench.core.units import format_bytes, format_seconds
+from attnbench.families.catalogue import MODELS, claim_role
 from attnbench.results.records import Result, Run
 
 SEQUENTIAL_MIN = 0.8
@@ -126,12 +127,13 @@ def _load(busy: Sequence[bool | None]) -> str:
     return "busy" if any(busy) else "of unknown load (no GPM, peak or utilisation reading)"
 
 
-def _recurrent_steps(fit: PowerLaw, scan: OptionValue | None, busy: Sequence[bool | None]) -> tuple[Verdict, str]:
+def _recurrent_steps(shape: Case, fit: PowerLaw, busy: Sequence[bool | None]) -> tuple[Verdict, str]:
     lo, hi = fit.exponent_low, fit.exponent_high
-    mode = f"; scan={scan}" if scan is not None else ""
+    role = claim_role(shape)
+    mode = "".join(f"; {name}={value}" for name, value in role.shown) if role is not None else ""
     if hi <= PARALLEL_MAX:
         why = f"time barely grew with n (k ≤ {PARALLEL_MAX}): the steps did not run one after another{mode}"
-        if scan == "parallel":
+        if parallel_recurrence(shape):
             why += "; a parallel scan removes the sequential dependency the premise rests on"
         return "contradicted", why
     if lo < SEQUENTIAL_MIN:
@@ -182,7 +184,7 @@ def _latency_row(run: Run, s: Series) -> ClaimResult:
     if thin:
         verdict, why = "inconclusive", thin
     elif recurrent:
-        verdict, why = _recurrent_steps(fit, option(s.shape, "scan"), [_busy(run, r) for r in s.points])
+        verdict, why = _recurrent_steps(s.shape, fit, [_busy(run, r) for r in s.points])
     else:
         verdict, why = _attention_steps(fit, [_busy(run, r) for r in s.points])
     return ClaimResult(cid, claim, figure, measured, keys, verdict, why)

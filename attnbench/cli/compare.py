@@ -93,7 +93,7 @@ def compare(
         typer.Option(
             "--allow-mismatch",
             help="Compare although this key differs (repeatable): device_type, cpu_model, gpu_name, driver_major, "
-            "torch, torch_cuda, cudnn, torch_threads, dtypes, config_sha256.",
+            "torch, torch_cuda, cudnn, torch_threads, packages, dtypes, config_sha256.",
             show_default=False,
         ),
     ] = None,
@@ -115,7 +115,6 @@ def compare(
     when a case was noisy and none regressed).
     """
     from attnbench.analysis.compare import Policy, compare_paths
-    from attnbench.analysis.gates import with_gates
     from attnbench.analysis.thresholds import Thresholds, parse_fraction, with_fail_on
     from attnbench.report.compare_md import compare_table, render_compare_markdown
 
@@ -130,7 +129,7 @@ def compare(
         noise_floor=None if noise_floor is None else parse_fraction(noise_floor, "--noise-floor", below=10.0),
         allow_mismatch=frozenset(allow_mismatch or ()),
     )
-    comparison = with_gates(compare_paths(base, current, policy))
+    comparison = compare_paths(base, current, policy)
     if format == "table" and output in (None, "-"):
         stdout.print(compare_table(comparison))
     elif format == "json":

@@ -41,7 +41,7 @@ DtypeOpt = Annotated[
 
 
 def _dtypes(given: list[str] | None, device_type: str) -> tuple[str, ...]:
-    from attnbench.measure.ceilings import DEFAULT_DTYPES
+    from attnbench.instrument.ceilings import DEFAULT_DTYPES
 
     if not given:
         return DEFAULT_DTYPES[device_type]
@@ -81,9 +81,9 @@ def calibrate(
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) and the between-process noise once
     per machine, and show them beside the vendor's peaks."""
     from attnbench.analysis.efficiency import vendor_for
-    from attnbench.measure.ceilings import calibrate as measure_ceilings
-    from attnbench.measure.devices import resolve_device, use_threads
-    from attnbench.measure.environment import collect_environment
+    from attnbench.host.devices import resolve_device, use_threads
+    from attnbench.host.inventory import collect_environment
+    from attnbench.instrument.ceilings import calibrate as measure_ceilings
     from attnbench.results.calibration import cache_path, load_cached, save
 
     resolved = resolve_device(device or "auto")
@@ -143,7 +143,7 @@ def calibrate(
 
 
 def _with_noise(calibration: Calibration, device: str, threads: int | None, processes: int) -> Calibration:
-    from attnbench.measure.noise import measure_noise, reference_cases
+    from attnbench.instrument.noise import measure_noise, reference_cases
 
     cases = reference_cases(device)
     stderr.print(
@@ -237,8 +237,8 @@ def selfcheck(
     lasts, and it stays inconclusive. Exit 1 on a failure, 5 when some op is inconclusive and none failed, else 0."""
     from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
     from attnbench.core.units import format_duration
-    from attnbench.measure.devices import resolve_device, use_threads
-    from attnbench.measure.selfcheck import (
+    from attnbench.host.devices import resolve_device, use_threads
+    from attnbench.instrument.agreement import (
         MAX_ROUNDS_FACTOR,
         QUICK_ROUNDS,
         RENDER_S,

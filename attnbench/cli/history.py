@@ -93,7 +93,7 @@ def history(
     segments, never mixed."""
     from attnbench.analysis.history import build_history
     from attnbench.analysis.thresholds import parse_fraction
-    from attnbench.report.history import (
+    from attnbench.report.history_md import (
         history_tables,
         render_history_csv,
         render_history_html,

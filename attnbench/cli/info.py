@@ -110,9 +110,10 @@ def models(
     """List every model, built-in and installed plugin, whether it runs on this device (and why not), and its
     options."""
     from attnbench.config.users import installed_plugins
-    from attnbench.core.catalogue import DTYPES, MODELS, option_summary
-    from attnbench.measure.devices import resolve_device
-    from attnbench.measure.models import availability
+    from attnbench.core.cases import DTYPES
+    from attnbench.families.catalogue import MODELS, option_summary
+    from attnbench.families.registry import availability
+    from attnbench.host.devices import resolve_device
 
     if dtype not in DTYPES:
         raise AttnbenchError(f"--dtype: unknown dtype {dtype!r}", hint=f"one of: {', '.join(DTYPES)}")
@@ -155,7 +156,7 @@ def models(
 def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict[str, Any]:
     """What ``models`` shows, as data: each model with its options (default and what else it takes)."""
     from attnbench.config.users import installed_plugins
-    from attnbench.core.catalogue import MODELS
+    from attnbench.families.catalogue import MODELS
 
     models: list[dict[str, Any]] = []
     for name, spec in MODELS.items():
@@ -196,10 +197,10 @@ def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict
 @handles_errors
 def env(device: DeviceOpt = None, format: FormatOpt = "table") -> None:
     """Print the environment a run here would record."""
-    from attnbench.measure.contention import busy_now, logical_cores
-    from attnbench.measure.devices import resolve_device
-    from attnbench.measure.environment import collect_environment
-    from attnbench.measure.telemetry import telemetry_status
+    from attnbench.host.busy import busy_now, logical_cores
+    from attnbench.host.devices import resolve_device
+    from attnbench.host.inventory import collect_environment
+    from attnbench.host.sensors import telemetry_status
 
     resolved = resolve_device(device or "auto")
     environment = collect_environment(resolved)

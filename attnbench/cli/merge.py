@@ -35,7 +35,7 @@ AllowMismatchOpt = Annotated[
     typer.Option(
         "--allow-mismatch",
         help="Merge although this environment key differs between the runs (repeatable): device_type, cpu_model, "
-        "gpu_name, driver_major, torch, torch_cuda, cudnn, torch_threads, attnbench, git_commit, flash_attn.",
+        "gpu_name, driver_major, torch, torch_cuda, cudnn, torch_threads, packages, attnbench, git_commit.",
         show_default=False,
     ),
 ]

@@ -31,8 +31,8 @@ from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError, ResultsError
 from attnbench.results.records import FAILED
 
 if TYPE_CHECKING:
-    from attnbench.measure.jobarray import Task, TaskOutcome
-    from attnbench.measure.submission import ShardState, Submission, SubmitRequest
+    from attnbench.cluster.jobarray import Task, TaskOutcome
+    from attnbench.cluster.submission import ShardState, Submission, SubmitRequest
 
 
 @handles_errors
@@ -100,7 +100,7 @@ def submit(
     if resume is not None:
         code = _resume(resume, no_wait, plots=draw_plots)
     else:
-        from attnbench.measure.submission import SubmitRequest
+        from attnbench.cluster.submission import SubmitRequest
 
         request = SubmitRequest(
             config=config,
@@ -129,8 +129,8 @@ def _say(text: str) -> None:
 
 
 def _submit(request: SubmitRequest, output: Path | None, no_wait: bool, *, plots: bool) -> int:
-    from attnbench.measure.jobarray import import_submitit, submit_shards
-    from attnbench.measure.submission import discard_folder, plan_submission, prepare_folder
+    from attnbench.cluster.jobarray import import_submitit, submit_shards
+    from attnbench.cluster.submission import discard_folder, plan_submission, prepare_folder
 
     plan = plan_submission(request)
     import_submitit()  # before anything is written: without it, say how to install it
@@ -170,7 +170,7 @@ def _ids(tasks: list[Task]) -> str:
 
 def _wait_and_merge(submission: Submission, tasks: list[Task], t0: float, *, plots: bool) -> int:
     from attnbench.cli.merge import merge_runs, merge_summary
-    from attnbench.measure.jobarray import wait
+    from attnbench.cluster.jobarray import wait
 
     try:
         outcomes = wait(submission, tasks, _say) if tasks else []
@@ -214,8 +214,8 @@ def _states(submission: Submission) -> tuple[list[ShardState], list[Task]]:
     """Every shard's state from its folder, with its latest job's state from the scheduler."""
     from dataclasses import replace
 
-    from attnbench.measure.jobarray import attach, scheduler_state
-    from attnbench.measure.submission import shard_states
+    from attnbench.cluster.jobarray import attach, scheduler_state
+    from attnbench.cluster.submission import shard_states
 
     states = shard_states(submission)
     tasks = attach(submission, [s.shard.index for s in states])
@@ -230,7 +230,7 @@ def _states(submission: Submission) -> tuple[list[ShardState], list[Task]]:
 
 
 def _show_status(folder: Path) -> None:
-    from attnbench.measure.submission import load_submission
+    from attnbench.cluster.submission import load_submission
 
     submission = load_submission(folder)
     states, _ = _states(submission)
@@ -265,8 +265,8 @@ def _show_status(folder: Path) -> None:
 
 
 def _resume(folder: Path, no_wait: bool, *, plots: bool) -> int:
-    from attnbench.measure.jobarray import active, submit_shards
-    from attnbench.measure.submission import load_submission
+    from attnbench.cluster.jobarray import active, submit_shards
+    from attnbench.cluster.submission import load_submission
 
     submission = load_submission(folder)
     t0 = time.monotonic()

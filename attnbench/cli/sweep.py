@@ -38,9 +38,9 @@ from attnbench.results.records import FAILED, Result
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from attnbench.measure.sweep import Sweep, SweepPlan
     from attnbench.results.contention import Contention
     from attnbench.results.store import StoredRun
+    from attnbench.sweeps.runner import Sweep, SweepPlan
 
 
 @handles_errors
@@ -131,7 +131,7 @@ def sweep(
     """Run an experiment into a new run folder, results/runs/<run_id>/ by default (run.json, results.jsonl,
     summary.csv, summary.md, plots/)."""
     from attnbench.core.shards import parse_shard
-    from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
+    from attnbench.sweeps.runner import SweepRequest, open_sweep, plan_sweep
 
     draw_plots = plots_wanted(plots)
     if retry_failed and resume is None:

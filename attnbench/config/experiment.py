@@ -30,7 +30,8 @@ import yaml
 from pydantic import ValidationError
 
 from attnbench.config.checks import check_names, check_unique
-from attnbench.config.decoding import check_decode, decode_section
+from attnbench.config.decode_section import check_decode, decode_section
+from attnbench.config.grid import Axes, expand
 from attnbench.config.messages import (
     OVERRIDE,
     Context,
@@ -64,6 +65,8 @@ from attnbench.config.source import (
 )
 from attnbench.config.users import check_models
 from attnbench.core.cases import (  # the size caps, re-exported here with the config's own
+    DEVICE_REQUEST,
+    DTYPES,
     MAX_BATCH,
     MAX_D_MODEL,
     MAX_HEADS,
@@ -72,16 +75,15 @@ from attnbench.core.cases import (  # the size caps, re-exported here with the c
     MAX_SEQ_LEN,
     MAX_THREADS,
     MAX_TOKENS,
-    Axes,
+    MODES,
     Case,
     Level,
     Mode,
     TimingPolicy,
     default_interval_s,
-    expand,
 )
-from attnbench.core.catalogue import DEVICE_REQUEST, DTYPES, MODELS, MODES, has_heads
 from attnbench.core.errors import ConfigError
+from attnbench.families.catalogue import MODELS, has_heads, option_axes
 
 __all__ = [
     "AXIS_NAMES",
@@ -282,14 +284,14 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         axes["batch"] = _tied_batches(m.grid.tokens, m.grid.seq_len, ctx)
     if users or any(has_heads(model) for model in names):  # a model you bring is handed heads too
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
-    heads_kv_path = _check_heads_kv(m, names, axes["heads"], ctx)
-    axes["heads_kv"] = (m.heads_kv or m.grid.heads_kv or [0]) if heads_kv_path else [0]
+    given_axes = _check_option_axes(m, names, ctx)
+    option_values = {name: tuple(values) for name, (values, _) in given_axes.items()}
     options, written_options = check_model_options(m, names, users, axes, ctx)
     user_models = {name: entry.user for name, entry in users.items()}
     if "decode" in m.modes:
         causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
         check_decode(names, axes["causal"], causal_path, options, user_models, ctx)
-    decode, written_decode = decode_section(m, names, axes, options, user_models, ctx)
+    decode, written_decode = decode_section(m, names, axes, options, user_models, option_values, ctx)
     order: tuple[str, ...] = SECTION_ORDER
     if m.order is not None:
         check_unique(m.order, "section", ("order",), ctx)
@@ -310,13 +312,13 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         causal=tuple(axes["causal"]),
         device=m.device,
         model_options=options,
-        heads_kv=tuple(axes["heads_kv"]),
+        option_axes=option_values,
         users=user_models,
     )
     grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
     grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
-    if heads_kv_path:  # only when given, so that configs without it keep the sha256 they always had
-        grid["heads_kv"] = axes["heads_kv"]
+    for name, listed in option_values.items():  # only when given: configs without one keep the sha256 they had
+        grid[name] = list(listed)
     # The axes all sit under grid here, wherever they were written, so that equal experiments hash equal;
     # the result is itself a valid config.
     resolved: dict[str, Any] = {
@@ -366,7 +368,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         order=order,
     )
     _check_size(experiment, ctx, force)
-    check_buildable(experiment.cases("cpu"), names, written_options, heads_kv_path, ctx)
+    axis_paths = {name: path for name, (_, path) in given_axes.items()}
+    check_buildable(experiment.cases("cpu"), names, written_options, option_values, axis_paths, ctx)
     return experiment
 
 
@@ -416,34 +419,29 @@ def _check_heads(heads: list[int], d_models: list[int], path: Path_ | None, ctx:
                 )
 
 
-def _check_heads_kv(m: ConfigModel, names: Sequence[str], heads: list[int], ctx: Context) -> Path_ | None:
-    """Where the grid's heads_kv was given (top level or under grid), after checking every value divides every
-    heads and some model takes it; None when it was not given."""
-    if m.heads_kv is not None and m.grid.heads_kv is not None:
-        raise ctx.error("heads_kv is given both at the top level and under grid; keep one", ("grid", "heads_kv"))
-    values = m.heads_kv or m.grid.heads_kv
-    if values is None:
-        return None
-    path: Path_ = ("heads_kv",) if m.heads_kv is not None else ("grid", "heads_kv")
-    check_unique(values, "heads_kv", path, ctx)
-    takers = [model for model in names if model in MODELS and MODELS[model].option("heads_kv") is not None]
-    if not takers:
-        raise ctx.error(
-            f"heads_kv has no effect: no model listed ({', '.join(names)}) has key/value heads",
-            path,
-            hint="add an attention model (sdpa, vanilla, flash-attn, flex) or linear-attn, or remove heads_kv",
-        )
-    for i, kv in enumerate(values):
-        for h in heads:
-            if kv > h or h % kv:
-                divisors = [str(k) for k in range(1, h + 1) if h % k == 0]
-                raise ctx.error(
-                    f"heads_kv {kv} does not divide heads {h}: each key/value head serves heads / heads_kv query "
-                    "heads, which must be whole",
-                    ctx.item(path, i),
-                    hint=f"heads_kv values that divide {h}: {', '.join(divisors)} (1 = multi-query, {h} = multi-head)",
-                )
-    return path
+def _check_option_axes(m: ConfigModel, names: Sequence[str], ctx: Context) -> dict[str, tuple[list[Any], Path_]]:
+    """The grid axes that set an option (``catalogue.option_axes``: heads_kv) given here, with where each was
+    written (top level or under grid, not both), after checking that some listed model has the option. Whether a
+    value fits each case (heads_kv dividing heads) is the family's rule, checked on every case (``check_buildable``)."""
+    given: dict[str, tuple[list[Any], Path_]] = {}
+    for name in option_axes():
+        top, under = getattr(m, name), getattr(m.grid, name)
+        if top is not None and under is not None:
+            raise ctx.error(f"{name} is given both at the top level and under grid; keep one", ("grid", name))
+        values = top if top is not None else under
+        if values is None:
+            continue
+        path: Path_ = (name,) if top is not None else ("grid", name)
+        check_unique(values, name, path, ctx)
+        if not any(model in MODELS and MODELS[model].option(name) is not None for model in names):
+            takers = [model for model, spec in MODELS.items() if spec.option(name) is not None]
+            raise ctx.error(
+                f"{name} has no effect: no model listed ({', '.join(names)}) has the option {name}",
+                path,
+                hint=f"add a model that has it ({', '.join(takers)}), or remove {name}",
+            )
+        given[name] = (list(values), path)
+    return given
 
 
 def _check_timing(t: TimingModel, ctx: Context) -> None:

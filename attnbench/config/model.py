@@ -8,9 +8,9 @@ import it, and it imports none of them. A field's docstring is its description i
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, create_model
 
 from attnbench.config.messages import ITEM, TAG, Path_
 from attnbench.core.cases import (
@@ -24,6 +24,7 @@ from attnbench.core.cases import (
     MAX_TOKENS,
     TimingPolicy,
 )
+from attnbench.families.catalogue import PRESET_CORE_DEFAULT, option_axes
 
 MAX_NAME_LEN = 64
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -84,7 +85,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 
-class GridModel(_Strict):
+class _Grid(_Strict):
     """The axes crossed into cases: every combination is one case."""
 
     batch: Batches | None = None
@@ -97,13 +98,39 @@ class GridModel(_Strict):
     """Model width: the RNN hidden size, the attention embedding size (here or at the top level)."""
     heads: HeadCounts | None = None
     """Attention heads, each must divide d_model; ignored by recurrent models (here or at the top level)."""
-    heads_kv: HeadCounts | None = None
-    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
-    heads (here or at the top level); left out = heads."""
     layers: LayerCounts | None = None
     """Stacked layers (or blocks) of each model (here or at the top level)."""
     causal: Flags | None = None
     """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
+
+
+def _option_axis_fields(elsewhere: str) -> dict[str, Any]:
+    """A field for each option a grid axis may set (``catalogue.option_axes``: heads_kv), typed and bounded as the
+    option is, here or ``elsewhere`` (not both)."""
+    made: dict[str, Any] = {}
+    for name, option in option_axes().items():
+        item: Any = option.type
+        if option.choices is not None:
+            item = Literal[option.choices]
+        elif option.type is int:
+            item = Annotated[int, Field(ge=option.minimum, le=option.maximum)]
+        values = Annotated[list[item], BeforeValidator(as_list), Field(min_length=1)]
+        help_text = (
+            f"A grid axis that sets the model option {name} for every model that has it, here or {elsewhere} (not "
+            f"both); left out = each model's default. {name}: {option.help}."
+        )
+        made[name] = (values | None, Field(default=None, description=help_text))
+    return made
+
+
+# Subclasses with a field per option axis, made at import (the families say which options are axes); to a type
+# checker they are the classes above.
+if TYPE_CHECKING:
+    GridModel = _Grid
+else:
+    GridModel = create_model(
+        "GridModel", __base__=_Grid, __doc__=_Grid.__doc__, **_option_axis_fields("at the top level")
+    )
 
 
 class PresetsModel(_Strict):
@@ -111,7 +138,7 @@ class PresetsModel(_Strict):
 
     names: Names
     """Presets to run: bert-base, lstm-110m, mingru-110m."""
-    core: Names = Field(default_factory=lambda: ["sdpa"])
+    core: Names = Field(default_factory=lambda: list(PRESET_CORE_DEFAULT))
     """The attention model(s) an attention preset (bert-base) is built on."""
     modes: Names | None = None
     """The presets' modes; null = the config's modes."""
@@ -196,7 +223,7 @@ ModelEntry = Annotated[
 ModelEntries = Annotated[list[ModelEntry], BeforeValidator(as_list), Field(min_length=1)]
 
 
-class ConfigModel(_Strict):
+class _Config(_Strict):
     """An attnbench experiment: which models to time, on which grid, how carefully."""
 
     name: str
@@ -230,9 +257,6 @@ class ConfigModel(_Strict):
     """Model width: the RNN hidden size, the attention embedding size (here or under grid)."""
     heads: HeadCounts | None = None
     """Attention heads, each must divide d_model; ignored by recurrent models (here or under grid)."""
-    heads_kv: HeadCounts | None = None
-    """Key/value heads (GQA; 1 = MQA), crossed into every model with a heads_kv option; each must divide every
-    heads (here or under grid); left out = heads."""
     layers: LayerCounts | None = None
     """Stacked layers (or blocks) of each model (here or under grid)."""
     causal: Flags | None = None
@@ -259,6 +283,13 @@ class ConfigModel(_Strict):
     measured (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks
     come from NVML's own sample buffers, so the poll reads only memory in use, temperature and clock reasons."""
 
+
+if TYPE_CHECKING:
+    ConfigModel = _Config
+else:
+    ConfigModel = create_model(
+        "ConfigModel", __base__=_Config, __doc__=_Config.__doc__, **_option_axis_fields("under grid")
+    )
 
 SECTIONS: dict[Path_, type[BaseModel]] = {
     (): ConfigModel,

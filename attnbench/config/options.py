@@ -16,19 +16,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from attnbench.config.checks import check_names, check_unique, inherited_lengths
+from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import ConfigModel
 from attnbench.config.users import UserEntry, user_option_sets
-from attnbench.core.cases import Axes, Case, Mode, Options
-from attnbench.core.catalogue import (
+from attnbench.core.cases import MODES, Case, Mode, Options
+from attnbench.families.catalogue import (
     MODEL_NAMES,
     MODELS,
-    MODES,
+    PRESET_CORES,
     PRESET_NAMES,
     PRESETS,
     ModelSpec,
     OptionSpec,
     cannot_build,
+    family_named,
     no_effect,
 )
 
@@ -112,7 +114,7 @@ def _builtin_option_sets(
     used: set[str] = set()
     for combination in itertools.product(*values):
         chosen = dict(zip(names, combination, strict=True))
-        _check_window(spec, chosen, axes, path, ctx)
+        _check_lengths(spec, chosen, axes, path, ctx)
         kept = []
         for name, value in chosen.items():
             problem = no_effect(model, name, chosen)
@@ -141,34 +143,34 @@ def _spec(spec: ModelSpec, name: str) -> OptionSpec:
     return option
 
 
-def _check_window(
+def _check_lengths(
     spec: ModelSpec, chosen: Mapping[str, Any], axes: Mapping[str, list[Any]], path: Path_, ctx: Context
 ) -> None:
-    """A window as long as every sequence of the grid changes nothing (the band keeps every pair)."""
-    window = chosen.get("window", 0)
-    if spec.option("window") is not None and window:
-        longest = max(axes["seq_len"])
-        if window >= longest:
-            raise ctx.error(
-                f"window {window} covers every seq_len (the longest is {longest}), so it changes nothing",
-                (*path, "window"),
-                hint=f"give a window below {longest}, or remove window (0 = the whole sequence)",
-            )
+    """An option that changes nothing at any of the grid's lengths (a window as long as every sequence): the
+    family's rule (``Family.no_effect_up_to``)."""
+    longest = max(axes["seq_len"])
+    family = family_named(spec.family)
+    for name, value in chosen.items():
+        problem = family.no_effect_up_to(spec.name, name, value, longest)
+        if problem is not None:
+            raise ctx.error(problem.message, (*path, name), hint=problem.hint)
 
 
 def check_buildable(
     cases: Sequence[Case],
     models: Sequence[str],
     written: Mapping[str, Mapping[str, Any]],
-    heads_kv_path: Path_ | None,
+    axis_values: Mapping[str, Sequence[Any]],
+    axis_paths: Mapping[str, Path_],
     ctx: Context,
 ) -> None:
     """Every case describes a model its family can build (``catalogue.cannot_build``), else the error at the key the
-    family names: the option as written for that model, the grid's heads_kv, or the model's entry in models."""
-    seen: set[tuple[str, tuple[tuple[str, Any], ...], int, int | None, int | None, str, int]] = set()
+    family names: the option as written for that model, the value of the grid axis that set it (heads_kv), or the
+    model's entry in models."""
+    seen: set[tuple[str, tuple[tuple[str, Any], ...], int, int | None, str, int]] = set()
     for case in cases:
         # The family's rules depend on the model, its options, the widths, the mode and the length only.
-        what = (case.model, case.options, case.d_model, case.heads, case.heads_kv, case.mode, case.seq_len)
+        what = (case.model, case.options, case.d_model, case.heads, case.mode, case.seq_len)
         if what in seen:
             continue
         seen.add(what)
@@ -178,8 +180,11 @@ def check_buildable(
         given = written.get(case.model, {})
         if problem.option is not None and problem.option in given:
             path: Path_ = ("model_options", case.model, problem.option)
-        elif problem.option == "heads_kv" and heads_kv_path is not None:
-            path = heads_kv_path
+        elif problem.option is not None and problem.option in axis_paths:
+            values = list(axis_values[problem.option])
+            value = case.given(problem.option)
+            path = axis_paths[problem.option]
+            path = ctx.item(path, values.index(value)) if value in values else path
         else:
             path = ctx.item(("models",), list(models).index(case.model)) if case.model in models else ("models",)
         raise ctx.error(f"{case.model}: {problem.message}", path, hint=problem.hint)
@@ -223,14 +228,13 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
     if p is None:
         return (), None
     check_names(p.names, PRESET_NAMES, "preset", ("presets", "names"), ctx)
-    attention = [name for name, spec in MODELS.items() if spec.kind == "attention"]
     for i, core in enumerate(p.core):
-        if core not in attention:
-            what = f"{core} is recurrent" if core in MODELS else f"unknown attention model {core!r}"
+        if core not in PRESET_CORES:
+            what = f"{core} cannot build a preset" if core in MODELS else f"unknown model {core!r}"
             raise ctx.error(
-                f"{what}; presets.core names the attention model attention presets are built on",
+                f"{what}; presets.core names the model the presets without a model of their own are built on",
                 ctx.item(("presets", "core"), i),
-                hint=did_you_mean(core, attention) or f"valid: {', '.join(attention)}",
+                hint=did_you_mean(core, PRESET_CORES) or f"valid: {', '.join(PRESET_CORES)}",
             )
     check_unique(p.core, "attention model", ("presets", "core"), ctx)
     if "core" in p.model_fields_set and all(PRESETS[name].model is not None for name in p.names):
@@ -243,7 +247,7 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
     check_names(modes, MODES, "mode", ("presets", "modes"), ctx)
     if "decode" in modes:
         for i, name in enumerate(p.names):
-            if PRESETS[name].kind == "attention":
+            if not PRESETS[name].decodes:
                 raise ctx.error(
                     f"{name} is an encoder: its attention sees the whole sequence, so it cannot decode one token "
                     "at a time",

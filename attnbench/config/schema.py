@@ -23,7 +23,8 @@ from pydantic_core import core_schema
 
 # The package's own validators, recognised by identity to say what they accept.
 from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, as_list, preset_names, yaml_off
-from attnbench.core.catalogue import DTYPES, MODEL_NAMES, MODELS, MODES, PRESET_NAMES, OptionSpec
+from attnbench.core.cases import DTYPES, MODES
+from attnbench.families.catalogue import MODEL_NAMES, MODELS, PRESET_CORES, PRESET_NAMES, OptionSpec
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = "attnbench.schema.json"  # in configs/, beside the configs that name it
@@ -73,7 +74,7 @@ def config_schema() -> dict[str, Any]:
     ]
     presets = schema["$defs"]["PresetsModel"]["properties"]
     _restrict(presets["names"], PRESET_NAMES)
-    _restrict(presets["core"], [name for name in MODEL_NAMES if MODELS[name].kind == "attention"])
+    _restrict(presets["core"], PRESET_CORES)
     _restrict(presets["modes"], MODES)
     _tidy(schema)
     return {"$schema": DIALECT, **schema, "title": "attnbench experiment"}

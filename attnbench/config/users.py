@@ -23,10 +23,10 @@ from typing import Any
 from attnbench.config.checks import check_unique
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, UserModelEntry
-from attnbench.core.cases import Options
-from attnbench.core.catalogue import MODEL_NAMES, OptionSpec, UserModel
-from attnbench.core.families.user import FACTORY, OPTION_HELP
-from attnbench.core.plugins import API_VERSION, ENTRY_POINT_GROUP, ModelPlugin
+from attnbench.core.cases import Options, UserModel
+from attnbench.families.catalogue import MODEL_NAMES, OptionSpec
+from attnbench.families.plugins import API_VERSION, ENTRY_POINT_GROUP, ModelPlugin
+from attnbench.families.user.spec import FACTORY, OPTION_HELP
 
 __all__ = ["Plugin", "UserEntry", "check_models", "find_module", "installed_plugins", "user_option_sets"]
 

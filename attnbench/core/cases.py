@@ -1,19 +1,19 @@
 """What is measured (``Case``) and how (``TimingPolicy``): the frozen values the rest of the flow passes on.
 
-Pure Python. The policy is kept beside the cases, not inside them, so that changing how carefully we
-time something never changes which thing it is: ``Case.key`` matches rows across runs (baseline vs current,
-resume) and depends on case fields alone.
+Pure Python, and knowing no model: a case is the values that name one measurement, nothing more. What a model's
+family says about a case (its side in the claims, an option's default, its FLOPs) is the family's to answer
+(``attnbench.families.catalogue``); expanding a config's grid into cases is the config's (``config.grid``). The
+policy is kept beside the cases, not inside them, so that changing how carefully we time something never changes
+which thing it is: ``Case.key`` matches rows across runs (baseline vs current, resume) and depends on case fields
+alone.
 """
 
 from __future__ import annotations
 
-import itertools
+import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Literal
-
-from attnbench.core.catalogue import MODELS, Kind, UserModel, decode_inert, has_heads, spec_of
-from attnbench.core.families.base import OptionValue
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 # Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero or
 # two) before it turns into an hour of allocator failures. Configs are held to them (config.experiment), and so
@@ -28,6 +28,17 @@ MAX_THREADS = 4_096
 MAX_SAMPLES = 10_000_000
 
 Mode = Literal["forward", "train", "backward", "decode"]
+# backward = the backward pass alone (graph kept, grads cleared), so train can be checked against forward + backward.
+# decode = one new token per sequence with a context of seq_len tokens already in the KV cache or recurrent state.
+MODES: tuple[Mode, ...] = ("forward", "train", "backward", "decode")
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
+# What a config or --device may ask for, and what a resolved case records.
+DEVICE_REQUEST = re.compile(r"auto|cpu|cuda|cuda:\d+")
+RESOLVED_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+# Which side of the article's comparison a model joins.
+Kind = Literal["recurrent", "attention"]
+KINDS: tuple[Kind, ...] = ("recurrent", "attention")
+OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 
 
@@ -37,13 +48,35 @@ def option_text(name: str, value: OptionValue) -> str:
 
 
 @dataclass(frozen=True)
+class UserModel:
+    """Where a model the user brings comes from and which side of the article's claims it joins: a config's
+    ``factory:`` entry or an installed plugin. It travels in the case, so a stored row says so without the user's
+    code."""
+
+    factory: str  # "package.module:function", called with an attnbench.plugin.ModelRequest
+    kind: Kind
+    source: str = "config"  # "config", or "plugin <distribution>" for an entry point
+
+    def to_dict(self) -> dict[str, str]:
+        return {"factory": self.factory, "kind": self.kind, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UserModel:
+        kind = data["kind"]
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        return cls(str(data["factory"]), kind, str(data.get("source", "config")))
+
+
+@dataclass(frozen=True)
 class Case:
     """One measured configuration. All models map (batch, seq_len, d_model) to the same shape.
 
-    ``heads`` is ``None`` for models without heads (LSTM, GRU, min-RNNs); linear attention has them. ``causal``
-    says whether position t sees only ≤ t: a flag for attention, and a property of the architecture for a
-    recurrent model (unidirectional ⇒ causal), so that a ``causal: [true, false]`` grid does not time the same
-    LSTM twice.
+    ``options`` holds the model options the case sets, sorted, and only those: an option left at its default is
+    not in it (nor in the key). ``heads`` is ``None`` for models without heads (LSTM, GRU, min-RNNs); linear
+    attention has them. ``causal`` says whether position t sees only ≤ t: a flag for attention, and a property of
+    the architecture for a recurrent model (unidirectional ⇒ causal), so that a ``causal: [true, false]`` grid does
+    not time the same LSTM twice.
 
     ``user`` is set for a model the user brings (a config's ``factory:`` entry or an installed plugin): where it
     comes from and which side it joins, so a stored row says so without the user's code. It is not in the key: a
@@ -67,11 +100,6 @@ class Case:
     user: UserModel | None = None
 
     @property
-    def kind(self) -> Kind:
-        """Which side of the article's claims the model joins: recurrent or attention."""
-        return self.user.kind if self.user is not None else MODELS[self.model].kind
-
-    @property
     def tokens(self) -> int:
         """Tokens one call produces: batch × seq_len, or for decode one per sequence (batch)."""
         return self.batch if self.mode == "decode" else self.batch * self.seq_len
@@ -85,32 +113,10 @@ class Case:
     def head_dim(self) -> int | None:
         return None if self.heads is None else self.d_model // self.heads
 
-    @property
-    def heads_kv(self) -> int | None:
-        """Key/value heads: ``heads`` for multi-head attention, fewer for GQA, 1 for MQA; None without heads."""
-        if self.heads is None:
-            return None
-        spec = spec_of(self).option("heads_kv")
-        return (int(self.option("heads_kv")) if spec is not None else 0) or self.heads
-
-    @property
-    def window(self) -> int:
-        """The sliding window's width in positions, or 0 for attention over the whole sequence."""
-        return int(self.option("window")) if spec_of(self).option("window") is not None else 0
-
-    def has_option(self, name: str) -> bool:
-        """Whether the model has option ``name`` at all (set here or left at its default)."""
-        return spec_of(self).option(name) is not None
-
-    def option(self, name: str) -> OptionValue:
-        """The case's value for a model option, or the catalogue default."""
-        for key, value in self.options:
-            if key == name:
-                return value
-        spec = spec_of(self).option(name)
-        if spec is None:
-            raise KeyError(f"model {self.model!r} has no option {name!r}")
-        return spec.default
+    def given(self, name: str) -> OptionValue | None:
+        """The value the case sets for model option ``name``, or None where it leaves the option at its default
+        (which only the model's family knows: ``families.catalogue.option_of``)."""
+        return next((value for key, value in self.options if key == name), None)
 
     @property
     def key(self) -> str:
@@ -211,99 +217,6 @@ class TimingPolicy:
     def from_dict(cls, data: Mapping[str, object]) -> TimingPolicy:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class Axes:
-    """The value lists one experiment crosses. Every combination is a case (after de-duplication)."""
-
-    models: tuple[str, ...]
-    modes: tuple[Mode, ...]
-    dtypes: tuple[str, ...]
-    batch: tuple[int, ...]
-    seq_len: tuple[int, ...]
-    d_model: tuple[int, ...]
-    heads: tuple[int, ...]
-    layers: tuple[int, ...]
-    causal: tuple[bool, ...]
-    device: str
-    # Per model, the option sets to cross it with (a config may list several values for an option); a model
-    # left out runs once, with every option at its default.
-    model_options: Mapping[str, tuple[Options, ...]] = field(default_factory=dict)
-    # The grid's key/value head counts, crossed into every model that has the heads_kv option (0: = heads).
-    heads_kv: tuple[int, ...] = (0,)
-    # The models of ``models`` that the user brings, by name (config ``factory:`` entries and installed plugins).
-    users: Mapping[str, UserModel] = field(default_factory=dict)
-
-
-def expand(axes: Axes) -> list[Case]:
-    """Cross every axis into cases, in a stable order, dropping combinations that do not apply.
-
-    The order is model-major (then the model's option sets) with seq_len innermost, so a sweep walks each
-    model's length curve in turn and a progress line reads naturally. Decode cases are causal only (a non-causal
-    combination does not apply: config validation refuses a model left with none) and carry no option that is
-    decode-inert for their family. A user model always carries ``heads``; a recurrent one is causal (a recurrence
-    is causal by construction, as a unidirectional LSTM's case is).
-    """
-    seen: set[Case] = set()
-    cases: list[Case] = []
-    variants = [(model, options) for model in axes.models for options in axes.model_options.get(model, ((),))]
-    for (model, options), heads_kv, mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
-        variants,
-        axes.heads_kv,
-        axes.modes,
-        axes.dtypes,
-        axes.batch,
-        axes.d_model,
-        axes.heads,
-        axes.layers,
-        axes.causal,
-        axes.seq_len,
-    ):
-        if mode == "decode":
-            options = tuple(o for o in options if o[0] not in decode_inert(model))
-        user = axes.users.get(model)
-        if user is not None:
-            causal = causal or user.kind == "recurrent"
-            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options, user)
-        elif MODELS[model].kind == "recurrent":
-            options = _with_heads_kv(model, options, heads_kv, heads)
-            bidirectional = bool(dict(options).get("bidirectional", False))
-            case = Case(
-                model,
-                mode,
-                dtype,
-                axes.device,
-                batch,
-                seq_len,
-                d_model,
-                heads if has_heads(model) else None,
-                layers,
-                not bidirectional,
-                options,
-            )
-        else:
-            options = _with_heads_kv(model, options, heads_kv, heads)
-            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
-        if mode == "decode" and not case.causal:
-            continue
-        if case not in seen:
-            seen.add(case)
-            cases.append(case)
-    return cases
-
-
-def _with_heads_kv(model: str, options: Options, grid_value: int, heads: int) -> Options:
-    """``options`` with the grid's heads_kv (where the model has the option and its own options leave it at the
-    default), and without a heads_kv equal to ``heads``: that is multi-head attention, whose key says nothing."""
-    if MODELS[model].option("heads_kv") is None:
-        return options
-    chosen = dict(options)
-    value = int(chosen.get("heads_kv", 0)) or grid_value
-    chosen.pop("heads_kv", None)
-    if value and value != heads:
-        chosen["heads_kv"] = value
-    return tuple(sorted(chosen.items()))
 
 
 # How much hardware telemetry a case records: none, NVML/psutil basics, or those plus GPM metrics (Hopper and newer).

@@ -9,7 +9,7 @@ from attnbench.analysis.alerts import StepEvent
 from attnbench.analysis.bisect import BisectHint
 from attnbench.analysis.history import History, run_name
 from attnbench.core.units import format_change, format_change_interval
-from attnbench.report.history import METRIC_WORDS, SHIFT_LABEL, step_verdict
+from attnbench.report.history_md import METRIC_WORDS, SHIFT_LABEL, step_verdict
 from attnbench.results.store import StoredRun
 
 ALERT_MARKER = "<!-- attnbench-history-alert -->"  # lets a workflow find and update its own issue

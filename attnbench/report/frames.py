@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnbench.core.catalogue import MODELS
 from attnbench.core.errors import AttnbenchError
+from attnbench.families.catalogue import MODELS
 from attnbench.report.rows import COLUMN_TYPES, COLUMNS, summary_rows
 from attnbench.report.samples import COLUMNS as SAMPLE_COLUMNS
 from attnbench.report.samples import sample_rows

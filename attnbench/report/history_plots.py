@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History
-from attnbench.report.history import METRIC_WORDS, value_text
+from attnbench.report.history_md import METRIC_WORDS, value_text
 from attnbench.report.plots import INSTALL_HINT, PlotsUnavailable, missing_matplotlib
 
 if TYPE_CHECKING:

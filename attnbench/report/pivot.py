@@ -23,7 +23,7 @@ from attnbench.analysis.scaling import (
     group_curves,
     group_scaling_laws,
 )
-from attnbench.core.catalogue import is_recurrent
+from attnbench.families.catalogue import is_recurrent
 from attnbench.results.records import Result
 
 # A status in a table cell, short enough for a narrow column.

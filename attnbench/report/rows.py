@@ -17,9 +17,10 @@ from attnbench.analysis.efficiency import (
     pct_of_peak_bw,
 )
 from attnbench.core.cases import Case
-from attnbench.core.catalogue import MODELS
 from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
+from attnbench.families.catalogue import case_column_values, kind_of, known
+from attnbench.families.extras import family_columns
 from attnbench.results.records import Result, Run
 from attnbench.results.telemetry import (
     ADDED_METRICS,
@@ -31,6 +32,9 @@ from attnbench.results.telemetry import (
     NVML_METRICS,
     TelemetrySummary,
 )
+
+FAMILY_COLUMNS = family_columns()
+_FAMILY_TYPES: dict[str, type] = {spec.name: spec.type for spec, _ in FAMILY_COLUMNS}
 
 # What a case is, as every long-form export names it: the Case fields in their order.
 CASE_COLUMNS: tuple[str, ...] = (
@@ -98,16 +102,11 @@ COLUMNS: tuple[str, ...] = (
     "executed_pct_of_peak",
     # Issue 12: telemetry metrics added after the first contract (the size of an SM clock fall; GPM's span).
     *ADDED_METRICS,
-    # Which implementation an LSTM/GRU ran on: cudnn, onednn, fused-cell-loop (CUDA, step by step), aten-loop.
-    "rnn_path",
     # Decode rows (issue 13): the KV cache or recurrent state a step reads, computed and measured (bytes).
     "state_bytes",
     "state_mem_bytes",
     "state_mem_method",
-    # Issue 14: key/value heads (= heads for multi-head attention, fewer for GQA, 1 for MQA), the sliding window
-    # (0 = the whole sequence), and torch.compile's wall time before the timing (compile or flex rows).
-    "heads_kv",
-    "window",
+    # Issue 14: torch.compile's wall time before the timing (compile or flex rows).
     "compile_s",
     # Issue 17: whether other work competed for the machine while the case was timed, and the evidence.
     "contended",
@@ -124,6 +123,9 @@ COLUMNS: tuple[str, ...] = (
     "pct_of_peak_bw",
     "peak_bw_source",
     "arithmetic_intensity",
+    # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
+    # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
+    *(spec.name for spec, _ in FAMILY_COLUMNS),
 )
 
 
@@ -146,8 +148,6 @@ _INTEGER_COLUMNS = frozenset(
         "executed_flops",
         "state_bytes",
         "state_mem_bytes",
-        "heads_kv",
-        "window",
         "bytes_moved",
     }
 )
@@ -155,7 +155,7 @@ _BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_
 _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
-        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "rnn_path", "state_mem_method"),
+        *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "state_mem_method"),
         *("contention", "kind", "source", "bytes_formula", "peak_bw_source"),
     }
 )
@@ -165,6 +165,8 @@ COLUMN_TYPES: dict[str, type] = {}
 for _column in COLUMNS:
     if _column in METRIC_TYPES:
         COLUMN_TYPES[_column] = METRIC_TYPES[_column]
+    elif _column in _FAMILY_TYPES:
+        COLUMN_TYPES[_column] = _FAMILY_TYPES[_column]
     elif _column in _INTEGER_COLUMNS:
         COLUMN_TYPES[_column] = int
     elif _column in _BOOL_COLUMNS:
@@ -174,7 +176,7 @@ for _column in COLUMNS:
 
 
 # What each column says, for the generated summary.csv reference (docs/): the columns a row's ``extra`` fills take
-# their meaning from their declaration (``core.extras.declared()``), every other column from here.
+# their meaning from their declaration (``families.extras``), every other column from here.
 COLUMN_MEANINGS: dict[str, str] = {
     "model": "the model's name (a built-in, a plugin's, or a config's own factory entry)",
     "mode": "forward, train (forward + backward), backward, or decode (one new token after seq_len of context)",
@@ -245,8 +247,6 @@ COLUMN_MEANINGS: dict[str, str] = {
     "sm_clock_drop_pct": "how far the mean SM clock sat below the device's maximum (0 = at it)",
     "gpm_window_s": "the span GPM covers: the sampling phase, warm-up excluded",
     "gpm_reliable": "false below 1 s: GPM's counters refresh every ~100 ms",
-    "heads_kv": "key/value heads: = heads for multi-head attention, fewer for GQA, 1 for MQA",
-    "window": "sliding-window width (0 = the whole sequence)",
     "contended": "other work competed for the machine while the case was timed: do not trust the timing",
     "contention": "the evidence: which rule fired and the counters behind it",
     "kind": "which side of the comparison the model joins: recurrent or attention",
@@ -257,6 +257,10 @@ COLUMN_MEANINGS: dict[str, str] = {
     "peak_bw_source": "which bandwidth pct_of_peak_bw is against: the run's calibration, or a vendor figure",
     "arithmetic_intensity": "flops ÷ bytes_moved, FLOPs per byte: where the row sits on the roofline's x axis",
 }
+
+
+# A family's column says what it means where the family declares it.
+COLUMN_MEANINGS.update({spec.name: spec.help for spec, _ in FAMILY_COLUMNS if spec.name not in COLUMN_MEANINGS})
 
 
 def _ms(seconds: float) -> float | None:
@@ -328,11 +332,11 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     executed_count = result.extra.get("executed_flops")
     if isinstance(executed_count, int) and not isinstance(executed_count, bool):
         row["executed_flops"] = executed_count
-    for name in ("kernels_per_call", "launch_bound", "rnn_path", "state_mem_method"):
+    for name in ("kernels_per_call", "launch_bound", "state_mem_method"):
         row[name] = result.extra.get(name)
     row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
-    row["heads_kv"] = case.heads_kv
-    row["window"] = case.window if case.has_option("window") else None
+    row.update({spec.name: result.extra.get(spec.name) for spec, of_case in FAMILY_COLUMNS if not of_case})
+    row.update(case_column_values(case))
     moved = result.extra.get("bytes_moved")
     if isinstance(moved, int) and not isinstance(moved, bool):
         row["bytes_moved"], row["bytes_formula"] = moved, result.extra.get("bytes_formula")
@@ -343,7 +347,7 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
             bandwidth = peaks.bandwidth() if peaks is not None else None
             if bandwidth is not None:
                 row["pct_of_peak_bw"], row["peak_bw_source"] = pct_of_peak_bw(result, bandwidth), bandwidth.source
-    row["kind"] = case.kind if case.user is not None or case.model in MODELS else None
+    row["kind"] = kind_of(case) if known(case) else None
     row["source"] = case.user.source if case.user is not None else "built-in"
     compile_s = result.extra.get("compile_s")
     row["compile_s"] = compile_s if isinstance(compile_s, float) else None

@@ -27,7 +27,7 @@ from attnbench.analysis.site import Board, CaseView, RunDigest, Site
 from attnbench.core.text import safe_text
 from attnbench.core.units import format_change, format_change_interval, plural
 from attnbench.report.alerts_md import event_label
-from attnbench.report.history import METRIC_WORDS, step_verdict, value_text
+from attnbench.report.history_md import METRIC_WORDS, step_verdict, value_text
 from attnbench.report.site_assets import SITE_CSS, SITE_JS
 from attnbench.report.site_figures import WORSE, case_figure, sparkline
 from attnbench.results.store import StoredRun
@@ -41,7 +41,7 @@ METRIC_BUTTONS: Mapping[Metric, str] = {
 }
 ENV_SHOWN = (
     "gpu_name", "driver", "torch_cuda", "cudnn", "cpu_model", "cpu_logical", "torch", "torch_threads", "python",
-    "platform", "hostname", "attnbench", "flash_attn", "memory_bytes", "gpu_power_limit_w", "gpu_app_sm_clock_mhz",
+    "platform", "hostname", "attnbench", "packages", "memory_bytes", "gpu_power_limit_w", "gpu_app_sm_clock_mhz",
 )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, Metric, Point, run_name
 from attnbench.core.units import format_change, format_change_interval
-from attnbench.report.history import METRIC_WORDS, value_text
+from attnbench.report.history_md import METRIC_WORDS, value_text
 
 WORSE, BETTER, SHIFT, SEGMENT = "#d62728", "#2ca02c", "#9467bd", "rgba(120,120,120,0.18)"
 COLOURS = ("#1f77b4", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")  # one per segment, in turn

@@ -1,7 +1,7 @@
 """A device's measured ceilings (``attnbench calibrate``), stored and cached per machine fingerprint.
 
 Torch-free: ``sweep`` stores the cached ``Calibration`` in run.json and ``report`` reads it back to turn
-achieved FLOP/s into ``pct_of_peak`` without torch. The measuring is in ``attnbench.measure.ceilings``.
+achieved FLOP/s into ``pct_of_peak`` without torch. The measuring is in ``attnbench.instrument.ceilings``.
 
 Cache: one JSON file per ``Environment.fingerprint()`` — the same keys that must match before two runs are
 compared (device type, CPU model, GPU name, driver major, torch and CUDA/cuDNN versions, torch threads) — in

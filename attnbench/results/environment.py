@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnbench.results import fields
@@ -32,6 +32,10 @@ FINGERPRINT_KEYS: tuple[str, ...] = (
     "torch_cuda",
     "cudnn",
     "torch_threads",
+    # The kernel packages installed (flash-attn, fla, mamba-ssm: each family names its own), with their versions: a
+    # new kernel changes the numbers as a new torch does. Left out of the hash while none is installed, so runs
+    # recorded before this key read back with the fingerprint they were stored with.
+    "packages",
 )
 
 
@@ -48,7 +52,6 @@ class Environment:
     torch: str | None
     torch_cuda: str | None
     cudnn: str | None
-    flash_attn: str | None
     torch_threads: int | None
     device: str
     device_type: str
@@ -84,6 +87,10 @@ class Environment:
     # with two threads and libgomp's passive wait an LSTM ran 2.5-3x slower in 6-25 % of processes on a 2-vCPU EPYC
     # (results/README.md, issue 30). Recorded, not part of the fingerprint: a user sets them on purpose.
     thread_env: str = ""
+    # The kernel packages the families name that are installed here, distribution → version (``families.catalogue
+    # .packages``: flash-attn, flash-linear-attention, mamba-ssm). Replaces the ``flash_attn`` field of earlier
+    # run.json files, which read back into it.
+    packages: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def driver_major(self) -> str | None:
@@ -95,7 +102,10 @@ class Environment:
         return {key: data[key] for key in FINGERPRINT_KEYS}
 
     def fingerprint(self) -> str:
-        blob = json.dumps(self.fingerprint_fields(), sort_keys=True)
+        hashed = self.fingerprint_fields()
+        if not hashed["packages"]:
+            del hashed["packages"]  # the hash runs stored before the key had
+        blob = json.dumps(hashed, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,14 +119,25 @@ class Environment:
             **self.fingerprint_fields(),
             "attnbench": self.attnbench,
             "git_commit": self.git_commit,
-            "flash_attn": self.flash_attn,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Environment:
         """Raises TypeError when a required field is missing (a damaged run.json)."""
         known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        values["packages"] = packages_of(data)
+        return cls(**values)
+
+
+def packages_of(environment: Mapping[str, Any]) -> dict[str, str]:
+    """A stored environment's kernel packages (distribution → version), text only, sorted; an earlier run.json's
+    ``flash_attn`` field read as the flash-attn package."""
+    stored = environment.get("packages")
+    if isinstance(stored, Mapping):
+        return {str(k): v for k, v in sorted(stored.items()) if isinstance(k, str) and isinstance(v, str)}
+    legacy = environment.get("flash_attn")
+    return {"flash-attn": legacy} if isinstance(legacy, str) and legacy else {}
 
 
 @dataclass(frozen=True)

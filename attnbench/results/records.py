@@ -34,11 +34,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attnbench.core.cases import MAX_BATCH, MAX_D_MODEL, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, Case, TimingPolicy
-from attnbench.core.catalogue import DTYPES, KINDS, MODEL_NAMES, MODELS, MODES, RESOLVED_DEVICE
-from attnbench.core.extras import declared
-from attnbench.core.families.user import FACTORY
+from attnbench.core.cases import (
+    DTYPES,
+    KINDS,
+    MAX_BATCH,
+    MAX_D_MODEL,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    MODES,
+    RESOLVED_DEVICE,
+    Case,
+    TimingPolicy,
+)
 from attnbench.core.shards import MAX_SHARDS, Shard
+from attnbench.families.catalogue import MODEL_NAMES, MODELS, cannot_build
+from attnbench.families.extras import declared
+from attnbench.families.user.spec import FACTORY
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
 from attnbench.results.contention import Contention
@@ -237,10 +249,13 @@ def _case_from_dict(data: object) -> Case:
         if not fits:
             raise fields.expected(fields.path("options", name), f"a {kind.__name__} ({model}'s option)", value)
         _bounded(value, fields.path("options", name))
-    heads_kv = c.get("options", {}).get("heads_kv")
-    if isinstance(heads_kv, int) and heads_kv and (not isinstance(c["heads"], int) or c["heads"] % heads_kv):
-        raise fields.expected(fields.path("options", "heads_kv"), f"a divisor of heads ({c['heads']})", heads_kv)
-    return Case.from_dict(c)
+    case = Case.from_dict(c)
+    # A case its family cannot describe (key/value heads that do not divide the heads) was not written by a sweep,
+    # and its numbers would not be safe to compute with.
+    problem = cannot_build(case) if case.mode != "decode" or case.causal else None
+    if problem is not None and problem.option is not None:
+        raise fields.expected(fields.path("options", problem.option), problem.message, case.given(problem.option))
+    return case
 
 
 def _check_sizes(c: Mapping[str, Any]) -> None:

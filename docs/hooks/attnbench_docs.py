@@ -6,7 +6,7 @@
   arguments and options with their help, as ``attnbench COMMAND --help`` has them;
 * ``reference/config.md``: every key of ``configs/attnbench.schema.json`` (the schema ``attnbench schema`` writes
   and editors check configs against), with its type, default and description;
-* ``reference/models.md``: every model family, model, option and preset of ``attnbench.core.catalogue``;
+* ``reference/models.md``: every model family, model, option and preset of ``attnbench.families.catalogue``;
 * ``reference/exit-codes.md``: ``attnbench.core.errors.EXIT_CODES``;
 * ``reference/summary-csv.md``: ``attnbench.report.rows.COLUMNS`` with their types and meanings;
 * ``explanation/architecture.md``, ``measurements.md`` and ``changelog.md``: ARCHITECTURE.md, results/README.md and
@@ -27,10 +27,10 @@ from typing import Any
 import typer
 
 from attnbench.cli import app
-from attnbench.core.catalogue import FAMILIES, PRESETS
 from attnbench.core.errors import EXIT_CODES, EXIT_SIGNAL
-from attnbench.core.extras import declared
-from attnbench.core.families.base import ModelSpec
+from attnbench.families.base import ModelSpec
+from attnbench.families.catalogue import FAMILIES, PRESETS
+from attnbench.families.extras import declared
 from attnbench.report.rows import COLUMN_MEANINGS, COLUMN_TYPES, COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,7 +210,7 @@ def models_page() -> str:
     lines = [
         "# Models",
         "",
-        GENERATED_NOTE.format(source="the model catalogue (`attnbench.core.catalogue`)"),
+        GENERATED_NOTE.format(source="the model catalogue (`attnbench.families.catalogue`)"),
         "Every built-in model, family by family, with its options (set them under `model_options.<model>` in a "
         "config; a list of values crosses them). `attnbench models` shows the same list and whether each model runs "
         "on this machine. What the variants mean (GQA, windows, scopes, compile) is explained in "

@@ -18,14 +18,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from attnbench.analysis.case_compare import _bootstrap_medians, _widen
 from attnbench.analysis.compare import (
     DEFAULT_NOISE_FLOOR,
     HARD_KEYS,
     NoBaselineError,
     NotComparableError,
     Policy,
-    _bootstrap_medians,
-    _widen,
     bootstrap_ratio_ci,
     compare_case,
     compare_paths,

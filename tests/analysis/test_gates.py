@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis.compare import Policy, compare_paths
-from attnbench.analysis.gates import judge, with_gates
+from attnbench.analysis.gates import judge
 from attnbench.analysis.thresholds import Thresholds, parse_gate, thresholds_from, with_fail_on
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
@@ -125,10 +125,10 @@ def sides(tmp_path: Path) -> tuple[Path, Path]:
 def test_more_memory_regresses_only_where_memory_is_gated(sides: tuple[Path, Path]) -> None:
     base, current = sides
     _scale_peaks(current, 1.25)
-    plain = with_gates(compare_paths(base, current, Policy(noise_floor=0.0)))
+    plain = compare_paths(base, current, Policy(noise_floor=0.0))
     assert not plain.gates and not plain.regressed
     policy = Policy(with_fail_on(Thresholds(), ["peak_mem:10%"]), noise_floor=0.0)
-    gated = with_gates(compare_paths(base, current, policy))
+    gated = compare_paths(base, current, policy)
     (grew,) = [g for g in gated.gates if g.verdict == "regressed"]
     assert grew.metric == "peak_mem" and grew.key.startswith(LSTM)
     assert grew.ratio == pytest.approx(1.25, abs=1e-4) and grew.ci_low == pytest.approx(1.25, abs=1e-4)
@@ -147,7 +147,7 @@ def test_a_rate_is_the_time_turned_round(sides: tuple[Path, Path], tmp_path: Pat
     _scale_peaks(base, 1.0, bytes_moved=10**6)
     _scale_peaks(slow, 1.0, bytes_moved=10**6)
     limits = with_fail_on(Thresholds(0.5), ["tokens_per_s:10%", "gbps:10%"])  # the median gate alone would pass
-    comparison = with_gates(compare_paths(base, slow, Policy(limits, noise_floor=0.0)))
+    comparison = compare_paths(base, slow, Policy(limits, noise_floor=0.0))
     assert not any(c.verdict == "regressed" for c in comparison.cases)
     fell = [g for g in comparison.gates if g.verdict == "regressed"]
     assert sorted(g.metric for g in fell) == ["gbps", "tokens_per_s"]
@@ -158,6 +158,23 @@ def test_a_rate_is_the_time_turned_round(sides: tuple[Path, Path], tmp_path: Pat
     assert fell[0].base is not None and fell[0].current is not None
     assert math.isclose(fell[0].current / fell[0].base, 1 / (case.current_s or 1) * (case.base_s or 1), rel_tol=1e-9)
     assert comparison.regressed
+
+
+def test_the_python_api_gates_as_the_cli_does(sides: tuple[Path, Path]) -> None:
+    """attnbench.api.compare applies the gates a --fail-on names itself: a script or notebook gets the CLI's
+    verdict (the gates were once applied by the CLI alone, and the API's compare ignored them)."""
+    import attnbench
+
+    base, current = sides
+    _scale_peaks(current, 1.25)
+    assert attnbench.compare(base, current, noise_floor=0).exit_code == 0
+    gated = attnbench.compare(base, current, noise_floor="0%", fail_on="peak_mem:10%")
+    assert gated.regressed and gated.exit_code == 1
+    assert [g.metric for g in gated.gates if g.verdict == "regressed"] == ["peak_mem"]
+    cli = runner.invoke(app, ["compare", str(base), str(current), "--noise-floor", "0", "--fail-on", "peak_mem:10%"])
+    assert cli.exit_code == gated.exit_code
+    by_file = attnbench.compare(base, current, noise_floor=0, thresholds={"default": "5%", "peak_mem": "10%"})
+    assert by_file.exit_code == 1
 
 
 def test_cli_gates_memory_with_compares_exit_codes(sides: tuple[Path, Path], tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ from attnbench.analysis.merge import plan_merge
 from attnbench.cli import app
 from attnbench.cli.merge import config_cases
 from attnbench.core.shards import Shard
-from attnbench.measure.events import QuietListener
-from attnbench.measure.sweep import SweepRequest, open_sweep
 from attnbench.results.store import load_run
+from attnbench.sweeps.events import QuietListener
+from attnbench.sweeps.runner import SweepRequest, open_sweep
 from tests.support import tiny_config
 
 runner = CliRunner()

@@ -438,7 +438,7 @@ def test_decode_rows_are_a_table_of_their_own_with_the_state_as_memory() -> None
     assert sdpa.state is not None and sdpa.state.exponent == pytest.approx(1.0, abs=1e-3)
     assert sdpa.memory is not None and sdpa.memory.exponent == pytest.approx(1.0, abs=1e-2)  # measured
     assert lstm.text == (
-        "lstm: time per token ∝ n^0.00 (95 % CI 0.00–0.00, n=1024–65536, 4 points), state fixed at 512 B "
+        "lstm: time per token ∝ n^0.00 (95 % CI 0.00–0.00, n=1024–65536, 4 points), recurrent state fixed at 512 B "
         "(computed; measured 0 B at every n: smaller than what the method resolves)"
     )
     assert sdpa.text.startswith("sdpa: time per token ∝ n^0.5")

@@ -14,8 +14,8 @@ from attnbench.analysis.selfcheck import OpCheck, Reference, SelfcheckReport, ju
 from attnbench.cli import app
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.errors import EXIT_CASE_FAILED, EXIT_INCONCLUSIVE
-from attnbench.measure import selfcheck as measure_selfcheck
-from attnbench.measure.selfcheck import ops_for, policy_for
+from attnbench.instrument import agreement as measure_selfcheck
+from attnbench.instrument.agreement import ops_for, policy_for
 from attnbench.report.selfcheck_md import render_markdown, table_rows
 from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 
@@ -276,9 +276,9 @@ def test_policies() -> None:
 def test_the_quick_gpu_list_is_a_verdict_that_fits_a_short_lease() -> None:
     """One op per family, each long enough to be gated (≥ 100 µs) on an H200, and few enough that 3 rounds of
     three timers fit well inside the GPU check's selfcheck step (before: 3 tiny ops, none gated)."""
-    from attnbench.core.flops import count_flops
     from attnbench.core.peaks import vendor_peak
-    from attnbench.measure.selfcheck import QUICK_MAX_CASE_S, QUICK_MIN_RUN_TIME_S, QUICK_ROUNDS
+    from attnbench.families.flops import count_flops
+    from attnbench.instrument.agreement import QUICK_MAX_CASE_S, QUICK_MIN_RUN_TIME_S, QUICK_ROUNDS
 
     ops = ops_for("cuda", quick=True)
     assert [op.name for op in ops] == ["matmul", "sdpa-flash", "vanilla", "lstm"]
@@ -302,7 +302,7 @@ def test_flush_free_do_bench_times_without_its_l2_flush() -> None:
     stand-in with do_bench's use of its driver: triton is not installed here.)"""
     import torch
 
-    from attnbench.measure.selfcheck import flush_free
+    from attnbench.instrument.agreement import flush_free
 
     class Driver:
         def get_empty_cache_for_benchmark(self) -> torch.Tensor:

@@ -23,10 +23,10 @@ from attnbench.config.experiment import (
     load_experiment_text,
     parse_override,
 )
-from attnbench.core.cases import TimingPolicy
-from attnbench.core.catalogue import MODEL_NAMES, MODES
+from attnbench.core.cases import MODES, TimingPolicy
 from attnbench.core.errors import ConfigError
-from tests.support import BAD_CONFIGS, ROOT, tiny_config
+from attnbench.families.catalogue import MODEL_NAMES, has_option, option_of
+from tests.support import BAD_CONFIGS, ROOT, heads_kv_of, tiny_config
 
 BAD = BAD_CONFIGS
 BUILTIN = ROOT / "attnbench" / "config" / "builtin"
@@ -143,7 +143,7 @@ def test_model_options_reach_the_cases_and_defaults_do_not_change_keys() -> None
     explicit_default = load(BASE + "model_options:\n  lstm: {bidirectional: false}\n").cases("cpu")
     plain = load().cases("cpu")
     lstm = [c for c in on if c.model == "lstm"]
-    assert all(c.option("bidirectional") is True and c.causal is False for c in lstm)
+    assert all(option_of(c, "bidirectional") is True and c.causal is False for c in lstm)
     assert all(c.options == () for c in on if c.model == "vanilla")
     assert [c.key for c in explicit_default] == [c.key for c in plain]
 
@@ -382,7 +382,7 @@ HINTS = {
     "decode-bidirectional.yaml": "set bidirectional: false",
     "decode-learned-max-len.yaml": "at least 513",
     "heads-kv-not-dividing.yaml": "heads_kv values that divide 4: 1, 2, 4",
-    "heads-kv-no-taker.yaml": "add an attention model",
+    "heads-kv-no-taker.yaml": "sdpa",
     "window-covers-every-seq-len.yaml": "give a window below 128",
     "window-on-recurrent.yaml": "window is an option of vanilla",
     "compile-unknown.yaml": "torch.compile the model",
@@ -668,12 +668,12 @@ def test_grid_heads_kv_crosses_every_model_with_kv_heads_and_mha_keeps_its_key()
     cases = load(VARIANTS).cases("cpu")
     by_model: dict[str, set[Any]] = {}
     for case in cases:
-        by_model.setdefault(case.model, set()).add(case.heads_kv)
+        by_model.setdefault(case.model, set()).add(heads_kv_of(case))
     assert by_model == {"lstm": {None}, "sdpa": {4, 2, 1}, "vanilla": {1}, "linear-attn": {4, 2, 1}}
-    mha = next(c for c in cases if c.model == "sdpa" and c.heads_kv == 4)
+    mha = next(c for c in cases if c.model == "sdpa" and heads_kv_of(c) == 4)
     assert "heads_kv" not in mha.key  # heads_kv = heads is multi-head attention: the key it always had
     windowed = [c for c in cases if c.model == "vanilla"]
-    assert {c.window for c in windowed} == {16} and len(windowed) == 2  # the model's own heads_kv wins
+    assert {option_of(c, "window") for c in windowed} == {16} and len(windowed) == 2  # the model's own heads_kv wins
 
 
 def test_a_config_without_heads_kv_resolves_as_it_always_did() -> None:
@@ -688,7 +688,7 @@ def test_linear_attention_cases_carry_heads_and_decode_without_their_form() -> N
     cases = [c for c in load(text).cases("cpu") if c.model == "linear-attn"]
     assert all(c.heads == 4 for c in cases)
     decode = [c for c in cases if c.mode == "decode"]
-    assert all(c.option("form") == "chunked" for c in decode)  # the default: a step is the same in every form
+    assert all(option_of(c, "form") == "chunked" for c in decode)  # the default: a step is the same in every form
     assert len(decode) == 2 * 3  # seq_len × heads_kv, not × form
 
 
@@ -697,7 +697,7 @@ def test_order_runs_the_named_sections_first_and_the_rest_after() -> None:
     plain = load_experiment_text(text, "t.yaml")
     assert plain.cases("cpu")[0].mode == "forward" and "order" not in plain.resolved
     first = load_experiment_text(text, "t.yaml", ["order=[decode, presets]"])
-    modes = [(c.mode, c.option("preset") if c.has_option("preset") else "") for c in first.cases("cpu")]
+    modes = [(c.mode, option_of(c, "preset") if has_option(c, "preset") else "") for c in first.cases("cpu")]
     assert modes[0][0] == "decode" and modes[-1] == ("forward", "none")  # the grid last
     preset_at = next(i for i, (_, p) in enumerate(modes) if p == "lstm-110m")
     assert preset_at < modes.index(("forward", "none"))  # decode, then the presets, then the grid

@@ -14,8 +14,8 @@ from jsonschema import Draft202012Validator
 from attnbench.config.experiment import load_experiment_text
 from attnbench.config.schema import MODELINE, REGENERATE, SCHEMA_FILE, config_schema, render_schema
 from attnbench.core.cases import TimingPolicy
-from attnbench.core.catalogue import MODEL_NAMES, MODELS
 from attnbench.core.errors import ConfigError
+from attnbench.families.catalogue import MODEL_NAMES, MODELS
 from tests.support import ROOT, tiny_config
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

@@ -35,14 +35,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench.core.cases import Case, Mode, Options
-from attnbench.core.catalogue import family_of
-from attnbench.core.decode_state import state_bytes, state_dtype
-from attnbench.core.families.minrnn import FAMILY as MINRNN
-from attnbench.core.families.recurrent import RecurrentFamily
-from attnbench.core.families.rnn import FAMILY as RNN
-from attnbench.core.flops import FlopCount, causal_pairs, count_flops, executed_flops
-from attnbench.measure.models import build_model, make_decode_inputs, make_input
-from attnbench.measure.models.decoding import decodable, prefill
+from attnbench.families.catalogue import family_of, option_of
+from attnbench.families.flops import FlopCount, causal_pairs, count_flops, executed_flops
+from attnbench.families.minrnn.spec import FAMILY as MINRNN
+from attnbench.families.recurrent import RecurrentFamily
+from attnbench.families.registry import build_model, make_decode_inputs, make_input
+from attnbench.families.rnn.spec import FAMILY as RNN
+from attnbench.families.state_bytes import state_bytes, state_dtype
+from attnbench.families.states import decodable, prefill
 
 BIDIRECTIONAL = (("bidirectional", True),)
 
@@ -407,7 +407,7 @@ def test_counter_lstm_with_onednn_counts_nothing(bidirectional: bool) -> None:
 
 def h0_correction(case: Case) -> int:
     """FLOPs autograd skips at the first step: no gradient for h₀ = 0, per layer and direction."""
-    directions = 2 if case.option("bidirectional") else 1
+    directions = 2 if option_of(case, "bidirectional") else 1
     hidden = recurrent_hidden(case)
     gates = {"lstm": 4, "gru": 3}[case.model]
     return case.layers * directions * 2 * case.batch * gates * hidden * hidden

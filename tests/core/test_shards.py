@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbench.core.cases import Axes, Case, expand
+from attnbench.config.grid import Axes, expand
+from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.shards import Shard, parse_shard, shard_of, split
 from tests.support import ROOT

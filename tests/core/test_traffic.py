@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnbench.core.cases import Case
-from attnbench.core.decode_state import state_bytes
-from attnbench.core.flops import count_parameters
-from attnbench.core.traffic import bytes_moved
+from attnbench.families.flops import count_parameters
+from attnbench.families.state_bytes import state_bytes
+from attnbench.families.traffic import bytes_moved
 from tests.support import tiny_case
 
 

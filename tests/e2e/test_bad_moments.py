@@ -266,7 +266,7 @@ def test_a_signal_while_the_summaries_are_written_exits_with_its_code(
 
 @pytest.mark.slow
 def test_a_signal_while_the_folder_is_closed_lets_it_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     real = TorchExecutor.close
 
@@ -308,7 +308,7 @@ def test_ctrl_c_while_starting_is_one_line_and_leaves_no_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     """While the environment is collected (torch imported), or just after the run folder is made."""
-    import attnbench.measure.sweep as library
+    import attnbench.sweeps.runner as library
 
     def interrupt(*args: Any) -> None:
         raise KeyboardInterrupt
@@ -327,7 +327,7 @@ def test_a_ctrl_c_an_import_swallowed_while_starting_stops_before_any_case(
     """torch imports numpy inside a try: a Ctrl-C then can vanish into a half-imported numpy, the start-up goes on,
     and rendering the summaries with that numpy crashed with a traceback. The signal is seen after start-up:
     nothing is measured or rendered, the run is closed as interrupted and says how to resume."""
-    import attnbench.measure.sweep as library
+    import attnbench.sweeps.runner as library
 
     real = library._environment
 
@@ -364,8 +364,8 @@ def import_interrupted(*args: Any) -> None:
 def test_a_ctrl_c_an_extension_turned_into_its_own_error_is_still_an_interrupt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
-    import attnbench.measure.sweep as library
     import attnbench.results.store as store
+    import attnbench.sweeps.runner as library
 
     (tmp_path / "c.yaml").write_text(CONFIG)
     if command == "sweep":

@@ -181,7 +181,7 @@ def test_env_prints_the_environment() -> None:
 
 @pytest.mark.slow
 def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import attnbench.measure.torch_executor as executor
+    import attnbench.timing.torch_executor as executor
 
     def broken(*args: object, **kwargs: object) -> object:
         raise ValueError("a bug in a model")
@@ -212,7 +212,7 @@ def test_an_error_case_makes_sweep_exit_1(tmp_path: Path, monkeypatch: pytest.Mo
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_finished_rows_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     real_run = TorchExecutor.run
     calls = {"n": 0}
@@ -304,7 +304,7 @@ def test_env_says_whether_nvml_is_available() -> None:
 
 def test_rows_carry_analytic_flops_with_their_formula(tiny_run: tuple[Path, str]) -> None:
     from attnbench.core.cases import Case
-    from attnbench.core.flops import count_flops
+    from attnbench.families.flops import count_flops
     from attnbench.results.store import load_run
 
     folder, _ = tiny_run

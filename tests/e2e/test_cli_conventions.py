@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import attnbench
 from attnbench.cli import app
-from attnbench.core.catalogue import MODELS
+from attnbench.families.catalogue import MODELS
 from attnbench.results.store import RUN_FILE, latest_run, resolve_run
 from tests.support import BAD_CONFIGS, FIXTURE, ROOT
 
@@ -106,7 +106,7 @@ def test_history_format_json_is_the_history() -> None:
 
 
 def test_calibrate_format_json_is_the_cached_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.measure.environment import collect_environment
+    from attnbench.host.inventory import collect_environment
     from attnbench.results.calibration import CACHE_ENV, save
     from tests.measure.test_calibration import calibration
 
@@ -119,7 +119,7 @@ def test_calibrate_format_json_is_the_cached_calibration(tmp_path: Path, monkeyp
 
 
 def test_selfcheck_format_json_keeps_the_verdict_and_the_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.measure import selfcheck as measure_selfcheck
+    from attnbench.instrument import agreement as measure_selfcheck
     from attnbench.results.selfcheck import TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 
     op = OpTimings(SelfcheckOp("matmul", "float32", size=512), (1.2e-3,) * 3, ((TIMER, (1e-3,) * 3),))

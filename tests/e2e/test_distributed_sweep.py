@@ -153,7 +153,7 @@ def test_sigterm_with_two_workers_keeps_the_finished_rows_and_leaves_no_worker(
         resumed = sweep("--resume", folder, "--devices", "cpu,cpu", "--no-plots")  # the pool resumes too
     else:
         # What a resume keeps is the same in-process: the cases left run on the fake executor.
-        import attnbench.measure.sweep as library
+        import attnbench.sweeps.runner as library
 
         monkeypatch.setattr(library, "make_executor", FakeExecutors())
         resumed = sweep("--resume", folder, "--no-isolate", "--no-plots")

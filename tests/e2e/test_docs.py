@@ -23,9 +23,9 @@ from attnbench.cli import app
 from attnbench.config.experiment import MAX_CASES, MAX_SEQ_LEN, load_experiment
 from attnbench.config.source import builtin_config_text
 from attnbench.core.cases import TimingPolicy, default_interval_s
-from attnbench.measure.gpu_timing import LAUNCH_BOUND_RATIO
-from attnbench.measure.timing import _MAX_AUDIT_MOVES
 from attnbench.results.measurement import MODIFIED_Z_CUT
+from attnbench.timing.adaptive import _MAX_AUDIT_MOVES
+from attnbench.timing.gpu_timing import LAUNCH_BOUND_RATIO
 from tests.support import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")

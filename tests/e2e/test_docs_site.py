@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core import errors
-from attnbench.core.catalogue import FAMILIES, MODELS, PRESETS
+from attnbench.families.catalogue import FAMILIES, MODELS, PRESETS
 from attnbench.report.rows import COLUMN_TYPES, COLUMNS
 from tests.support import ROOT
 

@@ -40,7 +40,7 @@ def test_the_trend_shows_as_many_runs_as_the_terminal_holds_and_every_case_label
     from rich.console import Console
 
     from attnbench.api import history
-    from attnbench.report.history import history_tables
+    from attnbench.report.history_md import history_tables
 
     console = Console(width=80, record=True, color_system=None)
     console.print(history_tables(history(history_folder)))

@@ -1,5 +1,6 @@
-"""The architecture holds: every module imports only its own room and the rooms below it, and no two modules
-import each other in a circle (lazy imports inside functions included; ``if TYPE_CHECKING:`` aside).
+"""The architecture holds: every module imports only its own room and the rooms below it (``if TYPE_CHECKING:``
+aside), no two modules import each other in a circle (lazy imports inside functions and ``TYPE_CHECKING`` ones
+included), and no room holds more than a quarter of the package's lines.
 
 ARCHITECTURE.md draws the same table; a change to one is a change to the other.
 """
@@ -17,25 +18,38 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnbench"
 
 # Each room and the rooms it may import (itself included). Lower rooms never import higher ones.
+_BELOW_MEASURING = frozenset({"core", "families", "config", "results"})
+_MEASURING = frozenset({"host", "timing", "sweeps", "cluster", "instrument"})
 ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset({"core"}),
-    "config": frozenset({"core", "config"}),
-    "results": frozenset({"core", "results"}),
-    "measure": frozenset({"core", "config", "results", "measure"}),
-    "analysis": frozenset({"core", "results", "analysis"}),
-    "claims": frozenset({"core", "results", "analysis", "claims"}),
-    "report": frozenset({"core", "results", "analysis", "claims", "report"}),
-    "cli": frozenset({"core", "config", "results", "measure", "analysis", "claims", "report", "cli"}),
+    "families": frozenset({"core", "families"}),
+    "config": frozenset({"core", "families", "config"}),
+    "results": frozenset({"core", "families", "results"}),
+    "host": frozenset({"core", "families", "results", "host"}),
+    "timing": frozenset({"core", "families", "results", "host", "timing"}),
+    "sweeps": _BELOW_MEASURING | {"host", "timing", "sweeps"},
+    "cluster": _BELOW_MEASURING | {"sweeps", "cluster"},
+    "instrument": _BELOW_MEASURING | {"host", "timing", "sweeps", "instrument"},
+    "analysis": frozenset({"core", "families", "results", "analysis"}),
+    "claims": frozenset({"core", "families", "results", "analysis", "claims"}),
+    "report": frozenset({"core", "families", "results", "analysis", "claims", "report"}),
+    "cli": _BELOW_MEASURING | _MEASURING | {"analysis", "claims", "report", "cli"},
     # attnbench/__init__.py and __main__.py
-    "": frozenset({"core", "config", "results", "analysis", "claims", "report", "cli"}),
+    "": frozenset({"core", "families", "config", "results", "analysis", "claims", "report", "cli"}),
 }
+# The modules of ``families`` that are torch's (``families/__init__.py`` lists them): only the measuring rooms, the
+# families' own torch modules and the CLI may import them; the rest of ``families`` is torch-free.
+FAMILY_TORCH = ("torch_family", "states", "blocks", "positional", "registry", "layers")
+TORCH_ROOMS = _MEASURING | {"families"}
 # Heavy or room-specific third-party packages, and the only rooms that may import them.
 THIRD_PARTY: dict[str, frozenset[str]] = {
-    "torch": frozenset({"measure"}),
-    "triton": frozenset({"measure"}),
-    "flash_attn": frozenset({"measure"}),
-    "pynvml": frozenset({"measure"}),
-    "psutil": frozenset({"measure"}),
+    "torch": TORCH_ROOMS,
+    "triton": TORCH_ROOMS,
+    "flash_attn": frozenset({"families"}),
+    "fla": frozenset({"families"}),
+    "mamba_ssm": frozenset({"families"}),
+    "pynvml": frozenset({"host"}),
+    "psutil": frozenset({"host", "instrument"}),
     "pydantic": frozenset({"config"}),
     "typer": frozenset({"cli"}),
     "rich": frozenset({"cli", "report"}),
@@ -44,7 +58,7 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
     "numpy": frozenset({"analysis", "report"}),
     "ruptures": frozenset({"analysis"}),
     "scipy": frozenset({"analysis"}),
-    "submitit": frozenset({"measure"}),
+    "submitit": frozenset({"cluster"}),
 }
 
 
@@ -69,16 +83,17 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
-def imports_of(root: Path) -> tuple[set[str], list[Import]]:
-    """Every module under ``root`` and every import statement in it, lazy ones included, TYPE_CHECKING ones not.
-    ``from pkg import sub`` where ``pkg.sub`` is a module counts as importing ``pkg.sub`` alone."""
+def imports_of(root: Path, *, type_checking: bool = False) -> tuple[set[str], list[Import]]:
+    """Every module under ``root`` and every import statement in it, lazy ones included, TYPE_CHECKING ones only
+    with ``type_checking``. ``from pkg import sub`` where ``pkg.sub`` is a module counts as importing ``pkg.sub``
+    alone."""
     paths = sorted(root.rglob("*.py"))
     modules = {module_name(p, root) for p in paths}
     found: list[Import] = []
     for path in paths:
         source = module_name(path, root)
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_lines(tree)
+        skip = set() if type_checking else _type_checking_lines(tree)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Import | ast.ImportFrom) or node.lineno in skip:
                 continue
@@ -107,8 +122,15 @@ def room(module: str) -> str:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else ""
 
 
+def torch_module(module: str) -> bool:
+    """Whether ``module`` is one of the families' torch modules (``FAMILY_TORCH``)."""
+    parts = module.split(".")
+    return len(parts) > 2 and parts[1] == "families" and parts[-1] in FAMILY_TORCH
+
+
 def upward_imports(root: Path) -> list[str]:
-    """``source:line imports target`` for every import that leaves the rooms ``source`` may use."""
+    """``source:line imports target`` for every import that leaves the rooms ``source`` may use, and every import
+    of a family's torch module (or of torch) from a torch-free one."""
     _, found = imports_of(root)
     problems = []
     for imp in found:
@@ -116,14 +138,24 @@ def upward_imports(root: Path) -> list[str]:
         if imp.target.split(".")[0] == root.name:
             if room(imp.target) not in ALLOWED[room(imp.source)]:
                 problems.append(f"{where} imports {imp.target} ({room(imp.source) or 'top'} → {room(imp.target)})")
+            elif torch_module(imp.target) and not (
+                room(imp.source) in TORCH_ROOMS | {"cli"}
+                and (room(imp.source) != "families" or torch_module(imp.source))
+            ):
+                problems.append(f"{where} imports {imp.target}, a torch module, from a torch-free one")
         elif imp.target in THIRD_PARTY and room(imp.source) not in THIRD_PARTY[imp.target]:
-            problems.append(f"{where} imports {imp.target}, which belongs in {', '.join(THIRD_PARTY[imp.target])}")
+            problems.append(
+                f"{where} imports {imp.target}, which belongs in {', '.join(sorted(THIRD_PARTY[imp.target]))}"
+            )
+        elif imp.target in THIRD_PARTY and room(imp.source) == "families" and not torch_module(imp.source):
+            problems.append(f"{where} imports {imp.target} into a torch-free module of the families")
     return problems
 
 
 def circles(root: Path) -> list[list[str]]:
-    """Strongly connected groups of modules (Tarjan): each a set of modules that import each other in a ring."""
-    modules, found = imports_of(root)
+    """Strongly connected groups of modules (Tarjan): each a set of modules that import each other in a ring, the
+    imports a type checker alone follows included."""
+    modules, found = imports_of(root, type_checking=True)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for imp in found:
         if imp.target in graph:
@@ -207,17 +239,40 @@ def test_a_planted_circle_is_caught(planted: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_planted_torch_import_outside_measure_is_caught(planted: Path) -> None:
+def test_a_planted_torch_import_outside_the_measuring_rooms_is_caught(planted: Path) -> None:
     pivot = planted / "report" / "pivot.py"
     pivot.write_text(pivot.read_text() + "\n\ndef _later() -> None:\n    import torch.nn\n")
-    assert [p.split(" imports ")[1] for p in upward_imports(planted)] == ["torch, which belongs in measure"]
+    problems = upward_imports(planted)
+    assert len(problems) == 1 and problems[0].startswith("attnbench.report.pivot:") and " torch, " in problems[0]
 
 
 @pytest.mark.slow
-def test_type_checking_imports_are_allowed_to_point_anywhere(planted: Path) -> None:
+def test_a_planted_torch_import_in_a_spec_is_caught(planted: Path) -> None:
+    spec = planted / "families" / "rnn" / "spec.py"
+    spec.write_text(
+        spec.read_text() + "\n\ndef _later() -> None:\n    import torch\n    from attnbench.families import registry\n"
+    )
+    problems = upward_imports(planted)
+    assert len(problems) == 2 and all(p.startswith("attnbench.families.rnn.spec:") for p in problems)
+
+
+def test_no_room_holds_more_than_a_quarter_of_the_package() -> None:
+    lines: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = room(module_name(path, PACKAGE))
+        lines[name] = lines.get(name, 0) + len(path.read_text(encoding="utf-8").splitlines())
+    total = sum(lines.values())
+    assert max(lines.values()) <= 0.25 * total, {k: f"{v / total:.0%}" for k, v in sorted(lines.items())}
+
+
+@pytest.mark.slow
+def test_a_circle_through_a_type_checking_import_is_caught(planted: Path) -> None:
     stats = planted / "core" / "stats.py"
     stats.write_text(
         stats.read_text() + "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-        "    from attnbench.results.records import Result\n"
+        "    from attnbench.core.units import KIB\n"
     )
-    assert upward_imports(planted) == []
+    units = planted / "core" / "units.py"
+    units.write_text(units.read_text() + "\n\ndef _later() -> None:\n    from attnbench.core import stats\n")
+    assert upward_imports(planted) == []  # a type checker's import may point up: only circles are refused
+    assert circles(planted) == [["attnbench.core.stats", "attnbench.core.units"]]

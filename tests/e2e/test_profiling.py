@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.cases import TimingPolicy
-from attnbench.measure import profiling
-from attnbench.measure.executor import ExecutorSettings
-from attnbench.measure.profiling import trace_name
-from attnbench.measure.timing import RUN_ONCE
 from attnbench.results.store import load_run
+from attnbench.timing import profiling
+from attnbench.timing.adaptive import RUN_ONCE
+from attnbench.timing.executor import ExecutorSettings
+from attnbench.timing.profiling import trace_name
 from tests.support import tiny_case, tiny_config
 
 runner = CliRunner()
@@ -130,8 +130,8 @@ def test_a_linked_traces_folder_is_refused_before_anything_is_measured(tmp_path:
 
 @pytest.mark.slow
 def test_a_failing_trace_costs_the_row_its_trace_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.measure import torch_executor
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing import torch_executor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     def broken(*_: object) -> Path:
         raise RuntimeError("kineto is busy")
@@ -151,7 +151,7 @@ def test_a_failing_trace_costs_the_row_its_trace_only(tmp_path: Path, monkeypatc
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_nvtx_ranges_wrap_the_timed_calls_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     pushed: list[str] = []
     real_push: Callable[[str], object] = torch.cuda.nvtx.range_push

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.core.cases import Case
 from attnbench.core.errors import ResultsError
-from attnbench.measure.executor import ExecutorSettings
-from attnbench.measure.isolation import IsolatedExecutor
-from attnbench.measure.loop import OomSkipper, run_cases
 from attnbench.results.lock import RunLock
 from attnbench.results.records import Result
+from attnbench.sweeps.isolated_executor import IsolatedExecutor
+from attnbench.sweeps.loop import OomSkipper, run_cases
+from attnbench.timing.executor import ExecutorSettings
 from tests.fakes import FakeExecutors
 from tests.support import ROOT, quick_policy, tiny_case, tiny_config
 
@@ -228,7 +228,7 @@ def test_retry_failed_reruns_only_failed_rows_once(finished_run: Path, fake_exec
 
 @pytest.mark.slow
 def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     executor = TorchExecutor(ExecutorSettings("cpu", QUICK, threads=1))
     # 8 TiB of scores; its inputs and projections are 64 MiB each (at 2**22, a gigabyte to fill before the refusal)
@@ -243,7 +243,7 @@ def test_cpu_oom_is_a_row_and_the_next_case_is_unaffected() -> None:
 def test_cuda_oom_leaves_the_allocator_clean_for_the_next_case() -> None:
     import torch
 
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     executor = TorchExecutor(ExecutorSettings("cuda:0", QUICK))
     baseline = torch.cuda.memory_allocated()
@@ -285,8 +285,8 @@ def test_error_text_with_brackets_is_not_read_as_markup(tmp_path: Path) -> None:
 def test_a_telemetry_failure_costs_the_row_its_telemetry_not_its_measurement(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import attnbench.measure.torch_executor as executor_module
-    from attnbench.measure.torch_executor import TorchExecutor
+    import attnbench.timing.torch_executor as executor_module
+    from attnbench.timing.torch_executor import TorchExecutor
 
     class Broken:
         def __enter__(self) -> Broken:

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import attnbench.measure.submission as submission_module
+import attnbench.cluster.submission as submission_module
 from attnbench.cli import app
-from attnbench.core.shards import Shard
-from attnbench.measure.submission import (
+from attnbench.cluster.submission import (
     SubmitRequest,
     load_submission,
     plan_submission,
@@ -27,6 +26,7 @@ from attnbench.measure.submission import (
     run_shard,
     shard_command,
 )
+from attnbench.core.shards import Shard
 from attnbench.results.store import load_run
 from tests.support import ROOT, tiny_config
 
@@ -126,7 +126,7 @@ def test_a_task_told_to_stop_saves_its_rows_and_the_next_attempt_finishes_them(t
     record = prepare_folder(plan, None)
     task = (
         "import signal, sys\n"
-        "from attnbench.measure.submission import run_shard\n"
+        "from attnbench.cluster.submission import run_shard\n"
         "def timed_out(*_):\n"
         "    raise RuntimeError('Job not requeued because: timed-out and not checkpointable.')\n"
         "signal.signal(signal.SIGUSR2, timed_out)\n"
@@ -164,7 +164,7 @@ def test_the_local_executor_without_waiting_then_resume_waits_and_merges(
 ) -> None:
     import functools
 
-    import attnbench.measure.jobarray as jobarray
+    import attnbench.cluster.jobarray as jobarray
 
     # Polls every 0.2 s, not 2 s: the shards end within seconds here, and the test should not sleep past them.
     monkeypatch.setattr(jobarray, "wait", functools.partial(jobarray.wait, poll_s=0.2))
@@ -230,7 +230,7 @@ def test_the_slurm_path_builds_one_array_of_one_shard_per_task(config: Path, tmp
     assert [j.job_id for j in record.jobs] == ["4242_0", "4242_1", "4242_2"] and record.device == "cuda"
     for job in record.jobs:
         pickled = folder / "jobs" / job.job_id / f"{job.job_id}_submitted.pkl"
-        assert b"attnbench.measure.submission" in pickled.read_bytes()  # by reference: importable in the task
+        assert b"attnbench.cluster.submission" in pickled.read_bytes()  # by reference: importable in the task
         delayed = submitit.core.utils.DelayedSubmission.load(pickled)
         assert delayed.function is run_shard
         assert delayed.args == (str(folder.resolve()), f"{job.shard}/3", "cuda")

@@ -20,6 +20,7 @@ from attnbench.cli import app
 from attnbench.config.experiment import load_experiment_text, stored_experiment
 from attnbench.config.users import installed_plugins
 from attnbench.core.errors import ConfigError
+from attnbench.families.catalogue import option_of
 from attnbench.results.store import load_run
 from tests.support import QUICK_TIMING, ROOT
 
@@ -130,7 +131,7 @@ def test_a_factory_model_runs_beside_built_ins_with_counted_flops(user_package: 
     rows = [r for r in stored.results if r.case.model == "my-gate"]
     assert len(rows) == 8 and all(r.ok for r in rows)  # 2 widths × 2 modes × 2 lengths
     for r in rows:
-        width = r.case.option("width")
+        width = option_of(r.case, "width")
         assert r.case.user is not None and r.case.user.kind == "attention" and r.case.user.source == "config"
         # Linear(16, 2·16w) then Linear(16w, 16) on 2 × n tokens: 2 FLOPs a multiply-add, train 3× forward.
         forward = 2 * 2 * r.case.seq_len * (16 * 32 * width + 16 * width * 16)

@@ -46,7 +46,7 @@ from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result, Run
 from attnbench.results.store import load_run
-from tests.support import FIXTURE, ROOT, tiny_config
+from tests.support import FIXTURE, ROOT, tiny_case, tiny_config
 
 FP = "0123456789abcdef"
 runner = CliRunner()
@@ -339,13 +339,26 @@ def test_float32_rnns_on_cuda_are_held_against_tf32() -> None:
     table = PeakTable.for_run(run_for(gpu))
     lstm = table.for_case(row("lstm", device="cuda:0").case)
     assert lstm is not None and lstm.flops_per_s == pytest.approx(156e12)
-    assert lstm.source == "vendor NVIDIA A100 80GB SXM tf32 dense (float32 RNN on cuDNN: TF32)"
+    assert lstm.source.startswith("vendor NVIDIA A100 80GB SXM tf32 dense")
     attention = table.for_case(row("vanilla", device="cuda:0").case)
     assert attention is not None and attention.flops_per_s == pytest.approx(19.5e12)  # matmul stays FP32
     # No TF32 on a V100: the FP32 peak stands.
     v100 = PeakTable.for_run(run_for({"device_type": "cuda", "gpu_name": "Tesla V100-SXM2-16GB"}))
     fallback = v100.for_case(row("lstm", device="cuda:0").case)
     assert fallback is not None and fallback.source == "vendor NVIDIA V100 SXM2 fp32 dense"
+
+
+@pytest.mark.parametrize("model", ["mamba2", "mingru", "minlstm", "linear-attn"])
+def test_float32_recurrences_off_cudnn_are_held_against_fp32(model: str) -> None:
+    """Only cuDNN's LSTM and GRU run float32 on TF32 tensor cores by default; a recurrence made of matmuls at torch's
+    default float32 precision ("highest") is held to FP32 (Mamba-2 read ~7x low against TF32 on an H200)."""
+    table = PeakTable.for_run(run_for({"device_type": "cuda", "gpu_name": "NVIDIA H200"}))
+    case = tiny_case(model, device="cuda:0", heads=4, d_model=32)
+    peak = table.for_case(case)
+    fp32 = table.for_dtype("float32")
+    assert peak is not None and fp32 is not None and peak == fp32 and "tf32" not in peak.source
+    lstm = table.for_case(tiny_case("lstm", device="cuda:0"))
+    assert lstm is not None and lstm.flops_per_s > fp32.flops_per_s  # the LSTM stays on TF32
 
 
 def test_peak_flags_name_each_impossible_row() -> None:
@@ -449,8 +462,8 @@ def test_ceiling_rows_beside_a_vendor_peak() -> None:
 def test_calibrate_measures_every_dtype_or_says_why_not() -> None:
     import torch
 
-    from attnbench.measure.ceilings import calibrate, plan_for
-    from attnbench.measure.environment import collect_environment
+    from attnbench.host.inventory import collect_environment
+    from attnbench.instrument.ceilings import calibrate, plan_for
 
     plan = replace(plan_for(torch.device("cpu"), quick=True), sizes=(32, 64), copy_bytes=2**22)
     env = collect_environment("cpu")
@@ -473,7 +486,7 @@ def test_quick_on_a_gpu_times_the_ceiling_sizes_briefly_and_is_a_ceiling(monkeyp
     no ceiling, or the full plan, which could outrun the step)."""
     import torch
 
-    from attnbench.measure.ceilings import QUICK_GPU_NOTE, plan_for
+    from attnbench.instrument.ceilings import QUICK_GPU_NOTE, plan_for
 
     props = type("Props", (), {"L2_cache_size": 60 * 2**20})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
@@ -501,7 +514,7 @@ def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
 
 
 def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
-    from attnbench.measure.environment import collect_environment
+    from attnbench.host.inventory import collect_environment
 
     fingerprint = collect_environment("cpu").fingerprint()
     save(calibration(fingerprint, skipped={"float16": "skipped in this test"}))
@@ -536,8 +549,8 @@ SWEEP = tiny_config(
 
 def _sweep_fingerprint() -> str:
     """The fingerprint the sweep below looks its calibration up by: its environment at the config's one thread."""
-    from attnbench.measure.devices import threads_handed_back
-    from attnbench.measure.environment import collect_environment
+    from attnbench.host.devices import threads_handed_back
+    from attnbench.host.inventory import collect_environment
 
     with threads_handed_back(1):
         return collect_environment("cpu").fingerprint()
@@ -598,7 +611,7 @@ def test_peak_modules_import_without_torch(tmp_path: Path) -> None:
 def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # The cache is one file per machine: `calibrate --dtype float16` after a float32 calibration must not
     # leave a file that holds float16 alone (sweeps would lose their float32 peak).
-    import attnbench.measure.ceilings
+    import attnbench.instrument.ceilings
 
     monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
     asked: list[tuple[str, ...]] = []
@@ -608,9 +621,9 @@ def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.Mo
         matmul = tuple(MatmulCeiling(d, 1e11, 256, ((256, 1e11),)) for d in wanted)
         return Calibration(environment.fingerprint(), device, "cpu", "2026-12-02T00:00:00Z", None, None, matmul)
 
-    monkeypatch.setattr(attnbench.measure.ceilings, "calibrate", fake)
+    monkeypatch.setattr(attnbench.instrument.ceilings, "calibrate", fake)
     noise = NoiseFloor(0.08, 0.02, 3, ("k",), (0.05,), "2026-12-03T00:00:00Z")
-    monkeypatch.setattr("attnbench.measure.noise.measure_noise", lambda *a, **k: noise)
+    monkeypatch.setattr("attnbench.instrument.noise.measure_noise", lambda *a, **k: noise)
     first = runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float32", "--noise-processes", "3"])
     assert first.exit_code == 0 and "between-process noise: ±8 %" in first.output, first.output
     assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float16"]).exit_code == 0

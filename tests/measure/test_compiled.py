@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnbench.measure.compiled import CompileWatch, fresh, is_compiler_failure
+from attnbench.timing.compiled import CompileWatch, fresh, is_compiler_failure
 from tests.measure.test_torch_executor import executor
 from tests.support import ROOT, tiny_case
 
@@ -115,8 +115,9 @@ def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: p
 
     import torch
 
-    from attnbench.measure.models import build_model, make_input, probe, registry
-    from attnbench.measure.models.attention import FlexCore
+    from attnbench.families import registry
+    from attnbench.families.attention.layers import FlexCore
+    from attnbench.families.registry import build_model, make_input, probe
 
     module = importlib.import_module("torch.nn.attention.flex_attention")
     real, asked = module.create_block_mask, []
@@ -143,7 +144,7 @@ def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: p
 def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
     """Under reduce-overhead a decode step writes its cache in place, and inductor ran it without CUDA graphs while
     the row said reduce-overhead. The skip counter is inductor's (counters['inductor']['cudagraph_skips'])."""
-    from attnbench.measure.compiled import _counters
+    from attnbench.timing.compiled import _counters
 
     fresh()
     watch = CompileWatch("reduce-overhead")
@@ -163,7 +164,7 @@ def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
 def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """A compiled call under CUDA graphs replays in the graph's private pool and reads about 0 bytes: memory comes
     from the same call, eager."""
-    from attnbench.measure import torch_executor
+    from attnbench.timing import torch_executor
 
     timed: list[object] = []
     measured: list[object] = []
@@ -195,8 +196,8 @@ def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_decode_step_under_reduce_overhead_is_graphed_not_skipped() -> None:
     """The decode state is marked static, so CUDA graphs take the step rather than skip it."""
     from attnbench.core.cases import Case, TimingPolicy
-    from attnbench.measure.executor import ExecutorSettings
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.executor import ExecutorSettings
+    from attnbench.timing.torch_executor import TorchExecutor
 
     quick = TimingPolicy(min_samples=5, min_time_s=0.05, max_case_s=2.0, warmup_max_s=0.5, target_ci=0.05)
     gpu = TorchExecutor(ExecutorSettings("cuda:0", quick, telemetry="off"))

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from attnbench.analysis.compare import Comparison, Policy, Side, compare_case
 from attnbench.cli import app
 from attnbench.core.cases import TimingPolicy
-from attnbench.measure.contention import (
+from attnbench.host.busy import (
     ContentionWatch,
     CpuCounters,
     GpuReading,
@@ -27,7 +27,6 @@ from attnbench.measure.contention import (
     read_gpu,
     wait_for_idle,
 )
-from attnbench.measure.sweep import busy_warning
 from attnbench.report.compare_md import contended_lines
 from attnbench.report.markdown import render_markdown
 from attnbench.report.rows import summary_row
@@ -35,6 +34,7 @@ from attnbench.results.contention import Contention
 from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result, Run
+from attnbench.sweeps.runner import busy_warning
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.support import ROOT, tiny_case
 
@@ -172,7 +172,7 @@ def test_waiting_for_idle_gives_up_when_time_is_up_and_says_so_while_it_waits() 
 
 _PINNED = """
 import json, os, subprocess, sys
-from attnbench.measure.contention import ContentionWatch
+from attnbench.host.busy import ContentionWatch
 core = min(os.sched_getaffinity(0))
 os.sched_setaffinity(0, {core})
 hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])

@@ -11,10 +11,11 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.cases import Case, TimingPolicy
-from attnbench.core.decode_state import state_bytes
-from attnbench.measure.executor import ExecutorSettings
-from attnbench.measure.torch_executor import TorchExecutor
+from attnbench.families.catalogue import kind_of
+from attnbench.families.state_bytes import state_bytes
 from attnbench.results.store import load_run
+from attnbench.timing.executor import ExecutorSettings
+from attnbench.timing.torch_executor import TorchExecutor
 from tests.support import QUICK_TIMING, tiny_config
 
 QUICK = TimingPolicy(min_samples=5, min_time_s=0.01, max_case_s=0.3, warmup_max_s=0.05, target_ci=0.05)
@@ -47,7 +48,7 @@ def test_a_decode_row_times_one_step_and_records_its_state(executor: TorchExecut
     held = result.state_mem_bytes
     assert held is not None
     page = 4096
-    if case.kind == "attention":  # 4.2 MiB of K and V: its pages, the first and last maybe shared
+    if kind_of(case) == "attention":  # 4.2 MiB of K and V: its pages, the first and last maybe shared
         assert state_bytes(case) <= held <= state_bytes(case) + 2 * page
     else:  # h (and c) of a few hundred bytes: the page or two each sits in (two allocations may share none)
         tensors = 2 if model == "lstm" else 1
@@ -95,9 +96,9 @@ def test_what_only_a_step_needs_is_dropped_before_the_state_is_measured(
 ) -> None:
     """A recurrent state's next-state buffers (a step's output) once doubled its measured size on a GPU: the
     executor drops them first, and what remains is exactly the state the row computes."""
-    from attnbench.measure import decode as decode_module
-    from attnbench.measure.models import build_model
-    from attnbench.measure.models.decoding import tensor_bytes
+    from attnbench.families.registry import build_model
+    from attnbench.families.states import tensor_bytes
+    from attnbench.timing import decode_setup as decode_module
 
     heads = 4 if model == "linear-attn" else None
     case = Case(model, "decode", "float32", "cpu", 2, 32, 64, heads, 2, True, options)  # type: ignore[arg-type]

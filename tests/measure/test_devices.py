@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from attnbench.core.errors import DeviceError
-from attnbench.measure import devices
-from attnbench.measure.devices import cuda_build_in, guess_device, resolve_device
+from attnbench.host import devices
+from attnbench.host.devices import cuda_build_in, guess_device, resolve_device
 
 
 def _driver(tmp_path: Path, count: int) -> Path:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from attnbench.measure.environment import collect_environment, nvml_environment
-from attnbench.measure.telemetry.errors import TelemetryUnavailable
-from attnbench.measure.telemetry.identity import GpuIdentity
-from attnbench.measure.telemetry.settings import read_settings
+from attnbench.host.inventory import collect_environment, nvml_environment
+from attnbench.host.sensors.faults import TelemetryUnavailable
+from attnbench.host.sensors.identity import GpuIdentity
+from attnbench.host.sensors.settings import read_settings
 from attnbench.results.environment import Environment
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.support import FIXTURE, ROOT
@@ -117,9 +117,10 @@ def test_sdpa_math_in_bf16_computes_in_bf16_and_the_row_says_so(math_upcasts: No
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from attnbench.core.cases import TimingPolicy
-    from attnbench.measure.executor import ExecutorSettings
-    from attnbench.measure.models import build_model, make_input, pinned_backend
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.families.attention.layers import pinned_backend
+    from attnbench.families.registry import build_model, make_input
+    from attnbench.timing.executor import ExecutorSettings
+    from attnbench.timing.torch_executor import TorchExecutor
     from tests.support import QUICK_TIMING, tiny_case
 
     class MatmulDtypes(TorchDispatchMode):
@@ -156,7 +157,7 @@ def test_the_docs_state_the_precision_decision() -> None:
 def test_the_thread_pool_variables_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 30: how torch's CPU threads wait decides whether a two-thread LSTM is fast or 2.5-3x slower, so a run
     says what the user set; other variables stay out."""
-    from attnbench.measure.environment import collect_environment, thread_env
+    from attnbench.host.inventory import collect_environment, thread_env
 
     assert thread_env({"OMP_WAIT_POLICY": "ACTIVE", "KMP_BLOCKTIME": "1", "HOME": "/root", "MKL_NUM_THREADS": "2"}) == (
         "KMP_BLOCKTIME=1 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=ACTIVE"

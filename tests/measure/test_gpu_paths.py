@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnbench.core.cases import TimingPolicy
-from attnbench.measure.executor import ExecutorSettings
+from attnbench.timing.executor import ExecutorSettings
 from tests.support import tiny_case
 
 pytestmark = [
@@ -20,7 +20,7 @@ QUICK = TimingPolicy(min_samples=5, min_time_s=0.2, max_case_s=1.0, warmup_max_s
 
 
 def test_the_environment_reads_the_gpus_settings() -> None:
-    from attnbench.measure.environment import collect_environment
+    from attnbench.host.inventory import collect_environment
 
     env = collect_environment("cuda:0")
     assert env.nvml == "available", env.nvml
@@ -30,7 +30,7 @@ def test_the_environment_reads_the_gpus_settings() -> None:
 
 
 def test_telemetry_reads_nvml_buffers_on_a_busy_gpu() -> None:
-    from attnbench.measure.telemetry import open_telemetry
+    from attnbench.host.sensors import open_telemetry
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     tel = open_telemetry("cuda:0", "full", 0.1)
@@ -52,7 +52,7 @@ def test_telemetry_reads_nvml_buffers_on_a_busy_gpu() -> None:
 
 
 def test_rows_on_cuda_say_which_paths_ran() -> None:
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     executor = TorchExecutor(ExecutorSettings("cuda", QUICK, telemetry="off"))
     lstm = executor.run(tiny_case("lstm", dtype="float16", device="cuda", d_model=64))

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.cases import Case, TimingPolicy
-from attnbench.measure.gpu_timing import (
+from attnbench.results.store import load_run
+from attnbench.timing.gpu_timing import (
     PROFILE_MAX_CALL_S,
     DeviceEvent,
     busy_time,
@@ -25,7 +26,6 @@ from attnbench.measure.gpu_timing import (
     profile_kernels,
     profile_refusal,
 )
-from attnbench.results.store import load_run
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -82,7 +82,7 @@ def cuda_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_cold_sample_waits_for_its_flush_before_the_start_event(cuda_calls: list[str]) -> None:
-    from attnbench.measure.clocks import CudaClock
+    from attnbench.timing.clocks import CudaClock
 
     clock = CudaClock(torch.device("cuda:0"), flush=lambda: cuda_calls.append("flush"))
     clock.time(lambda: cuda_calls.append("call"), 1, 2)
@@ -173,8 +173,8 @@ def test_the_profile_asks_for_cuda_activity_only_with_cupti_teardown(monkeypatch
 def test_an_executor_in_this_process_asks_for_cupti_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from attnbench.measure.executor import ExecutorSettings
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.executor import ExecutorSettings
+    from attnbench.timing.torch_executor import TorchExecutor
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     TorchExecutor(ExecutorSettings("cpu", telemetry="off"))
@@ -202,8 +202,8 @@ class TestOnCuda:
     CASE = Case("vanilla", "forward", "bfloat16", "cuda", 2, 256, 256, 4, 1, False)
 
     def _run(self, case: Case, **policy: object):  # type: ignore[no-untyped-def]
-        from attnbench.measure.executor import ExecutorSettings
-        from attnbench.measure.torch_executor import TorchExecutor
+        from attnbench.timing.executor import ExecutorSettings
+        from attnbench.timing.torch_executor import TorchExecutor
 
         timing = replace(TimingPolicy(max_case_s=1.0, min_time_s=0.05), **policy)  # type: ignore[arg-type]
         return TorchExecutor(ExecutorSettings("cuda", timing, telemetry="off")).run(case)

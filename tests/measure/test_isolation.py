@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from attnbench.core.cases import TimingPolicy
-from attnbench.measure import isolation
-from attnbench.measure.executor import ExecutorSettings
-from attnbench.measure.isolation import IsolatedExecutor
+from attnbench.sweeps import isolated_executor as isolation
+from attnbench.sweeps.isolated_executor import IsolatedExecutor
+from attnbench.timing.executor import ExecutorSettings
 from tests.measure import worker_standins
 from tests.support import QUICK_TIMING, tiny_case
 

@@ -10,7 +10,7 @@ import pytest
 
 from attnbench.core.cases import Case
 from attnbench.core.units import MIB
-from attnbench.measure.memory import RssPeak
+from attnbench.host.memory import RssPeak
 from tests.support import ROOT, quick_policy
 
 pytestmark = pytest.mark.skipif(not RssPeak.probe().available, reason=RssPeak.probe().reason or "no procfs")
@@ -22,7 +22,7 @@ def peaks_in_a_fresh_process(*mibs: int) -> list[int]:
     run hundreds of tests, glibc's dynamic mmap threshold and heap state differ from any worker's."""
     code = (
         "import sys, torch\n"
-        "from attnbench.measure.memory import RssPeak\n"
+        "from attnbench.host.memory import RssPeak\n"
         "meter = RssPeak()\n"
         "for mib in map(int, sys.argv[1:]):\n"
         "    meter.start()\n"
@@ -50,8 +50,8 @@ def test_rss_peak_sees_tensors_of_known_size_and_resets_between_measurements() -
 @pytest.mark.slow
 def test_vanilla_materialises_scores_and_flash_does_not() -> None:
     """At n=1024, vanilla's peak exceeds one n×n score matrix per head×batch; sdpa-flash stays well below."""
-    from attnbench.measure.executor import ExecutorSettings
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.executor import ExecutorSettings
+    from attnbench.timing.torch_executor import TorchExecutor
 
     batch, heads, n = 2, 4, 1024
     scores_bytes = batch * heads * n * n * 4  # float32
@@ -73,7 +73,7 @@ def test_vanilla_materialises_scores_and_flash_does_not() -> None:
 def test_resident_pages_count_the_pages_a_tensor_touches() -> None:
     import torch
 
-    from attnbench.measure.memory import ResidentPages
+    from attnbench.host.memory import ResidentPages
 
     pages = ResidentPages()
     if not pages.available:

@@ -12,8 +12,8 @@ import pytest
 from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR, Policy, Side, compare_sides, load_side
 from attnbench.cli.device import noise_line
 from attnbench.core.stats import student_t_975
-from attnbench.measure import noise as noise_module
-from attnbench.measure.noise import measure_noise, noise_floor
+from attnbench.instrument import noise as noise_module
+from attnbench.instrument.noise import measure_noise, noise_floor
 from attnbench.results.calibration import Calibration, NoiseFloor
 from attnbench.results.fields import FieldError
 from tests.support import DATA, quick_policy, tiny_case

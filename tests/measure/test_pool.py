@@ -14,12 +14,12 @@ import torch
 
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.errors import DeviceError
-from attnbench.measure.events import QuietListener
-from attnbench.measure.executor import ExecutorSettings
-from attnbench.measure.pool import DevicesFailedError, WorkerPool, resolve_devices, worker_placement
-from attnbench.measure.sweep import SweepRequest, open_sweep
 from attnbench.results.records import Result
 from attnbench.results.store import load_run
+from attnbench.sweeps.events import QuietListener
+from attnbench.sweeps.pool import DevicesFailedError, WorkerPool, resolve_devices, worker_placement
+from attnbench.sweeps.runner import SweepRequest, open_sweep
+from attnbench.timing.executor import ExecutorSettings
 from tests.support import quick_policy, tiny_case, tiny_config
 
 # Roomy budget, loose target: these tests are about who writes which row, and on a loaded machine three samples

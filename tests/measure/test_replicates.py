@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.cases import Case
-from attnbench.measure.replicates import ReplicatedExecutor, merge_replicates
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.store import load_run
+from attnbench.sweeps.replicated_executor import ReplicatedExecutor, merge_replicates
 
 CASE = Case("lstm", "forward", "float32", "cpu", 2, 16, 32, None, 1, True)
 

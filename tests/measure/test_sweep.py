@@ -11,9 +11,9 @@ import pytest
 
 from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError
-from attnbench.measure.sweep import SweepRequest, open_sweep, plan_sweep
 from attnbench.results.records import Result
 from attnbench.results.store import load_run
+from attnbench.sweeps.runner import SweepRequest, open_sweep, plan_sweep
 from tests.fakes import FakeExecutors
 from tests.support import tiny_config
 

@@ -9,9 +9,9 @@ import pytest
 
 from attnbench.core.cases import TimingPolicy
 from attnbench.core.stats import student_t_975
-from attnbench.measure.clocks import CpuClock
-from attnbench.measure.timing import RUN_ONCE, TOO_SLOW, measure
 from attnbench.results.measurement import Measurement
+from attnbench.timing.adaptive import RUN_ONCE, TOO_SLOW, measure
+from attnbench.timing.clocks import CpuClock
 from tests.fakes import FakeClock, gaussian
 
 

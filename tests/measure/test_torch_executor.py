@@ -17,9 +17,11 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from attnbench.core.cases import TimingPolicy
-from attnbench.measure.executor import ExecutorSettings
-from attnbench.measure.models import attention, build_model, make_input, pinned_backend
-from attnbench.measure.torch_executor import TorchExecutor
+from attnbench.families.attention import layers as attention
+from attnbench.families.attention.layers import pinned_backend
+from attnbench.families.registry import build_model, make_input
+from attnbench.timing.executor import ExecutorSettings
+from attnbench.timing.torch_executor import TorchExecutor
 from tests.support import QUICK_TIMING, tiny_case
 
 # A roomy budget: these tests check what a row says, not how fast; a tiny case on a loaded machine can take
@@ -130,7 +132,7 @@ def test_a_forced_model_called_outside_the_scope_still_forces_its_backend() -> N
 
 @pytest.mark.slow
 def test_a_causal_vanilla_row_stores_useful_and_executed_flops_and_the_csv_shows_both() -> None:
-    from attnbench.core.flops import count_flops
+    from attnbench.families.flops import count_flops
     from attnbench.report.rows import COLUMNS, summary_row
 
     case = tiny_case("vanilla", causal=True, seq_len=32)
@@ -199,7 +201,7 @@ def test_a_fault_found_only_when_releasing_the_device_turns_the_row_into_an_erro
 
 @pytest.mark.slow
 def test_each_recurrent_row_says_which_implementation_ran() -> None:
-    from attnbench.measure.models import rnn_path
+    from attnbench.families.rnn.layers import rnn_path
     from attnbench.report.rows import summary_row
 
     lstm = executor().run(tiny_case("lstm"))
@@ -216,10 +218,10 @@ def test_each_recurrent_row_says_which_implementation_ran() -> None:
 
 @pytest.mark.slow
 def test_the_profiler_leaves_stderr_to_attnbench() -> None:
-    """torch 2.13's Kineto writes 'USDT: … profiler_start/profiler_stop' around every profile; the measure room
+    """torch 2.13's Kineto writes 'USDT: … profiler_start/profiler_stop' around every profile; the package
     turns its log level up before torch loads, so a sweep's stderr carries only attnbench's lines."""
     script = (
-        "import attnbench.measure, torch\n"
+        "import attnbench, torch\n"
         "from torch.profiler import ProfilerActivity, profile\n"
         "with profile(activities=[ProfilerActivity.CPU]):\n"
         "    torch.ones(3) + 1\n"
@@ -250,7 +252,7 @@ def test_a_case_too_slow_for_its_budget_is_a_row_that_says_so_not_a_timing() -> 
 def test_the_process_is_warmed_up_once_before_its_first_case(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 17, item 8: what the first case of a process pays (thread pools, the autograd engine, clocks,
     first-use initialisation) is paid by a process warm-up before it, outside every timed window."""
-    import attnbench.measure.torch_executor as module
+    import attnbench.timing.torch_executor as module
 
     calls: list[tuple[str, float]] = []
     real = module.warm_process
@@ -276,13 +278,13 @@ def test_the_first_of_identical_cases_is_not_systematically_slower() -> None:
     in most of them. A timing comparison, so it runs only on a quiet machine (the contention check decides); five,
     not three, since on a quiet shared VM one process in three can read 25 % high anywhere (2 of 3 failed once in
     CI, then 0 of 12 in four reruns)."""
-    from attnbench.measure.contention import busy_now, logical_cores
+    from attnbench.host.busy import busy_now, logical_cores
 
     if busy_now("cpu", logical_cores(), nvml=None).contended:
         pytest.skip("the machine is busy: timings of the first case cannot be told from the neighbours' load")
     code = (
-        "from attnbench.measure.torch_executor import TorchExecutor\n"
-        "from attnbench.measure.executor import ExecutorSettings\n"
+        "from attnbench.timing.torch_executor import TorchExecutor\n"
+        "from attnbench.timing.executor import ExecutorSettings\n"
         "from attnbench.core.cases import Case, TimingPolicy\n"
         "e = TorchExecutor(ExecutorSettings('cpu', TimingPolicy(max_case_s=1, min_time_s=0.2), telemetry='off'))\n"
         "case = Case('sdpa', 'forward', 'float32', 'cpu', 1, 8, 16, 2, 8, False)\n"

@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from attnbench.measure import isolation
-from attnbench.measure.executor import ExecutorSettings
+from attnbench.sweeps import isolated_executor as isolation
+from attnbench.timing.executor import ExecutorSettings
 
 STICKY = "CUDA error: an illegal memory access was encountered"
 ENV_RECORD = "ATTNBENCH_TEST_ENV_RECORD"  # a file the first `import torch` writes TEARDOWN_CUPTI into
@@ -61,7 +61,7 @@ def hung_profile(
 ) -> None:
     """The real executor on a CPU, speaking the worker's protocol, whose profile never ends after the timed row."""
     from attnbench.core.cases import Case
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.torch_executor import TorchExecutor
 
     executor = TorchExecutor(settings)
     conn.send(("ready", 1))

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from attnbench.analysis.compare import Policy, compare_paths
 from attnbench.cli import app
+from attnbench.families.extras import family_columns
 from attnbench.report.exports import BMF_STATE, BMF_THROUGHPUT, bmf_document, gab_entries
 from attnbench.report.html import render_html
 from attnbench.report.pivot import pivot_tables
@@ -40,8 +41,11 @@ def test_the_fixture_is_a_decode_run(stored: StoredRun) -> None:
 def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> None:
     state = COLUMNS.index("state_bytes")
     assert COLUMNS[state : state + 3] == ("state_bytes", "state_mem_bytes", "state_mem_method")
-    # Columns are only ever appended: the bandwidth columns came after kind and source.
-    assert COLUMNS[-10:] == (
+    # Columns are only ever appended: the bandwidth columns came after kind and source, the families' columns last.
+    generic = COLUMNS[: COLUMNS.index("arithmetic_intensity") + 1]
+    assert COLUMNS[len(generic) :] == tuple(spec.name for spec, _ in family_columns())
+    assert {"heads_kv", "window", "rnn_path", "sdpa_kernel"} <= set(COLUMNS[len(generic) :])
+    assert generic[-10:] == (
         "contended",
         "contention",
         "kind",
@@ -137,7 +141,7 @@ def test_resume_runs_only_the_missing_decode_rows(tmp_path: Path) -> None:
 
 def _this_machine(stored: dict[str, object]) -> dict[str, object]:
     """The fields a resume compares, as this machine reports them (threads as the run had them)."""
-    from attnbench.measure.environment import collect_environment
+    from attnbench.host.inventory import collect_environment
 
     now = collect_environment("cpu").to_dict()
     return {k: v for k, v in now.items() if k != "torch_threads" and k in stored}

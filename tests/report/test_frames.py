@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import attnbench as ab
-from attnbench.core.catalogue import MODELS
+from attnbench.families.catalogue import MODELS
 from attnbench.report.frames import OPTION_COLUMNS, OPTION_TYPES, RUN_COLUMNS, frame, samples_frame
 from attnbench.report.rows import COLUMN_TYPES, COLUMNS, render_csv
 from attnbench.results.store import load_run

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from attnbench.core.decode_state import state_bytes
-from attnbench.core.flops import count_parameters
-from attnbench.core.traffic import bytes_moved
+from attnbench.families.flops import count_parameters
+from attnbench.families.state_bytes import state_bytes
+from attnbench.families.traffic import bytes_moved
 from attnbench.report.plots import render_plots
 from attnbench.report.rows import summary_rows
 from attnbench.results.calibration import Calibration, CopyBandwidth, MatmulCeiling

@@ -13,13 +13,14 @@ from torch import nn
 
 from attnbench.config.experiment import load_experiment_text
 from attnbench.core.cases import Case, Mode
-from attnbench.core.catalogue import MODELS, PRESETS
 from attnbench.core.errors import ConfigError
-from attnbench.core.families.minrnn import FAMILY as MINRNN
-from attnbench.core.families.rnn import FAMILY as RNN
-from attnbench.core.flops import attention_block_parameters, count_parameters
-from attnbench.measure.models import build_model, make_input, parameter_count, probe, registry
-from attnbench.measure.models.blocks import RecurrentBlock, TransformerBlock
+from attnbench.families import registry
+from attnbench.families.blocks import RecurrentBlock, TransformerBlock
+from attnbench.families.catalogue import MODELS, PRESETS, option_of
+from attnbench.families.flops import attention_block_parameters, count_parameters
+from attnbench.families.minrnn.spec import FAMILY as MINRNN
+from attnbench.families.registry import build_model, make_input, parameter_count, probe
+from attnbench.families.rnn.spec import FAMILY as RNN
 from tests.support import quick_policy
 
 F64 = torch.float64
@@ -234,7 +235,7 @@ def test_probe_builds_a_small_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     assert probe(preset_case("bert-base", 512), "cpu") is None
     (tiny,) = built
     assert (tiny.layers, tiny.seq_len, tiny.d_model, tiny.heads) == (1, 16, 768, 12)
-    assert tiny.option("vocab") == 64 and tiny.option("max_len") == 16 and tiny.option("scope") == "model"
+    assert option_of(tiny, "vocab") == 64 and option_of(tiny, "max_len") == 16 and option_of(tiny, "scope") == "model"
 
 
 @pytest.mark.parametrize("mode", ["forward", "train", "backward"])
@@ -253,8 +254,8 @@ def test_probe_refuses_an_unreachable_match() -> None:
 @pytest.mark.parametrize("mode", ["forward", "train"])
 @pytest.mark.slow
 def test_executor_runs_token_id_models(model: str, mode: Mode) -> None:
-    from attnbench.measure.executor import ExecutorSettings
-    from attnbench.measure.torch_executor import TorchExecutor
+    from attnbench.timing.executor import ExecutorSettings
+    from attnbench.timing.torch_executor import TorchExecutor
 
     policy = quick_policy(min_samples=3, max_samples=5, min_time_s=0.001, max_case_s=0.5, warmup_max_s=0.05)
     this = replace(case(model, "model", mode=mode, dtype="float32", layers=1), batch=1, seq_len=8)
@@ -288,8 +289,8 @@ def test_presets_add_fixed_size_cases_after_the_grid() -> None:
     )
     cases = experiment.cases("cpu")
     grid, presets = cases[:4], cases[4:]
-    assert {c.d_model for c in grid} == {64} and all(c.option("preset") == "none" for c in grid)
-    assert [(c.model, c.option("preset"), c.seq_len) for c in presets] == [
+    assert {c.d_model for c in grid} == {64} and all(option_of(c, "preset") == "none" for c in grid)
+    assert [(c.model, option_of(c, "preset"), c.seq_len) for c in presets] == [
         ("sdpa-flash", "bert-base", 64),
         ("sdpa-flash", "bert-base", 128),
         ("vanilla", "bert-base", 64),
@@ -326,7 +327,7 @@ def test_presets_inherit_the_grid_and_do_not_change_other_configs() -> None:
 def test_a_list_of_names_is_short_for_presets_names() -> None:
     short, full = load("presets: [bert-base, lstm-110m]\n"), load("presets: {names: [bert-base, lstm-110m]}\n")
     assert short.cases("cpu") == full.cases("cpu") and short.sha256 == full.sha256
-    assert load("presets: bert-base\n").cases("cpu")[-1].option("preset") == "bert-base"
+    assert option_of(load("presets: bert-base\n").cases("cpu")[-1], "preset") == "bert-base"
     with pytest.raises(ConfigError, match="unknown preset 'bert'") as info:
         load("presets: [bert]\n")
     assert info.value.where == "test.yaml:9" and "did you mean 'bert-base'?" in info.value.hint
@@ -394,10 +395,10 @@ BAD = [
         "match: hidden",
     ),
     ("presets: {names: [bert-large]}", "unknown preset 'bert-large'", "presets.names[0]", "did you mean 'bert-base'?"),
-    ("presets: {names: [bert-base], core: lstm}", "lstm is recurrent", "presets.core", "sdpa-flash"),
+    ("presets: {names: [bert-base], core: lstm}", "lstm cannot build a preset", "presets.core", "sdpa-flash"),
     (
         "presets: {names: [bert-base], core: flash-atn}",
-        "unknown attention model 'flash-atn'",
+        "unknown model 'flash-atn'",
         "presets.core",
         "did you mean 'flash-attn'?",
     ),

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from attnbench.core.cases import Case
-from attnbench.core.catalogue import MODELS
-from attnbench.core.decode_state import state_bytes
-from attnbench.measure.models import build_model, make_decode_inputs, make_input, probe, torch_dtype
-from attnbench.measure.models.decoding import KVCache, decodable, prefill, tensor_bytes
+from attnbench.families.catalogue import MODELS
+from attnbench.families.registry import build_model, make_decode_inputs, make_input, probe, torch_dtype
+from attnbench.families.state_bytes import state_bytes
+from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
 from tests.support import tiny_case
 
 RECURRENT = ("lstm", "gru", "mingru", "minlstm")

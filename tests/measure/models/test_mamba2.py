@@ -15,14 +15,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench.core.cases import Case, Mode
-from attnbench.core.catalogue import cannot_build
-from attnbench.core.decode_state import state_bytes
-from attnbench.core.flops import count_flops, count_parameters
-from attnbench.measure.models import build_model, make_input, parameter_count, probe
-from attnbench.measure.models import mamba2 as m2
-from attnbench.measure.models.decoding import decodable, prefill, tensor_bytes
-from attnbench.measure.models.family import make_decode_inputs
-from attnbench.measure.models.mamba2 import Mamba2, ssd_chunked, ssd_recurrent
+from attnbench.families.catalogue import cannot_build, option_of
+from attnbench.families.flops import count_flops, count_parameters
+from attnbench.families.mamba2 import layers as m2
+from attnbench.families.mamba2.layers import Mamba2, ssd_chunked, ssd_recurrent
+from attnbench.families.registry import build_model, make_input, parameter_count, probe
+from attnbench.families.state_bytes import state_bytes
+from attnbench.families.states import decodable, prefill, tensor_bytes
+from attnbench.families.torch_family import make_decode_inputs
 
 F64 = torch.float64
 SIZES = {"d_state": 16, "head_dim": 8, "chunk": 8}
@@ -178,8 +178,10 @@ def counted(c: Case) -> dict[str, int]:
 
 def conv_flops(c: Case) -> int:
     """What the counter sees of the depthwise conv (padded on both sides, then cut): outside the formula."""
-    conv_dim = 2 * c.d_model + 2 * int(c.option("groups")) * int(c.option("d_state"))
-    return c.layers * 2 * c.batch * (c.seq_len + int(c.option("d_conv")) - 1) * conv_dim * int(c.option("d_conv"))
+    conv_dim = 2 * c.d_model + 2 * int(option_of(c, "groups")) * int(option_of(c, "d_state"))
+    return (
+        c.layers * 2 * c.batch * (c.seq_len + int(option_of(c, "d_conv")) - 1) * conv_dim * int(option_of(c, "d_conv"))
+    )
 
 
 @pytest.mark.parametrize(

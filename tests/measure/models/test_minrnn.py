@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from attnbench.core.cases import Case, Mode
-from attnbench.core.flops import count_parameters
-from attnbench.measure.models import build_model, make_input, parameter_count, probe
-from attnbench.measure.models.minrnn import MinRNN, g, log_g, parallel_scan_log, sequential_scan
+from attnbench.families.flops import count_parameters
+from attnbench.families.minrnn.layers import MinRNN, g, log_g, parallel_scan_log, sequential_scan
+from attnbench.families.registry import build_model, make_input, parameter_count, probe
 from tests.support import tiny_case
 
 F64, F32 = torch.float64, torch.float32

@@ -11,18 +11,19 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnbench.core.cases import Case, Mode
-from attnbench.core.catalogue import DTYPES, FAMILIES, MODEL_NAMES, MODELS
-from attnbench.measure.models import (
+from attnbench.core.cases import DTYPES, Case, Mode
+from attnbench.families.attention.layers import sdpa_kernel_chosen
+from attnbench.families.catalogue import FAMILIES, MODEL_NAMES, MODELS
+from attnbench.families.registry import (
+    _probe_tiny,
     availability,
     build_model,
     parameter_count,
     probe,
     torch_dtype,
+    torch_family,
 )
-from attnbench.measure.models.attention import sdpa_kernel_chosen
-from attnbench.measure.models.family import TorchFamily
-from attnbench.measure.models.registry import _probe_tiny, torch_family
+from attnbench.families.torch_family import TorchFamily
 
 CPU_CORES = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
 GPU_CORES = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flash-attn")
@@ -202,7 +203,7 @@ def test_every_family_has_both_halves() -> None:
     """Each torch-free family has a torch half of the same name, and every model name belongs to one family."""
     assert [m for f in FAMILIES for m in (s.name for s in f.models)] == list(MODEL_NAMES)
     for family in FAMILIES:
-        half = importlib.import_module(f"attnbench.measure.models.{family.name}").TORCH
+        half = importlib.import_module(f"attnbench.families.{family.name}.layers").TORCH
         assert isinstance(half, TorchFamily), family.name
         for spec in family.models:
             assert spec.family == family.name

@@ -11,9 +11,10 @@ import torch
 from attnbench.config.experiment import load_experiment_text
 from attnbench.core.cases import Case
 from attnbench.core.errors import ConfigError
-from attnbench.core.flops import count_parameters
-from attnbench.measure.models import build_model, make_input, parameter_count, probe
-from attnbench.measure.models.positional import Learned, Rotary, Sinusoidal, rotary_angles, sinusoid_table
+from attnbench.families.catalogue import option_of
+from attnbench.families.flops import count_parameters
+from attnbench.families.positional import Learned, Rotary, Sinusoidal, rotary_angles, sinusoid_table
+from attnbench.families.registry import build_model, make_input, parameter_count, probe
 from tests.support import tiny_case
 
 F64 = torch.float64
@@ -206,6 +207,6 @@ def test_config_refuses_positional_mistakes(options: str, message: str, key: str
 def test_config_crosses_positional_variants() -> None:
     text = CONFIG + "model_options:\n  vanilla: {positional: [none, sinusoidal, learned, rope]}\n"
     cases = load_experiment_text(text, "test.yaml").cases("cpu")
-    kinds = [c.option("positional") for c in cases if c.model == "vanilla"]
+    kinds = [option_of(c, "positional") for c in cases if c.model == "vanilla"]
     assert kinds == ["none", "none", "sinusoidal", "sinusoidal", "learned", "learned", "rope", "rope"]
-    assert all("positional" not in c.key for c in cases if c.option("positional") == "none")  # default: no key
+    assert all("positional" not in c.key for c in cases if option_of(c, "positional") == "none")  # default: no key

@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from attnbench.core.cases import Case
-from attnbench.core.decode_state import state_bytes
-from attnbench.core.flops import count_flops, count_parameters, window_pairs
-from attnbench.measure.models import build_model, make_input, parameter_count, probe, torch_dtype
-from attnbench.measure.models.attention import band_mask
-from attnbench.measure.models.decoding import KVCache, decodable, prefill, tensor_bytes
-from attnbench.measure.models.linear import linear_attention, retnet_decay
+from attnbench.families.attention.layers import band_mask
+from attnbench.families.flops import count_flops, count_parameters, window_pairs
+from attnbench.families.linear.layers import linear_attention, retnet_decay
+from attnbench.families.registry import build_model, make_input, parameter_count, probe, torch_dtype
+from attnbench.families.state_bytes import state_bytes
+from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
 from tests.measure.models.test_decoding import decode_case, decoded_against_forward
 from tests.measure.models.test_models import TOLERANCES, forward_and_grads
-from tests.support import tiny_case
+from tests.support import heads_kv_of, tiny_case
 
 CPU_CORES = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
 
@@ -56,7 +56,7 @@ def _mha_from_gqa(case: Case, dtype: torch.dtype) -> tuple[torch.nn.Module, torc
     torch.manual_seed(0)
     gqa = build_model(case, "cpu", dtype)
     mha = build_model(replace(case, options=tuple(o for o in case.options if o[0] != "heads_kv")), "cpu", dtype)
-    heads, kv = case.heads or 0, case.heads_kv or 0
+    heads, kv = case.heads or 0, heads_kv_of(case) or 0
     d = case.d_model // heads
     with torch.no_grad():
         for (name, p_gqa), (_, p_mha) in zip(gqa.named_parameters(), mha.named_parameters(), strict=True):
@@ -148,7 +148,7 @@ def test_the_band_mask_is_the_window(window: int, causal: bool) -> None:
     assert int(keep.sum()) == window_pairs(13, window, causal=causal)
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 13, 8, dtype=torch.float64) for _ in range(3))
-    from attnbench.measure.models.attention import VanillaCore
+    from attnbench.families.attention.layers import VanillaCore
 
     torch.testing.assert_close(VanillaCore(causal, window)(q, k, v), _band_reference(q, k, v, window, causal))
 
@@ -352,7 +352,7 @@ def _fake_fla(calls: list[dict[str, object]]) -> object:
     chunked form; fla's guard against a head-first layout (T < H raises DeprecationWarning) included."""
     import types
 
-    from attnbench.measure.models.linear import linear_attention
+    from attnbench.families.linear.layers import linear_attention
 
     def chunk_linear_attn(
         q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=True, head_first=False
@@ -400,7 +400,7 @@ def test_kernel_fla_routes_through_flas_function_and_says_when_it_refuses(monkey
 def test_the_fla_kernel_computes_the_chunked_form_or_says_why_not(
     heads_kv: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from attnbench.measure.models import linear
+    from attnbench.families.linear import layers as linear
 
     case = replace(
         case_of("linear-attn", dtype="bfloat16", seq_len=200, kernel="fla", heads_kv=heads_kv), device="cuda"
@@ -433,7 +433,7 @@ def test_a_models_band_is_made_once_per_length_bool_only_and_shared_by_its_layer
     model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Per call it was an int64 (T, T) distance matrix, 8·T² bytes (+8 GiB at 32k) in every timed call."""
-    from attnbench.measure.models import attention
+    from attnbench.families.attention import layers as attention
 
     made: list[torch.Tensor | None] = []
     real = attention.band_mask

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from attnbench.measure.telemetry import open_telemetry, reduce, telemetry_status
-from attnbench.measure.telemetry.assemble import CpuWindow, GpuWindow, HostCounters, cpu_metrics, gpu_metrics
-from attnbench.measure.telemetry.errors import TelemetryUnavailable
-from attnbench.measure.telemetry.identity import GpuIdentity, nvml_uuid, pci_bus_id
-from attnbench.measure.telemetry.nvml import nvml_handle_for
-from attnbench.measure.telemetry.sampler import Channel, Failure, Sampler
+from attnbench.host.sensors import open_telemetry, reduce, telemetry_status
+from attnbench.host.sensors.assemble import CpuWindow, GpuWindow, HostCounters, cpu_metrics, gpu_metrics
+from attnbench.host.sensors.faults import TelemetryUnavailable
+from attnbench.host.sensors.identity import GpuIdentity, nvml_uuid, pci_bus_id
+from attnbench.host.sensors.nvml import nvml_handle_for
+from attnbench.host.sensors.sampler import Channel, Failure, Sampler
 from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, METRICS, NVML_METRICS, TelemetrySummary
 from tests import fake_pynvml
 from tests.fake_pynvml import CONSTANTS, FakeGpu, FakeNvml
@@ -704,13 +704,13 @@ def test_fake_matches_real_pynvml() -> None:
 
 
 def test_importing_telemetry_needs_no_torch_psutil_or_pynvml() -> None:
-    code = "import attnbench.measure.telemetry, sys; print(sorted({'torch', 'pynvml', 'psutil'} & set(sys.modules)))"
+    code = "import attnbench.host.sensors, sys; print(sorted({'torch', 'pynvml', 'psutil'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_the_clock_nvml_stamps_samples_with_is_found_from_the_newest_one() -> None:
-    from attnbench.measure.telemetry.buffers import clock_domain
+    from attnbench.host.sensors.buffers import clock_domain
 
     host = {"wall": 1_700_000_000_000_000, "boottime": 86_400_000_000, "monotonic": 86_399_000_000}
     assert clock_domain(1_700_000_000_500_000, host) == "wall"

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from attnbench.measure.telemetry import open_telemetry
-from attnbench.measure.telemetry.reduce import per_core_mean_pct
+from attnbench.host.sensors import open_telemetry
+from attnbench.host.sensors.reduce import per_core_mean_pct
 from attnbench.results.telemetry import CPU_METRICS, GPM_METRICS, GPU_METRICS, METRICS, TelemetrySummary
 
 

@@ -1,0 +1,103 @@
+"""A config's axes (``Axes``) and their expansion into cases (``expand``): every combination is a case, after the
+model's family has said what a combination means (whether it is causal, which options it carries).
+
+The grid knows no model: each question about one goes to the model's family through the catalogue (``causal``: a
+recurrence is causal by construction, attention follows the grid; ``canonical``: an option value that is the
+default in effect, such as heads_kv = heads, is left out of the key; ``decode_inert``: options a decode step does
+not depend on). A grid axis named after an option (``option_axes``: heads_kv) sets that option for every model that
+has it and leaves it unset.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from attnbench.core.cases import Case, Mode, Options, OptionValue, UserModel
+from attnbench.families.catalogue import MODELS, ModelSpec, decode_inert, family_named, has_heads
+from attnbench.families.user.spec import USER
+
+__all__ = ["Axes", "expand"]
+
+
+@dataclass(frozen=True)
+class Axes:
+    """The value lists one experiment crosses. Every combination is a case (after de-duplication)."""
+
+    models: tuple[str, ...]
+    modes: tuple[Mode, ...]
+    dtypes: tuple[str, ...]
+    batch: tuple[int, ...]
+    seq_len: tuple[int, ...]
+    d_model: tuple[int, ...]
+    heads: tuple[int, ...]
+    layers: tuple[int, ...]
+    causal: tuple[bool, ...]
+    device: str
+    # Per model, the option sets to cross it with (a config may list several values for an option); a model
+    # left out runs once, with every option at its default.
+    model_options: Mapping[str, tuple[Options, ...]] = field(default_factory=dict)
+    # Grid axes named after an option (catalogue.option_axes: heads_kv), crossed into every model that has the
+    # option where its own options leave it at the default; an option's default value sets nothing.
+    option_axes: Mapping[str, tuple[OptionValue, ...]] = field(default_factory=dict)
+    # The models of ``models`` that the user brings, by name (config ``factory:`` entries and installed plugins).
+    users: Mapping[str, UserModel] = field(default_factory=dict)
+
+
+def expand(axes: Axes) -> list[Case]:
+    """Cross every axis into cases, in a stable order, dropping combinations that do not apply.
+
+    The order is model-major (then the model's option sets) with seq_len innermost, so a sweep walks each
+    model's length curve in turn and a progress line reads naturally. Decode cases are causal only (a non-causal
+    combination does not apply: config validation refuses a model left with none) and carry no option that is
+    decode-inert for their family. A user model always carries ``heads``.
+    """
+    seen: set[Case] = set()
+    cases: list[Case] = []
+    variants = [(model, options) for model in axes.models for options in axes.model_options.get(model, ((),))]
+    axis_names = tuple(axes.option_axes)
+    for (model, options), axis_values, mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
+        variants,
+        itertools.product(*axes.option_axes.values()),
+        axes.modes,
+        axes.dtypes,
+        axes.batch,
+        axes.d_model,
+        axes.heads,
+        axes.layers,
+        axes.causal,
+        axes.seq_len,
+    ):
+        if mode == "decode":
+            options = tuple(o for o in options if o[0] not in decode_inert(model))
+        user = axes.users.get(model)
+        if user is not None:
+            probe = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options, user)
+            spec = USER.spec(probe)
+            causal = USER.causal(spec, dict(options), causal)
+            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options, user)
+        else:
+            spec = MODELS[model]
+            family = family_named(spec.family)
+            options = family.canonical(spec, _with_axes(spec, options, axis_names, axis_values), heads)
+            causal = family.causal(spec, dict(options), causal)
+            case_heads = heads if has_heads(model) else None
+            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, case_heads, layers, causal, options)
+        if mode == "decode" and not case.causal:
+            continue
+        if case not in seen:
+            seen.add(case)
+            cases.append(case)
+    return cases
+
+
+def _with_axes(spec: ModelSpec, options: Options, names: tuple[str, ...], values: tuple[OptionValue, ...]) -> Options:
+    """``options`` with each option axis's value where the model has that option and its own options leave it at
+    the default (an axis value equal to the option's default sets nothing)."""
+    chosen = dict(options)
+    for name, value in zip(names, values, strict=True):
+        option = spec.option(name)
+        if option is not None and name not in chosen and value != option.default:
+            chosen[name] = value
+    return tuple(sorted(chosen.items()))

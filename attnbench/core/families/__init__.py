@@ -1,1 +1,0 @@
-"""The model families, one module each (torch-free); ``base`` says what a family is. The catalogue finds them."""

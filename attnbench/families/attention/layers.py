@@ -1,0 +1,655 @@
+"""Multi-head self-attention with interchangeable cores.
+
+A layer is: fused QKV projection → split heads → *core* → merge heads → output projection. The core is the
+only thing that differs between the attention models, and it owns no parameters, so two models built from the
+same seed with different cores hold identical weights and must compute the same function (a test holds them
+equal).
+Every core takes q as ``(B, H, T, D)`` and k, v as ``(B, H_kv, T, D)`` and returns ``(B, H, T, D)``: with
+grouped-query attention (Ainslie et al. 2023, arXiv:2305.13245) H_kv divides H and key/value head j serves query
+heads j·G…j·G+G−1 (G = H / H_kv; multi-query attention, Shazeer 2019, is H_kv = 1), as SDPA's ``enable_gqa`` and
+flash-attn order them. A core with ``window`` W > 0 is local attention: query i sees keys j with i − W < j ≤ i
+(causal), or |i − j| < W (not causal), the band of Longformer (Beltagy et al. 2020) and Mistral's sliding window.
+
+Decoding (``attnbench.families.states``): ``step(q, k, v, cache)`` takes the new token's (B, H, 1, D)
+query, key and value, writes the key and value into the cache's slot n and attends to slots 0…n. The prefill that
+fills slots 0…n−1 is the layer's, the same for every core: K and V are projections of the layer's input, and the
+context's own attention runs through SDPA's causal kernel (the same function as every core's, in O(n) memory,
+so vanilla's n×n scores never limit the context a decode step is timed at; a window needs its band as an explicit
+mask there). A windowed core's cache is a ring of W slots (``KVCache``), so its step reads min(n + 1, W) keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnbench.core.cases import Case
+from attnbench.families.attention.spec import FAMILY
+from attnbench.families.base import ExtraValue
+from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, front, network
+from attnbench.families.catalogue import family_of
+from attnbench.families.positional import Rotary
+from attnbench.families.shared import kv_heads
+from attnbench.families.states import KVCache, LayerStack, Layout
+from attnbench.families.torch_family import torch_dtype
+
+# SDPA's enable_gqa (torch 2.5+): K/V with fewer heads than Q, read in place. Older torch repeats them.
+SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, H_kv, T, D) -> (B, H, T, D), each key/value head repeated for the H / H_kv query heads it serves."""
+    groups = heads // t.shape[1]
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def band_mask(length: int, *, causal: bool, window: int, device: torch.device) -> torch.Tensor | None:
+    """(T, T) bool, True where query i may see key j: causal j ≤ i, within a window i − j < W (and j − i < W when
+    not causal). None when every pair is visible. Bool throughout (T² bytes): an int64 distance matrix on the way
+    would cost 8·T² (8 GiB at 32k) in time and peak memory. Cores take it from their model's ``MaskCache``."""
+    if not causal and not window:
+        return None
+    keep = torch.ones(length, length, dtype=torch.bool, device=device)
+    below = keep.tril(window - 1) if window else keep  # j − i < W (or every key after i, without a window)
+    above = keep.triu(-(window - 1)) if window else keep  # i − j < W
+    return (below.tril(0) if causal else below) & above
+
+
+class MaskCache:
+    """One model's band masks, made once per (length, causal, window, device, grad mode) and shared by its layers:
+    built per call they were time and memory in every timed call of a windowed or vanilla causal row. A mask made
+    under inference_mode cannot be saved for a backward, hence the grad mode in the key. Freed with the model."""
+
+    def __init__(self) -> None:
+        self._masks: dict[tuple[int, bool, int, str, bool], torch.Tensor | None] = {}
+        self._blocks: dict[tuple[int, bool, int, str], Any] = {}
+        self._mods: dict[tuple[bool, int], Any] = {}
+
+    def get(self, length: int, *, causal: bool, window: int, device: torch.device) -> torch.Tensor | None:
+        key = (length, causal, window, str(device), torch.is_inference_mode_enabled())
+        if key not in self._masks:
+            self._masks[key] = band_mask(length, causal=causal, window=window, device=device)
+        return self._masks[key]
+
+    def block(self, length: int, *, causal: bool, window: int, device: torch.device) -> Any:
+        """FlexAttention's ``BlockMask`` of the band, once per (length, causal, window, device) for every layer.
+        ``create_block_mask`` runs compiled (``_compile=True``): eager, it materialises the whole (T, T) mask on the
+        way, 8 GiB of int64 distances at 32k, an ``oom`` row where the kernel itself fits. One ``mask_mod`` per
+        (causal, window), the same function for every layer, so dynamo compiles it once rather than per layer (and
+        past its cache limit would silently fall back to eager)."""
+        key = (length, causal, window, str(device))
+        if key not in self._blocks:
+            create = importlib.import_module("torch.nn.attention.flex_attention").create_block_mask
+            mod = self._mask_mod(causal, window)
+            self._blocks[key] = create(mod, None, None, length, length, device=device, _compile=True)
+        return self._blocks[key]
+
+    def _mask_mod(self, causal: bool, window: int) -> Any:
+        if (causal, window) not in self._mods:
+
+            def keep(b: Any, h: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+                distance = q_idx - kv_idx
+                visible = distance >= 0 if causal else distance > -window
+                return visible & (distance < window) if window else visible
+
+            self._mods[causal, window] = keep
+        return self._mods[causal, window]
+
+
+def gqa_path(model: str, heads: int, heads_kv: int) -> str | None:
+    """How ``model``'s core reads fewer key/value heads than query heads: ``enable_gqa`` (SDPA reads them in place),
+    ``native`` (flash-attn, flex), ``repeat`` (copied per query head first), or None under multi-head attention."""
+    if heads_kv == heads:
+        return None
+    if model.startswith("sdpa"):
+        return "enable_gqa" if SDPA_GQA else "repeat"
+    return "native" if model in ("flash-attn", "flex") else "repeat"
+
+
+class DecodingCore(Protocol):
+    """What a core needs to decode: one query's attention over a KV cache, the new key and value written in."""
+
+    cache_layout: Layout
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+
+class VanillaCore(nn.Module):
+    """The textbook formula, written out: ``softmax(QKᵀ/√D + mask) · V`` (Vaswani et al. 2017, eq. 1).
+
+    It materialises the (T, T) score matrix for every batch × head — that memory and traffic is what the
+    fused kernels avoid, and what this benchmark sets out to show. The softmax runs in the input dtype, as a
+    naive implementation would.
+    """
+
+    cache_layout: Layout = "bhnd"
+
+    def __init__(self, causal: bool, window: int = 0) -> None:
+        super().__init__()
+        self.causal = causal
+        self.window = window
+        self.masks = MaskCache()  # attention_network hands every layer of a model one cache
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One query against the cache, written out: scores over the n + 1 slots (the last W in a window's ring;
+        no mask: all are in the past). GQA's keys and values are repeated per query head, as in the forward."""
+        n, heads = cache.length, q.shape[1]
+        cache.check_room()
+        cache.write(k, v, n)
+        keys, values = repeat_kv(cache.keys(n + 1), heads), repeat_kv(cache.values(n + 1), heads)
+        scores = (q @ keys.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, 1, min(n + 1, W))
+        return scores.softmax(dim=-1) @ values  # (B, H, 1, D)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        heads, seq_len, head_dim = q.shape[1], q.shape[-2], q.shape[-1]
+        k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # (B, H, T, D): the textbook form has a K/V per head
+        scores = (q @ k.transpose(-2, -1)) * head_dim**-0.5  # (B, H, T, T)
+        keep = self.masks.get(seq_len, causal=self.causal, window=self.window, device=q.device)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return scores.softmax(dim=-1) @ v  # (B, H, T, D)
+
+
+# The backends ``pinned_backend`` has set torch's (process-wide) SDPA flags to, innermost last; empty outside it.
+_PINNED: list[SDPBackend] = []
+
+
+class SdpaCore(nn.Module):
+    """``F.scaled_dot_product_attention``, optionally forced to one backend.
+
+    ``backend=None`` leaves the choice to PyTorch's dispatcher (model ``sdpa``). A forced backend that cannot
+    run these inputs raises RuntimeError rather than falling back, which is what the probe relies on.
+
+    Forcing a backend is ``sdpa_kernel``, a pure-Python context manager that reads and sets five global flags
+    on entry and again on exit (~20 µs on a CPU host). Entered in every ``forward`` it would charge each layer
+    of a forced model a host cost the dispatched ``sdpa`` row never pays, and at launch-bound sizes a forced
+    backend would look slower for Python reasons. So whoever times the model enters it once, around all its
+    calls (``pinned_backend``); ``forward`` enters it only when called outside that scope, which keeps the
+    module self-contained. Backward needs no context: each fused kernel records its own backward.
+    """
+
+    cache_layout: Layout = "bhnd"
+
+    def __init__(self, causal: bool, backend: SDPBackend | None = None, window: int = 0) -> None:
+        super().__init__()
+        self.causal = causal
+        self.backend = backend
+        self.window = window
+        self.masks = MaskCache()  # attention_network hands every layer of a model one cache
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not self.window:
+            return self._attend(q, k, v, is_causal=self.causal)
+        # A window is an explicit boolean mask: SDPA has no band of its own. A backend that takes no mask
+        # (CUDA's flash) raises, and the probe turns that into an unsupported row.
+        keep = self.masks.get(q.shape[-2], causal=self.causal, window=self.window, device=q.device)
+        return self._attend(q, k, v, is_causal=False, mask=keep)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """A query of length 1 against the n + 1 cached keys (a window's ring: the last W). ``is_causal=False``:
+        SDPA aligns its causal mask top-left, so with one query it would let the new token see key 0 alone (every
+        key here is in the past)."""
+        n = cache.length
+        cache.check_room()
+        cache.write(k, v, n)
+        return self._attend(q, cache.keys(n + 1), cache.values(n + 1), is_causal=False)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.backend is None or (_PINNED and _PINNED[-1] == self.backend):
+            return sdpa(q, k, v, is_causal=is_causal, mask=mask)
+        with sdpa_kernel(self.backend):
+            return sdpa(q, k, v, is_causal=is_causal, mask=mask)
+
+    def extra_repr(self) -> str:
+        name = "dispatch" if self.backend is None else self.backend.name
+        return f"backend={name}, causal={self.causal}, window={self.window}"
+
+
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with K/V of fewer heads than Q read in place (``enable_gqa``), or repeated
+    where this torch has no such flag."""
+    if k.shape[1] == q.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+    if SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+    heads = q.shape[1]
+    return F.scaled_dot_product_attention(
+        q, repeat_kv(k, heads), repeat_kv(v, heads), attn_mask=mask, is_causal=is_causal
+    )
+
+
+def forced_backend(model: nn.Module) -> SDPBackend | None:
+    """The one SDPA backend ``model``'s cores are forced to, or None when none is (dispatch, other cores)."""
+    backends = {m.backend for m in model.modules() if isinstance(m, SdpaCore) and m.backend is not None}
+    if len(backends) > 1:
+        raise ValueError(f"one model forces several SDPA backends: {sorted(b.name for b in backends)}")
+    return next(iter(backends), None)
+
+
+@contextlib.contextmanager
+def pinned_backend(model: nn.Module) -> Iterator[None]:
+    """Set torch's SDPA flags to ``model``'s forced backend once, for every call made inside (see ``SdpaCore``).
+
+    A no-op for a model that forces no backend. The flags are process-wide, as ``sdpa_kernel``'s are.
+    """
+    backend = forced_backend(model)
+    if backend is None:
+        yield
+        return
+    with sdpa_kernel(backend):
+        _PINNED.append(backend)
+        try:
+            yield
+        finally:
+            _PINNED.pop()
+
+
+def reduced_precision_math(*, apply: bool = True) -> bool | None:
+    """Let SDPA's math backend compute fp16/bf16 inputs in their own dtype (``apply``); True, or None where this
+    torch has no such switch.
+
+    Since torch 2.5 the math backend upcasts fp16/bf16 q, k and v to float32 unless
+    ``allow_fp16_bf16_reduction_math_sdp(True)`` (ATen ``_scaled_dot_product_attention_math``; on CPU too), so an
+    ``sdpa-math`` row labelled bf16 would do float32 work and be held against the bf16 tensor-core peak. attnbench
+    sets the switch, so every bf16 row computes in bf16 — the like-for-like comparison with ``vanilla`` (whose
+    softmax runs in the input dtype) and with the fused kernels. The flag is process-wide; run.json and each
+    attention row record it.
+    """
+    allow = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    if allow is None:
+        return None
+    if apply:
+        allow(True)
+    return True
+
+
+def math_precision_flag() -> bool | None:
+    """Whether SDPA's math backend keeps fp16/bf16 in their own dtype now (None: this torch has no switch)."""
+    allowed = getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed", None)
+    return None if allowed is None else bool(allowed())
+
+
+class FlashAttnCore(nn.Module):
+    """``flash_attn.flash_attn_func`` from the Dao-AILab package (CUDA, fp16/bf16 only).
+
+    The package wants (B, T, H, D). Transposing our (B, H, T, D) view back gives exactly the strides the QKV
+    split produced, so no copy is made on the way in. Its decode kernel, ``flash_attn_with_kvcache``, keeps the
+    cache in that layout too, and writes the new key and value into it itself.
+    """
+
+    cache_layout: Layout = "bnhd"
+
+    def __init__(self, causal: bool, window: int = 0) -> None:
+        super().__init__()
+        self.causal = causal
+        self.window = window
+        # flash-attn's band: (left, right) keys beside the query's own, -1 = unbounded.
+        self._window_size = (-1, -1) if not window else (window - 1, 0 if causal else window - 1)
+        # Imported here, not at module import: the package is optional and its import needs CUDA libraries.
+        package = importlib.import_module("flash_attn")
+        self._func: Any = package.flash_attn_func
+        self._kvcache: Any = getattr(package, "flash_attn_with_kvcache", None)  # older releases lack it
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # GQA is native: k and v keep their H_kv heads (nheads_k in the package's words).
+        out = self._func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=self.causal, window_size=self._window_size
+        )
+        return out.transpose(1, 2)  # (B, T, H, D) -> (B, H, T, D)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """``flash_attn_with_kvcache``: writes k and v into slot ``cache_seqlens`` (= n) of the cache in place and
+        attends to slots 0…n. Its causal mask is aligned bottom-right, so one query sees every slot either way."""
+        if self._kvcache is None:
+            raise NotImplementedError("this flash_attn release has no flash_attn_with_kvcache (added in 2.2)")
+        cache.check_room()
+        if cache.visible is not None:
+            # A window's ring: the kernel would write at slot cache_seqlens, but the token's slot is n mod W. So
+            # the token is written here and the kernel reads the min(n + 1, W) filled slots, every one visible.
+            cache.write(k, v, cache.length)
+            out = self._kvcache(q.transpose(1, 2), cache.k, cache.v, cache_seqlens=cache.visible, causal=True)
+            return out.transpose(1, 2)
+        out = self._kvcache(
+            q.transpose(1, 2),  # (B, 1, H, D)
+            cache.k,  # (B, capacity, H, D)
+            cache.v,
+            k=k.transpose(1, 2),
+            v=v.transpose(1, 2),
+            cache_seqlens=cache.seqlens,
+            causal=True,
+        )
+        return out.transpose(1, 2)  # (B, 1, H, D) -> (B, H, 1, D)
+
+
+_COMPILED_FLEX: list[Any] = []  # torch.compile(flex_attention), made once per process on first use
+
+
+def compiled_flex() -> Any:
+    """``flex_attention`` compiled, as its docs require for the fused kernel (eager materialises the scores)."""
+    if not _COMPILED_FLEX:
+        module = importlib.import_module("torch.nn.attention.flex_attention")  # torch 2.5+
+        _COMPILED_FLEX.append(torch.compile(module.flex_attention, dynamic=False))
+    return _COMPILED_FLEX[0]
+
+
+class FlexCore(nn.Module):
+    """FlexAttention (``torch.nn.attention.flex_attention``), compiled, with causal and window as a block mask.
+
+    The mask is a ``mask_mod`` turned into a ``BlockMask`` once per sequence length for the whole model
+    (``MaskCache.block``: compiled, with B = H = None, on the inputs' device: the mask does not depend on batch or
+    head, and its default device is the accelerator whatever the inputs): tiles wholly outside the band are
+    skipped, which is what makes flex fast for a window. GQA goes in as ``enable_gqa``. Compilation happens on
+    the first call, which the executor makes and times apart (``compile_s``) and which is the case's probe too
+    (a tiny probe would compile shapes the case never runs, ``dynamic=False``); on a CPU flex has no backward, so
+    train and backward rows are ``unsupported`` with torch's reason. A decode step attends over the cache's
+    visible slots with no mask: every one is in the past (a window's ring holds only its band).
+    """
+
+    cache_layout: Layout = "bhnd"
+
+    def __init__(self, causal: bool, window: int = 0) -> None:
+        super().__init__()
+        self.causal = causal
+        self.window = window
+        self._flex = compiled_flex()
+        self.masks = MaskCache()  # attention_network hands every layer of a model one cache
+
+    def _block_mask(self, length: int, device: torch.device) -> Any:
+        if not self.causal and not self.window:
+            return None
+        return self.masks.block(length, causal=self.causal, window=self.window, device=device)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = self._block_mask(q.shape[-2], q.device)
+        return self._flex(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        n = cache.length
+        cache.check_room()
+        cache.write(k, v, n)
+        keys, values = cache.keys(n + 1), cache.values(n + 1)
+        return self._flex(q, keys, values, enable_gqa=keys.shape[1] != q.shape[1])
+
+
+class SelfAttention(nn.Module):
+    """One multi-head self-attention layer around a parameter-free core; the FFN and norms are the block's
+    (``attnbench.families.blocks``). ``rotary`` (RoPE, parameter-free too) rotates queries and keys per head."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        core: nn.Module,
+        *,
+        device: str,
+        dtype: torch.dtype,
+        rotary: nn.Module | None = None,
+        heads_kv: int | None = None,
+    ) -> None:
+        super().__init__()
+        heads_kv = heads_kv or heads
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
+        if heads % heads_kv:
+            raise ValueError(f"heads_kv {heads_kv} does not divide heads {heads}")
+        self.heads, self.heads_kv = heads, heads_kv
+        self.head_dim = d_model // heads
+        self.rotary = rotary
+        # Created in this order for every core, so a given seed yields the same weights whatever the core. Q takes
+        # d_model rows, K and V H_kv·D each: GQA shrinks the projection (and the KV cache) by H / H_kv.
+        width = d_model + 2 * heads_kv * self.head_dim
+        self.qkv = nn.Linear(d_model, width, device=device, dtype=dtype)
+        self.core = core
+        self.out = nn.Linear(d_model, d_model, device=device, dtype=dtype)
+
+    def _heads(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, T, D), k and v (B, H_kv, T, D): views of one fused projection, rotated for positions position…"""
+        batch, seq_len, _ = x.shape
+        d, kv = self.head_dim, self.heads_kv * self.head_dim
+        q, k, v = self.qkv(x).split([self.heads * d, kv, kv], dim=-1)  # views, no copy
+        q = q.view(batch, seq_len, self.heads, d).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)
+        if self.rotary is not None:
+            q, k = self.rotary(q, position), self.rotary(k, position)  # (B, H, T, D), rotated by position
+        return q, k, v
+
+    def _merge(self, y: torch.Tensor) -> torch.Tensor:
+        return self.out(y.transpose(1, 2).flatten(2))  # (B, H, T, D) -> (B, T, H, D) -> (B, T, H·D) -> out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._heads(x, 0)
+        return self._merge(self.core(q, k, v))
+
+    def init_state(self, batch: int, capacity: int) -> KVCache:
+        """H_kv heads of K and V for ``capacity`` positions, or a ring of the core's window."""
+        weight = self.qkv.weight
+        layout: Layout = getattr(self.core, "cache_layout", "bhnd")
+        window = int(getattr(self.core, "window", 0))
+        return KVCache(
+            batch,
+            self.heads_kv,
+            self.head_dim,
+            capacity,
+            layout=layout,
+            device=weight.device,
+            dtype=weight.dtype,
+            window=window,
+        )
+
+    def prefill(self, x: torch.Tensor, state: KVCache, *, output: bool = True) -> torch.Tensor | None:
+        """K and V of the n context tokens into the cache; the context's causal attention only if ``output``."""
+        q, k, v = self._heads(x, 0)
+        state.fill(k, v)
+        if not output:
+            return None
+        window = int(getattr(self.core, "window", 0))
+        if not window:
+            return self._merge(sdpa(q, k, v, is_causal=True))
+        masks = getattr(self.core, "masks", None)
+        made = masks if isinstance(masks, MaskCache) else MaskCache()
+        keep = made.get(q.shape[-2], causal=True, window=window, device=q.device)
+        return self._merge(sdpa(q, k, v, is_causal=False, mask=keep))
+
+    def step(self, x: torch.Tensor, state: KVCache) -> torch.Tensor:
+        """(B, 1, d_model) at position n = the cache's length -> (B, 1, d_model)."""
+        q, k, v = self._heads(x, state.length)
+        core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a step
+        return self._merge(core.step(q, k, v, state))
+
+
+class AttentionStack(LayerStack):
+    """``layers`` self-attention layers applied in turn: (B, T, d_model) -> (B, T, d_model)."""
+
+    def __init__(self, layers: list[SelfAttention]) -> None:
+        super().__init__(list(layers))
+
+
+# ---------------------------------------------------------------------------------------------------- the family
+# The SDPA backend each forced model pins, by SDPBackend member name (CUDNN_ATTENTION is new in torch 2.5).
+FORCED_BACKENDS = {
+    "sdpa-math": "MATH",
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+}
+# Why a model is missing on a device the catalogue leaves out, for the cheap check before any probing.
+_DEVICE_NOTES = {
+    "sdpa-efficient": "EFFICIENT_ATTENTION has no CPU kernel",
+    "sdpa-cudnn": "CUDNN_ATTENTION runs on cuDNN, which is GPU-only",
+    "flash-attn": "the flash_attn package ships CUDA kernels only",
+}
+# dtypes a model supports at all, where narrower than catalogue.DTYPES (flash_attn_func: fp16/bf16 only).
+_DTYPE_LIMITS = {"flash-attn": ("float16", "bfloat16")}
+
+
+def _forced_core(model: str, causal: bool, window: int) -> nn.Module:
+    backend = getattr(SDPBackend, FORCED_BACKENDS[model], None)
+    if backend is None:
+        raise NotImplementedError(f"torch {torch.__version__} has no SDPBackend.{FORCED_BACKENDS[model]}")
+    return SdpaCore(causal, backend, window)
+
+
+# Each builds a parameter-free core from (causal, window).
+CORES: dict[str, Callable[[bool, int], nn.Module]] = {
+    "vanilla": VanillaCore,
+    "sdpa": lambda causal, window: SdpaCore(causal, None, window),
+    "flash-attn": FlashAttnCore,
+    "flex": FlexCore,
+    **{model: partial(_forced_core, model) for model in FORCED_BACKENDS},
+}
+
+
+def attention_network(
+    case: Case,
+    layer_type: type[SelfAttention],
+    make_core: Callable[[], nn.Module],
+    device: str,
+    dtype: torch.dtype,
+) -> nn.Module:
+    """Attention-like layers (``layer_type`` around ``make_core()``), or pre-norm blocks of them, at the case's
+    scope; linear attention is the same network with its own layer and core."""
+    if case.heads is None or case.head_dim is None:
+        raise ValueError(f"{case.model} needs heads")
+    made = front(case, device, dtype)
+    rotary = None
+    if family_of(case).option(case, "positional") == "rope":
+        # One table shared by every layer: it holds no parameters, only cos/sin of the positions.
+        rotary = Rotary(case.head_dim, case.span, device=device, dtype=dtype)
+
+    def attention() -> SelfAttention:
+        heads = case.heads or 0
+        return layer_type(
+            case.d_model,
+            heads,
+            make_core(),
+            device=device,
+            dtype=dtype,
+            rotary=rotary,
+            heads_kv=kv_heads(case, family_of(case).values(case)),
+        )
+
+    if family_of(case).option(case, "scope") == "core":
+        built = network(case, AttentionStack([attention() for _ in range(case.layers)]), made, device, dtype)
+    else:
+        ffn_mult = int(family_of(case).option(case, "ffn_mult"))
+        blocks = [
+            TransformerBlock(attention(), case.d_model, ffn_mult, device=device, dtype=dtype)
+            for _ in range(case.layers)
+        ]
+        built = network(case, Stack(*blocks), made, device, dtype)
+    shared = MaskCache()  # one band per length for every layer, not one per layer
+    for module in built.modules():
+        if isinstance(getattr(module, "masks", None), MaskCache):
+            module.masks = shared  # type: ignore[assignment]
+    return built
+
+
+class AttentionTorch(NetworkFamily):
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        core = CORES[case.model]
+        return attention_network(case, SelfAttention, lambda: core(case.causal, FAMILY.window(case)), device, dtype)
+
+    def probes(self, case: Case) -> bool:
+        # flex compiles for its exact shapes (dynamic=False): a tiny copy's compile would be thrown away, so the
+        # case's first, compiling call is its probe (the executor turns a missing kernel there into unsupported).
+        return case.model != "flex"
+
+    def device_note(self, model: str) -> str | None:
+        return _DEVICE_NOTES.get(model)
+
+    def unavailable(self, case: Case, device_type: str) -> str | None:
+        allowed = _DTYPE_LIMITS.get(case.model)
+        if allowed is not None and case.dtype not in allowed:
+            return f"{case.model}: supports only {' and '.join(allowed)}, not {case.dtype}"
+        return None
+
+    def label(self, model: str) -> str:
+        return FORCED_BACKENDS.get(model, model)
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        extra: dict[str, ExtraValue] = {}
+        if case.heads is not None and FAMILY.kv_heads(case) != case.heads:
+            extra["gqa_path"] = gqa_path(case.model, case.heads, FAMILY.kv_heads(case) or case.heads)
+        if case.model == "sdpa":
+            extra["sdpa_kernel"] = sdpa_kernel_chosen(case, device)
+        if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
+            # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.
+            extra["math_sdp_reduced_precision"] = math_precision_flag()
+        return extra
+
+    def compiled(self, case: Case) -> bool:
+        return case.model == "flex"  # flex is compiled by construction
+
+    def prepare_process(self) -> None:
+        reduced_precision_math()  # a bf16 row computes in bf16, sdpa-math included (README: "Precision")
+
+    def process_settings(self) -> dict[str, bool | str | None]:
+        return {"sdpa_math_reduced_precision": reduced_precision_math(apply=False)}
+
+    def call_context(self, case: Case, model: nn.Module) -> contextlib.AbstractContextManager[object]:
+        return pinned_backend(model)  # a forced SDPA backend, set once around every call, not per layer
+
+
+# SDPBackend is a pybind11 enum: SDPBackend(99) does not raise, so map the int back through its members.
+_BACKEND_NAMES: dict[int, str] = {member.value: name for name, member in SDPBackend.__members__.items()}
+
+
+def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
+    """Which SDPA backend PyTorch's own dispatch picks for ``case`` (e.g. ``"FLASH_ATTENTION"``), or None.
+
+    Asks ``torch._fused_sdp_choice`` (private, hence the guards) with q, k, v shaped and strided exactly as
+    ``SelfAttention`` hands them to the core, with grads on for ``train``: the dispatcher looks at strides,
+    head dim, dtype, device and whether a backward is needed. ``torch.empty`` does no work and is freed at
+    once; meta tensors would not do, since dispatch on ``meta`` answers MATH whatever the real device would.
+    A decode step asks with its own shapes: one query against the n + 1 keys of a (B, H, n + 1, D) cache.
+    """
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None or case.heads is None or case.head_dim is None:
+        return None
+    train = case.mode in ("train", "backward")  # backward mode dispatches as train does: a graph is kept
+    dtype = torch_dtype(case.dtype)
+    try:
+        with torch.set_grad_enabled(train):
+            kv_heads = FAMILY.kv_heads(case) or case.heads
+            gqa = kv_heads != case.heads
+            mask = None
+            if case.mode == "decode":
+                keys = min(case.span, FAMILY.window(case)) if FAMILY.window(case) else case.span
+                q = torch.empty(case.batch, case.heads, 1, case.head_dim, device=device, dtype=dtype)
+                k = v = torch.empty(case.batch, kv_heads, keys, case.head_dim, device=device, dtype=dtype)
+                causal = False
+            else:
+                d, width = case.head_dim, (case.heads + 2 * kv_heads) * case.head_dim
+                qkv = torch.empty(
+                    case.batch, case.seq_len, width, device=device, dtype=dtype, requires_grad=train
+                )  # (B, T, (H + 2·H_kv)·D), split as SelfAttention splits it
+                q_, k_, v_ = qkv.split([case.heads * d, kv_heads * d, kv_heads * d], dim=-1)
+                q = q_.view(case.batch, case.seq_len, case.heads, d).transpose(1, 2)
+                k = k_.view(case.batch, case.seq_len, kv_heads, d).transpose(1, 2)
+                v = v_.view(case.batch, case.seq_len, kv_heads, d).transpose(1, 2)
+                causal = case.causal and not FAMILY.window(case)
+                if FAMILY.window(case):  # the band goes in as an explicit mask, as SdpaCore passes it
+                    mask = torch.ones(case.seq_len, case.seq_len, dtype=torch.bool, device=device)
+            index = int(
+                choose(q, k, v, mask, 0.0, causal, enable_gqa=gqa) if gqa else choose(q, k, v, mask, 0.0, causal)
+            )
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None  # includes OOM for a case too big to hold even its inputs: that case will say so itself
+    name = _BACKEND_NAMES.get(index)
+    return None if name in (None, "ERROR") else name
+
+
+TORCH = AttentionTorch()

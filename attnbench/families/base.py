@@ -1,0 +1,353 @@
+"""What a model family is, torch-free: the values every family declares and the methods every family answers.
+
+A family is one folder, ``attnbench/families/<name>/``: ``spec.py`` (this half: names, options and their rules,
+FLOPs, parameters, decode state, the packages its kernels use, the peak its matmuls run at, its role in the
+article's claims, the row extras and columns it writes) and ``layers.py`` (the torch half: build, probe, decode,
+extras, the process and call context it needs). ``attnbench.families.catalogue`` finds every folder whose ``spec``
+defines ``FAMILY`` and loops over them, so nothing outside the folder names a model or one of its options. The
+pattern is tritonbench's operator modules (``operators/*/operator.py``, one registered unit per operator) and pyperf's
+``_metadata.py`` table (each metadata key with its type, unit and formatter) for the extras.
+
+The option rules come in two checks, each written once, in the family: ``no_effect`` (an option that changes
+nothing given the others: config validation drops it from a case, so a key never carries a setting that changed
+nothing, and refuses one that has no effect anywhere it is given) and ``cannot_build`` (a case that describes no
+model that can be built: config validation refuses it at the key that made it so, and the executor records a case
+made by hand as ``unsupported``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from attnbench.core.cases import KINDS, Case, Kind, Options, OptionValue
+
+__all__ = [
+    "KINDS",
+    "ClaimRole",
+    "ExtraSpec",
+    "ExtraValue",
+    "Family",
+    "FlopCount",
+    "Kind",
+    "ModelSpec",
+    "OptionSpec",
+    "OptionType",
+    "OptionValue",
+    "Options",
+    "Package",
+    "Parts",
+    "Preset",
+    "Problem",
+    "ValueOf",
+    "frozen",
+]
+
+OptionType = type[bool] | type[int] | type[float] | type[str]
+ExtraValue = str | int | float | bool | None
+# Reads an option of the model in question: the value given, else the option's default.
+ValueOf = Callable[[str], OptionValue]
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One model option a config may set under ``model_options.<model>``.
+
+    ``choices`` closes the set of values a string option takes; ``minimum``/``maximum`` bound an integer one;
+    ``refused`` names values that a reader might expect to work, with why they do not and what to use instead
+    (rope on a recurrent model). Config validation enforces all three; a stored row is only type-checked, so that
+    a later release may add a choice without making older results unreadable.
+    """
+
+    name: str
+    type: OptionType
+    default: OptionValue
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+    refused: tuple[tuple[str, str, str], ...] = ()  # (value, why, hint)
+    # A grid axis of the same name sets it for every model that has the option (heads_kv: GQA across models).
+    axis: bool = False
+
+    def refusal(self, value: OptionValue) -> tuple[str, str] | None:
+        """(why, hint) if ``value`` is one this option refuses by name, else None."""
+        return next(((why, hint) for v, why, hint in self.refused if v == value), None)
+
+    def allowed(self) -> str:
+        """What the option takes, as ``attnbench models`` and the errors say it."""
+        if self.choices is not None:
+            return "|".join(self.choices)
+        if self.type is bool:
+            return "true|false"
+        if self.minimum is None and self.maximum is None:
+            return self.type.__name__
+        return f"{self.minimum}…{self.maximum}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model name: which side it joins (``kind``), which family builds it, what it needs."""
+
+    name: str
+    kind: Kind
+    family: str  # the family's name: attnbench.families.<family> and attnbench.families.registry.<family>
+    summary: str
+    # Devices the kernel exists for at all; finer limits (dtype, head dim) are found by probing a tiny input.
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    # A Python package the model needs beyond torch (import name).
+    package: str | None = None
+    options: tuple[OptionSpec, ...] = ()
+    # Whether the model's cases carry ``heads`` (attention, linear attention, user models).
+    heads: bool = False
+    # Where the model comes from: "built-in", "plugin <distribution>" or "config".
+    source: str = "built-in"
+
+    def option(self, name: str) -> OptionSpec | None:
+        return next((o for o in self.options if o.name == name), None)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model of fixed, published size, cased beside the grid by a config's top-level ``presets`` key.
+
+    The case it becomes carries every size in its own fields and options (``preset`` among them, so a row
+    says which preset it is); builders never look a preset up.
+    """
+
+    name: str
+    kind: Kind
+    summary: str
+    model: str | None  # the one model it is built from; None: any attention model (the config's presets.core)
+    d_model: int
+    heads: int | None
+    layers: int
+    options: tuple[tuple[str, OptionValue], ...]  # sorted by name, as Case keeps them
+    max_seq_len: int | None = None  # learned positions cover this many tokens
+    reference: str = ""
+    # Whether it can produce one token at a time (an encoder's attention sees the whole sequence: it cannot).
+    decodes: bool = True
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why an option has no effect, or why a case cannot be built: the message, the option to point at (None: the
+    case's sizes or mode) and what to do about it."""
+
+    message: str
+    option: str | None = None
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class ExtraSpec:
+    """One key a row's ``extra`` may hold, as pyperf's METADATA table keeps its keys: the type its values take
+    (besides null), the unit (SI: ``s``, ``bytes``, ``flop``; ``""`` for a count, a name or a flag) and what it
+    says. Readers check a declared key's type; a key no release declares is kept as it was stored."""
+
+    name: str
+    type: type[str] | type[int] | type[float] | type[bool]
+    unit: str
+    help: str
+    # A column of summary.csv (and of the frames and exports), after the columns every row has.
+    column: bool = False
+
+    def fits(self, value: ExtraValue) -> bool:
+        if value is None:
+            return True
+        if self.type is bool or isinstance(value, bool):
+            return self.type is bool and isinstance(value, bool)
+        if self.type is float:
+            return isinstance(value, int | float)
+        return isinstance(value, self.type)
+
+
+@dataclass(frozen=True)
+class Package:
+    """A Python package a family's kernels may run on: recorded in run.json with its version where installed (a new
+    version of a kernel changes the numbers, as a new torch does)."""
+
+    distribution: str  # as pip knows it: "flash-attn"
+    module: str  # as Python imports it: "flash_attn"
+
+
+ClaimSide = Literal["rnn", "attention"]
+
+
+@dataclass(frozen=True)
+class ClaimRole:
+    """Which side of the article's claims a case stands on: ``rnn`` (the recurrence the article means: one step
+    after another) or ``attention`` (full self-attention). ``parallel``: a recurrence whose steps the model computes
+    together (a parallel scan), which removes the premise of claim 1a; ``shown``: options a claim always names
+    for it (a scan mode), set or default."""
+
+    side: ClaimSide
+    parallel: bool = False
+    shown: tuple[tuple[str, OptionValue], ...] = ()
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """The FLOPs of one call of a case's mode, the formula that gave them, and the parts they add up from.
+
+    ``detail`` names the forward parts (``projections``, ``core`` for attention; ``gates`` for recurrent
+    models) and, for ``train``, their backward counterparts (``projections_backward``, …). ``flops`` is their
+    sum.
+    """
+
+    flops: int
+    formula: str
+    detail: Mapping[str, int]
+
+
+Parts = dict[str, int]
+
+
+class Family:
+    """One model family's torch-free facts. A family module defines ``FAMILY``, an instance of a subclass.
+
+    The defaults here are those of a family with nothing to say: no option rules beyond the declared ones, no
+    decode state, no formula (FLOPs are then counted on the device: ``flops_formula`` ``counted-v1``).
+    """
+
+    name: str = ""
+    order: int = 1000  # where its models come in `attnbench models` and in tables (lower first)
+    models: tuple[ModelSpec, ...] = ()
+    presets: tuple[Preset, ...] = ()
+    extras: tuple[ExtraSpec, ...] = ()
+    # Options that change only how the whole sequence is computed, so a decode step is the same whatever their value:
+    # decode cases leave them out, so that two values do not time one step twice.
+    decode_inert: frozenset[str] = frozenset()
+    # Whether FLOPs come from a formula here (False: counted by torch's FlopCounterMode over one call).
+    analytic: bool = True
+    # Packages its kernels may run on (recorded in run.json with their versions where installed).
+    packages: tuple[Package, ...] = ()
+    # Columns of summary.csv that describe the case and that only this family's cases fill (key/value heads, a
+    # window): their values come from ``case_columns``.
+    case_columns: tuple[ExtraSpec, ...] = ()
+    # What a decode state is called in the family's messages.
+    state_noun: str = "recurrent state"
+    # The model a preset of this family without a model of its own (``Preset.model`` None) is built on by default.
+    preset_core: str | None = None
+
+    # ---------------------------------------------------------------------------------------------- a model's options
+    def spec(self, case: Case) -> ModelSpec:
+        """The spec of ``case``'s model (one of ``models``)."""
+        spec = next((m for m in self.models if m.name == case.model), None)
+        if spec is None:
+            raise KeyError(f"{case.model!r} is not a model of the {self.name} family")
+        return spec
+
+    def option(self, case: Case, name: str) -> OptionValue:
+        """``case``'s value for a model option, or the option's default; KeyError for an option the model lacks."""
+        given = case.given(name)
+        if given is not None:
+            return given
+        option = self.spec(case).option(name)
+        if option is None:
+            raise KeyError(f"model {case.model!r} has no option {name!r}")
+        return option.default
+
+    def has_option(self, case: Case, name: str) -> bool:
+        return self.spec(case).option(name) is not None
+
+    def values(self, case: Case) -> ValueOf:
+        """``option`` bound to ``case``: what the shared rules and counts read a case's options through."""
+        return lambda name: self.option(case, name)
+
+    # ---------------------------------------------------------------------------------------------- grid and cases
+    def causal(self, spec: ModelSpec, options: Mapping[str, OptionValue], requested: bool) -> bool:
+        """Whether a case of ``spec`` with ``options`` is causal when the grid asks for ``requested``: attention
+        follows the grid; a recurrence is causal by construction (a family with a bidirectional option says so)."""
+        return requested if spec.kind == "attention" else True
+
+    def canonical(self, spec: ModelSpec, options: Options, heads: int) -> Options:
+        """``options`` with any value that, given the case's sizes, is the default in effect left out (so that two
+        spellings of one model never make two keys). Nothing to leave out by default."""
+        return options
+
+    def decode_problem(self, case: Case) -> Problem | None:
+        """Why ``case`` cannot produce one token at a time (a new token may see only the tokens before it), or None.
+        ``causal`` is what tells: attention must be causal, a recurrence unidirectional."""
+        if case.causal:
+            return None
+        return Problem(
+            f"{case.model} with causal=false lets every position see the whole sequence, so it cannot produce one "
+            "token at a time (decode needs causal attention)"
+        )
+
+    def case_column_values(self, case: Case) -> Mapping[str, ExtraValue]:
+        """The values of ``case_columns`` for ``case``."""
+        return {}
+
+    # ---------------------------------------------------------------------------------------------- readings of rows
+    def peak_dtype(self, case: Case) -> str:
+        """Which peak ``case``'s matmuls are held against: the case's dtype, or ``tf32`` where the family's kernels
+        run float32 on TF32 tensor cores by default (cuDNN's RNNs)."""
+        return case.dtype
+
+    def claim_role(self, case: Case) -> ClaimRole | None:
+        """Where ``case`` stands in the article's claims, or None where it is neither the RNN nor the attention
+        those claims are about (compared in its own right)."""
+        return None
+
+    def no_effect(self, model: str, name: str, value_of: ValueOf) -> Problem | None:
+        """A Problem if option ``name`` changes nothing given the model's other options (``value_of``)."""
+        return None
+
+    def no_effect_up_to(self, model: str, name: str, value: OptionValue, longest: int) -> Problem | None:
+        """A Problem if option ``name`` = ``value`` changes nothing at any sequence length up to ``longest`` (the
+        grid's longest): config validation refuses it at the option."""
+        return None
+
+    def cannot_build(self, case: Case) -> Problem | None:
+        """A Problem if ``case`` describes no model that can be built (checked on the real case, before a probe
+        shrinks it), else None. The catalogue checks what every family shares first (decoding needs causality,
+        option values); this is what is the family's own."""
+        return None
+
+    def formula(self, case: Case) -> str:
+        """The id of the FLOP formula for ``case``: family, scope, variant and decode, versioned."""
+        raise NotImplementedError(f"{self.name} has no FLOP formula")
+
+    def work(self, case: Case, full_scores: bool) -> tuple[Parts, Parts]:
+        """Forward and backward FLOPs of one call, by part (see ``attnbench.families.flops``)."""
+        raise NotImplementedError(f"{self.name} has no FLOP formula")
+
+    def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
+        """Whether ``case``'s core computes all n² scores though its mask keeps fewer (executed ≠ useful FLOPs)."""
+        return False
+
+    def parameters(self, case: Case) -> int | None:
+        """The parameter count of ``case``'s model as the torch half builds it (a test holds them equal); None
+        where only the built module knows."""
+        return None
+
+    def state_dtype(self, case: Case) -> str:
+        """The dtype a decode state is kept in."""
+        return case.dtype
+
+    def state_bytes(self, case: Case) -> int | None:
+        """Bytes of the KV cache or recurrent state a decode step at context ``case.seq_len`` reads; None where
+        only the built module knows (it is then measured, not computed)."""
+        return None
+
+    def state_written(self, case: Case, state_bytes: int) -> int:
+        """Bytes of its state a decode step writes back: the whole state for a recurrence (a family whose state grows
+        with n writes one position's share)."""
+        return state_bytes
+
+    def prefill_carries(self, case: Case) -> bool:
+        """Whether a context can be fed in chunks, the state carrying across them (a recurrence); False: the
+        prefill is one pass over the whole context (an attention cache attends to all of it at once)."""
+        return True
+
+    def takes_tokens(self, case: Case) -> bool:
+        """Whether one call takes int64 token ids (B, T) rather than activations (B, T, d_model)."""
+        return False
+
+
+def frozen(parts: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(parts))

@@ -1,0 +1,262 @@
+"""Every model attnbench knows, as plain data: a loop over the families of ``attnbench.families``.
+
+Torch-free on purpose: ``validate``, ``report`` and ``compare`` must know every model and option without importing
+torch. Each folder of ``attnbench.families`` whose ``spec`` module defines ``FAMILY`` is found here (``FAMILIES``);
+nothing in this module names a model. The folder's ``layers`` module is the family's torch half, which
+``families.registry`` finds the same way. A user model (``factory:`` in a config, or an installed plugin) is known
+by its case alone (``Case.user``), so stored rows of one read back without the user's code.
+
+Everything outside the families asks through here what only a family knows: a case's side (``kind_of``), an
+option's value or default (``option_of``), whether it can decode or be built, the peak its matmuls run at, its
+role in the article's claims, the columns it fills.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Mapping
+
+from attnbench import families
+from attnbench.core.cases import Case, Kind, OptionValue
+from attnbench.families.base import (
+    ClaimRole,
+    ExtraSpec,
+    ExtraValue,
+    Family,
+    ModelSpec,
+    OptionSpec,
+    Package,
+    Preset,
+    Problem,
+)
+from attnbench.families.user.spec import USER
+
+__all__ = [
+    "FAMILIES",
+    "MODELS",
+    "MODEL_NAMES",
+    "PRESETS",
+    "PRESET_CORES",
+    "PRESET_CORE_DEFAULT",
+    "PRESET_NAMES",
+    "ModelSpec",
+    "OptionSpec",
+    "Preset",
+    "Problem",
+    "cannot_build",
+    "case_column_specs",
+    "case_column_values",
+    "causal_from_grid",
+    "claim_role",
+    "decode_inert",
+    "family_named",
+    "family_of",
+    "has_heads",
+    "has_option",
+    "is_recurrent",
+    "kind_of",
+    "known",
+    "no_effect",
+    "option_axes",
+    "option_of",
+    "option_summary",
+    "packages",
+    "peak_dtype",
+    "spec_of",
+    "state_noun",
+]
+
+
+def _discover() -> tuple[Family, ...]:
+    """Every folder of ``attnbench.families`` whose ``spec`` module defines ``FAMILY``, in their declared order."""
+    found = []
+    for info in pkgutil.iter_modules(families.__path__):
+        if not info.ispkg:
+            continue
+        try:
+            module = importlib.import_module(f"{families.__name__}.{info.name}.spec")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{families.__name__}.{info.name}.spec":
+                continue  # a folder that is not a family
+            raise
+        family = getattr(module, "FAMILY", None)
+        if isinstance(family, Family):
+            found.append(family)
+    return tuple(sorted(found, key=lambda f: (f.order, f.name)))
+
+
+FAMILIES: tuple[Family, ...] = _discover()
+_BY_NAME: dict[str, Family] = {family.name: family for family in FAMILIES}
+MODELS: dict[str, ModelSpec] = {spec.name: spec for family in FAMILIES for spec in family.models}
+MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+# The attention presets first: each recurrent one stands in for an attention model of its size.
+PRESETS: dict[str, Preset] = {
+    preset.name: preset
+    for preset in sorted((p for family in FAMILIES for p in family.presets), key=lambda p: p.kind != "attention")
+}
+PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+# The models a preset without a model of its own (``Preset.model`` None: bert-base) may be built on: those of the
+# family that declares it (a config's presets.core picks among them).
+PRESET_CORES: tuple[str, ...] = tuple(
+    spec.name for family in FAMILIES if any(p.model is None for p in family.presets) for spec in family.models
+)
+PRESET_CORE_DEFAULT: tuple[str, ...] = tuple(f.preset_core for f in FAMILIES if f.preset_core is not None)[:1]
+
+
+def known(case: Case) -> bool:
+    """Whether this catalogue knows ``case``'s model (a user model always; a built-in one a newer release wrote may
+    not be)."""
+    return case.user is not None or case.model in MODELS
+
+
+def family_of(case: Case) -> Family:
+    """The family that builds ``case``'s model: a built-in one, or the user family for a user model."""
+    if case.user is not None:
+        return USER
+    return _BY_NAME[MODELS[case.model].family]
+
+
+def family_named(name: str) -> Family:
+    """The built-in family called ``name`` (a ``ModelSpec.family``)."""
+    return _BY_NAME[name]
+
+
+def spec_of(case: Case) -> ModelSpec:
+    """``case``'s model spec, a user model's read off the case itself."""
+    return family_of(case).spec(case)
+
+
+def kind_of(case: Case) -> Kind:
+    """Which side of the comparison ``case``'s model joins: recurrent or attention (a user model's entry says)."""
+    return case.user.kind if case.user is not None else MODELS[case.model].kind
+
+
+def is_recurrent(case: Case) -> bool:
+    """Whether ``case`` joins the recurrent side of the comparison (a report's baseline, a crossover's pairs): its
+    model's kind, or a user model's entry. A question about the side, never about what the model does."""
+    return known(case) and kind_of(case) == "recurrent"
+
+
+def causal_from_grid(case: Case) -> bool:
+    """Whether ``case``'s ``causal`` is the grid's choice (attention's mask) rather than the architecture's (a
+    recurrence is causal by construction, unless its family makes it bidirectional): a label names it, a command
+    that narrows a config to the case sets it."""
+    if not known(case):
+        return True
+    family, spec = family_of(case), spec_of(case)
+    options = dict(case.options)
+    return family.causal(spec, options, True) != family.causal(spec, options, False)
+
+
+def state_noun(case: Case) -> str:
+    """What ``case``'s decode state is called: "KV cache", "recurrent state", …"""
+    return family_of(case).state_noun if known(case) else "state"
+
+
+def option_of(case: Case, name: str) -> OptionValue:
+    """``case``'s value for a model option, else the option's default; KeyError where the model has no such
+    option."""
+    return family_of(case).option(case, name)
+
+
+def has_option(case: Case, name: str) -> bool:
+    """Whether ``case``'s model has option ``name`` at all (set in the case or left at its default)."""
+    return known(case) and family_of(case).has_option(case, name)
+
+
+def has_heads(model: str) -> bool:
+    """Whether a built-in ``model``'s cases carry ``heads`` (attention and linear attention)."""
+    return MODELS[model].heads
+
+
+def decode_inert(model: str) -> frozenset[str]:
+    """Options of a built-in ``model`` that a decode case leaves out (they change only the whole-sequence form)."""
+    spec = MODELS.get(model)
+    return _BY_NAME[spec.family].decode_inert if spec is not None else frozenset()
+
+
+def option_axes() -> dict[str, OptionSpec]:
+    """The options a grid axis of the same name sets for every model that has them (``OptionSpec.axis``)."""
+    return {o.name: o for spec in MODELS.values() for o in spec.options if o.axis}
+
+
+def no_effect(model: str, name: str, options: Mapping[str, OptionValue]) -> Problem | None:
+    """Why option ``name`` of built-in ``model`` changes nothing given its other ``options``, or None (the
+    family's rule). Config validation drops such an option from a case, and refuses one that has no effect
+    anywhere it is given."""
+    spec = MODELS[model]
+
+    def value(key: str) -> OptionValue:
+        option = spec.option(key)
+        return options.get(key, option.default if option is not None else "")
+
+    return _BY_NAME[spec.family].no_effect(model, name, value)
+
+
+def cannot_build(case: Case) -> Problem | None:
+    """Why ``case`` describes no model that can be built, or None: what every family shares (a decode case must be
+    able to produce one token at a time; an option's value must be one it takes), then the family's own rule.
+    Config validation refuses such a case at the key the problem names; a case made by hand becomes an
+    ``unsupported`` row."""
+    family = family_of(case)
+    if case.mode == "decode":
+        problem = family.decode_problem(case)
+        if problem is not None:
+            return problem
+    spec = family.spec(case)
+    for name, value in case.options:
+        option = spec.option(name)
+        if option is None:
+            return Problem(f"{case.model} has no option {name!r}", name, "`attnbench models` lists every option")
+        refused = option.refusal(value)
+        if refused is not None:
+            return Problem(refused[0], name, refused[1])
+    return family.cannot_build(case)
+
+
+def packages() -> tuple[Package, ...]:
+    """Every package a family's kernels may run on, once each, in family order."""
+    found: dict[str, Package] = {}
+    for family in FAMILIES:
+        for package in family.packages:
+            found.setdefault(package.distribution, package)
+    return tuple(found.values())
+
+
+def peak_dtype(case: Case) -> str:
+    """Which peak ``case``'s matmuls are held against (the family says; ``tf32`` for cuDNN's float32 RNNs)."""
+    return family_of(case).peak_dtype(case) if known(case) else case.dtype
+
+
+def claim_role(case: Case) -> ClaimRole | None:
+    """Where ``case`` stands in the article's claims (the family says), or None: not a model those claims are
+    about, or one this catalogue does not know. A user model stands on the side its entry names."""
+    if case.user is not None:
+        return ClaimRole("rnn" if case.user.kind == "recurrent" else "attention")
+    return family_of(case).claim_role(case) if known(case) else None
+
+
+def case_column_specs() -> tuple[ExtraSpec, ...]:
+    """The case columns every family declares, once each, in family order."""
+    found: dict[str, ExtraSpec] = {}
+    for family in FAMILIES:
+        for spec in family.case_columns:
+            found.setdefault(spec.name, spec)
+    return tuple(found.values())
+
+
+def case_column_values(case: Case) -> Mapping[str, ExtraValue]:
+    """The values of the family's case columns for ``case`` (none for a model this catalogue does not know)."""
+    return family_of(case).case_column_values(case) if known(case) else {}
+
+
+def option_summary(spec: ModelSpec) -> str:
+    """``spec``'s options as one line: ``name=default`` and what else it takes (``attnbench models``)."""
+    parts = []
+    for option in spec.options:
+        if option.name == "preset":
+            continue  # set by the config's presets key, never by hand
+        default = str(option.default).lower() if isinstance(option.default, bool) else str(option.default)
+        parts.append(f"{option.name}={default} ({option.allowed()})")
+    return ", ".join(parts)

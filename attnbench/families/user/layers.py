@@ -1,0 +1,108 @@
+"""The torch half of models the user brings (``attnbench.families.user.spec``): import the factory, call it with a
+``ModelRequest``, and check what comes back before anything is timed.
+
+A factory that cannot be imported or raises, or a module on the wrong device or dtype, or one that changes the
+shape of its input, is an ``error`` row naming the model, its factory and what was wrong; a module without the
+decode protocol asked to decode is an ``unsupported`` row. None of it stops the sweep: every other row is kept.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnbench.core.cases import Case
+from attnbench.families.plugins import ModelRequest
+from attnbench.families.states import Decodable
+from attnbench.families.torch_family import TorchFamily, Unsupported, one_line
+
+
+class UserModelError(Exception):
+    """A model the user brought failed to build or did something it must not: the row's reason says which."""
+
+
+def load_factory(path: str) -> Any:
+    """The callable ``module.path:function`` names, imported (this runs the user's module)."""
+    module_name, _, attribute = path.partition(":")
+    module = importlib.import_module(module_name)
+    target: Any = module
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{path} is {type(target).__name__}, not a function")
+    return target
+
+
+def request(case: Case, device: str, dtype: torch.dtype) -> ModelRequest:
+    """What the factory is called with for ``case``."""
+    return ModelRequest(
+        name=case.model,
+        mode=case.mode,
+        device=device,
+        dtype=case.dtype,
+        torch_dtype=dtype,
+        batch=case.batch,
+        seq_len=case.seq_len,
+        d_model=case.d_model,
+        heads=case.heads or 1,
+        layers=case.layers,
+        causal=case.causal,
+        options=dict(case.options),
+    )
+
+
+class UserTorch(TorchFamily):
+    # The model is the user's: a copy at another size may not even exist (a fixed length), so the case's own
+    # build and first call are its probe, and that call is checked before anything is timed.
+    trusted = False
+
+    def probes(self, case: Case) -> bool:
+        return False
+
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        user = case.user
+        assert user is not None  # the catalogue sends only user cases here
+        where = f"{case.model} (factory {user.factory})"
+        try:
+            factory = load_factory(user.factory)
+        except Exception as exc:  # the user's import: whatever it raises is the row's reason
+            raise UserModelError(f"{where} does not import: {type(exc).__name__}: {one_line(str(exc))}") from exc
+        try:
+            module = factory(request(case, device, dtype))
+        except torch.cuda.OutOfMemoryError:
+            raise  # the executor records it as oom
+        except Exception as exc:
+            raise UserModelError(f"{where} raised {type(exc).__name__}: {one_line(str(exc))}") from exc
+        if not isinstance(module, nn.Module):
+            raise UserModelError(f"{where} returned {type(module).__name__}, not a torch.nn.Module")
+        wanted = torch.device(device)
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            held = tensor.device
+            if held.type != wanted.type or (wanted.index is not None and held.index not in (None, wanted.index)):
+                raise UserModelError(f"{where}: {name} is on {held}, not on {device}")
+            if tensor.is_floating_point() and tensor.dtype != dtype:
+                raise UserModelError(f"{where}: {name} is {tensor.dtype}, not {dtype} (the case's dtype {case.dtype})")
+        if case.mode == "decode" and not isinstance(module, Decodable):
+            raise Unsupported(
+                f"{case.model}: {type(module).__name__} has no decode protocol (init_state, prefill and step; "
+                "see attnbench.plugin), so it cannot be timed one token at a time"
+            )
+        return module
+
+
+def check_output(case: Case, output: object, expected: tuple[int, ...]) -> None:
+    """UserModelError unless one call's ``output`` is a tensor of the input's shape."""
+    user = case.user
+    where = f"{case.model} (factory {user.factory if user else '?'})"
+    if not isinstance(output, torch.Tensor):
+        raise UserModelError(f"{where} returned {type(output).__name__} from a call, not a tensor")
+    if tuple(output.shape) != expected:
+        raise UserModelError(
+            f"{where} maps {expected} to {tuple(output.shape)}: a model must keep (batch, seq_len, d_model)"
+        )
+
+
+TORCH = UserTorch()

@@ -1,0 +1,64 @@
+"""Device-correct clocks for ``attnbench.timing.adaptive.measure`` (imports torch).
+
+GPU work is asynchronous: a host timer around a launch measures the launch, not the kernel. So on CUDA each
+sample is bracketed by CUDA events recorded on the current stream, with one synchronise per block of samples
+so the host never idles between samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+class CpuClock:
+    """``perf_counter`` around each group of calls; the work is synchronous on CPU."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def time(self, fn: Callable[[], object], calls_per_sample: int, samples: int) -> list[float]:
+        out: list[float] = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            for _ in range(calls_per_sample):
+                fn()
+            out.append((time.perf_counter() - t0) / calls_per_sample)
+        return out
+
+
+class CudaClock:
+    """CUDA events around each group of calls on ``device``'s current stream."""
+
+    def __init__(self, device: torch.device, flush: Callable[[], object] | None = None) -> None:
+        self.device = device
+        # Run before each sample's start event, and waited for: the flush is never timed, and the host cannot
+        # queue the call behind it, so launch gaps show as they do in a warm sample (cold never reads faster).
+        self.flush = flush
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def time(self, fn: Callable[[], object], calls_per_sample: int, samples: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+        with torch.cuda.device(self.device):
+            # Drain earlier work so the first event does not absorb it.
+            torch.cuda.synchronize()
+            for start, end in zip(starts, ends, strict=True):
+                if self.flush is not None:
+                    self.flush()
+                    torch.cuda.synchronize()
+                start.record()
+                for _ in range(calls_per_sample):
+                    fn()
+                end.record()
+            torch.cuda.synchronize()
+        # elapsed_time is in milliseconds.
+        return [s.elapsed_time(e) / 1e3 / calls_per_sample for s, e in zip(starts, ends, strict=True)]
+
+
+def clock_for(device: torch.device, flush: Callable[[], object] | None = None) -> CpuClock | CudaClock:
+    return CudaClock(device, flush) if device.type == "cuda" else CpuClock()
