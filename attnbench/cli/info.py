@@ -109,7 +109,7 @@ def models(
 ) -> None:
     """List every model, built-in and installed plugin, whether it runs on this device (and why not), and its
     options."""
-    from attnbench.config.users import installed_plugins
+    from attnbench.config.users import installed_plugins, user_spec
     from attnbench.core.cases import DTYPES
     from attnbench.families.catalogue import MODELS, option_summary
     from attnbench.families.registry import availability
@@ -138,7 +138,7 @@ def models(
         )
     for plugin in installed_plugins():
         loaded = plugin.plugin
-        options = "" if loaded is None else ", ".join(f"{k}={v}" for k, v in loaded.options.items())
+        options = "" if loaded is None else option_summary(user_spec(plugin.name, loaded))
         table.add_row(
             escape(plugin.name),
             "" if loaded is None else loaded.kind,
@@ -157,6 +157,7 @@ def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict
     """What ``models`` shows, as data: each model with its options (default and what else it takes)."""
     from attnbench.config.users import installed_plugins
     from attnbench.families.catalogue import MODELS
+    from attnbench.families.plugins import plugin_options
 
     models: list[dict[str, Any]] = []
     for name, spec in MODELS.items():
@@ -188,7 +189,12 @@ def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict
                 "reason": plugin.problem or None,
                 "summary": plugin.value if loaded is None else loaded.summary,
                 "factory": None if loaded is None else loaded.factory,
-                "options": {} if loaded is None else {k: {"default": v} for k, v in loaded.options.items()},
+                "options": {}
+                if loaded is None
+                else {
+                    o.name: {"default": o.default, "allowed": o.allowed(), "help": o.help}
+                    for o in plugin_options(loaded)
+                },
             }
         )
     return {"device": device, "dtype": dtype, "models": models}

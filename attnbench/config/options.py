@@ -64,14 +64,14 @@ def check_model_options(
                 hint=f"add {model} to models or delete model_options.{model}",
             )
         if model in users:
-            result[model], written[model] = user_option_sets(users[model], given, path, ctx)
+            result[model], written[model] = user_option_sets(users[model], given, path, ctx, option_value)
             continue
         sets, written[model] = _builtin_option_sets(model, given, axes, path, ctx)
         if sets != [()]:
             result[model] = tuple(sets)
     for model, entry in users.items():
         if model not in result:  # no model_options for it: its entry's own options, or a plugin's defaults
-            result[model], _ = user_option_sets(entry, {}, ("models",), ctx)
+            result[model], _ = user_option_sets(entry, {}, ("models",), ctx, option_value)
     return result, {model: options for model, options in written.items() if options}
 
 
@@ -197,6 +197,11 @@ def option_value(value: Any, option: OptionSpec, model: str, path: Path_, ctx: C
     if kind is bool and isinstance(value, bool):
         return value
     if kind is float and number and math.isfinite(value):
+        low, high = option.minimum, option.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ctx.error(
+                f"must be a number from {low} to {high}, got {value}", path, hint=f"{option.name}: {option.help}"
+            )
         return float(value)
     if kind is int and isinstance(value, int) and not isinstance(value, bool):
         low, high = option.minimum, option.maximum

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -24,13 +24,29 @@ from attnbench.config.checks import check_unique
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, UserModelEntry
 from attnbench.core.cases import Options, UserModel
-from attnbench.families.catalogue import MODEL_NAMES, OptionSpec
-from attnbench.families.plugins import API_VERSION, ENTRY_POINT_GROUP, ModelPlugin
-from attnbench.families.user.spec import FACTORY, OPTION_HELP
+from attnbench.families.catalogue import MODEL_NAMES, ModelSpec, OptionSpec
+from attnbench.families.plugins import (
+    ENTRY_POINT_GROUP,
+    FACTORY,
+    OPTION_HELP,
+    ModelPlugin,
+    plugin_options,
+    plugin_problem,
+)
 
-__all__ = ["Plugin", "UserEntry", "check_models", "find_module", "installed_plugins", "user_option_sets"]
+__all__ = [
+    "Plugin",
+    "UserEntry",
+    "check_models",
+    "find_module",
+    "installed_plugins",
+    "user_option_sets",
+    "user_spec",
+]
 
 _OPTION_TYPES = (bool, int, float, str)
+# How a value is checked against an option's spec (config.options.option_value: type, choices, bounds).
+OptionCheck = Callable[[Any, OptionSpec, str, Path_, Context], Any]
 
 
 @dataclass(frozen=True)
@@ -77,24 +93,51 @@ class Plugin:
 
 @lru_cache(maxsize=1)
 def installed_plugins() -> tuple[Plugin, ...]:
-    """Every installed plugin, loaded once per process (a plugin that does not load is kept, with the reason)."""
+    """Every installed plugin, loaded once per process. A plugin that does not load, is not a plugin this
+    attnbench can use, or shares its name with another installed one is kept, with the reason: using it is an
+    error that says so, and a listing never breaks on it."""
     found = []
     for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         distribution = point.dist.name if point.dist is not None else "?"
         try:
             loaded = point.load()
-        except Exception as exc:  # the plugin's own import failed: say so where it is used, never crash a listing
-            found.append(Plugin(point.name, distribution, point.value, None, f"{type(exc).__name__}: {exc}"))
+        except (Exception, SystemExit) as exc:
+            # The plugin's own import failed, or ended the process (sys.exit at import): say so where it is used.
+            # A SystemExit let through would end `validate` or `models` with its code, having checked nothing.
+            why = f"{type(exc).__name__}: {exc}" + (
+                " (its import called sys.exit)" if isinstance(exc, SystemExit) else ""
+            )
+            found.append(Plugin(point.name, distribution, point.value, None, why))
             continue
-        if not isinstance(loaded, ModelPlugin):
-            why = f"{point.value} is {describe(loaded)}, not an attnbench.plugin.ModelPlugin"
-            found.append(Plugin(point.name, distribution, point.value, None, why))
-        elif loaded.api_version > API_VERSION:
-            why = f"written for plugin API {loaded.api_version}; this attnbench speaks {API_VERSION}: upgrade attnbench"
-            found.append(Plugin(point.name, distribution, point.value, None, why))
+        problem = plugin_problem(loaded)
+        if problem is not None:
+            found.append(Plugin(point.name, distribution, point.value, None, f"{point.value} {problem}"))
         else:
+            assert isinstance(loaded, ModelPlugin)
             found.append(Plugin(point.name, distribution, point.value, loaded))
-    return tuple(sorted(found, key=lambda p: p.name))
+    return _one_per_name(found)
+
+
+def _one_per_name(found: Sequence[Plugin]) -> tuple[Plugin, ...]:
+    """Plugins sorted by name, where two installed packages register one name both refused (neither silently wins)."""
+    by_name: dict[str, list[Plugin]] = {}
+    for plugin in found:
+        by_name.setdefault(plugin.name, []).append(plugin)
+    out = []
+    for name in sorted(by_name):
+        same = by_name[name]
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        sources = ", ".join(f"{p.distribution} ({p.value})" for p in same)
+        why = f"{len(same)} installed packages register the model {name!r}: {sources}; uninstall all but one"
+        out += [Plugin(p.name, p.distribution, p.value, None, why) for p in same]
+    return tuple(out)
+
+
+def user_spec(name: str, plugin: ModelPlugin) -> ModelSpec:
+    """A plugin's model as a ``ModelSpec`` (what ``attnbench models`` lists of a built-in)."""
+    return ModelSpec(name, plugin.kind, "user", plugin.summary, options=plugin_options(plugin), heads=True)
 
 
 def find_module(dotted: str) -> str | None:
@@ -164,11 +207,8 @@ def check_models(
                 path,
                 hint="fix or reinstall the plugin's package; `attnbench models` lists every plugin and its state",
             )
-        options = tuple(
-            OptionSpec(name, type(default), default, OPTION_HELP) for name, default in plugin.plugin.options.items()
-        )
         user = UserModel(plugin.plugin.factory, plugin.plugin.kind, plugin.source)
-        users[entry] = UserEntry(entry, user, options, {})
+        users[entry] = UserEntry(entry, user, plugin_options(plugin.plugin), {})
         names.append(entry)
     check_unique(names, "model", ("models",), ctx)
     return names, users
@@ -216,10 +256,11 @@ def _factory_entry(entry: UserModelEntry, path: Path_, ctx: Context) -> UserEntr
 
 
 def user_option_sets(
-    entry: UserEntry, model_options: Mapping[str, Any], path: Path_, ctx: Context
+    entry: UserEntry, model_options: Mapping[str, Any], path: Path_, ctx: Context, check: OptionCheck
 ) -> tuple[tuple[Options, ...], dict[str, Any]]:
     """The option sets a user model is crossed with (every option in each, defaults included), and the options as
-    written. A config entry's options are its own; a plugin's come from ``model_options`` over its defaults."""
+    written. A config entry's options are its own; a plugin's come from ``model_options`` over its defaults, each
+    value checked by ``check`` against the option's type, choices and bounds, as a built-in model's are."""
     if entry.user.source == "config":
         if model_options:
             raise ctx.error(
@@ -245,7 +286,12 @@ def user_option_sets(
         listed = raw if isinstance(raw, list) else [raw]
         if not listed:
             raise ctx.error("must not be empty: give at least one value", (*given_path, name))
-        checked = [_typed(v, spec, ctx.item((*given_path, name), i), ctx) for i, v in enumerate(listed)]
+        checked = [
+            check(v, spec, entry.name, ctx.item((*given_path, name), i), ctx)
+            if entry.user.source != "config"
+            else _typed(v, spec, ctx.item((*given_path, name), i), ctx)
+            for i, v in enumerate(listed)
+        ]
         check_unique(checked, f"{name} value", (*given_path, name), ctx)
         names.append(name)
         values.append(checked)

@@ -66,8 +66,8 @@ class OptionSpec:
     default: OptionValue
     help: str
     choices: tuple[str, ...] | None = None
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
     refused: tuple[tuple[str, str, str], ...] = ()  # (value, why, hint)
     # A grid axis of the same name sets it for every model that has the option (heads_kv: GQA across models).
     axis: bool = False

@@ -26,45 +26,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, cast
 
 import torch
 from torch import nn
+
+from attnbench.families.plugins import Decodable, DecodeState, DropsScratch
 
 # How a KV cache lays out each of K and V: (batch, heads, positions, head_dim) as SDPA takes them, or (batch,
 # positions, heads, head_dim) as flash-attn's kernels do.
 Layout = Literal["bhnd", "bnhd"]
 
 
-class State(Protocol):
-    def tensors(self) -> Iterator[torch.Tensor]:
-        """The tensors the state holds (its bytes are the row's ``state_bytes``)."""
-        ...
-
-    def advance(self) -> None:
-        """Commit the last ``step``: the next step comes one position later."""
-        ...
-
-    def drop_scratch(self) -> None:
-        """Free what only a step needs (the buffers it computes into, the kernel's bookkeeping), so that what is
-        left is the state a decoder carries: the executor does this before it measures the state's memory."""
-        ...
+class State(DecodeState, DropsScratch, Protocol):
+    """A built-in state: the plugin interface's ``DecodeState`` that also drops its scratch (``DropsScratch``), which
+    the executor does before it measures the state's memory."""
 
 
 def drop_scratch(state: Any) -> None:
-    """``state.drop_scratch()`` where the state has one (a user model's may not): see ``State``."""
-    drop = getattr(state, "drop_scratch", None)
-    if callable(drop):
-        drop()
-
-
-@runtime_checkable
-class Decodable(Protocol):
-    def init_state(self, batch: int, capacity: int) -> Any: ...
-
-    def prefill(self, x: torch.Tensor, state: Any, *, output: bool = True) -> torch.Tensor | None: ...
-
-    def step(self, x: torch.Tensor, state: Any) -> torch.Tensor: ...
+    """``state.drop_scratch()`` where the state has one (a user model's may not: ``DropsScratch`` is optional)."""
+    if isinstance(state, DropsScratch):
+        state.drop_scratch()
 
 
 def decodable(module: nn.Module) -> Decodable:

@@ -26,7 +26,7 @@ from attnbench.results.telemetry import TelemetrySummary
 from tests.support import FIXTURE, GOLDEN
 
 LENGTHS = (128, 256, 512, 1024, 2048)
-RECURRENT = {"lstm", "gru", "mingru", "minlstm"}
+RECURRENT = {"lstm", "gru", "mingru", "minlstm", "mamba2"}
 
 CPU_ENV = {"device": "cpu", "device_type": "cpu", "cpu_model": "AMD EPYC", "torch_threads": 2, "torch": "2.13.0"}
 GPU_ENV = {"device": "cuda:0", "device_type": "cuda", "gpu_name": "NVIDIA H200", "torch": "2.13.0"}
@@ -229,6 +229,20 @@ def test_1_leaves_windows_and_linear_attention_to_their_own_section() -> None:
     ]
     judged = [c.claim for c in claims(rows) if c.claim_id in ("1a", "1b", "1c", "1d")]
     assert judged and not any("window" in claim or "linear-attn" in claim for claim in judged)
+
+
+def test_1_does_not_judge_mamba2_as_the_articles_rnn() -> None:
+    """Mamba-2 trains by its chunked (parallel) form: neither the RNN the article's claim 1a means nor its
+    attention. It was once read as "the RNN" (its kind is recurrent) and its flat forward curve "contradicted" 1a;
+    its family gives it no role in the claims now, so no claim row names it, in forward or decode."""
+    rows = [
+        *curve("lstm", 1.0, tele=UNDERUSED),
+        *curve("mamba2", 0.1, tele=UNDERUSED),
+        *curve("mamba2", 0.0, tele=UNDERUSED, mode="decode"),
+    ]
+    results = claims(rows)
+    assert any(c.claim_id == "1a" and "lstm" in c.claim for c in results)
+    assert not any("mamba2" in c.claim for c in results)
 
 
 def test_1b_growth_on_an_underused_gpu_contradicts() -> None:

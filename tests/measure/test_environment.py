@@ -167,3 +167,28 @@ def test_the_thread_pool_variables_are_recorded(monkeypatch: pytest.MonkeyPatch)
     env = collect_environment("cpu")
     assert "OMP_WAIT_POLICY=ACTIVE" in env.thread_env.split()
     assert "thread_env" not in env.fingerprint_fields()  # set on purpose: runs with and without still compare
+
+
+def test_the_kernel_packages_every_family_names_are_recorded_with_their_versions(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mamba-ssm's and fla's versions change Mamba-2's and linear attention's numbers as flash-attn's change
+    flash-attn's: each family names its packages, and run.json records every one installed (once only flash-attn)."""
+    from attnbench.families.catalogue import packages
+
+    named = {p.distribution for p in packages()}
+    assert {"flash-attn", "flash-linear-attention", "mamba-ssm"} <= named
+    for distribution, version in (("mamba-ssm", "2.2.4"), ("flash-linear-attention", "0.3.1")):
+        info = tmp_path / f"{distribution.replace('-', '_')}-{version}.dist-info"  # as pip names it
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = collect_environment("cpu")
+    assert env.packages == {"flash-linear-attention": "0.3.1", "mamba-ssm": "2.2.4"}
+    assert env.to_dict()["packages"] == env.packages and env.fingerprint_fields()["packages"] == env.packages
+    bare = Environment.from_dict({**env.to_dict(), "packages": {}})
+    assert bare.fingerprint() != env.fingerprint()  # another kernel version: another machine, as another torch
+    # An earlier run.json: flash_attn as its own field, no packages key; its fingerprint is the one it was stored with.
+    old = {k: v for k, v in env.to_dict().items() if k not in ("packages", "fingerprint")}
+    assert Environment.from_dict({**old, "flash_attn": "2.6.3"}).packages == {"flash-attn": "2.6.3"}
+    assert Environment.from_dict({**old, "flash_attn": None}).fingerprint() == bare.fingerprint()

@@ -10,20 +10,16 @@ state's bytes measured, not computed. The torch half is ``attnbench.families.use
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from attnbench.core.cases import Case, UserModel
 from attnbench.families import shared
 from attnbench.families.base import ExtraValue, Family, ModelSpec, OptionSpec
+from attnbench.families.plugins import FACTORY, OPTION_HELP
 
 __all__ = ["COUNTED_FORMULA", "FACTORY", "OPTION_HELP", "USER", "UserFamily", "UserModel"]
 
 COUNTED_FORMULA = "counted-v1"
-# module.path:attribute — what importlib can import and getattr can reach, nothing else.
-_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
-FACTORY = re.compile(f"{_DOTTED}:{_DOTTED}")
-OPTION_HELP = "the model's own option, passed to its factory"
 
 
 class UserFamily(Family):
