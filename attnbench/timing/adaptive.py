@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from attnbench.core.cases import TimingPolicy
@@ -94,16 +94,56 @@ def measure(
     ``timed`` wraps the function for the timed calls only, not the warm-up's (an NVTX range that an ``nsys`` or
     ``ncu`` run filters on). ``once`` times a single call after the warm-up, for a profiler: a row, not a
     measurement to compare (``stop_reason`` "run_once", never converged).
+
+    Four phases, each its own function: ``warm_up``, then (unless ``once``) the check that ``min_samples`` samples
+    fit what the budget has left (``budget_refusal``), the sampling with its warm-up audit (``Sampling``), and the
+    verdict on what was sampled (``verdict``).
     """
     start = clock.now()
-    warnings: list[str] = []
+    warm = warm_up(fn, clock, policy, start)
+    # The fastest warm-up call, not the window's median: a warm-up that never settled may hold one slow first
+    # call, and the injected cost must be a fraction of the steady-state call (recorded, so it is auditable).
+    injected = inject_slowdown * min(warm.times)
+    if injected > 0:
+        fn = _busy_wait(fn, injected)
+    if timed is not None:
+        fn = timed(fn)
+    if once:
+        if on_sampling is not None:
+            on_sampling()
+        return run_once(fn, clock, policy, warm, injected)
+    # Short calls are grouped so that one sample is long against clock resolution and call overhead. A cold
+    # cache is flushed before every sample, so there a sample is one call.
+    per_call = warm.per_call_s
+    calls = max(1, math.ceil(policy.min_sample_s / per_call)) if per_call > 0 and policy.cache == "warm" else 1
+    refused = budget_refusal(clock, policy, start, warm, calls, injected)
+    if refused is not None:
+        return refused
+    if on_sampling is not None:
+        on_sampling()
+    sampling = Sampling(fn, clock, policy, start, warm.warmup_s, calls, (per_call + injected) * calls)
+    sampling.run()
+    return verdict(sampling, warm, injected)
 
-    # Warm-up: first calls pay for cuDNN plans, kernel JIT, allocator growth and cold caches. Keep calling until
-    # the last few calls agree with each other, bounded by the warm-up budget — at most half the case's budget,
-    # so that the samples always get the other half.
+
+@dataclass
+class Warmup:
+    """What the warm-up left: its calls' times, how long it took, the per-call time it settled at, what it noticed."""
+
+    times: list[float]
+    warmup_s: float
+    per_call_s: float
+    warnings: list[str]
+
+
+def warm_up(fn: Callable[[], object], clock: Clock, policy: TimingPolicy, start: float) -> Warmup:
+    """First calls pay for cuDNN plans, kernel JIT, allocator growth and cold caches. Keep calling until the last
+    few calls agree with each other, bounded by the warm-up budget — at most half the case's budget, so that the
+    samples always get the other half."""
     settle_window = max(3, policy.warmup_min_calls)
     warm_budget = min(policy.warmup_max_s, policy.max_case_s / 2)
     warm: list[float] = []
+    warnings: list[str] = []
     while True:
         warm += clock.time(fn, 1, 1)
         spent = clock.now() - start
@@ -115,125 +155,162 @@ def measure(
             # Calls this slow get fewer warm-up calls than asked for rather than blowing the budget; say so.
             warnings.append(f"warm-up did not settle within {warm_budget:g} s ({len(warm)} calls)")
             break
-    warmup_s = clock.now() - start
-    per_call = statistics.median(warm[-settle_window:])
-    # The fastest warm-up call, not the window's median: a warm-up that never settled may hold one slow first
-    # call, and the injected cost must be a fraction of the steady-state call (recorded, so it is auditable).
-    injected = inject_slowdown * min(warm)
-    if injected > 0:
-        fn = _busy_wait(fn, injected)
-    if timed is not None:
-        fn = timed(fn)
-    if once:
-        if on_sampling is not None:
-            on_sampling()
-        return Measurement(
-            samples_s=tuple(clock.time(fn, 1, 1)),
-            calls_per_sample=1,
-            warmup_calls=len(warm),
-            warmup_s=warmup_s,
-            converged=False,
-            stop_reason="run_once",
-            target_ci=policy.target_ci,
-            warnings=(*warnings, RUN_ONCE),
-            injected_delay_s=injected,
-        )
+    return Warmup(warm, clock.now() - start, statistics.median(warm[-settle_window:]), warnings)
 
-    # Short calls are grouped so that one sample is long against clock resolution and call overhead. A cold
-    # cache is flushed before every sample, so there a sample is one call.
-    calls = max(1, math.ceil(policy.min_sample_s / per_call)) if per_call > 0 and policy.cache == "warm" else 1
-    sample_s = per_call * calls + injected * calls
+
+def run_once(
+    fn: Callable[[], object], clock: Clock, policy: TimingPolicy, warm: Warmup, injected: float
+) -> Measurement:
+    """One call timed after the warm-up (``sweep --run-once``)."""
+    return Measurement(
+        samples_s=tuple(clock.time(fn, 1, 1)),
+        calls_per_sample=1,
+        warmup_calls=len(warm.times),
+        warmup_s=warm.warmup_s,
+        converged=False,
+        stop_reason="run_once",
+        target_ci=policy.target_ci,
+        warnings=(*warm.warnings, RUN_ONCE),
+        injected_delay_s=injected,
+    )
+
+
+def budget_refusal(
+    clock: Clock, policy: TimingPolicy, start: float, warm: Warmup, calls: int, injected: float
+) -> Measurement | None:
+    """A too-slow measurement when ``min_samples`` samples of these calls cannot fit in what the budget has left
+    (one or two samples would make a row that looks timed and is not), else None. The fastest warm-up call is the
+    estimate: a first call that paid for a cold start must not condemn the case; if later calls are slower after
+    all, the sampling runs out of budget and says so then. The warm-up's calls are kept as the evidence."""
     left_s = policy.max_case_s - (clock.now() - start)
-    # The fastest warm-up call is the estimate: a first call that paid for a cold start must not condemn the case;
-    # if later calls are slower after all, the loop below runs out of budget and says so then.
-    fastest_sample_s = (min(warm) + injected) * calls
-    if fastest_sample_s * policy.min_samples > left_s:
-        # min_samples of these calls do not fit in what the budget has left: one or two samples would make a row
-        # that looks timed and is not. The warm-up's calls are kept as the evidence, and the row says why.
-        warnings.append(_too_slow(fastest_sample_s, policy, left_s))
-        return Measurement(
-            samples_s=tuple(warm),
-            calls_per_sample=1,
-            warmup_calls=0,
-            warmup_s=0.0,
-            converged=False,
-            stop_reason="too_slow_for_budget",
-            target_ci=policy.target_ci,
-            warnings=tuple(warnings),
-            injected_delay_s=injected,
-        )
+    fastest_sample_s = (min(warm.times) + injected) * calls
+    if fastest_sample_s * policy.min_samples <= left_s:
+        return None
+    return Measurement(
+        samples_s=tuple(warm.times),
+        calls_per_sample=1,
+        warmup_calls=0,
+        warmup_s=0.0,
+        converged=False,
+        stop_reason="too_slow_for_budget",
+        target_ci=policy.target_ci,
+        warnings=(*warm.warnings, _too_slow(fastest_sample_s, policy, left_s)),
+        injected_delay_s=injected,
+    )
 
-    audit = policy.warmup_audit
-    audited = audit == 0
-    gave_up = False  # the first block still runs slow and may not be moved: said once, not checked again
-    moved = moves = 0
-    samples: list[float] = []
-    if on_sampling is not None:
-        on_sampling()
-    sampling_start = clock.now()
-    reason: StopReason = "budget"
-    converged = False
-    while True:
-        remaining = policy.max_case_s - (clock.now() - start)
-        if remaining < sample_s and samples:
-            break
-        needed = max(policy.min_samples, 0 if audited else 2 * audit)
-        # Re-check the stopping rule about ten times a second of sampling, never past the budget; the first time as
-        # soon as timing.min_time_s has passed, when that is sooner (the rule cannot stop before it, and a short
-        # min_time_s, as in a quick check, is kept rather than rounded up to a tenth of a second).
-        until_min_s = policy.min_time_s - (clock.now() - sampling_start)
-        step_s = min(0.1, remaining, until_min_s) if until_min_s > 0 else min(0.1, remaining)
-        block = max(1, min(policy.max_samples - len(samples), int(step_s / sample_s)))
-        if len(samples) < needed:
-            block = max(block, min(needed - len(samples), max(1, int(remaining / sample_s))))
-        samples += clock.time(fn, calls, block)
-        # From here the samples themselves say how long the next one takes, not the warm-up's median: a warm-up that
-        # did not settle may hold a cold first call, and that estimate ended the loop with most of the budget unspent.
-        sample_s = statistics.median(samples) * calls
-        summary = summarize(samples)
-        sampled_s = clock.now() - sampling_start
-        stop = len(samples) >= policy.min_samples and sampled_s >= policy.min_time_s
-        stop = stop and summary.ci_halfwidth_rel <= policy.target_ci
-        # The audit looks once the first two blocks exist and again whenever the rule would stop: the first
-        # block must agree with every sample after it, not just with its neighbour.
-        if audit and not gave_up and len(samples) >= 2 * audit and (not audited or stop):
-            first, later = samples[:audit], samples[audit:]
-            moved_s = sum(first) * calls
-            warming = _still_warming(first, later, policy.warmup_agree)
-            if warming and moves < _MAX_AUDIT_MOVES and warmup_s + moved_s <= policy.warmup_max_s:
-                # Still warming up: these samples belong to the warm-up, and the next ones face the audit.
-                samples = samples[audit:]
-                moved, moves = moved + audit, moves + 1
-                warmup_s += moved_s
-                sampling_start += moved_s
-                audited = False
+
+class Sampling:
+    """The sampling phase: blocks of samples until the stopping rule holds, with the warm-up audit.
+
+    The audit looks once the first two blocks of ``policy.warmup_audit`` samples exist and again whenever the rule
+    would stop: the first block must agree with every sample after it, not just with its neighbour. While it runs
+    slower, it is moved into the warm-up (at most ``_MAX_AUDIT_MOVES`` times, within the warm-up's budget)."""
+
+    def __init__(
+        self,
+        fn: Callable[[], object],
+        clock: Clock,
+        policy: TimingPolicy,
+        start: float,
+        warmup_s: float,
+        calls: int,
+        sample_s: float,
+    ) -> None:
+        self.fn, self.clock, self.policy, self.start, self.calls = fn, clock, policy, start, calls
+        self.warmup_s = warmup_s
+        self.sample_s = sample_s  # the next sample's expected length
+        self.samples: list[float] = []
+        self.audited = policy.warmup_audit == 0
+        self.gave_up = False  # the first block still runs slow and may not be moved: said once, not checked again
+        self.moved = self.moves = 0
+        self.warnings: list[str] = []
+        self.reason: StopReason = "budget"
+        self.converged = False
+        self.sampling_start = clock.now()
+
+    def run(self) -> None:
+        policy = self.policy
+        while True:
+            remaining = policy.max_case_s - (self.clock.now() - self.start)
+            if remaining < self.sample_s and self.samples:
+                break
+            self.samples += self.clock.time(self.fn, self.calls, self._block(remaining))
+            # From here the samples themselves say how long the next one takes, not the warm-up's median: a warm-up
+            # that did not settle may hold a cold first call, and that estimate ended the loop with most of the
+            # budget unspent.
+            self.sample_s = statistics.median(self.samples) * self.calls
+            sampled_s = self.clock.now() - self.sampling_start
+            stop = len(self.samples) >= policy.min_samples and sampled_s >= policy.min_time_s
+            stop = stop and summarize(self.samples).ci_halfwidth_rel <= policy.target_ci
+            if self._audit_moves(stop):
                 continue
-            if warming:
-                gave_up = True
-                slower = statistics.median(first) / statistics.median(later) - 1
-                warnings.append(
-                    f"warm-up audit: the first {audit} samples still run {slower:.0%} slower than the "
-                    f"{len(later)} after them, after {moved} samples were moved into the warm-up"
-                )
-            audited = True
-        if audited and stop:
-            reason, converged = "converged", True
-            break
-        if len(samples) >= policy.max_samples:
-            reason = "max_samples"
-            break
-        if clock.now() - start >= policy.max_case_s:
-            break
+            if self.audited and stop:
+                self.reason, self.converged = "converged", True
+                break
+            if len(self.samples) >= policy.max_samples:
+                self.reason = "max_samples"
+                break
+            if self.clock.now() - self.start >= policy.max_case_s:
+                break
 
-    if not audited:
-        warnings.append(f"warm-up audit skipped: it needs {2 * audit} samples and {len(samples)} fit the budget")
+    def _block(self, remaining: float) -> int:
+        """How many samples to take before the rule is asked again: about a tenth of a second of them, never past
+        the budget; the first time as soon as timing.min_time_s has passed when that is sooner (the rule cannot
+        stop before it, and a short min_time_s, as in a quick check, is kept rather than rounded up); at least
+        what the rule and the audit need, when the budget has room for it."""
+        policy, taken = self.policy, len(self.samples)
+        needed = max(policy.min_samples, 0 if self.audited else 2 * policy.warmup_audit)
+        until_min_s = policy.min_time_s - (self.clock.now() - self.sampling_start)
+        step_s = min(0.1, remaining, until_min_s) if until_min_s > 0 else min(0.1, remaining)
+        block = max(1, min(policy.max_samples - taken, int(step_s / self.sample_s)))
+        if taken < needed:
+            block = max(block, min(needed - taken, max(1, int(remaining / self.sample_s))))
+        return block
+
+    def _audit_moves(self, stop: bool) -> bool:
+        """Audit the first block when it is due; True when it was moved into the warm-up (sample on)."""
+        audit = self.policy.warmup_audit
+        if not audit or self.gave_up or len(self.samples) < 2 * audit or (self.audited and not stop):
+            return False
+        first, later = self.samples[:audit], self.samples[audit:]
+        moved_s = sum(first) * self.calls
+        warming = _still_warming(first, later, self.policy.warmup_agree)
+        if warming and self.moves < _MAX_AUDIT_MOVES and self.warmup_s + moved_s <= self.policy.warmup_max_s:
+            # Still warming up: these samples belong to the warm-up, and the next ones face the audit.
+            self.samples = self.samples[audit:]
+            self.moved, self.moves = self.moved + audit, self.moves + 1
+            self.warmup_s += moved_s
+            self.sampling_start += moved_s
+            self.audited = False
+            return True
+        if warming:
+            self.gave_up = True
+            slower = statistics.median(first) / statistics.median(later) - 1
+            self.warnings.append(
+                f"warm-up audit: the first {audit} samples still run {slower:.0%} slower than the "
+                f"{len(later)} after them, after {self.moved} samples were moved into the warm-up"
+            )
+        self.audited = True
+        return False
+
+
+def verdict(sampling: Sampling, warm: Warmup, injected: float) -> Measurement:
+    """The measurement of what was sampled, with every warning the phases noticed and the verdict's own: a
+    skipped audit, too few samples for the budget, no convergence, a noisy spread, a slow first sample."""
+    policy, samples, calls = sampling.policy, sampling.samples, sampling.calls
+    warnings = [*warm.warnings, *sampling.warnings]
+    reason = sampling.reason
+    if not sampling.audited:
+        warnings.append(
+            f"warm-up audit skipped: it needs {2 * policy.warmup_audit} samples and {len(samples)} fit the budget"
+        )
     if len(samples) < policy.min_samples:
         # The calls ran slower than the warm-up promised (or the audit moved samples out): the budget ran out first.
         reason = "too_slow_for_budget"
-        left_s = policy.max_case_s - (clock.now() - start)
+        left_s = policy.max_case_s - (sampling.clock.now() - sampling.start)
         warnings.append(_too_slow(statistics.median(samples) * calls, policy, left_s, taken=len(samples)))
     summary = summarize(samples)
-    if not converged:
+    if not sampling.converged:
         ci = summary.ci_halfwidth_rel
         ci_text = "no CI (too few samples)" if math.isinf(ci) else f"CI ±{ci:.1%}"
         warnings.append(
@@ -244,13 +321,13 @@ def measure(
     measurement = Measurement(
         samples_s=tuple(samples),
         calls_per_sample=calls,
-        warmup_calls=len(warm) + moved * calls,
-        warmup_s=warmup_s,
-        converged=converged,
+        warmup_calls=len(warm.times) + sampling.moved * calls,
+        warmup_s=sampling.warmup_s,
+        converged=sampling.converged,
         stop_reason=reason,
         target_ci=policy.target_ci,
         warnings=tuple(warnings),
-        warmup_moved=moved,
+        warmup_moved=sampling.moved,
         injected_delay_s=injected,
     )
     mz = measurement.first_sample_mz
