@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from attnbench.core.stats import student_t_975
 from attnbench.core.units import format_bytes
-from attnbench.families.catalogue import causal_from_grid, is_recurrent, state_noun
+from attnbench.families.catalogue import causal_from_grid, is_recurrent, kind_of, known, state_noun
 
 if TYPE_CHECKING:
     from attnbench.results.records import Result
@@ -164,6 +164,13 @@ class Curve:
         """Whether the model joins the recurrent side (its kind; a user model's entry says)."""
         return any(is_recurrent(r.case) for r in self.results.values())
 
+    @property
+    def side(self) -> int | None:
+        """Where the model stands between the two sides: attention 0, a hybrid stack 1, recurrent 2; None for a
+        model this catalogue does not know."""
+        sides = {_SIDE_ORDER[kind_of(r.case)] for r in self.results.values() if known(r.case)}
+        return min(sides) if sides else None
+
 
 @dataclass(frozen=True)
 class CurveGroup:
@@ -195,6 +202,10 @@ def _row_label(result: Result, varying: set[str]) -> str:
         parts.append(f"b={case.batch}")
     parts += [f"{k}={v}" for k, v in case.options]
     return " ".join(parts)
+
+
+# Where each side stands between attention and a recurrence, for which curve of a crossover comes first.
+_SIDE_ORDER = {"attention": 0, "hybrid": 1, "recurrent": 2}
 
 
 def _varies(name: str, members: Sequence[Result]) -> bool:
@@ -590,21 +601,24 @@ def _approx(x: float) -> str:
 
 
 def _pairs(group: CurveGroup, baseline_model: str | None) -> list[tuple[Curve, Curve]]:
-    """Each attention curve against each recurrent one; with a baseline model, also every other curve against
-    the baseline's (the pair the table's speed-ups show), unless that pair is already there the other way."""
+    """Each curve against each of another side, the attention-like one first (attention against hybrid stacks
+    and recurrent models, hybrid stacks against recurrent models); with a baseline model, also every other curve
+    against the baseline's (the pair the table's speed-ups show), unless that pair is already there the other
+    way."""
     pairs = []
     for a in group.curves:
         for b in group.curves:
             if a is b or a.batch != b.batch:
                 continue
-            attention_vs_recurrent = not a.recurrent and b.recurrent
+            sa, sb = a.side, b.side
+            across = sa is not None and sb is not None and sa < sb
             vs_baseline = (
                 baseline_model is not None
                 and b.model == baseline_model
                 and a.model != baseline_model
-                and not (a.recurrent and not b.recurrent)
+                and not (sa is not None and sb is not None and sa > sb)
             )
-            if attention_vs_recurrent or vs_baseline:
+            if across or vs_baseline:
                 pairs.append((a, b))
     return pairs
 

@@ -103,12 +103,16 @@ def schema(output: OutputOpt = None) -> None:
 
 @handles_errors
 def models(
+    config: Annotated[
+        Path | None,
+        typer.Argument(help="A config whose own models (hybrid stacks) to list too.", show_default=False),
+    ] = None,
     device: DeviceOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="dtype to probe with.")] = "float32",
     format: FormatOpt = "table",
 ) -> None:
-    """List every model, built-in and installed plugin, whether it runs on this device (and why not), and its
-    options."""
+    """List every model, built-in and installed plugin (and CONFIG's hybrid stacks), whether it runs on this device
+    (and why not), and its options."""
     from attnbench.config.users import installed_plugins, user_spec
     from attnbench.core.cases import DTYPES
     from attnbench.families.catalogue import MODELS, option_summary
@@ -119,8 +123,11 @@ def models(
         raise AttnbenchError(f"--dtype: unknown dtype {dtype!r}", hint=f"one of: {', '.join(DTYPES)}")
     resolved = resolve_device(device or "auto")
     status = availability(resolved, dtype)
+    stacks = _config_stacks(config, resolved, dtype)
     if format == "json":
-        print_json(_models_json(resolved, dtype, status))
+        listing = _models_json(resolved, dtype, status)
+        listing["models"] += [stack for stack, _ in stacks]
+        print_json(listing)
         return
     table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
     for column in ("model", "kind", "family", "source", "status", "what it is", "options (default, values)"):
@@ -150,7 +157,49 @@ def models(
             escape(f"{loaded.summary} ({loaded.factory})" if loaded is not None else plugin.value),
             escape(options),
         )
+    for stack, options in stacks:
+        table.add_row(
+            escape(stack["name"]),
+            stack["kind"],
+            "hybrid",
+            "config",
+            "[green]available[/]" if stack["reason"] is None else f"[red]unavailable[/]: {escape(stack['reason'])}",
+            escape(stack["summary"]),
+            escape(options),
+        )
     stdout.print(table)
+
+
+def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[dict[str, Any], str]]:
+    """The hybrid stacks ``config`` defines, as ``models --format json`` lists a model, with its options' line;
+    whether one runs here is its first case's probe, in ``dtype``."""
+    if config is None:
+        return []
+    from dataclasses import replace
+
+    from attnbench.config.experiment import load_experiment
+    from attnbench.families.catalogue import HYBRID, option_summary
+    from attnbench.families.registry import probe
+
+    experiment = load_experiment(config)
+    first = {c.model: c for c in reversed(experiment.cases(device)) if c.hybrid is not None}
+    out = []
+    for name, case in first.items():
+        assert case.hybrid is not None
+        spec = HYBRID.spec(case)
+        entry = {
+            "name": name,
+            "kind": case.hybrid.kind,
+            "family": "hybrid",
+            "source": "config",
+            "available": (reason := probe(replace(case, dtype=dtype), device)) is None,
+            "reason": reason,
+            "summary": spec.summary,
+            "pattern": list(case.hybrid.pattern),
+            "options": {o.name: {"default": o.default, "allowed": o.allowed(), "help": o.help} for o in spec.options},
+        }
+        out.append((entry, option_summary(spec)))
+    return out
 
 
 def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict[str, Any]:

@@ -17,12 +17,19 @@ from attnbench.config.checks import check_unique, inherited_lengths
 from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_
 from attnbench.config.model import ConfigModel
-from attnbench.core.cases import Case, Options, UserModel
-from attnbench.families.base import Family
-from attnbench.families.catalogue import MODELS, family_named
-from attnbench.families.user.spec import USER
+from attnbench.core.cases import Case, HybridModel, Options, UserModel
+from attnbench.families.catalogue import family_of
 
-__all__ = ["check_decode", "decode_section"]
+# The models a config defines, by name: a user's model, or a hybrid stack (the other None).
+Defined = Mapping[str, tuple[UserModel | None, HybridModel | None]]
+
+
+def defined(users: Mapping[str, UserModel], hybrids: Mapping[str, HybridModel]) -> Defined:
+    """``Defined`` from a config's user models and hybrid stacks."""
+    return {**{name: (user, None) for name, user in users.items()}, **{n: (None, h) for n, h in hybrids.items()}}
+
+
+__all__ = ["Defined", "check_decode", "decode_section", "defined"]
 
 _CAUSAL_HINT = (
     "set causal: true (or [false, true]: forward runs both, decode the causal ones), or move decode into a "
@@ -30,20 +37,18 @@ _CAUSAL_HINT = (
 )
 
 
-def _decodes(model: str, options: Options, causal: Sequence[bool], users: Mapping[str, UserModel]) -> bool:
+def _decodes(model: str, options: Options, causal: Sequence[bool], defined: Defined) -> bool:
     """Whether ``model`` with ``options`` is causal for some value of the grid's ``causal`` (its family says)."""
-    family: Family
-    if model in users:
-        family, spec = USER, USER.spec(_probe(model, options, True, users[model]))
-    else:
-        spec = MODELS[model]
-        family = family_named(spec.family)
+    probe = _probe(model, options, True, defined)
+    family = family_of(probe)
+    spec = family.spec(probe)
     return any(family.causal(spec, dict(options), requested) for requested in causal)
 
 
-def _probe(model: str, options: Options, causal: bool, user: UserModel | None = None) -> Case:
+def _probe(model: str, options: Options, causal: bool, defined: Defined) -> Case:
     """A decode case of ``model`` as the family judges one (only its model, options and causality matter)."""
-    return Case(model, "decode", "float32", "cpu", 1, 1, 1, 1, 1, causal, options, user)
+    user, hybrid = defined.get(model, (None, None))
+    return Case(model, "decode", "float32", "cpu", 1, 1, 1, 1, 1, causal, options, user, hybrid)
 
 
 def check_decode(
@@ -51,18 +56,19 @@ def check_decode(
     causal: Sequence[bool],
     causal_path: Path_,
     options: Mapping[str, tuple[Options, ...]],
-    users: Mapping[str, UserModel],
+    defined: Defined,
     ctx: Context,
 ) -> None:
     """Every model asked to decode has a variant that can. ``causal_path`` is where causal was written, or
     ``("modes",)`` where it was left at its default. The family says which option (a recurrence's direction) or
-    grid key (attention's causal) stands in the way."""
+    grid key (attention's causal) stands in the way. ``defined``: the models the config defines (a user's, a
+    hybrid stack), by name."""
     for model in models:
         sets = options.get(model, ((),))
-        if any(_decodes(model, s, causal, users) for s in sets):
+        if any(_decodes(model, s, causal, defined) for s in sets):
             continue
-        family = USER if model in users else family_named(MODELS[model].family)
-        problem = family.decode_problem(_probe(model, sets[0], False, users.get(model)))
+        probe = _probe(model, sets[0], False, defined)
+        problem = family_of(probe).decode_problem(probe)
         if problem is not None and problem.option is not None:
             raise ctx.error(problem.message, ("model_options", model, problem.option), hint=problem.hint)
         given = "causal is false" + (" (its default)" if causal_path == ("modes",) else "")
@@ -80,6 +86,7 @@ def decode_section(
     axes: Mapping[str, list[Any]],
     options: Mapping[str, tuple[Options, ...]],
     users: Mapping[str, UserModel],
+    hybrids: Mapping[str, HybridModel],
     option_axes: Mapping[str, tuple[Any, ...]],
     ctx: Context,
 ) -> tuple[Axes | None, dict[str, Any] | None]:
@@ -103,7 +110,7 @@ def decode_section(
             )
     check_unique(models, "model", ("decode", "models"), ctx)
     batch, seq_lens = inherited_lengths("decode", d.batch, d.seq_len, m.grid, ctx, example_batch=1)
-    check_decode(models, [True], ("decode",), options, users, ctx)
+    check_decode(models, [True], ("decode",), options, defined(users, hybrids), ctx)
     grid = Axes(
         models=tuple(models),
         modes=("decode",),
@@ -118,5 +125,6 @@ def decode_section(
         model_options={model: options[model] for model in models if model in options},
         option_axes=option_axes,
         users={model: users[model] for model in models if model in users},
+        hybrids={model: hybrids[model] for model in models if model in hybrids},
     )
     return grid, {"models": models, "seq_len": seq_lens, "batch": batch}

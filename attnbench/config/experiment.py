@@ -30,8 +30,9 @@ import yaml
 from pydantic import ValidationError
 
 from attnbench.config.checks import check_names, check_unique
-from attnbench.config.decode_section import check_decode, decode_section
+from attnbench.config.decode_section import check_decode, decode_section, defined
 from attnbench.config.grid import Axes, expand
+from attnbench.config.hybrids import check_hybrids
 from attnbench.config.messages import (
     OVERRIDE,
     Context,
@@ -252,6 +253,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
             ("device",),
             hint=did_you_mean(m.device, ["auto", "cpu", "cuda", "cuda:0"]),
         )
+    hybrids = check_hybrids(m, ctx)
     names, users = check_models(m, ctx, known)
     check_names(m.modes, MODES, "mode", ("modes",), ctx)
     check_names(m.dtype, DTYPES, "dtype", ("dtype",), ctx)
@@ -282,16 +284,18 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
 
     if m.grid.tokens is not None:
         axes["batch"] = _tied_batches(m.grid.tokens, m.grid.seq_len, ctx)
-    if users or any(has_heads(model) for model in names):  # a model you bring is handed heads too
+    # A model you bring is handed heads too; a hybrid stack has them where a member has.
+    with_heads = [model for model in names if model in MODELS and has_heads(model)]
+    if users or with_heads or any(has_heads(m) for h in hybrids.values() for m in h.pattern):
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
     given_axes = _check_option_axes(m, names, ctx)
     option_values = {name: tuple(values) for name, (values, _) in given_axes.items()}
-    options, written_options = check_model_options(m, names, users, axes, ctx)
+    options, written_options = check_model_options(m, names, users, hybrids, axes, ctx)
     user_models = {name: entry.user for name, entry in users.items()}
     if "decode" in m.modes:
         causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
-        check_decode(names, axes["causal"], causal_path, options, user_models, ctx)
-    decode, written_decode = decode_section(m, names, axes, options, user_models, option_values, ctx)
+        check_decode(names, axes["causal"], causal_path, options, defined(user_models, hybrids), ctx)
+    decode, written_decode = decode_section(m, names, axes, options, user_models, hybrids, option_values, ctx)
     order: tuple[str, ...] = SECTION_ORDER
     if m.order is not None:
         check_unique(m.order, "section", ("order",), ctx)
@@ -314,6 +318,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         model_options=options,
         option_axes=option_values,
         users=user_models,
+        hybrids=hybrids,
     )
     grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
     grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})

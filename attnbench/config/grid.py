@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from attnbench.core.cases import Case, Mode, Options, OptionValue, UserModel
-from attnbench.families.catalogue import MODELS, ModelSpec, decode_inert, family_named, has_heads
+from attnbench.core.cases import Case, HybridModel, Mode, Options, OptionValue, UserModel
+from attnbench.families.catalogue import HYBRID, MODELS, ModelSpec, decode_inert, family_named, has_heads
 from attnbench.families.user.spec import USER
 
 __all__ = ["Axes", "expand"]
@@ -43,6 +43,8 @@ class Axes:
     option_axes: Mapping[str, tuple[OptionValue, ...]] = field(default_factory=dict)
     # The models of ``models`` that the user brings, by name (config ``factory:`` entries and installed plugins).
     users: Mapping[str, UserModel] = field(default_factory=dict)
+    # The hybrid stacks of ``models``, by name (config ``{name, hybrid: […]}`` entries).
+    hybrids: Mapping[str, HybridModel] = field(default_factory=dict)
 
 
 def expand(axes: Axes) -> list[Case]:
@@ -71,8 +73,28 @@ def expand(axes: Axes) -> list[Case]:
     ):
         if mode == "decode":
             options = tuple(o for o in options if o[0] not in decode_inert(model))
-        user = axes.users.get(model)
-        if user is not None:
+        user, hybrid = axes.users.get(model), axes.hybrids.get(model)
+        if hybrid is not None:
+            probe = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
+            spec = HYBRID.spec(replace(probe, hybrid=hybrid))
+            causal = HYBRID.causal(spec, dict(options), causal)
+            case_heads = heads if spec.heads else None
+            case = Case(
+                model,
+                mode,
+                dtype,
+                axes.device,
+                batch,
+                seq_len,
+                d_model,
+                case_heads,
+                layers,
+                causal,
+                options,
+                None,
+                hybrid,
+            )
+        elif user is not None:
             probe = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options, user)
             spec = USER.spec(probe)
             causal = USER.causal(spec, dict(options), causal)

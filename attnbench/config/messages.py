@@ -142,7 +142,10 @@ def from_validation(exc: ValidationError, ctx: Context, sections: Mapping[Path_,
         return ctx.error(f"keys must be strings, got {describe(value)}", path)
     if kind in ("extra_forbidden", "missing"):
         section = tuple(ITEM if isinstance(part, int) else part for part in path[:-1])
-        allowed = list(sections[section].model_fields) if section in sections else []
+        # Which arm of a tagged union pydantic tried (a hybrid entry, a factory entry) picks its own keys.
+        arm = [part for part in err["loc"] if isinstance(part, str) and part.startswith(TAG)][-1:]
+        model = sections.get((*section, *arm)) or sections.get(section)
+        allowed = list(model.model_fields) if model is not None else []
         name = str(path[-1]) if path else ""
         if kind == "missing":
             return ctx.error(

@@ -18,6 +18,7 @@ from attnbench.core.cases import (
     MAX_D_MODEL,
     MAX_HEADS,
     MAX_LAYERS,
+    MAX_PATTERN,
     MAX_SAMPLES,
     MAX_SEQ_LEN,
     MAX_THREADS,
@@ -212,12 +213,30 @@ class UserModelEntry(_Strict):
     """Its own options, passed to the factory and recorded in every row's key; a list of values crosses them."""
 
 
+class HybridEntry(_Strict):
+    """A hybrid stack: pre-norm blocks of built-in models, cycling through ``hybrid`` for the case's ``layers``
+    (Jamba, Qwen3-Next: three recurrent blocks to one of attention)."""
+
+    name: str
+    """The stack's name in rows, tables and plots: lower-case letters, digits, '.', '_' and '-', not a built-in
+    model's name."""
+    hybrid: Annotated[list[str], Field(min_length=1, max_length=MAX_PATTERN)]
+    """The built-in models its blocks cycle through, e.g. [gated-deltanet, gated-deltanet, gated-deltanet,
+    sdpa-flash]; layers must be at least this long."""
+    kind: Literal["hybrid", "recurrent", "attention"] = "hybrid"
+    """Which side of the comparison it joins: a side of its own (hybrid), or the one named."""
+
+
 def _model_tag(value: Any) -> str:
+    if isinstance(value, HybridEntry) or (isinstance(value, dict) and "hybrid" in value):
+        return f"{TAG}hybrid"
     return f"{TAG}entry" if isinstance(value, dict | UserModelEntry) else f"{TAG}name"
 
 
 ModelEntry = Annotated[
-    Annotated[str, Tag(f"{TAG}name")] | Annotated[UserModelEntry, Tag(f"{TAG}entry")],
+    Annotated[str, Tag(f"{TAG}name")]
+    | Annotated[UserModelEntry, Tag(f"{TAG}entry")]
+    | Annotated[HybridEntry, Tag(f"{TAG}hybrid")],
     Discriminator(_model_tag),
 ]
 ModelEntries = Annotated[list[ModelEntry], BeforeValidator(as_list), Field(min_length=1)]
@@ -235,7 +254,8 @@ class _Config(_Strict):
     """auto (CUDA when torch can use it, else the CPU), cpu, cuda or cuda:N; --device overrides it."""
     models: ModelEntries
     """The models to time: a built-in's or an installed plugin's name (`attnbench models` lists them and says which
-    run here), or {name, factory, kind, options} for a model you bring."""
+    run here), {name, factory, kind, options} for a model you bring, or {name, hybrid: [models…]} for a hybrid
+    stack of built-ins."""
     model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Options per model, e.g. {sdpa: {scope: block}}; a list of values crosses them, each a variant of its own."""
     modes: Names = Field(default_factory=lambda: ["forward", "train"])
@@ -298,4 +318,5 @@ SECTIONS: dict[Path_, type[BaseModel]] = {
     ("presets",): PresetsModel,
     ("decode",): DecodeModel,
     ("models", ITEM): UserModelEntry,
+    ("models", ITEM, f"{TAG}hybrid"): HybridEntry,
 }

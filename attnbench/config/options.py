@@ -20,8 +20,9 @@ from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import ConfigModel
 from attnbench.config.users import UserEntry, user_option_sets
-from attnbench.core.cases import MODES, Case, Mode, Options
+from attnbench.core.cases import MODES, Case, HybridModel, Mode, Options
 from attnbench.families.catalogue import (
+    HYBRID,
     MODEL_NAMES,
     MODELS,
     PRESET_CORES,
@@ -38,7 +39,12 @@ __all__ = ["check_buildable", "check_model_options", "check_presets", "option_va
 
 
 def check_model_options(
-    m: ConfigModel, names: Sequence[str], users: Mapping[str, UserEntry], axes: Mapping[str, list[Any]], ctx: Context
+    m: ConfigModel,
+    names: Sequence[str],
+    users: Mapping[str, UserEntry],
+    hybrids: Mapping[str, HybridModel],
+    axes: Mapping[str, list[Any]],
+    ctx: Context,
 ) -> tuple[dict[str, tuple[Options, ...]], dict[str, dict[str, Any]]]:
     """Option sets per model, checked against the catalogue (or the user model's entry), and the options as written.
 
@@ -51,7 +57,7 @@ def check_model_options(
     written: dict[str, dict[str, Any]] = {}
     for model, given in m.model_options.items():
         path: Path_ = ("model_options", model)
-        if model not in MODELS and model not in users:
+        if model not in MODELS and model not in users and model not in hybrids:
             raise ctx.error(
                 f"unknown model {model!r}; valid: {', '.join(MODEL_NAMES)}",
                 path,
@@ -66,7 +72,8 @@ def check_model_options(
         if model in users:
             result[model], written[model] = user_option_sets(users[model], given, path, ctx, option_value)
             continue
-        sets, written[model] = _builtin_option_sets(model, given, axes, path, ctx)
+        spec = HYBRID.entry_spec(model) if model in hybrids else MODELS[model]
+        sets, written[model] = _builtin_option_sets(spec, given, axes, path, ctx)
         if sets != [()]:
             result[model] = tuple(sets)
     for model, entry in users.items():
@@ -76,9 +83,9 @@ def check_model_options(
 
 
 def _builtin_option_sets(
-    model: str, given: Mapping[str, Any], axes: Mapping[str, list[Any]], path: Path_, ctx: Context
+    spec: ModelSpec, given: Mapping[str, Any], axes: Mapping[str, list[Any]], path: Path_, ctx: Context
 ) -> tuple[list[Options], dict[str, Any]]:
-    spec = MODELS[model]
+    model = spec.name
     names: list[str] = []
     values: list[list[Any]] = []
     written: dict[str, Any] = {}
@@ -117,7 +124,7 @@ def _builtin_option_sets(
         _check_lengths(spec, chosen, axes, path, ctx)
         kept = []
         for name, value in chosen.items():
-            problem = no_effect(model, name, chosen)
+            problem = no_effect(model, name, chosen, spec)
             if problem is None:
                 used.add(name)
                 if value != _spec(spec, name).default:

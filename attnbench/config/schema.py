@@ -64,6 +64,7 @@ def config_schema() -> dict[str, Any]:
         "anyOf": [{"enum": list(DEVICES)}, {"type": "string", "pattern": r"^cuda:[0-9]+$"}],
     }
     _restrict(top["models"], MODEL_NAMES, plugins=True)
+    _restrict(schema["$defs"]["HybridEntry"]["properties"]["hybrid"], MODEL_NAMES)
     _restrict(top["modes"], MODES)
     _restrict(top["dtype"], DTYPES)
     top["model_options"].update(_model_options())

@@ -21,8 +21,9 @@ from importlib.machinery import PathFinder
 from typing import Any
 
 from attnbench.config.checks import check_unique
+from attnbench.config.hybrids import entry_name_problem
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
-from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, UserModelEntry
+from attnbench.config.model import ConfigModel, HybridEntry, UserModelEntry
 from attnbench.core.cases import Options, UserModel
 from attnbench.families.catalogue import MODEL_NAMES, ModelSpec, OptionSpec
 from attnbench.families.plugins import (
@@ -180,13 +181,16 @@ def check_models(
     plugins = {p.name: p for p in installed_plugins()} if wanted else {}
     for i, entry in enumerate(m.models):
         path = ctx.item(("models",), i)
-        name = entry.name if isinstance(entry, UserModelEntry) else entry
+        name = entry if isinstance(entry, str) else entry.name
         if name in known and isinstance(known[name], dict):
             users[name] = UserEntry.recorded(name, known[name], entry if isinstance(entry, UserModelEntry) else None)
             names.append(name)
             continue
         if isinstance(entry, UserModelEntry):
             users[entry.name] = _factory_entry(entry, path, ctx)
+            names.append(entry.name)
+            continue
+        if isinstance(entry, HybridEntry):  # a stack of built-ins: config.hybrids checks it
             names.append(entry.name)
             continue
         if entry in MODEL_NAMES:
@@ -215,18 +219,9 @@ def check_models(
 
 
 def _factory_entry(entry: UserModelEntry, path: Path_, ctx: Context) -> UserEntry:
-    if not NAME.fullmatch(entry.name) or len(entry.name) > MAX_NAME_LEN:
-        raise ctx.error(
-            f"name {entry.name!r} is not allowed: lower-case letters, digits, '.', '_' and '-', starting with a letter "
-            f"or digit, at most {MAX_NAME_LEN} characters",
-            (*path, "name"),
-        )
-    if entry.name in MODEL_NAMES:
-        raise ctx.error(
-            f"{entry.name!r} is a built-in model's name; a model you bring needs a name of its own",
-            (*path, "name"),
-            hint=f"e.g. my-{entry.name}",
-        )
+    problem = entry_name_problem(entry.name)
+    if problem is not None:
+        raise ctx.error(problem[0], (*path, "name"), hint=problem[1])
     if not FACTORY.fullmatch(entry.factory):
         raise ctx.error(
             f"factory {entry.factory!r} is not of the form module.path:function",

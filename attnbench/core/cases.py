@@ -35,9 +35,13 @@ DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 # What a config or --device may ask for, and what a resolved case records.
 DEVICE_REQUEST = re.compile(r"auto|cpu|cuda|cuda:\d+")
 RESOLVED_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-# Which side of the article's comparison a model joins.
+# Which side of the article's comparison a model joins; a hybrid stack of both may stand on a side of its own.
 Kind = Literal["recurrent", "attention"]
 KINDS: tuple[Kind, ...] = ("recurrent", "attention")
+Side = Literal["recurrent", "attention", "hybrid"]
+SIDES: tuple[Side, ...] = ("recurrent", "attention", "hybrid")
+# The most members a hybrid's pattern may cycle through.
+MAX_PATTERN = 64
 OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 
@@ -66,6 +70,28 @@ class UserModel:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
         return cls(str(data["factory"]), kind, str(data.get("source", "config")))
+
+
+@dataclass(frozen=True)
+class HybridModel:
+    """A stack a config defines (``{name, hybrid: [m1, m2, …]}``): pre-norm blocks of built-in models cycling
+    through ``pattern`` for the case's ``layers``, standing on ``kind``'s side of the comparison. It travels in the
+    case, so a stored row says what it was without the config."""
+
+    pattern: tuple[str, ...]
+    kind: Side = "hybrid"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"pattern": list(self.pattern), "kind": self.kind}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HybridModel:
+        kind, pattern = data.get("kind", "hybrid"), data["pattern"]
+        if kind not in SIDES:
+            raise ValueError(f"kind must be one of {', '.join(SIDES)}, got {kind!r}")
+        if not isinstance(pattern, list | tuple) or not 1 <= len(pattern) <= MAX_PATTERN:
+            raise ValueError(f"pattern must list 1 to {MAX_PATTERN} models")
+        return cls(tuple(str(m) for m in pattern), kind)
 
 
 @dataclass(frozen=True)
@@ -98,6 +124,7 @@ class Case:
     causal: bool
     options: Options = ()
     user: UserModel | None = None
+    hybrid: HybridModel | None = None
 
     @property
     def tokens(self) -> int:
@@ -152,6 +179,10 @@ class Case:
             del data["user"]  # written only for a user model, so built-in rows read as they always did
         else:
             data["user"] = self.user.to_dict()
+        if self.hybrid is None:
+            del data["hybrid"]  # likewise for a hybrid stack
+        else:
+            data["hybrid"] = self.hybrid.to_dict()
         return data
 
     @classmethod
@@ -161,9 +192,12 @@ class Case:
         assert isinstance(options, Mapping)
         user = raw.pop("user", None)
         assert user is None or isinstance(user, Mapping)
+        hybrid = raw.pop("hybrid", None)
+        assert hybrid is None or isinstance(hybrid, Mapping)
         return cls(
             options=tuple(sorted(options.items())),
             user=None if user is None else UserModel.from_dict(user),
+            hybrid=None if hybrid is None else HybridModel.from_dict(hybrid),
             **raw,  # type: ignore[arg-type]
         )
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from attnbench.core.cases import KINDS, Case, Kind, Options, OptionValue
+from attnbench.core.cases import KINDS, Case, Kind, Options, OptionValue, Side
 
 __all__ = [
     "KINDS",
@@ -92,7 +92,7 @@ class ModelSpec:
     """One model name: which side it joins (``kind``), which family builds it, what it needs."""
 
     name: str
-    kind: Kind
+    kind: Side
     family: str  # the family's name: attnbench.families.<family> and attnbench.families.registry.<family>
     summary: str
     # Devices the kernel exists for at all; finer limits (dtype, head dim) are found by probing a tiny input.

@@ -18,7 +18,7 @@ import pkgutil
 from collections.abc import Mapping
 
 from attnbench import families
-from attnbench.core.cases import Case, Kind, OptionValue
+from attnbench.core.cases import Case, OptionValue, Side
 from attnbench.families.base import (
     ClaimRole,
     ExtraSpec,
@@ -30,10 +30,12 @@ from attnbench.families.base import (
     Preset,
     Problem,
 )
+from attnbench.families.hybrid.spec import HybridFamily
 from attnbench.families.user.spec import USER
 
 __all__ = [
     "FAMILIES",
+    "HYBRID",
     "MODELS",
     "MODEL_NAMES",
     "PRESETS",
@@ -96,6 +98,8 @@ PRESETS: dict[str, Preset] = {
     for preset in sorted((p for family in FAMILIES for p in family.presets), key=lambda p: p.kind != "attention")
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+# Known by its case, as the user family is: a hybrid stack's members are built-in models, looked up here.
+HYBRID = HybridFamily(lambda case: family_of(case), MODELS)
 # The models a preset without a model of its own (``Preset.model`` None: bert-base) may be built on: those of the
 # family that declares it (a config's presets.core picks among them).
 PRESET_CORES: tuple[str, ...] = tuple(
@@ -105,21 +109,24 @@ PRESET_CORE_DEFAULT: tuple[str, ...] = tuple(f.preset_core for f in FAMILIES if 
 
 
 def known(case: Case) -> bool:
-    """Whether this catalogue knows ``case``'s model (a user model always; a built-in one a newer release wrote may
-    not be)."""
-    return case.user is not None or case.model in MODELS
+    """Whether this catalogue knows ``case``'s model (a user model and a hybrid stack always; a built-in one a newer
+    release wrote may not be)."""
+    return case.user is not None or case.hybrid is not None or case.model in MODELS
 
 
 def family_of(case: Case) -> Family:
-    """The family that builds ``case``'s model: a built-in one, or the user family for a user model."""
+    """The family that builds ``case``'s model: a built-in one, the user family for a user model, the hybrid family
+    for a hybrid stack."""
     if case.user is not None:
         return USER
+    if case.hybrid is not None:
+        return HYBRID
     return _BY_NAME[MODELS[case.model].family]
 
 
 def family_named(name: str) -> Family:
-    """The built-in family called ``name`` (a ``ModelSpec.family``)."""
-    return _BY_NAME[name]
+    """The family called ``name`` (a ``ModelSpec.family``): a built-in one, or the user or hybrid family."""
+    return {USER.name: USER, HYBRID.name: HYBRID}.get(name) or _BY_NAME[name]
 
 
 def spec_of(case: Case) -> ModelSpec:
@@ -127,9 +134,14 @@ def spec_of(case: Case) -> ModelSpec:
     return family_of(case).spec(case)
 
 
-def kind_of(case: Case) -> Kind:
-    """Which side of the comparison ``case``'s model joins: recurrent or attention (a user model's entry says)."""
-    return case.user.kind if case.user is not None else MODELS[case.model].kind
+def kind_of(case: Case) -> Side:
+    """Which side of the comparison ``case``'s model joins: recurrent, attention (a user model's entry says), or a
+    hybrid stack's own (its entry's ``kind``, hybrid unless it names a side)."""
+    if case.user is not None:
+        return case.user.kind
+    if case.hybrid is not None:
+        return case.hybrid.kind
+    return MODELS[case.model].kind
 
 
 def is_recurrent(case: Case) -> bool:
@@ -181,17 +193,19 @@ def option_axes() -> dict[str, OptionSpec]:
     return {o.name: o for spec in MODELS.values() for o in spec.options if o.axis}
 
 
-def no_effect(model: str, name: str, options: Mapping[str, OptionValue]) -> Problem | None:
-    """Why option ``name`` of built-in ``model`` changes nothing given its other ``options``, or None (the
-    family's rule). Config validation drops such an option from a case, and refuses one that has no effect
-    anywhere it is given."""
-    spec = MODELS[model]
+def no_effect(
+    model: str, name: str, options: Mapping[str, OptionValue], spec: ModelSpec | None = None
+) -> Problem | None:
+    """Why option ``name`` of ``model`` (a built-in's, or the given ``spec``'s: a hybrid stack's) changes nothing
+    given its other ``options``, or None (the family's rule). Config validation drops such an option from a case,
+    and refuses one that has no effect anywhere it is given."""
+    spec = spec if spec is not None else MODELS[model]
 
     def value(key: str) -> OptionValue:
         option = spec.option(key)
         return options.get(key, option.default if option is not None else "")
 
-    return _BY_NAME[spec.family].no_effect(model, name, value)
+    return family_named(spec.family).no_effect(model, name, value)
 
 
 def cannot_build(case: Case) -> Problem | None:

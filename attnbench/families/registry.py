@@ -19,7 +19,7 @@ from torch import nn
 
 from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
-from attnbench.families.catalogue import FAMILIES, MODELS, cannot_build, family_named, family_of, spec_of
+from attnbench.families.catalogue import FAMILIES, MODELS, cannot_build, family_named, family_of, known, spec_of
 from attnbench.families.states import decodable, prefill
 from attnbench.families.torch_family import (
     PROBE_BATCH,
@@ -54,7 +54,7 @@ def build_model(case: Case, device: str, dtype: torch.dtype) -> nn.Module:
     Weights come from torch's global generator, so they are fixed by a ``torch.manual_seed`` before the call;
     attention models that differ only in their core get identical weights.
     """
-    if case.user is None and case.model not in MODELS:
+    if not known(case):
         raise ValueError(f"unknown model {case.model!r}; one of: {', '.join(MODELS)}")
     problem = cannot_build(case)
     if problem is not None:  # a case made by hand; a config refuses these before

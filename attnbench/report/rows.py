@@ -249,7 +249,7 @@ COLUMN_MEANINGS: dict[str, str] = {
     "gpm_reliable": "false below 1 s: GPM's counters refresh every ~100 ms",
     "contended": "other work competed for the machine while the case was timed: do not trust the timing",
     "contention": "the evidence: which rule fired and the counters behind it",
-    "kind": "which side of the comparison the model joins: recurrent or attention",
+    "kind": "which side of the comparison the model joins: recurrent, attention, or hybrid (a hybrid stack's own)",
     "source": "where the model comes from: built-in, config (a factory entry) or plugin <distribution>",
     "gbps": "bytes_moved ÷ median, in GB/s (10⁹ bytes per second): the compulsory traffic's achieved bandwidth",
     "pct_of_peak_bw": "gbps as a percentage of the copy bandwidth (calibrated, else the vendor's DRAM figure); above "

@@ -41,14 +41,16 @@ from attnbench.core.cases import (
     MAX_D_MODEL,
     MAX_HEADS,
     MAX_LAYERS,
+    MAX_PATTERN,
     MAX_SEQ_LEN,
     MODES,
     RESOLVED_DEVICE,
+    SIDES,
     Case,
     TimingPolicy,
 )
 from attnbench.core.shards import MAX_SHARDS, Shard
-from attnbench.families.catalogue import MODEL_NAMES, MODELS, cannot_build
+from attnbench.families.catalogue import HYBRID, MODEL_NAMES, MODELS, cannot_build
 from attnbench.families.extras import declared
 from attnbench.families.user.spec import FACTORY
 from attnbench.results import fields
@@ -237,12 +239,17 @@ _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_mod
 
 def _case_from_dict(data: object) -> Case:
     """``Case.from_dict`` after checking every field against the catalogue, so a bad row never reaches it."""
-    c = fields.record(data, "", _CASE_REQUIRED, ("options", "user"))
+    c = fields.record(data, "", _CASE_REQUIRED, ("options", "user", "hybrid"))
     if "user" in c:
         return _user_case(c)
-    model = fields.choice(c["model"], "model", MODEL_NAMES, "model")
+    if "hybrid" in c:
+        _hybrid(c)
+        spec = HYBRID.entry_spec(fields.text(c["model"], "model"))
+    else:
+        spec = MODELS[fields.choice(c["model"], "model", MODEL_NAMES, "model")]
+    model = spec.name
     _check_sizes(c)
-    kinds = {o.name: o.type for o in MODELS[model].options}
+    kinds = {o.name: o.type for o in spec.options}
     for name, value in fields.record(c.get("options", {}), "options", (), kinds).items():
         kind = kinds[name]
         fits = kind is bool if isinstance(value, bool) else isinstance(value, int | float if kind is float else kind)
@@ -267,6 +274,21 @@ def _check_sizes(c: Mapping[str, Any]) -> None:
         if name != "heads" or c[name] is not None:
             fields.integer(c[name], name, maximum=cap)
     fields.flag(c["causal"], "causal")
+
+
+def _hybrid(c: Mapping[str, Any]) -> None:
+    """A hybrid stack's case: a name of its own, a pattern of built-in models, a side."""
+    model = fields.text(c["model"], "model")
+    if model in MODEL_NAMES:
+        raise fields.expected("model", "a name of its own (a hybrid stack's)", model)
+    hybrid = fields.record(c["hybrid"], "hybrid", ("pattern",), ("kind",))
+    pattern = hybrid["pattern"]
+    if not isinstance(pattern, list) or not 1 <= len(pattern) <= MAX_PATTERN:
+        raise fields.expected("hybrid.pattern", f"a list of 1 to {MAX_PATTERN} built-in models", pattern)
+    for i, member in enumerate(pattern):
+        fields.choice(member, f"hybrid.pattern[{i}]", MODEL_NAMES, "model")
+    if "kind" in hybrid:
+        fields.choice(hybrid["kind"], "hybrid.kind", SIDES, "kind")
 
 
 def _user_case(c: Mapping[str, Any]) -> Case:

@@ -134,9 +134,11 @@ def test_closed_sets_are_enums_and_defaults_are_the_models() -> None:
     top = schema["properties"]
     one, many = top["models"]["anyOf"]
     for entry in (one, many["items"]):
-        name, bring = entry["oneOf"]
+        name, bring, hybrid = entry["oneOf"]
         assert name["anyOf"][0]["enum"] == list(MODEL_NAMES)  # and any name an installed plugin gives its model
-        assert bring == {"$ref": "#/$defs/UserModelEntry"}
+        assert bring == {"$ref": "#/$defs/UserModelEntry"} and hybrid == {"$ref": "#/$defs/HybridEntry"}
+    members = schema["$defs"]["HybridEntry"]["properties"]["hybrid"]["items"]
+    assert members["enum"] == list(MODEL_NAMES)  # a hybrid's blocks are built-in models
     assert {"auto", "cpu", "cuda"} <= set(top["device"]["anyOf"][0]["enum"])
     timing = schema["$defs"]["TimingModel"]["properties"]
     assert {k: v["default"] for k, v in timing.items()} == TimingPolicy().to_dict()

@@ -1,0 +1,203 @@
+"""Hybrid stacks of built-in models (Jamba, Qwen3-Next, Kimi Linear: recurrent layers with an attention layer every
+few), torch-free. The torch half is ``attnbench.families.hybrid.layers``.
+
+A config defines one: ``{name: gdn-3to1, hybrid: [gated-deltanet, gated-deltanet, gated-deltanet, sdpa-flash]}``.
+Its case carries the pattern (``Case.hybrid``), so a stored row needs no config to be read. The model is
+``layers`` pre-norm blocks, block i being the pattern's member i mod len(pattern) at scope block with that
+member's defaults (an attention member's block has its FFN, ``ffn_mult`` wide; a recurrent member's has none, as
+everywhere in attnbench), in front of them the token embedding and positions at scope model, after them the final
+LayerNorm. Every count is the sum of its members' (``member``: the member's own case, one block): FLOPs (formula
+``hybrid-v1``, each member counted by its own formula), parameters, the decode state (the members' states and KV
+caches together, so it grows with n only through the attention members), the bytes a step writes back. A
+member's rule is the hybrid's: a case a member cannot build or decode is one the hybrid cannot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from attnbench.core.cases import Case, HybridModel
+from attnbench.families import shared
+from attnbench.families.base import (
+    ExtraValue,
+    Family,
+    ModelSpec,
+    OptionSpec,
+    OptionValue,
+    Parts,
+    Problem,
+    ValueOf,
+)
+
+__all__ = ["FORMULA", "HybridFamily"]
+
+FORMULA = "hybrid-v1"
+_OPTIONS = (
+    OptionSpec(
+        "scope",
+        str,
+        "block",
+        "block: the stack of pre-norm blocks; model: token embedding + positions + the blocks + final LayerNorm, fed "
+        "int64 token ids",
+        choices=("block", "model"),
+    ),
+    shared.FFN_MULT,
+    shared.VOCAB,
+    shared.positional(rope=False),
+    shared.MAX_LEN,
+    shared.COMPILE,
+)
+# The options a member's block takes from the hybrid's, where the member has them.
+_SHARED_WITH_MEMBERS = ("ffn_mult",)
+Resolve = Callable[[Case], Family]
+
+
+class HybridFamily(Family):
+    """Known by its case (``Case.hybrid``), like a user's model; the catalogue makes the one instance, handing it
+    the lookup of a member's family (a member is any built-in model)."""
+
+    name = "hybrid"
+    order = 9_000
+    state_noun = "members' states and KV caches"
+
+    def __init__(self, resolve: Resolve, specs: Mapping[str, ModelSpec]) -> None:
+        self.resolve = resolve
+        self.specs = specs
+
+    # ------------------------------------------------------------------------------------------------ the model
+    def entry_spec(self, name: str) -> ModelSpec:
+        """What a config's ``model_options`` may set for hybrid ``name`` (every hybrid takes the same options)."""
+        return ModelSpec(name, "hybrid", self.name, "hybrid stack", options=_OPTIONS, source="config")
+
+    def spec(self, case: Case) -> ModelSpec:
+        hybrid = self._hybrid(case)
+        return ModelSpec(
+            case.model,
+            hybrid.kind,
+            self.name,
+            "hybrid stack: " + " → ".join(hybrid.pattern),
+            options=_OPTIONS,
+            heads=any(self.specs[m].heads for m in hybrid.pattern if m in self.specs),
+            source="config",
+        )
+
+    def _hybrid(self, case: Case) -> HybridModel:
+        if case.hybrid is None:
+            raise ValueError(f"{case.model} is not a hybrid stack")
+        return case.hybrid
+
+    def member(self, case: Case, i: int) -> Case:
+        """Block ``i``'s own case: the member at that place in the pattern, one block, its defaults, the hybrid's
+        sizes (heads only where the member has them; a recurrent member is causal by construction)."""
+        pattern = self._hybrid(case).pattern
+        model = pattern[i % len(pattern)]
+        spec = self.specs[model]
+        options: dict[str, OptionValue] = {"scope": "block"}
+        for name in _SHARED_WITH_MEMBERS:
+            option = spec.option(name)
+            if option is not None and self.option(case, name) != option.default:
+                options[name] = self.option(case, name)
+        causal = case.causal if spec.kind == "attention" else True
+        heads = case.heads if spec.heads else None
+        return Case(model, case.mode, case.dtype, case.device, case.batch, case.seq_len, case.d_model, heads, 1,
+                    causal, tuple(sorted(options.items())))  # fmt: skip
+
+    def members(self, case: Case) -> list[Case]:
+        """Every block's case, in order."""
+        return [self.member(case, i) for i in range(case.layers)]
+
+    def distinct(self, case: Case) -> list[Case]:
+        """One case per member of the pattern (what a probe must run: every kernel the stack uses)."""
+        return list(dict.fromkeys(self.member(case, i) for i in range(len(self._hybrid(case).pattern))))
+
+    # ------------------------------------------------------------------------------------------------ rules
+    def causal(self, spec: ModelSpec, options: Mapping[str, OptionValue], requested: bool) -> bool:
+        return requested  # its attention members follow the grid; its recurrent members are causal anyway
+
+    def no_effect(self, model: str, name: str, value_of: ValueOf) -> Problem | None:
+        return shared.network_no_effect(name, value_of, recurrent=False)
+
+    def cannot_build(self, case: Case) -> Problem | None:
+        hybrid = self._hybrid(case)
+        unknown = [m for m in hybrid.pattern if m not in self.specs]
+        if unknown:
+            return Problem(f"{case.model}: {', '.join(unknown)} is not a built-in model", None, "members are built-ins")
+        if case.layers < len(hybrid.pattern):
+            left = ", ".join(hybrid.pattern[case.layers :])
+            return Problem(
+                f"{case.model} cycles through {len(hybrid.pattern)} members but has {case.layers} layers: {left} "
+                "would be left out",
+                None,
+                f"give layers of at least {len(hybrid.pattern)} (a multiple of it keeps the ratio)",
+            )
+        for member in self.distinct(case):
+            problem = self._member_problem(member)
+            if problem is not None:
+                return Problem(f"{case.model}'s member {member.model}: {problem.message}", None, problem.hint)
+        return shared.network_cannot_build(case, self.values(case))
+
+    def _member_problem(self, member: Case) -> Problem | None:
+        family = self.resolve(member)
+        if member.mode == "decode":
+            problem = family.decode_problem(member)
+            if problem is not None:
+                return problem
+        return family.cannot_build(member)
+
+    def decode_problem(self, case: Case) -> Problem | None:
+        for member in self.distinct(case):
+            problem = self.resolve(member).decode_problem(member)
+            if problem is not None:
+                return Problem(f"{case.model}'s member {member.model}: {problem.message}", problem.option, problem.hint)
+        return None
+
+    # ------------------------------------------------------------------------------------------------ counts
+    def formula(self, case: Case) -> str:
+        return shared.versioned("hybrid", shared.DECODE_SUFFIX * (case.mode == "decode"))
+
+    def work(self, case: Case, full_scores: bool) -> tuple[Parts, Parts]:
+        forward: Parts = {}
+        backward: Parts = {}
+        for member in self.members(case):
+            f, b = self.resolve(member).work(member, full_scores)
+            for total, parts in ((forward, f), (backward, b)):
+                for name, flops in parts.items():
+                    total[name] = total.get(name, 0) + flops
+        return forward, backward
+
+    def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
+        return any(self.resolve(m).scores_in_full(m, sdpa_kernel) for m in self.distinct(case))
+
+    def parameters(self, case: Case) -> int | None:
+        counts = [self.resolve(m).parameters(m) for m in self.members(case)]
+        if any(c is None for c in counts):
+            return None
+        return shared.network_parameters(case, self.values(case), sum(c for c in counts if c is not None))
+
+    def state_dtype(self, case: Case) -> str:
+        return case.dtype  # each member keeps its own; the sum is in bytes
+
+    def state_bytes(self, case: Case) -> int | None:
+        sizes = [self.resolve(m).state_bytes(m) for m in self.members(case)]
+        return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+
+    def state_written(self, case: Case, state_bytes: int) -> int:
+        total = 0
+        for member in self.members(case):
+            family = self.resolve(member)
+            held = family.state_bytes(member)
+            total += family.state_written(member, held) if held is not None else 0
+        return total
+
+    def prefill_carries(self, case: Case) -> bool:
+        return all(self.resolve(m).prefill_carries(m) for m in self.distinct(case))
+
+    def peak_dtype(self, case: Case) -> str:
+        dtypes = {self.resolve(m).peak_dtype(m) for m in self.distinct(case)}
+        return dtypes.pop() if len(dtypes) == 1 else case.dtype
+
+    def case_column_values(self, case: Case) -> Mapping[str, ExtraValue]:
+        return {}
+
+    def takes_tokens(self, case: Case) -> bool:
+        return self.option(case, "scope") == "model"
