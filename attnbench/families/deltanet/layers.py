@@ -284,11 +284,11 @@ class DeltaNet(DecodingLayer):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if head_dim == 0 and d_model % heads:
-            raise ValueError(f"heads {heads} must divide d_model {d_model} where head_dim is 0")
         for name, value in (("heads", heads), ("expand_v", expand_v), ("d_conv", d_conv), ("chunk", chunk)):
             if value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if head_dim == 0 and d_model % heads:
+            raise ValueError(f"heads {heads} must divide d_model {d_model} where head_dim is 0")
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; one of: {', '.join(FORMS)}")
         if kernel not in KERNELS:

@@ -261,6 +261,8 @@ def test_advance_needs_a_step_first() -> None:
 def test_bad_sizes_say_which() -> None:
     with pytest.raises(ValueError, match="heads 3 must divide d_model 8"):
         DeltaNet(8, 3)
+    with pytest.raises(ValueError, match="heads must be positive"):
+        DeltaNet(8, 0)
     with pytest.raises(ValueError, match="unknown form"):
         RWKV7(8, 2, form="parallel")
     with pytest.raises(ValueError, match="unknown kernel"):
