@@ -1,0 +1,432 @@
+"""Gated DeltaNet (Yang, Kautz & Hatamizadeh 2024, arXiv:2412.06464) and DeltaNet (Schlag et al. 2021; Yang et al.
+2024, arXiv:2406.06484) in plain PyTorch, with fla's layer structure (``fla/layers/gated_deltanet.py``,
+``delta_net.py``).
+
+The cores work head-major, q and k (B, H, T, d_k), v (B, H, T, d_v), per-head gates (B, H, T), on the key-major state
+H_t = S_tᵀ (B, H, d_k, d_v), fla's ``[N, H, K, V]``. In it the rule reads (α_t = exp(g_t), g_t ≤ 0; DeltaNet g = 0):
+
+    H_t = α_t H_{t−1} + k_t δ_tᵀ,    δ_t = β_t (v_t − α_t H_{t−1}ᵀ k_t),    o_t = H_tᵀ (q_t / √d_k)
+
+Two forms, which a test holds equal (values and gradients) to each other and to the paper's recurrence written per
+token with its explicit d_k × d_k transition:
+
+* ``recurrent``: the equations above, one token at a time, as a decoder runs them.
+* ``chunked``: the WY/UT form (arXiv:2406.06484 §3; gated, arXiv:2412.06464 §3.3). Inside a chunk of c tokens with
+  entering state H₀ and γ_t = ∏_{s≤t} α_s, the corrections Δ = [δ_t] solve one unit-lower-triangular system
+      (I + A) Δ = βV − (βγK) H₀,    A[t, s] = β_t (γ_t/γ_s) k_t·k_s  (s < t)
+  so Δ = U − W H₀ with U, W from one ``solve_triangular`` against [βV | βγK]; then
+      O = (γQ) H₀ + (QKᵀ ⊙ L) Δ,    L[t, s] = γ_t/γ_s (s ≤ t),    H_c = γ_c H₀ + (K ⊙ γ_c/γ)ᵀ Δ.
+  L is exp(G_t − G_s) of the in-chunk log-cumsum, masked before the exp, so nothing overflows for any g ≤ 0. The
+  last chunk of T mod C tokens is computed at its own length, unpadded. Every product the FLOP formula counts is an
+  ``@`` that torch's FlopCounterMode sees; everything else is element-wise.
+
+The cores run in float32 for 16-bit models (the decays multiply along the sequence; fla accumulates in float32 too),
+the projections in the model's dtype. ``kernel: fla`` runs the chunked core as flash-linear-attention's Triton kernel
+(``chunk_gated_delta_rule``, ``chunk_delta_rule``; CUDA only), imported on first use so that importing this module
+never needs it; the short conv and the norms stay in torch.
+
+The short conv is written as d_conv shifted multiply-adds (element-wise work, as the FLOP convention wants it, and
+exact across a prefill's pieces and a step): fla's ``ShortConvolution`` with SiLU and no bias, which keeps d_conv
+inputs in its cache where d_conv − 1 are needed.
+
+Decoding (``attnbench.families.states``): the state is the conv's last d_conv − 1 inputs (B, d_conv − 1, conv_dim) in
+the model's dtype and the memory (B, H, d_k, d_v) in the cores' dtype, both constant in n. A prefill runs the layer's
+own form from the state it is given (so a long context may come in pieces); a step is one token of the recurrent
+form, computed into buffers kept beside the state, which stays as it was until ``advance``.
+
+Ported from the tested scratch reference of issue 39 (deltarules.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnbench.core.cases import Case
+from attnbench.families.blocks import NetworkFamily, recurrent_network
+from attnbench.families.deltanet.spec import FAMILY, FORMS, GATED, PLAIN
+from attnbench.families.states import LayerStack
+from attnbench.families.torch_family import package_problem
+
+KERNELS = ("torch", "fla")
+_NORM_EPS = 1e-5  # fla's norm_eps
+_L2_EPS = 1e-6  # fla's l2norm_fwd
+
+
+def core_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+# ---------------------------------------------------------------------------------------------------- pieces
+def chunk_blocks(length: int, chunk: int) -> list[tuple[int, int, int]]:
+    """[0, T) as (start, chunks, size): the whole chunks in one block (their inside work batched) and the last
+    T mod C tokens as one chunk of their own."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    whole, tail = divmod(length, chunk)
+    blocks = [(0, whole, chunk)] if whole else []
+    return blocks + ([(whole * chunk, 1, tail)] if tail else [])
+
+
+def as_chunks(x: Tensor, start: int, count: int, size: int) -> Tensor:
+    """(B, H, T, …) → (B, H, count, size, …) for the steps start … start + count·size − 1."""
+    return x[:, :, start : start + count * size].reshape(*x.shape[:2], count, size, *x.shape[3:])
+
+
+def solve_unit_lower(strict: Tensor, rhs: Tensor) -> Tensor:
+    """X with (I + strict) X = rhs, ``strict`` strictly lower triangular: the UT transform (arXiv:2406.06484 §3),
+    applied to the right-hand sides by forward substitution, never formed as an inverse."""
+    eye = torch.eye(strict.shape[-1], dtype=strict.dtype, device=strict.device)
+    return torch.linalg.solve_triangular(eye + strict, rhs, upper=False, unitriangular=True)
+
+
+def outer(x: Tensor, y: Tensor) -> Tensor:
+    """x yᵀ as a product with inner dimension 1: a rank-1 write is 2·m·n FLOPs, which FlopCounterMode charges it."""
+    return x.unsqueeze(-1) @ y.unsqueeze(-2)
+
+
+def vecmat(x: Tensor, m: Tensor) -> Tensor:
+    """(…, K) · (…, K, V) → (…, V)."""
+    return (x.unsqueeze(-2) @ m).squeeze(-2)
+
+
+def zero_state(like: Tensor, d_k: int, d_v: int, initial: Tensor | None) -> Tensor:
+    return like.new_zeros(*like.shape[:2], d_k, d_v) if initial is None else initial
+
+
+def l2norm(x: Tensor) -> Tensor:
+    """x / √(Σx² + ε): fla's ``l2norm_fwd`` (use_qk_l2norm_in_kernel)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + _L2_EPS)
+
+
+def short_conv(x: Tensor, before: Tensor | None, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """SiLU(causal depthwise conv) of x (B, T, C) with weight (C, K), ``before`` (B, K − 1, C) the inputs preceding
+    this piece (zero at the start); and the last K − 1 inputs, for the next piece."""
+    length, taps = x.shape[1], weight.shape[1]
+    if before is None:
+        before = x.new_zeros(x.shape[0], taps - 1, x.shape[2])
+    joined = torch.cat([before, x], dim=1)  # (B, K − 1 + T, C)
+    y = joined[:, :length] * weight[:, 0]
+    for j in range(1, taps):  # y_t = Σ_j w_j x_{t−K+1+j}
+        y = y + joined[:, j : j + length] * weight[:, j]
+    return F.silu(y), joined[:, length:]
+
+
+# ---------------------------------------------------------------------------------------------------- cores
+def delta_rule_recurrent(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The (gated) delta rule one token at a time; g None: DeltaNet. q, k (B, H, T, d_k), v (B, H, T, d_v), g and
+    β (B, H, T), ``initial`` (B, H, d_k, d_v) or zero. Returns o (B, H, T, d_v) and the state after the last token.
+    Per token and head three products of d_k·d_v (k_tᵀH, k_t δ_tᵀ, q_tᵀH): 6·d_k·d_v FLOPs."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    scale = d_k**-0.5
+    state = zero_state(q, d_k, d_v, initial)
+    out = []
+    for t in range(length):
+        if g is not None:
+            state = state * g[:, :, t].exp()[..., None, None]  # α_t H_{t−1}, out of place for autograd
+        delta = beta[:, :, t, None] * (v[:, :, t] - vecmat(k[:, :, t], state))  # (B, H, d_v)
+        state = state + outer(k[:, :, t], delta)
+        out.append(vecmat(q[:, :, t] * scale, state))
+    y = torch.stack(out, dim=2) if out else v.new_zeros(batch, heads, 0, d_v)
+    return y, state
+
+
+def delta_rule_chunked(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, chunk: int, initial: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The (gated) delta rule in its chunked WY/UT form (module notes); shapes as ``delta_rule_recurrent``."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    q = q * d_k**-0.5
+    state = zero_state(q, d_k, d_v, initial)
+    out: list[Tensor] = []
+    for start, count, size in chunk_blocks(length, chunk):
+        qc, kc, vc = (as_chunks(x, start, count, size) for x in (q, k, v))  # (B, H, N, C, d)
+        bc = as_chunks(beta, start, count, size)  # (B, H, N, C)
+        causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        if g is None:
+            decays = causal.to(q.dtype)
+            k_rhs, q_dec, k_dec, last = bc[..., None] * kc, qc, kc, None
+        else:
+            cum = as_chunks(g, start, count, size).cumsum(-1)  # G_t, (B, H, N, C)
+            decays = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, -math.inf).exp()  # L
+            k_rhs = (bc * cum.exp())[..., None] * kc  # βγK
+            q_dec = qc * cum.exp()[..., None]  # γQ
+            k_dec = kc * (cum[..., -1:] - cum).exp()[..., None]  # K γ_c/γ
+            last = cum[..., -1].exp()  # γ_c, (B, H, N)
+        strict = (bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * decays).tril(-1)  # A, (B, H, N, C, C)
+        u, w = solve_unit_lower(strict, torch.cat([bc[..., None] * vc, k_rhs], dim=-1)).split([d_v, d_k], dim=-1)
+        scores = (qc @ kc.transpose(-1, -2)) * decays  # QKᵀ ⊙ L, (B, H, N, C, C)
+        for i in range(count):  # across chunks: the state, one chunk after another
+            delta = u[:, :, i] - w[:, :, i] @ state  # Δ, (B, H, C, d_v)
+            out.append(q_dec[:, :, i] @ state + scores[:, :, i] @ delta)
+            if last is not None:
+                state = last[:, :, i, None, None] * state
+            state = state + k_dec[:, :, i].transpose(-1, -2) @ delta
+    y = torch.cat(out, dim=2) if out else v.new_zeros(batch, heads, 0, d_v)
+    return y, state
+
+
+def fla_function(module: str, name: str) -> Any:
+    """One of flash-linear-attention's kernels (ImportError where the package is missing)."""
+    return getattr(importlib.import_module(module), name)
+
+
+# fla's chunked kernel for each model: module, function.
+FLA_KERNELS = {
+    GATED: ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    PLAIN: ("fla.ops.delta_rule", "chunk_delta_rule"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------- state
+class DeltaState:
+    """One layer's decode state: the inputs the next token's mixing needs (the conv's last inputs, RWKV-7's previous
+    token) and the matrix memory; and the buffers a step computes the next ones into (not part of ``tensors``)."""
+
+    def __init__(self, inputs: Tensor, memory: Tensor) -> None:
+        self.inputs, self.memory = inputs, memory
+        self.next_inputs, self.next_memory = torch.empty_like(inputs), torch.empty_like(memory)
+        self.stepped = False
+
+    def tensors(self) -> Iterator[Tensor]:
+        yield self.inputs
+        yield self.memory
+
+    def set_next(self, inputs: Tensor, memory: Tensor) -> None:
+        self.next_inputs.copy_(inputs)
+        self.next_memory.copy_(memory)
+        self.stepped = True
+
+    def advance(self) -> None:
+        if not self.stepped:
+            raise ValueError("advance() needs a step first")
+        self.inputs.copy_(self.next_inputs)
+        self.memory.copy_(self.next_memory)
+        self.stepped = False
+
+    def drop_scratch(self) -> None:
+        del self.next_inputs, self.next_memory  # a step after this has nowhere to write: the state is being measured
+
+
+class DecodingLayer(nn.Module):
+    """The decode protocol of a layer whose ``mix`` maps (input, inputs before, memory) to (output, inputs after,
+    memory after) in a given form."""
+
+    form: str
+
+    def mix(
+        self, x: Tensor, before: Tensor | None, memory: Tensor | None, form: str, *, output: bool = True
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        raise NotImplementedError
+
+    def state_shapes(self, batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of the carried inputs and of the memory."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        y, _, _ = self.mix(x, None, None, self.form)
+        assert y is not None
+        return y
+
+    def init_state(self, batch: int, capacity: int) -> DeltaState:
+        """The carried inputs and the memory at zero; the same size after any number of tokens (``capacity`` does not
+        matter)."""
+        weight = next(self.parameters())
+        inputs, memory = self.state_shapes(batch)
+        return DeltaState(
+            torch.zeros(inputs, device=weight.device, dtype=weight.dtype),
+            torch.zeros(memory, device=weight.device, dtype=core_dtype(weight.dtype)),
+        )
+
+    def prefill(self, x: Tensor, state: DeltaState, *, output: bool = True) -> Tensor | None:
+        """The layer's own form over the context, from the state it carries; the state after its last token."""
+        y, inputs, memory = self.mix(x, state.inputs, state.memory, self.form, output=output)
+        state.inputs.copy_(inputs)
+        state.memory.copy_(memory)
+        return y
+
+    def step(self, x: Tensor, state: DeltaState) -> Tensor:
+        """(B, 1, d_model) -> (B, 1, d_model): one step of the recurrence; the state stays as it was."""
+        y, inputs, memory = self.mix(x, state.inputs, state.memory, "recurrent")
+        state.set_next(inputs, memory)
+        assert y is not None
+        return y
+
+
+# ---------------------------------------------------------------------------------------------------- the layer
+class DeltaNet(DecodingLayer):
+    """One (Gated) DeltaNet layer, (B, T, d_model) -> (B, T, d_model) (module notes)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        *,
+        gated: bool = True,
+        head_dim: int = 0,
+        expand_v: int = 2,
+        d_conv: int = 4,
+        output_gate: bool = True,
+        chunk: int = 64,
+        form: str = "chunked",
+        kernel: str = "torch",
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("heads", heads), ("expand_v", expand_v), ("d_conv", d_conv), ("chunk", chunk)):
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if head_dim == 0 and d_model % heads:
+            raise ValueError(f"heads {heads} must divide d_model {d_model} where head_dim is 0")
+        if form not in FORMS:
+            raise ValueError(f"unknown form {form!r}; one of: {', '.join(FORMS)}")
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; one of: {', '.join(KERNELS)}")
+        self.d_model, self.heads, self.gated, self.output_gate = d_model, heads, gated, output_gate
+        self.d_k = head_dim or d_model // heads
+        self.d_v = self.d_k * expand_v
+        self.d_conv, self.chunk, self.form, self.kernel = d_conv, chunk, form, kernel
+        self.conv_dim = heads * (2 * self.d_k + self.d_v)
+        self.widths = [self.conv_dim, heads, heads if gated else 0, heads * self.d_v if output_gate else 0]
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
+        # One projection to q, k, v, β, the decay's input and the output gate: one matmul, fla's weights side by side.
+        self.in_proj = nn.Linear(d_model, sum(self.widths), bias=False, **kw)
+        bound = 1 / math.sqrt(d_conv)  # nn.Conv1d's default, as fla's ShortConvolution (an nn.Conv1d)
+        self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, d_conv, **kw).uniform_(-bound, bound))
+        if gated:
+            # fla's initialisation: A ~ U(0, 16); dt log-uniform in [1e-3, 0.1], stored as its inverse softplus.
+            self.A_log = nn.Parameter(torch.empty(heads, **kw).uniform_(0, 16).log())
+            dt = torch.exp(torch.rand(heads, device=device) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+            dt = dt.clamp(min=1e-4)
+            self.dt_bias = nn.Parameter((dt + torch.log(-torch.expm1(-dt))).to(dtype or torch.get_default_dtype()))
+        self.norm_weight = nn.Parameter(torch.ones(self.d_v, **kw))  # one (d_v,) weight shared by the heads, as fla's
+        self.out_proj = nn.Linear(heads * self.d_v, d_model, bias=False, **kw)
+
+    def state_shapes(self, batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (batch, self.d_conv - 1, self.conv_dim), (batch, self.heads, self.d_k, self.d_v)
+
+    def mix(
+        self, x: Tensor, before: Tensor | None, memory: Tensor | None, form: str, *, output: bool = True
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        batch, length, _ = x.shape
+        heads, d_k, d_v = self.heads, self.d_k, self.d_v
+        qkv, b, a, gate = self.in_proj(x).split(self.widths, dim=-1)
+        mixed, inputs = short_conv(qkv, before, self.conv_weight)
+        acc = core_dtype(x.dtype)
+        q, k, v = mixed.to(acc).split([heads * d_k, heads * d_k, heads * d_v], dim=-1)
+        q = l2norm(q.view(batch, length, heads, d_k)).transpose(1, 2)  # (B, H, T, d_k)
+        k = l2norm(k.view(batch, length, heads, d_k)).transpose(1, 2)  # (B, H, T, d_k)
+        v = v.view(batch, length, heads, d_v).transpose(1, 2)  # (B, H, T, d_v)
+        beta = b.to(acc).sigmoid().transpose(1, 2)  # (B, H, T)
+        g = None
+        if self.gated:
+            g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)  # (B, H, T)
+        if self.kernel == "fla" and form == "chunked":
+            y, final = self._fla(q, k, v, g, beta, memory, x.dtype, final=memory is not None)
+        elif form == "chunked":
+            y, final = delta_rule_chunked(q, k, v, g, beta, self.chunk, memory)
+        else:
+            y, final = delta_rule_recurrent(q, k, v, g, beta, memory)
+        if not output:
+            return None, inputs, final
+        y = y.transpose(1, 2)  # (B, T, H, d_v)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + _NORM_EPS) * self.norm_weight.to(acc)
+        if self.output_gate:
+            y = y * F.silu(gate.to(acc).view(batch, length, heads, d_v))  # fla's FusedRMSNormGated
+        return self.out_proj(y.reshape(batch, length, heads * d_v).to(x.dtype)), inputs, final
+
+    def _fla(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor | None,
+        beta: Tensor,
+        memory: Tensor | None,
+        dtype: torch.dtype,
+        *,
+        final: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """The chunked core as fla's kernel, in its layout: q, k, v (B, T, H, D) in the model's dtype, g (log decay)
+        and β (B, T, H) after their activations, the state (B, H, d_k, d_v) in float32; scale 1/√d_k as ours."""
+        q, k, v = (t.transpose(1, 2).to(dtype) for t in (q, k, v))
+        kernel = fla_function(*FLA_KERNELS[GATED if self.gated else PLAIN])
+        gates = (g.transpose(1, 2),) if g is not None else ()
+        y, state = kernel(
+            q,
+            k,
+            v,
+            *gates,
+            beta.transpose(1, 2).to(dtype),
+            scale=self.d_k**-0.5,
+            initial_state=memory,
+            output_final_state=final,
+        )
+        if state is None:  # a forward keeps no state
+            state = q.new_empty(0)
+        return y.transpose(1, 2).to(core_dtype(dtype)), state
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, heads={self.heads}, d_k={self.d_k}, d_v={self.d_v}, gated={self.gated}, "
+            f"output_gate={self.output_gate}, d_conv={self.d_conv}, chunk={self.chunk}, form={self.form}, "
+            f"kernel={self.kernel}"
+        )
+
+
+class DeltaNetStack(LayerStack):
+    """``layers`` layers applied in turn (scope core: the layers alone, as nn.LSTM(num_layers=…) stacks)."""
+
+    def __init__(self, d_model: int, heads: int, layers: int, **options: Any) -> None:
+        super().__init__([DeltaNet(d_model, heads, **options) for _ in range(layers)])
+
+
+def _options(case: Case) -> dict[str, Any]:
+    names = ("head_dim", "expand_v", "d_conv", "output_gate", "chunk", "form", "kernel")
+    return {"gated": case.model == GATED} | {name: FAMILY.option(case, name) for name in names}
+
+
+def kernel_problem(case: Case, device_type: str) -> str | None:
+    """Why ``kernel: fla`` cannot run ``case`` here (found before building), or None."""
+    what = f"{case.model} kernel fla"
+    if device_type != "cuda":
+        return f"{what}: flash-linear-attention's kernels are Triton, CUDA only"
+    if case.model == PLAIN and case.dtype in ("float32", "float64"):
+        return f"{what}: chunk_delta_rule takes float16 and bfloat16 only (it asserts q.dtype != float32)"
+    return None
+
+
+class DeltaNetTorch(NetworkFamily):
+    def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        options = {**_options(case), "device": device, "dtype": dtype}
+        heads = case.heads or 1
+        return recurrent_network(
+            case,
+            lambda: DeltaNetStack(case.d_model, heads, case.layers, **options),
+            lambda _: DeltaNet(case.d_model, heads, **options),
+            case.d_model,
+            device,
+            dtype,
+        )
+
+    def unavailable(self, case: Case, device_type: str) -> str | None:
+        """Why the fused kernel (``kernel: fla``) cannot run here, found before building."""
+        if FAMILY.option(case, "kernel") != "fla":
+            return None
+        return kernel_problem(case, device_type) or package_problem(
+            f"{case.model} kernel fla", FLA_KERNELS[case.model][0]
+        )
+
+
+TORCH = DeltaNetTorch()
