@@ -255,7 +255,7 @@ def selfcheck(
     most = max(least, max_rounds or MAX_ROUNDS_FACTOR * least)
     count = len(ops_for(resolved.split(":")[0], quick=quick))
     stderr.print(
-        f"selfcheck: {count} ops on {resolved}, {least} interleaved rounds each (up to {most} while undecided), "
+        f"selfcheck: {count} ops on {resolved}, {least} paired rounds each (up to {most} while undecided), "
         f"within a {format_duration(budget_s)} budget (--budget-s)",
         markup=False,
     )
@@ -282,7 +282,7 @@ def selfcheck(
     table = Table(
         title=(
             f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, {timings.threads} "
-            f"threads, {plural(timings.rounds, 'interleaved round')}; ratio = attnbench / reference (median of "
+            f"threads, {plural(timings.rounds, 'paired round')}; ratio = attnbench / reference (median of "
             "per-round ratios)"
         ),
         title_justify="left",

@@ -1,26 +1,32 @@
 """``attnbench selfcheck``: our timer against the timers the field already trusts (issue 3, item 6).
 
-Each op of a fixed list is timed, in one process, by attnbench (``timing.measure`` with ``clocks.clock_for`` and
-the default ``TimingPolicy``, under ``torch.inference_mode`` as the executor times a forward) and by the
-references:
+Each op of a fixed list is timed, in one process, by attnbench (``timing.adaptive.measure`` with
+``clocks.clock_for``, under ``torch.inference_mode`` as the executor times a forward) and by the references, in
+**paired rounds**: a round is one short block of each timer on the same callable and inputs, back to back (the
+order alternating), and its ratio attnbench / reference compares neighbours in time. A shared, noisy machine
+drifts over seconds and minutes, and a two-thread CPU process may be fast or slow as a whole (issue 30): both
+timers of a round see the same state of the machine and the process, so drift cancels in the ratio, and many
+short rounds give a tight interval in the time a few long ones took (issue 38: long interleaved rounds, each a
+whole measurement of seconds, left 7 of 8 ops undecided after two minutes on a quiet 2-core VM).
 
-* ``torch.utils.benchmark.Timer(...).blocked_autorange(min_run_time=…)`` with ``num_threads`` set to torch's
+* attnbench: ``measure`` with a block's policy (``block_policy``: sampling for one block's time, no CI target,
+  one warm-up call as the op is warm already), after one full measurement that warms the op up.
+* ``torch.utils.benchmark.Timer(...).blocked_autorange(min_run_time=block)`` with ``num_threads`` set to torch's
   real thread count (Timer's default is 1). It picks a block size — calls per timed block, powers of 10 —
   until timer overhead is ≤ 0.01 % of a block (or a block exceeds min_run_time), then times blocks until
   min_run_time has passed; its timer synchronises the accelerator at both ends of each block. ``.median`` is the
   median over blocks of block time / number_per_run.
 * on a GPU, ``triton.testing.do_bench(fn, return_mode="median")`` when triton imports: CUDA events around every
-  single call (no batching), after ~25 ms of warm-up, for ~100 ms; it returns milliseconds. Left alone it zeroes
-  a 256 MiB buffer before each call, so L2 starts cold and the host launches the call while the memset runs
+  single call (no batching), after a short warm-up, for about a block's time; it returns milliseconds. Left alone
+  it zeroes a 256 MiB buffer before each call, so L2 starts cold and the host launches the call while the memset runs
   (which hides its launch cost), where attnbench's default keeps L2 warm with calls back to back. To compare
   like with like, do_bench runs here with its flush turned off (``flush_free``): both timers see warm L2 and
   back-to-back calls, as a sweep's default ``cache: warm`` does. (attnbench's ``cache: cold`` waits for its
   flush before the start event, so it would read do_bench's hidden launch latency as a disagreement.)
 
-The timers run interleaved — rounds of A, B (, C), the order rotating each round — and the verdict uses the
-median of the per-round ratios (attnbench / reference), so drift of a shared, noisy machine cancels rather
-than landing on whichever timer ran last. An op whose reference median is ≥ 100 µs must agree within ±5 %
-(torch.utils.benchmark) or ±3 % (do_bench); shorter ops are shown but not gated.
+The verdict uses the median of the per-round ratios (attnbench / reference) and their interval. An op whose
+reference median is ≥ 100 µs must agree within ±5 % (torch.utils.benchmark) or ±3 % (do_bench); shorter ops are
+shown but not gated.
 
 The values and verdicts are ``analysis.selfcheck`` (torch-free); this module measures, importing torch when called.
 """
@@ -44,18 +50,19 @@ from attnbench.sweeps.events import Progress
 if TYPE_CHECKING:
     import torch
 
-ROUNDS, QUICK_ROUNDS = 7, 3
-MAX_ROUNDS_FACTOR = 3  # an op that is still inconclusive gets rounds added, up to this many times the rounds asked
+ROUNDS, QUICK_ROUNDS = 12, 4
+MAX_ROUNDS_FACTOR = 10  # an op that is still inconclusive gets rounds added, up to this many times the rounds asked
 # The wall time the whole check may take by default: a self-check that runs past a few minutes is not run. Rounds
 # are checked against it before they start (one that would not fit is not started), so it is a bound, not a wish.
 DEFAULT_BUDGET_S = 120.0
 # The first pass gives each op this share of what is left per op; the rest is for the rounds undecided ops need.
 FIRST_PASS_SHARE = 0.7
 
-# blocked_autorange's min_run_time per round: its default, and a quarter of it for a quick run.
-MIN_RUN_TIME_S, QUICK_MIN_RUN_TIME_S = 0.2, 0.05
-QUICK_MAX_CASE_S = 1.0  # each attnbench measurement of a quick run
-# Each attnbench measurement of a full run: the default policy's 10 s would let one noisy op's round eat the budget.
+# Each timer's block in a round (blocked_autorange's min_run_time; attnbench's sampling time): short, so that the two
+# blocks of a round are neighbours in time; long against a call and the clock's resolution.
+MIN_RUN_TIME_S, QUICK_MIN_RUN_TIME_S = 0.05, 0.02
+QUICK_MAX_CASE_S = 1.0  # the warm-up measurement of a quick run
+# The warm-up measurement of a full run: the default policy's 10 s would let one slow op's warm-up eat the budget.
 MAX_CASE_S = 2.0
 
 
@@ -116,8 +123,23 @@ def ops_for(device_type: str, *, quick: bool = False) -> list[SelfcheckOp]:
 
 
 def policy_for(quick: bool) -> TimingPolicy:
-    """The default policy, each measurement capped at ``MAX_CASE_S`` (quick: ``QUICK_MAX_CASE_S``)."""
+    """The warm-up measurement's policy: the default, capped at ``MAX_CASE_S`` (quick: ``QUICK_MAX_CASE_S``)."""
     return replace(TimingPolicy(), max_case_s=QUICK_MAX_CASE_S if quick else MAX_CASE_S)
+
+
+def block_policy(block_s: float) -> TimingPolicy:
+    """attnbench's measurement in one round: about ``block_s`` of samples (at least five), no CI target to chase (the
+    rounds' spread is the interval), one warm-up call (the op is warm), no audit (the warm-up measurement had one)."""
+    return TimingPolicy(
+        target_ci=1.0,
+        min_samples=5,
+        min_time_s=block_s,
+        max_case_s=4 * block_s + 0.5,
+        warmup_min_calls=1,
+        warmup_max_s=block_s,
+        warmup_audit=0,
+        process_warmup_s=0.0,
+    )
 
 
 def run_selfcheck(
@@ -285,19 +307,23 @@ def _check_op(
         if reason is not None:
             return OpTimings(op, skipped=reason)
     clock = clock_for(dev)
+    block = block_policy(min_run_time)
     with _built(op, dev) as fn, torch.inference_mode():
         # Timer's default num_threads is 1; compare like with like.
         timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        if until is None or now() + policy.max_case_s < until:
+            measure(fn, clock, policy)  # one full measurement warms the op up: the rounds' blocks are short
 
         def ours() -> float:
-            return measure(fn, clock, policy).median_s
+            return measure(fn, clock, block).median_s
 
         def reference_timer() -> float:
             return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
         def reference_do_bench() -> float:
             assert do_bench is not None
-            return float(do_bench(fn, return_mode="median")) / 1e3  # do_bench answers in milliseconds
+            rep_ms = max(1.0, min_run_time * 1e3)
+            return float(do_bench(fn, warmup=1, rep=rep_ms, return_mode="median")) / 1e3  # milliseconds
 
         runners: dict[str, Callable[[], float]] = {"attnbench": ours, TIMER: reference_timer}
         if DO_BENCH in timers:
@@ -313,9 +339,9 @@ def _check_op(
 
         least, most = rounds
         r = len(medians["attnbench"])
-        # Until a round of this op has run, what one can take at most: attnbench's budget and the reference's run
-        # time, twice (blocked_autorange may overrun it by a block); after, the slowest round seen.
-        slowest = policy.max_case_s + 2 * min_run_time * (len(names) - 1)
+        # Until a round of this op has run, what one can take at most: attnbench's block budget and the reference's
+        # run time, twice (blocked_autorange may overrun it by a block); after, the slowest round seen.
+        slowest = block.max_case_s + 2 * min_run_time * (len(names) - 1)
         measured = False
         while r < least or (r < most and decided is not None and not decided(so_far())):
             began = now()

@@ -38,7 +38,7 @@ def render_markdown(report: SelfcheckReport) -> str:
     timings = report.timings
     notes = [*timings.notes, *([noise] if noise else [])]
     gates = " / ".join(f"±{TOLERANCE[t]:.0%} against {t}" for t in timings.timers)
-    rounds = plural(timings.rounds, "interleaved round")
+    rounds = plural(timings.rounds, "paired round")
     lines = [
         f"# attnbench selfcheck — {timings.device} ({timings.device_name})",
         "",

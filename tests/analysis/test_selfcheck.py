@@ -334,7 +334,7 @@ def test_quick_selfcheck_on_cpu(tmp_path: Path) -> None:
     args = ["selfcheck", "--device", "cpu", "--quick", "--rounds", "1", "--max-rounds", "1", "-o", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code in (0, 1, EXIT_INCONCLUSIVE), result.output
-    for text in ("attnbench", TIMER, "verdict", "matmul", "sdpa-flash", "vanilla", "lstm", "1 interleaved round;"):
+    for text in ("attnbench", TIMER, "verdict", "matmul", "sdpa-flash", "vanilla", "lstm", "1 paired round;"):
         assert text in result.output
     assert "within a 2 min budget (--budget-s)" in result.output and "of its 2 min budget" in result.output
     # Invoked inside this test session, the budget starts at the call, not at the session's start.
