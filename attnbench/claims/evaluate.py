@@ -8,6 +8,7 @@ from typing import Any
 
 from attnbench.claims.descriptive import claim_heads, claim_positional, claim_structure
 from attnbench.claims.flash import claim_flash
+from attnbench.claims.hybrid import hybrid_notes
 from attnbench.claims.selection import latest_rows
 from attnbench.claims.sequential import claim_sequential
 from attnbench.claims.training import claim_training
@@ -68,5 +69,5 @@ def evaluate_claims(run: Run, results: Sequence[Result]) -> ClaimsReport:
         claim_positional(run, whole),
         *claim_structure(),
     ]
-    notes = (NVML_NOTE, INTERVALS_NOTE)
+    notes = (NVML_NOTE, INTERVALS_NOTE, *hybrid_notes(results))
     return ClaimsReport(run.run_id, _device_words(run), ARTICLE_HARDWARE, tuple(rows), notes)
