@@ -119,6 +119,18 @@ def test_publishing_again_adds_the_new_runs_and_rewrites_only_what_changed(tmp_p
     }
 
 
+def test_a_run_with_a_zero_peak_publishes_again_and_again(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    first, second = synthetic_runs(runs, [1.0, 1.0], only=STEPPED)
+    rows = [json.loads(line) for line in (first / "results.jsonl").read_text().splitlines()]
+    rows[0]["memory"]["peak_bytes"] = 0  # a tiny case below what resident pages resolve
+    (first / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    site = tmp_path / "site"
+    publish(str(first), "-o", str(site))
+    assert "1 runs (0 new)" in publish(str(first), "-o", str(site))  # it read its own digest back
+    assert "2 runs (1 new)" in publish(str(second), "-o", str(site))
+
+
 def test_the_committed_example_is_what_publish_makes(tmp_path: Path) -> None:
     """results/site-example-cpu/ was made by publish from the example runs; a change to the pages shows here
     (regenerate it with the command in results/README.md)."""
