@@ -224,6 +224,15 @@ def test_a_user_model_calling_sys_exit_is_its_rows_error_not_the_sweeps_exit_cod
         ([entry("My X", "byo_layers.layers:build")], "is not allowed", "models[0].name"),
         ([{"name": "my-x", "factory": "byo_layers.layers:build"}], "kind", "models[0]"),
         (["lstmm"], "unknown model 'lstmm'", "models[0]"),
+        # Values a stored row could not hold or read back (issue 38): readers cap numbers at 2**62, JSON has no
+        # infinity, and a case's key is joined with | and =.
+        ([entry("my-x", "byo_layers.layers:build", width=1e308)], "at most 2**62", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", width=10**30)], "at most 2**62", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", width=float("inf"))], "finite", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", width=[1.0, float("nan")])], "finite", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", tag="a|width=2")], "key", "models[0].options.tag"),
+        ([entry("my-x", "byo_layers.layers:build", tag=["a", "b=c"])], "key", "models[0].options.tag[1]"),
+        ([entry("my-x", "byo_layers.layers:build", **{"a|b": 1})], "key", "models[0].options.a|b"),
     ],
 )
 def test_bad_user_models_are_refused_at_validate(
