@@ -53,6 +53,40 @@ def test_an_alert_only_when_the_newest_run_confirms_a_worse_step(tmp_path: Path)
     assert not alert.exists()
 
 
+@pytest.mark.parametrize("target", ["notes", "rows", "folder", "link"])
+def test_an_alert_path_that_is_not_an_alert_is_refused_and_kept(tmp_path: Path, target: str) -> None:
+    """Without a new step the alert file is removed: before issue 38 whatever --alert named went, a run's
+    results.jsonl or someone's notes included, and a folder was a traceback."""
+    folder = tmp_path / "runs"
+    synthetic_runs(folder, [1.0] * 4, only=STEPPED)  # no step: the path given is what gets removed
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    alert = {
+        "notes": notes,
+        "rows": sorted(folder.iterdir())[0] / "results.jsonl",
+        "folder": tmp_path,
+        "link": tmp_path / "alert.md",
+    }[target]
+    if target == "link":
+        alert.symlink_to(notes)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    result = runner.invoke(app, ["history", str(folder), "--fail-on-step", "--alert", str(alert)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("error:") == 1 and "Traceback" not in result.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()} == before
+
+
+def test_an_alert_it_wrote_and_an_empty_file_are_replaced_or_removed(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    synthetic_runs(folder, [1.0] * 4, only=STEPPED)
+    for content in ("<!-- attnbench-history-alert -->\n## an old alert\n", ""):
+        alert = tmp_path / "alert.md"
+        alert.write_text(content)
+        result = runner.invoke(app, ["history", str(folder), "--fail-on-step", "--alert", str(alert)])
+        assert result.exit_code == 0, result.output
+        assert not alert.exists()
+
+
 def test_a_faster_step_does_not_fail(tmp_path: Path) -> None:
     folder = tmp_path / "runs"
     synthetic_runs(folder, [1.0] * 6 + [0.7] * 2, only=STEPPED, sigma=0.01, case_sigma=0.005)

@@ -207,3 +207,49 @@ def test_arithmetic_on_values_at_the_bounds_stays_finite(extreme: Path, command:
     assert "Traceback" not in out.output
     if "html" not in command:  # a page's embedded PNGs are base64, where any word can appear
         assert not re.search(r"\b(inf|nan|Infinity|NaN)\b", out.stdout), out.stdout
+
+
+# ----------------------------------------------------------------------------------- -o never replaces an input
+@pytest.fixture
+def copied(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(FIXTURE, tmp_path / "runs" / "run"))
+
+
+def files_under(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+OUTPUTS_INTO_INPUT = [
+    (["report", "{run}", "-f", "json", "-o", "{run}/results.jsonl"], "results.jsonl"),
+    (["report", "{run}", "-f", "md", "-o", "{run}/notes/new.md"], "notes/new.md"),
+    (["claims", "{run}", "-f", "md", "-o", "{run}/run.json"], "run.json"),
+    (["compare", "{run}", "{run}", "-f", "md", "-o", "{run}/summary.md"], "summary.md"),
+    (["history", "{runs}", "-f", "md", "-o", "{run}/run.json"], "run.json"),
+    (["history", "{run}", "-f", "md", "-o", "{link}/run.json"], "run.json"),  # through a link to the run folder
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "target"), OUTPUTS_INTO_INPUT, ids=[" ".join(c[0][:1] + c[0][-1:]) for c in OUTPUTS_INTO_INPUT]
+)
+def test_an_output_inside_an_input_run_folder_is_refused(
+    copied: Path, tmp_path: Path, command: list[str], target: str
+) -> None:
+    (tmp_path / "link").symlink_to(copied)
+    before = files_under(tmp_path / "runs")
+    values = {"run": copied, "runs": copied.parent, "link": tmp_path / "link"}
+    out = runner.invoke(app, [part.format(**values) for part in command])
+    assert out.exit_code == 2, out.output
+    assert out.output.count("error:") == 1 and "Traceback" not in out.output
+    assert files_under(tmp_path / "runs") == before and not (copied / "notes").exists()
+
+
+def test_an_output_is_never_written_through_a_link(copied: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (tmp_path / "out.md").symlink_to(victim)
+    out = runner.invoke(app, ["report", str(copied), "-f", "md", "-o", str(tmp_path / "out.md")])
+    assert out.exit_code == 2 and out.output.count("error:") == 1, out.output
+    assert victim.read_text() == "keep me\n" and (tmp_path / "out.md").is_symlink()
+    fine = runner.invoke(app, ["report", str(copied), "-f", "md", "-o", str(tmp_path / "report.md")])
+    assert fine.exit_code == 0 and (tmp_path / "report.md").read_text().startswith("# attnbench run")
