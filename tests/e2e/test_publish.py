@@ -131,6 +131,23 @@ def test_a_run_with_a_zero_peak_publishes_again_and_again(tmp_path: Path) -> Non
     assert "2 runs (1 new)" in publish(str(second), "-o", str(site))
 
 
+@pytest.mark.parametrize("linked", ["assets", "data/runs", "cases"])
+def test_a_linked_folder_inside_a_site_is_refused_and_nothing_is_written(tmp_path: Path, linked: str) -> None:
+    """Before issue 38 only a file's own name was checked: a site whose assets/ had become a link to another folder
+    had that folder's site.css overwritten and new files made in it."""
+    site = tmp_path / "site"
+    first, second = synthetic_runs(tmp_path / "runs", [1.0, 1.0], only=STEPPED)
+    publish(str(first), "-o", str(site))
+    victim = tmp_path / "victim"
+    (site / linked).rename(victim)
+    (site / linked).symlink_to(victim)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    result = runner.invoke(app, ["publish", str(second), "-o", str(site)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("error:") == 1 and "Traceback" not in result.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()} == before
+
+
 def test_the_committed_example_is_what_publish_makes(tmp_path: Path) -> None:
     """results/site-example-cpu/ was made by publish from the example runs; a change to the pages shows here
     (regenerate it with the command in results/README.md)."""
