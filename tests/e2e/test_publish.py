@@ -148,6 +148,25 @@ def test_a_linked_folder_inside_a_site_is_refused_and_nothing_is_written(tmp_pat
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()} == before
 
 
+def test_stored_text_never_renders_as_markup_in_a_graph(tmp_path: Path) -> None:
+    """plotly renders <a href>, <b>, … in hover and annotation text: a run's label and an environment field reach
+    both, so they go in escaped (plotly decodes the entities after it has looked for tags)."""
+    link = '<a href="javascript:alert(1)">click</a>'
+    runs = tmp_path / "runs"
+    folders = synthetic_runs(runs, [1.0] * 4, environment={i: {"cpu_model": f"EPYC {link}"} for i in (2, 3)})
+    data = json.loads((folders[0] / "run.json").read_text())
+    (folders[0] / "run.json").write_text(json.dumps({**data, "label": f"nightly {link}"}))
+    site = tmp_path / "site"
+    publish(str(runs), "-o", str(site))
+    page = next((site / "cases").glob("tiny-*lstm-forward-float32-b-2-n-64-*.html"))
+    figure = figures(page)["median"]
+    texts = [str(cell) for trace in figure["data"] for row in trace["customdata"] for cell in row]  # type: ignore[attr-defined]
+    texts += [note["text"] for note in figure["layout"]["annotations"]]  # type: ignore[index]
+    assert not [t for t in texts if "<" in t or ">" in t]
+    assert 'nightly &lt;a href="javascript:alert(1)"&gt;click&lt;/a&gt;' in texts
+    assert any("EPYC &lt;a href=" in t for t in texts)
+
+
 def test_the_committed_example_is_what_publish_makes(tmp_path: Path) -> None:
     """results/site-example-cpu/ was made by publish from the example runs; a change to the pages shows here
     (regenerate it with the command in results/README.md)."""
