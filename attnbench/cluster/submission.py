@@ -154,8 +154,17 @@ def _slurm_args(items: Sequence[str]) -> dict[str, str]:
                 f"--slurm-arg {item!r}: expected KEY=VALUE, an sbatch option without its dashes",
                 hint="e.g. --slurm-arg account=myproj --slurm-arg qos=high --slurm-arg constraint=h100",
             )
+        if _CONTROL.search(value):
+            raise AttnbenchError(
+                f"--slurm-arg {item!r}: a control character (a newline, say) in the value",
+                hint="each value becomes one #SBATCH line of the job script: give one line of text",
+            )
         found[key] = value
     return found
+
+
+# sbatch reads its options from lines of the job script: a newline in a value would be a line of its own.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def default_folder(experiment: Experiment) -> Path:
@@ -168,6 +177,8 @@ def plan_submission(request: SubmitRequest) -> SubmitPlan:
         raise AttnbenchError(f"--executor {request.executor!r}", hint=f"one of: {', '.join(EXECUTORS)}")
     if request.array < 1:
         raise AttnbenchError(f"--array {request.array}: at least one task", hint="--array 1 submits the whole sweep")
+    if request.partition is not None and _CONTROL.search(request.partition):
+        raise AttnbenchError(f"--partition {request.partition!r}: a control character", hint="give a partition name")
     experiment = load_experiment(request.config, request.overrides, force=request.force)
     device = _task_device(request, experiment)
     if device not in ("cpu", "cuda"):

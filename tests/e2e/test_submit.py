@@ -298,6 +298,8 @@ def test_without_submitit_submit_says_how_to_install_it(
         (["--time", "soon"], "not a Slurm time limit"),
         (["--time", "1"], "before it could start"),
         (["--slurm-arg", "account"], "expected KEY=VALUE"),
+        (["--slurm-arg", "account=proj\n#SBATCH --wrap=evil"], "a control character"),  # issue 38: its own line
+        (["--partition", "gpu\n#SBATCH --wrap=evil"], "a control character"),
         (["--no-wait"], "--no-wait with --executor debug"),
         (["--device", "cuda", "--gpus-per-task", "0"], "the tasks would see no GPU"),
         (["--device", "tpu"], "not a device"),
