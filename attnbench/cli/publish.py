@@ -142,6 +142,12 @@ def publish(
         raise AttnbenchError(
             f"--commit-url: {commit_url!r} has no {{commit}}", hint="e.g. https://github.com/OWNER/REPO/commit/{commit}"
         )
+    if commit_url is not None and not re.match(r"https?://[^/?#{}\s]+/", commit_url):
+        # Every page links each commit through it: a javascript: or data: URL would run in the reader's browser.
+        raise AttnbenchError(
+            f"--commit-url: {commit_url!r} is not an http(s) address",
+            hint="e.g. https://github.com/OWNER/REPO/commit/{commit}",
+        )
     held = {d.run.run_id: d for d in read_site(output)}
     stored, warnings = load_runs(runs or [], skip_bad=skip_bad) if runs else ([], [])
     added = 0

@@ -186,6 +186,9 @@ def test_the_committed_example_is_what_publish_makes(tmp_path: Path) -> None:
         ("foreign", [], "holds files but no data/site.json"),
         ("none", [], "no runs to publish"),
         ("none", ["--commit-url", "https://x/"], "--commit-url: 'https://x/' has no {commit}"),
+        ("none", ["--commit-url", "javascript:alert('{commit}')"], "not an http(s) address"),  # issue 38
+        ("none", ["--commit-url", "{commit}"], "not an http(s) address"),
+        ("none", ["--commit-url", "data:text/html,{commit}"], "not an http(s) address"),
         ("digest", [], "data/runs/bad.json: schema"),
     ],
 )
