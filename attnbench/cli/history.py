@@ -222,7 +222,9 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
         return "no case of the step has a value on both sides to sweep"
     run = event.first_bad.run
     try:
-        pinned = load_experiment_text(resolved_text(run.config), run.config_source, one_case_sets(case), force=True)
+        # As stored (its users key says what each model the user brought was), narrowed to the one case.
+        stored = resolved_text(run.config)
+        pinned = load_experiment_text(stored, run.config_source, one_case_sets(case), force=True, stored=True)
         keys = [c.key for c in pinned.cases(case.device)]
     except AttnbenchError as exc:
         keys, why = [], exc.message

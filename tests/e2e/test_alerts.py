@@ -222,6 +222,40 @@ def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
     assert f"{commits[6]} is the first bad commit" in bisected.stdout, bisected.stdout + bisected.stderr
 
 
+@pytest.mark.slow
+def test_bisect_gives_commands_for_a_step_of_a_users_model(tmp_path: Path) -> None:
+    """A stored run's config names the models the user brought under ``users``; --bisect read it as a config one
+    writes, which has no such key, so a user model's step never got its commands (issue 38)."""
+    entry = {"name": "my-fine", "factory": "tests.measure.hostile_models:fine", "kind": "attention"}
+    config = tmp_path / "byo.yaml"
+    config.write_text(tiny_config("byo", models=[entry], grid={"batch": [1], "seq_len": [8]}))
+    swept = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "one")])
+    assert swept.exit_code == 0, swept.output
+    (template,) = (tmp_path / "one").iterdir()
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    runs = tmp_path / "runs"
+    for i, level in enumerate([1.0] * 4 + [1.3] * 4):
+        (repo / "notes.txt").write_text(f"commit {i}\n")
+        git(repo, "add", ".")
+        git(repo, "commit", "-q", "-m", f"commit {i}")
+        run = json.loads((template / "run.json").read_text())
+        code = {"commit": git(repo, "rev-parse", "HEAD"), "dirty": False, "branch": "main"}
+        run.update(run_id=f"byo-{i}", created_utc=f"2026-12-01T{i:02d}:00:00.000000Z", code=code)
+        rows = [json.loads(line) for line in (template / "results.jsonl").read_text().splitlines()]
+        for row in rows:
+            factor = level * (1 + 0.002 * ((i * 7) % 5))  # a little spread between runs, none within one
+            row["measurement"]["samples_s"] = [s * factor for s in row["measurement"]["samples_s"]]
+        (runs / f"run-{i}").mkdir(parents=True)
+        (runs / f"run-{i}" / "run.json").write_text(json.dumps(run))
+        (runs / f"run-{i}" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["history", str(runs), "--repo", str(repo), "--bisect", "-f", "md", "-o", "-"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout.split("## Where to look", 1)[1]
+    assert "bisect on `my-fine forward float32" in out and "git bisect run" in out, out
+
+
 def test_the_bisect_floor_is_the_spread_of_two_single_runs_the_history_measured(tmp_path: Path) -> None:
     # 8 runs a side of a +30 % step, the whole run moving σ 3 % and the case 1 % more (log): two single runs of the
     # case differ within about ±t·√2·√(0.03² + 0.01²) ≈ ±10 %, drift included; one estimate, so within a factor.
