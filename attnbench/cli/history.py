@@ -208,6 +208,7 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     from attnbench.analysis.alerts import representative_case
     from attnbench.analysis.bisect import bisect_hint, bisectable, gates_for, noise_floor_for, one_case_sets
     from attnbench.config.experiment import load_experiment_text, resolved_text
+    from attnbench.core.text import md_code, md_text
 
     good, bad = event.last_good.run.commit, event.first_bad.run.commit
     if not good or not bad:
@@ -231,7 +232,10 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     else:
         why = f"it gives {len(keys)} cases"
     if keys != [case.key]:
-        return f"commits `{good[:12]}..{bad[:12]}`; the config cannot be narrowed to `{case.label}` alone ({why})"
+        return (
+            f"commits `{good[:12]}..{bad[:12]}`; the config cannot be narrowed to {md_code(case.label)} alone "
+            f"({md_text(why)})"
+        )
     config = None if run.config_source.startswith("builtin:") else run.config_source
     # One process a side at each commit: the spread the history measured between its runs of this case, or the
     # machine's calibrated floor the last good run recorded, whichever is wider.
@@ -242,9 +246,9 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     if not bisectable(event.step.change, floor):
         return (
             f"commits `{good[:12]}..{bad[:12]}`; one run a commit cannot bisect this step of "
-            f"{format_percent(event.step.change)}: `{case.label}` moved ±{format_percent(floor or 0)} between two runs "
-            "here, more than the room between half the step and the whole; sweep with timing.processes (e.g. 5) "
-            "to bisect by hand"
+            f"{format_percent(event.step.change)}: {md_code(case.label)} moved ±{format_percent(floor or 0)} between "
+            "two runs here, more than the room between half the step and the whole; sweep with timing.processes "
+            "(e.g. 5) to bisect by hand"
         )
     return bisect_hint(
         case,

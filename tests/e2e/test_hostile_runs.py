@@ -253,3 +253,78 @@ def test_an_output_is_never_written_through_a_link(copied: Path, tmp_path: Path)
     assert victim.read_text() == "keep me\n" and (tmp_path / "out.md").is_symlink()
     fine = runner.invoke(app, ["report", str(copied), "-f", "md", "-o", str(tmp_path / "report.md")])
     assert fine.exit_code == 0 and (tmp_path / "report.md").read_text().startswith("# attnbench run")
+
+
+# ------------------------------------------------------------------------------ markup in a stored model's name
+MARKUP = "evil<script>alert(1)</script>[click](https://evil.example)|`x"
+
+
+@pytest.fixture
+def marked_up(tmp_path: Path) -> Path:
+    """A stored run whose lstm rows are a user model's named ``MARKUP`` (a row may name any model its user brought,
+    and a plugin's name is its entry point's), with a reason, a label and a telemetry note of the same."""
+    folder = Path(shutil.copytree(FIXTURE, tmp_path / "marked"))
+    run = json.loads((folder / "run.json").read_text())
+    run["label"] = f"nightly {MARKUP}"
+    rows = rows_of(folder)
+    for row in rows:
+        if row["case"]["model"] == "lstm":
+            row["case"]["model"] = MARKUP
+            row["case"]["user"] = {"factory": "pkg.mod:build", "kind": "recurrent"}
+            row["key"] = "x"
+            row["telemetry"] = {**TELEMETRY, "note": MARKUP}
+    failed = next(r for r in rows if r["status"] != "ok")
+    failed["reason"] = f"broke {MARKUP}"
+    return write(folder, run, rows)
+
+
+def outside_code(line: str) -> str:
+    """``line`` without its code spans (CommonMark: a run of backticks, not escaped, up to the next run of the same
+    length), where markup is text."""
+    kept, i = [], 0
+    while (opener := re.compile(r"(?<!\\)`+").search(line, i)) is not None:
+        kept.append(line[i : opener.start()])
+        closer = re.compile(rf"(?<!`){opener.group()}(?!`)").search(line, opener.end())
+        if closer is None:
+            kept.append(opener.group())
+            i = opener.end()
+        else:
+            i = closer.end()
+    return "".join(kept) + line[i:]
+
+
+def live_markup(text: str) -> list[str]:
+    """What a markdown renderer would read as a tag or a link: outside a code span, a < or a ]( not escaped."""
+    pattern = r"(?<!\\)<(?:script|/script)|(?<!\\)\]\(https?:"
+    return [line for line in text.splitlines() if re.search(pattern, outside_code(line))]
+
+
+MARKDOWN_OUTPUTS = [
+    ["report", "{run}", "-f", "md", "-o", "-"],
+    ["report", "{run}", "--telemetry", "-f", "md"],
+    ["claims", "{run}", "-f", "md"],
+    ["compare", "{run}", "{run}", "-f", "md"],
+    ["history", "{run}", "-f", "md"],
+]
+
+
+@pytest.mark.parametrize("command", MARKDOWN_OUTPUTS, ids=[" ".join(c[:1] + c[2:]) for c in MARKDOWN_OUTPUTS])
+@pytest.mark.slow
+def test_a_model_name_holding_markup_is_plain_text_in_every_markdown_output(
+    marked_up: Path, command: list[str]
+) -> None:
+    out = runner.invoke(app, [part.format(run=marked_up) for part in command])
+    assert out.exit_code in (0, 1), out.output
+    assert not live_markup(out.stdout), live_markup(out.stdout)
+    # Every table row still has as many cells as its header: no stored pipe split one.
+    for table in re.findall(r"((?:^\|.*\|$\n?)+)", out.stdout, re.M):
+        counts = {len(re.findall(r"(?<!\\)\|", line)) for line in table.splitlines()}
+        assert len(counts) == 1, table
+
+
+@pytest.mark.slow
+def test_summary_md_shows_markup_as_text(marked_up: Path) -> None:
+    write_run_files(marked_up)
+    summary = (marked_up / "summary.md").read_text()
+    assert not live_markup(summary)
+    assert "evil\\<script>alert(1)\\</script>[click]\\(https://evil.example)" in summary
