@@ -9,6 +9,7 @@ import io
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,27 @@ def test_summary_md_shows_markup_as_text(marked_up: Path) -> None:
     summary = (marked_up / "summary.md").read_text()
     assert not live_markup(summary)
     assert "evil\\<script>alert(1)\\</script>[click]\\(https://evil.example)" in summary
+
+
+@pytest.mark.parametrize("name", [f"evil{ATTACK}", "evil $\\nosuch$"], ids=["control", "mathtext"])
+@pytest.mark.slow
+def test_a_model_name_with_control_characters_or_mathtext_is_drawn_as_text(tmp_path: Path, name: str) -> None:
+    """matplotlib handed ESC and BEL of a stored model name to its missing-glyph warning, raw to the terminal, and
+    read $…$ as mathtext, where an unknown command stopped the drawing (issue 38)."""
+    pytest.importorskip("matplotlib")
+    folder = Path(shutil.copytree(FIXTURE, tmp_path / "drawn"))
+    rows = rows_of(folder)
+    for row in rows:
+        if row["case"]["model"] == "lstm":
+            row["case"]["model"] = name
+            row["case"]["user"] = {"factory": "pkg.mod:build", "kind": "recurrent"}
+            row["key"] = "x"
+    write(folder, json.loads((folder / "run.json").read_text()), rows)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = runner.invoke(app, ["report", str(folder), "--plots", "-f", "md", "-o", str(tmp_path / "r.md")])
+    assert out.exit_code == 0, out.output
+    assert len(list((folder / "plots").glob("*.png"))) >= 3
+    for warning in caught:
+        no_control(str(warning.message))
+    no_control(out.stderr)
