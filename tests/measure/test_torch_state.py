@@ -33,20 +33,27 @@ def set_sdpa_flash(on: bool) -> None:
 
 
 BACKENDS = torch.backends
-CHANGES: list[tuple[str, Callable[[], Any], Callable[[], None]]] = [
-    ("num_threads", torch.get_num_threads, lambda: torch.set_num_threads(torch.get_num_threads() + 1)),
-    ("default_dtype", torch.get_default_dtype, lambda: torch.set_default_dtype(torch.float64)),
-    ("grad_enabled", torch.is_grad_enabled, lambda: torch.set_grad_enabled(False)),
-    ("mkldnn.enabled", lambda: BACKENDS.mkldnn.enabled, lambda: setattr(BACKENDS.mkldnn, "enabled", False)),
-    ("cudnn.benchmark", lambda: BACKENDS.cudnn.benchmark, lambda: setattr(BACKENDS.cudnn, "benchmark", True)),
-    ("sdpa.flash", torch.backends.cuda.flash_sdp_enabled, lambda: set_sdpa_flash(False)),
-    (
+
+
+def setting(name: str, read: Callable[[], Any], change: Callable[[], None], *marks: Any) -> Any:
+    return pytest.param(name, read, change, marks=marks, id=name)
+
+
+CHANGES = [
+    setting("num_threads", torch.get_num_threads, lambda: torch.set_num_threads(torch.get_num_threads() + 1)),
+    setting("default_dtype", torch.get_default_dtype, lambda: torch.set_default_dtype(torch.float64)),
+    setting("grad_enabled", torch.is_grad_enabled, lambda: torch.set_grad_enabled(False)),
+    setting("mkldnn.enabled", lambda: BACKENDS.mkldnn.enabled, lambda: setattr(BACKENDS.mkldnn, "enabled", False)),
+    setting("cudnn.benchmark", lambda: BACKENDS.cudnn.benchmark, lambda: setattr(BACKENDS.cudnn, "benchmark", True)),
+    setting("sdpa.flash", torch.backends.cuda.flash_sdp_enabled, lambda: set_sdpa_flash(False)),
+    setting(  # the first switch to deterministic algorithms imports what they need: over a second
         "deterministic_algorithms",
         torch.are_deterministic_algorithms_enabled,
         lambda: torch.use_deterministic_algorithms(True, warn_only=True),
+        pytest.mark.slow,
     ),
-    ("default_device", torch.get_default_device, lambda: torch.set_default_device("meta")),
-    (
+    setting("default_device", torch.get_default_device, lambda: torch.set_default_device("meta")),
+    setting(
         "float32_matmul_precision",
         torch.get_float32_matmul_precision,
         lambda: torch.set_float32_matmul_precision("medium"),
@@ -54,7 +61,7 @@ CHANGES: list[tuple[str, Callable[[], Any], Callable[[], None]]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "read", "change"), CHANGES, ids=[c[0] for c in CHANGES])
+@pytest.mark.parametrize(("name", "read", "change"), CHANGES)
 def test_a_setting_a_block_changes_is_put_back_and_named(
     name: str, read: Callable[[], Any], change: Callable[[], None]
 ) -> None:
