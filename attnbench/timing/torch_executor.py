@@ -3,8 +3,8 @@
 Everything that is not the work itself — building the model, making inputs, probing the backend — happens
 outside the timed region. Failures become rows: an OOM is ``oom``, a backend that cannot run is
 ``unsupported``, anything else is ``error`` with the exception named. KeyboardInterrupt is not caught: the sweep
-loop owns what happens on Ctrl-C; nor is SystemExit, but for a user model's ``sys.exit(n)``, which is its row's
-``error``. What a case sets for the whole process (torch's threads, default dtype, backends) is undone after it.
+loop owns what happens on Ctrl-C. Nor is SystemExit, except from a user model (its ``sys.exit(n)`` is its row's
+``error``). What a case sets for the whole process (torch's threads, default dtype, backends) is undone after it.
 """
 
 from __future__ import annotations
