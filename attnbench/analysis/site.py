@@ -33,6 +33,7 @@ from attnbench.analysis.history import (
 )
 from attnbench.core.cases import Case
 from attnbench.core.errors import ResultsError
+from attnbench.results import fields
 from attnbench.results.fields import FieldError
 from attnbench.results.records import Result, Run
 from attnbench.results.store import StoredRun
@@ -113,11 +114,11 @@ class RowDigest:
             ):
                 raise FieldError(key, f"expected a positive number of seconds, found {value!r}")
             out[key] = None if value is None else float(value)
-        for key in ("peak_bytes", "bytes_moved"):
+        # Bounded as a stored row's are (results.records): a peak may be 0 (a tiny case the method cannot resolve),
+        # the compulsory traffic may not (RowDigest.of keeps only a positive one).
+        for key, least in (("peak_bytes", 0), ("bytes_moved", 1)):
             value = data.get(key)
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**62):
-                raise FieldError(key, f"expected a positive byte count, found {value!r}")
-            out[key] = value
+            out[key] = None if value is None else fields.integer(value, key, minimum=least)
         return cls(checked.case, status, **out)
 
 

@@ -29,4 +29,4 @@ def claims(
         return
     # A table written to a file is the markdown one, as with `report`.
     text = render_claims_json(report) if format == "json" else render_claims_markdown(report)
-    write_or_print(text, output)
+    write_or_print(text, output, reads=[stored.folder])

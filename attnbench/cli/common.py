@@ -232,25 +232,43 @@ def caused_by_interrupt(exc: BaseException) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- output, warnings
-def write_or_print(text: str, output: str | None) -> None:
+def refuse_input_as_output(output: Path, reads: Iterable[Path], flag: str = "-o") -> None:
+    """An ``AttnbenchError`` when ``output`` is, or leads through a link to, a path inside one of the run folders
+    ``reads`` (the command's own input): ``report RUN -o RUN/results.jsonl`` would replace the rows it read."""
+    target = output.resolve()
+    for folder in reads:
+        if target.is_relative_to(folder.resolve()):
+            raise AttnbenchError(
+                f"{flag} {output}: inside the run folder {folder}, which this command reads",
+                hint="write it outside every run folder (a run folder holds only what its sweep wrote)",
+            )
+
+
+def write_or_print(text: str, output: str | None, *, reads: Iterable[Path] = ()) -> None:
     """``text`` to stdout (no ``-o``, or ``-o -``) or to the file ``output``, saying where it went. Either way
-    control characters are escaped (``safe_text``: JSON stays valid and means the same, its escapes are JSON's)."""
+    control characters are escaped (``safe_text``: JSON stays valid and means the same, its escapes are JSON's).
+
+    A file is written whole (``results.files.write_atomic``), never through a link nor over anything but a regular
+    file, and never inside one of ``reads``, the run folders the command read (``refuse_input_as_output``)."""
+    from attnbench.results.files import write_atomic
+
     text = safe_text(text)
     if output in (None, "-"):
         sys.stdout.write(text)
         return
     path = Path(output)
+    refuse_input_as_output(path, reads)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise AttnbenchError(f"cannot write {path}: {exc.strerror}", hint="choose another -o path") from None
+    write_atomic(path, text)
     stderr.print(f"wrote {path}", markup=False)
 
 
-def print_json(data: Any, output: str | None = None) -> None:
+def print_json(data: Any, output: str | None = None, *, reads: Iterable[Path] = ()) -> None:
     """One JSON document (to stdout, or ``-o FILE``); control characters come out as JSON escapes, like every output."""
-    write_or_print(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", output)
+    write_or_print(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", output, reads=reads)
 
 
 def print_warnings(warnings: Iterable[str]) -> None:

@@ -130,12 +130,13 @@ def compare(
         allow_mismatch=frozenset(allow_mismatch or ()),
     )
     comparison = compare_paths(base, current, policy)
+    reads = [stored.folder for side in (comparison.base, comparison.current) for stored in side.runs]
     if format == "table" and output in (None, "-"):
         stdout.print(compare_table(comparison))
     elif format == "json":
-        write_or_print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False) + "\n", output)
+        write_or_print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False) + "\n", output, reads=reads)
     else:  # md, or a table written to a file (the markdown one, as with `report`)
-        write_or_print(render_compare_markdown(comparison), output)
+        write_or_print(render_compare_markdown(comparison), output, reads=reads)
     # Warnings after the result, on stderr: they are data about the runs, not part of the verdict table.
     print_warnings(comparison.warnings)
     if comparison.regressed:

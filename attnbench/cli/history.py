@@ -17,6 +17,7 @@ from attnbench.cli.common import (
     OutputOpt,
     handles_errors,
     print_warnings,
+    refuse_input_as_output,
     runs_alias,
     stderr,
     stdout,
@@ -102,6 +103,9 @@ def history(
     from attnbench.results.store import load_runs
 
     stored, warnings = load_runs(runs, skip_bad=skip_bad)
+    reads = [s.folder for s in stored]
+    if alert is not None:
+        check_alert_path(alert, reads)  # before anything is written: an alert replaces or removes only an alert
     change = 0.0 if min_change is None else parse_fraction(min_change, "--min-change")
     result = build_history(stored, metric=metric, patterns=tuple(case or ()), min_change=change, repo=repo)
     pictures = []
@@ -119,15 +123,15 @@ def history(
     if format == "table" and output in (None, "-"):
         stdout.print(history_tables(result))
     elif format == "csv":
-        write_or_print(render_history_csv(result), output)
+        write_or_print(render_history_csv(result), output, reads=reads)
     elif format == "json":
         from attnbench.report.history_json import render_history_json
 
-        write_or_print(render_history_json(result), output)
+        write_or_print(render_history_json(result), output, reads=reads)
     elif format == "html":
-        write_or_print(render_history_html(result, [(p.filename, p.png) for p in pictures]), output)
+        write_or_print(render_history_html(result, [(p.filename, p.png) for p in pictures]), output, reads=reads)
     else:  # md, or a table written to a file (the markdown one, as with `report`)
-        write_or_print(render_history_markdown(result), output)
+        write_or_print(render_history_markdown(result), output, reads=reads)
     print_warnings([*warnings, *result.warnings])
     # Where to look for a step's commit runs git and reads the run's config: once per step, though --bisect and the
     # alert both name it.
@@ -159,14 +163,43 @@ def history(
 
             text = render_alert(result, fresh, [look(e) for e in fresh])
             if alert is not None:
-                write_or_print(text, str(alert))
+                write_or_print(text, str(alert), reads=reads)
             else:
                 stderr.print(text, markup=False)
             if fail_on_step:
                 stderr.print(f"alert: the newest run confirmed {len(fresh)} new step(s) that made things worse")
                 raise typer.Exit(EXIT_CASE_FAILED)
         elif alert is not None and alert.exists():
-            alert.unlink()  # an alert of an earlier history must not be posted again
+            alert.unlink()  # an alert of an earlier history must not be posted again (check_alert_path: ours)
+
+
+ALERT_HINT = (
+    "--alert names the alert's own file: a new one, or one an earlier 'history --alert' wrote, which is replaced "
+    "when the newest run confirms a step and removed when it does not"
+)
+
+
+def check_alert_path(alert: Path, reads: list[Path]) -> None:
+    """``--alert`` names a file this command may replace or remove: a new or empty one, or an alert attnbench wrote
+    (it starts with ``ALERT_MARKER``). A folder, a link, a file inside a run folder or any other file is refused,
+    before anything is written: without a new step the alert file is deleted, and it must never be someone's."""
+    from attnbench.report.alerts_md import ALERT_MARKER
+    from attnbench.results.files import open_for_reading, refuse_special
+
+    refuse_input_as_output(alert, reads, "--alert")
+    try:
+        refuse_special(alert)
+        if not alert.exists():
+            return
+        marker = ALERT_MARKER.encode()
+        with open_for_reading(alert, ALERT_HINT) as handle:
+            head = handle.read(len(marker))
+    except AttnbenchError as exc:
+        raise AttnbenchError(f"--alert {exc.message}", hint=ALERT_HINT) from None
+    if head and head != marker:
+        raise AttnbenchError(
+            f"--alert {alert}: not an alert attnbench wrote, so it is neither replaced nor removed", hint=ALERT_HINT
+        )
 
 
 def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Where:
@@ -175,6 +208,7 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     from attnbench.analysis.alerts import representative_case
     from attnbench.analysis.bisect import bisect_hint, bisectable, gates_for, noise_floor_for, one_case_sets
     from attnbench.config.experiment import load_experiment_text, resolved_text
+    from attnbench.core.text import md_code, md_text
 
     good, bad = event.last_good.run.commit, event.first_bad.run.commit
     if not good or not bad:
@@ -189,14 +223,19 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
         return "no case of the step has a value on both sides to sweep"
     run = event.first_bad.run
     try:
-        pinned = load_experiment_text(resolved_text(run.config), run.config_source, one_case_sets(case), force=True)
+        # As stored (its users key says what each model the user brought was), narrowed to the one case.
+        stored = resolved_text(run.config)
+        pinned = load_experiment_text(stored, run.config_source, one_case_sets(case), force=True, stored=True)
         keys = [c.key for c in pinned.cases(case.device)]
     except AttnbenchError as exc:
         keys, why = [], exc.message
     else:
         why = f"it gives {len(keys)} cases"
     if keys != [case.key]:
-        return f"commits `{good[:12]}..{bad[:12]}`; the config cannot be narrowed to `{case.label}` alone ({why})"
+        return (
+            f"commits `{good[:12]}..{bad[:12]}`; the config cannot be narrowed to {md_code(case.label)} alone "
+            f"({md_text(why)})"
+        )
     config = None if run.config_source.startswith("builtin:") else run.config_source
     # One process a side at each commit: the spread the history measured between its runs of this case, or the
     # machine's calibrated floor the last good run recorded, whichever is wider.
@@ -207,9 +246,9 @@ def where_to_look(history: History, event: StepEvent, repo: Path | None) -> Wher
     if not bisectable(event.step.change, floor):
         return (
             f"commits `{good[:12]}..{bad[:12]}`; one run a commit cannot bisect this step of "
-            f"{format_percent(event.step.change)}: `{case.label}` moved ±{format_percent(floor or 0)} between two runs "
-            "here, more than the room between half the step and the whole; sweep with timing.processes (e.g. 5) "
-            "to bisect by hand"
+            f"{format_percent(event.step.change)}: {md_code(case.label)} moved ±{format_percent(floor or 0)} between "
+            "two runs here, more than the room between half the step and the whole; sweep with timing.processes "
+            "(e.g. 5) to bisect by hand"
         )
     return bisect_hint(
         case,

@@ -70,21 +70,39 @@ def read_site(site: Path) -> list[RunDigest]:
 
 
 def write_site(site: Path, files: dict[str, bytes]) -> tuple[list[str], list[str]]:
-    """Write each file whose bytes differ from what is there (atomically, never through a link); (written, same)."""
-    from attnbench.results.files import write_atomic
+    """Write each file whose bytes differ from what is there (atomically, never through a link); (written, same).
+    Every path is checked before the first write: a folder inside the site that is a link (``assets`` pointing
+    elsewhere) would carry the writes out of the site, so it is refused and nothing is written."""
+    from attnbench.results.files import make_subfolder, refuse_special, write_atomic
 
-    written, same = [], []
-    for name, data in sorted(files.items()):
+    paths: dict[str, Path] = {}
+    for name in sorted(files):
         parts = name.split("/")
         if not all(SAFE_NAME.fullmatch(part) for part in parts):
             raise AttnbenchError(
                 f"publish: {name!r} is not a safe file name", hint="run ids are slugs: A-Z a-z 0-9 . _ -"
             )
-        path = site.joinpath(*parts)
+        folder = site
+        for part in parts[:-1]:  # the site's own folder may be a link (a checkout elsewhere); nothing below it
+            folder = folder / part
+            if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+                raise AttnbenchError(
+                    f"-o {site}: {folder.relative_to(site)} is {'a link' if folder.is_symlink() else 'a file'}, "
+                    "not a folder of the site",
+                    hint="publish writes only into folders it made itself; remove it, or publish into a new folder",
+                )
+        paths[name] = site.joinpath(*parts)
+        refuse_special(paths[name])
+    written, same = [], []
+    for name, path in paths.items():
+        data = files[name]
         if path.is_file() and not path.is_symlink() and path.read_bytes() == data:
             same.append(name)
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
+        site.mkdir(parents=True, exist_ok=True)
+        folder = site
+        for part in name.split("/")[:-1]:
+            folder = make_subfolder(folder / part)  # made here, or refused if a link appeared since the check
         write_atomic(path, data)
         written.append(name)
     return written, same
@@ -123,6 +141,12 @@ def publish(
     if commit_url is not None and "{commit}" not in commit_url:
         raise AttnbenchError(
             f"--commit-url: {commit_url!r} has no {{commit}}", hint="e.g. https://github.com/OWNER/REPO/commit/{commit}"
+        )
+    if commit_url is not None and not re.match(r"https?://[^/?#{}\s]+/", commit_url):
+        # Every page links each commit through it: a javascript: or data: URL would run in the reader's browser.
+        raise AttnbenchError(
+            f"--commit-url: {commit_url!r} is not an http(s) address",
+            hint="e.g. https://github.com/OWNER/REPO/commit/{commit}",
         )
     held = {d.run.run_id: d for d in read_site(output)}
     stored, warnings = load_runs(runs or [], skip_bad=skip_bad) if runs else ([], [])

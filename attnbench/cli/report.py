@@ -11,7 +11,16 @@ from typing import Annotated, Literal
 
 import typer
 
-from attnbench.cli.common import OutputOpt, RunArg, handles_errors, print_warnings, stderr, stdout, write_or_print
+from attnbench.cli.common import (
+    OutputOpt,
+    RunArg,
+    handles_errors,
+    print_warnings,
+    refuse_input_as_output,
+    stderr,
+    stdout,
+    write_or_print,
+)
 from attnbench.core.errors import AttnbenchError
 
 ReportFormat = Literal["table", "csv", "md", "json", "html", "samples", "gab", "bmf", "parquet"]
@@ -81,7 +90,7 @@ def report(
             return
         from attnbench.report.telemetry import render_telemetry_markdown
 
-        write_or_print(render_telemetry_markdown(stored.results), output)
+        write_or_print(render_telemetry_markdown(stored.results), output, reads=[stored.folder])
         return
     if format == "table" and output in (None, "-"):
         from attnbench.report.terminal import comparison_tables
@@ -99,6 +108,7 @@ def report(
         if output in (None, "-"):
             raise AttnbenchError("--format parquet writes a file, not a terminal", hint="name it: -o FILE.parquet")
         assert output is not None
+        refuse_input_as_output(Path(output), [stored.folder])
         if format == "parquet":
             write_parquet(frame([stored]), Path(output), instead="-f csv for the same columns as text")
         else:
@@ -123,4 +133,4 @@ def report(
         renderers["samples"] = lambda: (render_samples_csv if suffix == ".csv" else render_samples_jsonl)(
             stored.run, stored.results
         )
-    write_or_print(renderers[format](), output)
+    write_or_print(renderers[format](), output, reads=[stored.folder])

@@ -39,7 +39,7 @@ from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ResultsError
 from attnbench.core.shards import Shard, parse_shard, split
 from attnbench.results import fields
-from attnbench.results.files import utc_now, write_atomic
+from attnbench.results.files import read_bounded, utc_now, write_atomic
 from attnbench.results.records import FAILED, Run
 from attnbench.results.store import RUN_FILE, load_run
 
@@ -154,8 +154,17 @@ def _slurm_args(items: Sequence[str]) -> dict[str, str]:
                 f"--slurm-arg {item!r}: expected KEY=VALUE, an sbatch option without its dashes",
                 hint="e.g. --slurm-arg account=myproj --slurm-arg qos=high --slurm-arg constraint=h100",
             )
+        if _CONTROL.search(value):
+            raise AttnbenchError(
+                f"--slurm-arg {item!r}: a control character (a newline, say) in the value",
+                hint="each value becomes one #SBATCH line of the job script: give one line of text",
+            )
         found[key] = value
     return found
+
+
+# sbatch reads its options from lines of the job script: a newline in a value would be a line of its own.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def default_folder(experiment: Experiment) -> Path:
@@ -168,6 +177,8 @@ def plan_submission(request: SubmitRequest) -> SubmitPlan:
         raise AttnbenchError(f"--executor {request.executor!r}", hint=f"one of: {', '.join(EXECUTORS)}")
     if request.array < 1:
         raise AttnbenchError(f"--array {request.array}: at least one task", hint="--array 1 submits the whole sweep")
+    if request.partition is not None and _CONTROL.search(request.partition):
+        raise AttnbenchError(f"--partition {request.partition!r}: a control character", hint="give a partition name")
     experiment = load_experiment(request.config, request.overrides, force=request.force)
     device = _task_device(request, experiment)
     if device not in ("cpu", "cuda"):
@@ -346,14 +357,13 @@ def load_submission(folder: Path) -> Submission:
         raise ResultsError(
             f"{folder}: no {SUBMISSION_FILE} here", hint="pass the --folder an 'attnbench submit' wrote (it prints it)"
         )
-    try:
-        return Submission.from_dict(Path(folder), json.loads(path.read_text(encoding="utf-8")))
+    hint = f"{SUBMISSION_FILE} is written by 'attnbench submit'; was it edited?"
+    try:  # bounded, a regular file only: a huge or special file is one error line, not a MemoryError or a hang
+        return Submission.from_dict(Path(folder), json.loads(read_bounded(path, hint)))
     except (OSError, ValueError) as exc:
         key = f", key '{exc.key}'" if isinstance(exc, fields.FieldError) and exc.key else ""
         problem = exc.problem if isinstance(exc, fields.FieldError) else str(exc)
-        raise ResultsError(
-            f"{path}{key}: {problem}", hint=f"{SUBMISSION_FILE} is written by 'attnbench submit'; was it edited?"
-        ) from None
+        raise ResultsError(f"{path}{key}: {problem}", hint=hint) from None
 
 
 def prepare_folder(plan: SubmitPlan, output: Path | None) -> Submission:
@@ -394,8 +404,8 @@ def discard_folder(submission: Submission) -> None:
 
 def _read_run(folder: Path) -> Run | None:
     try:
-        return Run.from_dict(json.loads((folder / RUN_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
+        return Run.from_dict(json.loads(read_bounded(folder / RUN_FILE, "")))
+    except (ResultsError, OSError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -7,13 +7,16 @@ Below ``options``, ``decoding``, ``users`` and ``experiment``, which all use the
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from attnbench.config.messages import Context, Path_, did_you_mean
 from attnbench.config.model import GridModel
+from attnbench.core.cases import KEY_SEPARATORS
+from attnbench.core.units import MAX_INTEGER
 
-__all__ = ["check_names", "check_unique", "inherited_lengths"]
+__all__ = ["check_names", "check_option_value", "check_unique", "inherited_lengths"]
 
 
 def check_names(values: list[str], allowed: Sequence[str], what: str, path: Path_, ctx: Context) -> None:
@@ -26,6 +29,27 @@ def check_names(values: list[str], allowed: Sequence[str], what: str, path: Path
                 hint=did_you_mean(value, allowed),
             )
     check_unique(values, what, path, ctx)
+
+
+def check_option_value(value: Any, what: str, path: Path_, ctx: Context) -> None:
+    """A model option's name or value that every stored row can hold and read back: a number finite and at most
+    ``MAX_INTEGER`` in size (the bound of every reader; ``.inf`` is not JSON), text without the characters a case's
+    key is joined with (``name=value|name=value``: two cases would share one key)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or abs(value) > MAX_INTEGER:
+            shown = json.dumps(value) if math.isfinite(value) and abs(value) < 1e30 else f"{value:g}"
+            raise ctx.error(
+                f"{what} must be a finite number of at most 2**62 in size, got {shown}",
+                path,
+                hint="stored rows are read back only within these bounds; give a smaller value",
+            )
+    elif isinstance(value, str) and any(c in value for c in KEY_SEPARATORS):
+        raise ctx.error(
+            f"{what} {value!r} holds {' or '.join(repr(c) for c in KEY_SEPARATORS)}, which a case's key "
+            "(name=value|…) is joined with",
+            path,
+            hint="use other characters, e.g. '-' or ':'",
+        )
 
 
 def check_unique(values: Sequence[Any], what: str, path: Path_ | None, ctx: Context) -> None:

@@ -64,7 +64,7 @@ from attnbench.config.source import (
     parse_yaml,
     read_file,
 )
-from attnbench.config.users import check_models
+from attnbench.config.users import UserEntry, check_models
 from attnbench.core.cases import (  # the size caps, re-exported here with the config's own
     DEVICE_REQUEST,
     DTYPES,
@@ -290,6 +290,10 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
     given_axes = _check_option_axes(m, names, ctx)
     option_values = {name: tuple(values) for name, (values, _) in given_axes.items()}
+    # Before any option set is built: six options of a hundred values each are 10**12 sets.
+    given_sets = {name: _listed_product(_given_options(m, name, users)) for name in names}
+    combinations = _crossed(given_sets, option_values, m.modes, m.dtype, [1] if m.grid.tokens else axes["batch"], axes)
+    _refuse_size(combinations, ctx, force, exact=False)
     options, written_options = check_model_options(m, names, users, hybrids, axes, ctx)
     user_models = {name: entry.user for name, entry in users.items()}
     if "decode" in m.modes:
@@ -464,30 +468,59 @@ def _check_timing(t: TimingModel, ctx: Context) -> None:
         )
 
 
+def _given_options(m: ConfigModel, model: str, users: Mapping[str, UserEntry]) -> Mapping[str, Any]:
+    """A model's options as the config lists them: a config entry's own, or its model_options."""
+    entry = users.get(model)
+    return entry.given if entry is not None and entry.user.source == "config" else m.model_options.get(model, {})
+
+
+def _listed_product(given: Mapping[str, Any]) -> int:
+    """How many option sets listing ``given``'s values crosses into, at most (defaults and repeats make fewer)."""
+    return math.prod(max(len(v), 1) if isinstance(v, list) else 1 for v in given.values())
+
+
+def _crossed(
+    option_sets: Mapping[str, int],
+    option_axes: Mapping[str, Sequence[Any]],
+    modes: Sequence[str],
+    dtypes: Sequence[str],
+    batches: Sequence[int],
+    axes: Mapping[str, Sequence[Any]],
+) -> int:
+    """Every combination the axes cross, each model with its option sets: an upper bound on the cases (a decode of
+    a non-causal model, a repeat, is dropped by expand), counted without making one."""
+    sizes = [len(modes), len(dtypes), len(batches), *(len(axes[a]) for a in ("seq_len", "d_model", "heads", "layers"))]
+    sizes += [len(axes["causal"]), *(len(values) for values in option_axes.values())]
+    return sum(option_sets.values()) * math.prod(sizes)
+
+
 def _check_size(experiment: Experiment, ctx: Context, force: bool = False) -> None:
     axes = experiment.axes
+    option_sets = {model: len(axes.model_options.get(model, ((),))) for model in axes.models}
+    grid = {
+        "seq_len": axes.seq_len,
+        "d_model": axes.d_model,
+        "heads": axes.heads,
+        "layers": axes.layers,
+        "causal": axes.causal,
+    }
     batches = (1,) if experiment.tokens else axes.batch
-    crossed = math.prod(
-        len(v)
-        for v in (
-            axes.models,
-            axes.modes,
-            axes.dtypes,
-            batches,
-            axes.seq_len,
-            axes.d_model,
-            axes.heads,
-            axes.layers,
-            axes.causal,
-        )
-    )
+    crossed = _crossed(option_sets, axes.option_axes, axes.modes, axes.dtypes, batches, grid)
     # Expanding is cheap, but not for a typo that crosses millions: refuse those before counting exactly.
-    count = crossed if crossed > 100 * MAX_CASES else len(experiment.cases(experiment.device))
+    if crossed > 100 * MAX_CASES:
+        _refuse_size(crossed, ctx, force, exact=False)
+    _refuse_size(len(experiment.cases(experiment.device)), ctx, force, exact=True)
+
+
+def _refuse_size(count: int, ctx: Context, force: bool, *, exact: bool) -> None:
+    """The error for more cases than the cap (``MAX_CASES``, 100 times more with ``--force``); ``count`` not
+    ``exact``: the combinations the axes cross, refused only beyond the cap even --force allows."""
     cap = 100 * MAX_CASES if force else MAX_CASES
-    if count > cap:
-        raise ctx.error(
-            f"the grid expands to {count} cases; the cap is {cap}" + (" even with --force" if force else ""),
-            ("grid",),
-            hint="narrow an axis, or split the sweep into several configs"
-            + ("" if force else "; --force allows up to 100 times more"),
-        )
+    if count <= (cap if exact else 100 * MAX_CASES):
+        return
+    raise ctx.error(
+        f"the grid expands to {count} cases; the cap is {cap}" + (" even with --force" if force else ""),
+        ("grid",),
+        hint="narrow an axis, or split the sweep into several configs"
+        + ("" if force else "; --force allows up to 100 times more"),
+    )

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from attnbench.config.checks import check_names, check_unique, inherited_lengths
+from attnbench.config.checks import check_names, check_option_value, check_unique, inherited_lengths
 from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import ConfigModel
@@ -209,6 +209,7 @@ def option_value(value: Any, option: OptionSpec, model: str, path: Path_, ctx: C
             raise ctx.error(
                 f"must be a number from {low} to {high}, got {value}", path, hint=f"{option.name}: {option.help}"
             )
+        check_option_value(value, option.name, path, ctx)
         return float(value)
     if kind is int and isinstance(value, int) and not isinstance(value, bool):
         low, high = option.minimum, option.maximum
@@ -216,8 +217,10 @@ def option_value(value: Any, option: OptionSpec, model: str, path: Path_, ctx: C
             raise ctx.error(
                 f"must be an integer from {low} to {high}, got {value}", path, hint=f"{option.name}: {option.help}"
             )
+        check_option_value(value, option.name, path, ctx)
         return value
     if kind is str and isinstance(value, str):
+        check_option_value(value, option.name, path, ctx)
         refused = option.refusal(value)
         if refused is not None:
             raise ctx.error(f"{refused[0]} ({model})", path, hint=refused[1])

@@ -20,7 +20,7 @@ from importlib import metadata
 from importlib.machinery import PathFinder
 from typing import Any
 
-from attnbench.config.checks import check_unique
+from attnbench.config.checks import check_option_value, check_unique
 from attnbench.config.hybrids import entry_name_problem
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import ConfigModel, HybridEntry, UserModelEntry
@@ -238,6 +238,7 @@ def _factory_entry(entry: UserModelEntry, path: Path_, ctx: Context) -> UserEntr
         )
     options = []
     for name, raw in entry.options.items():
+        check_option_value(name, "option name", (*path, "options", name), ctx)
         listed = raw if isinstance(raw, list) else [raw]
         first = listed[0] if listed else None
         if not isinstance(first, _OPTION_TYPES):
@@ -306,4 +307,5 @@ def _typed(value: Any, spec: OptionSpec, path: Path_, ctx: Context) -> Any:
     if isinstance(value, bool) != (spec.type is bool) or not isinstance(value, spec.type):
         word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[spec.type]
         raise ctx.error(f"must be {word} (as its other values are), got {describe(value)}", path)
+    check_option_value(value, spec.name, path, ctx)
     return value

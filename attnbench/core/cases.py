@@ -27,6 +27,10 @@ MAX_TOKENS = 2**32
 MAX_THREADS = 4_096
 MAX_SAMPLES = 10_000_000
 
+# What a case's key is joined with (``Case.key``: name=value|name=value): no option name or text value may hold them,
+# or two different cases would have one key.
+KEY_SEPARATORS = "|="
+
 Mode = Literal["forward", "train", "backward", "decode"]
 # backward = the backward pass alone (graph kept, grads cleared), so train can be checked against forward + backward.
 # decode = one new token per sequence with a context of seq_len tokens already in the KV cache or recurrent state.

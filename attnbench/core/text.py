@@ -1,5 +1,5 @@
 """Text that came from a file, made safe for where it goes: a terminal or a file someone will ``cat``
-(``safe_text``), a spreadsheet (``csv_cell``). Stdlib only.
+(``safe_text``), a spreadsheet (``csv_cell``), a markdown document (``md_text``, ``md_code``). Stdlib only.
 
 A run folder is data anyone can hand us. A failure reason, a run id, an environment field or a folder name that
 holds ESC or BEL would, printed raw, move the cursor, clear the screen or set the window title (ECMA-48 control
@@ -44,3 +44,31 @@ def csv_cell(value: object) -> object:
         return value
     text = safe_text(value)
     return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+# What turns plain markdown text into markup that could do harm: a backslash (it escapes what follows), a backtick
+# (it opens a code span), < (raw HTML: <script>, <img onerror>; an autolink), and the ( of ]( (an inline link, an
+# image that loads). Emphasis (* and _) only restyles the text, and escaping it would clutter every option name
+# (heads_kv); a link by reference needs a definition at the start of a line, where stored text never is.
+_MARKDOWN = re.compile(r"[\\`<]|(?<=\])\(")
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*[\r\n]+\s*", " ", text)  # control characters stay, for safe_text to show
+
+
+def md_text(text: str) -> str:
+    """Stored text (a model name, a label, a reason) as plain text in GitHub-flavoured markdown: every character
+    that would make it a tag, a link or a code span backslash-escaped, and its line breaks spaces, so that it stays
+    in the paragraph, list item or table row it was put in. A table cell escapes ``|`` itself, after this."""
+    return _MARKDOWN.sub(lambda m: "\\" + m.group(), _one_line(text))
+
+
+def md_code(text: str) -> str:
+    """Stored text as a markdown code span, shown as it is: fenced by more backticks than any run of them inside
+    (CommonMark), so no backtick in it can end the span early and let what follows be read as markup."""
+    text = _one_line(text)
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"

@@ -9,6 +9,12 @@ MIB = 1024**2
 GIB = 1024**3
 TIB = 1024**4
 
+# The largest number a stored count (or a model option) may hold: half of int64's range, above any count of bytes,
+# FLOPs or parameters a row holds, and still an int64 after a round trip through float64 (pandas' way with an
+# integer column that has blanks), which 2**63 - 1 is not. Readers refuse beyond it (results.fields); a config is
+# held to it (config.checks.check_option_value) so that what a run accepts, it reads back.
+MAX_INTEGER = 2**62
+
 
 def to_ms(seconds: float) -> float:
     """Seconds as milliseconds, for the formats whose columns are in ms (summary.csv, the dashboard exports)."""

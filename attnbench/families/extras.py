@@ -22,6 +22,13 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("bytes_formula", str, "", "the count that gave bytes_moved (bytes-compulsory-v1, …)"),
     # How the process and the timing ran.
     ExtraSpec("torch_threads", int, "", "torch's CPU threads while the case ran"),
+    ExtraSpec(
+        "torch_state_changed",
+        str,
+        "",
+        "process-wide torch settings the case's model changed, 'name before → after' each (threads, default dtype, "
+        "backends…); set back before the next case",
+    ),
     ExtraSpec("process_warmup_s", float, "s", "the process warm-up that ran just before this case (its first)"),
     ExtraSpec("replicates", int, "", "fresh worker processes the case ran in (timing.processes)"),
     ExtraSpec("telemetry_from", str, "", "which replicate's telemetry the row keeps"),

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from attnbench.analysis.alerts import StepEvent
 from attnbench.analysis.bisect import BisectHint
 from attnbench.analysis.history import History, run_name
+from attnbench.core.text import md_code, md_text
 from attnbench.core.units import format_change, format_change_interval
 from attnbench.report.history_md import METRIC_WORDS, SHIFT_LABEL, step_verdict
 from attnbench.results.store import StoredRun
@@ -25,14 +26,14 @@ def event_label(event: StepEvent) -> str:
 def run_cell(stored: StoredRun, position: int) -> str:
     """``9. run-09 · `c696c51e0123` · 20261203-103257-…``: position, name, commit and id of a run."""
     commit = f" · `{stored.run.commit[:12]}`" if stored.run.commit else ""
-    return f"{position}. {run_name(stored)}{commit} · {stored.run.run_id}"
+    return f"{position}. {md_text(run_name(stored))}{commit} · {md_text(stored.run.run_id)}"
 
 
 def _rows(events: Sequence[StepEvent]) -> list[str]:
     lines = ["| case | change | 95 % CI | first bad run | last good run |", "| --- | --- | --- | --- | --- |"]
     for e in events:
         cells = [
-            event_label(e),
+            md_text(event_label(e)),
             f"{format_change(e.step.change)} {step_verdict(e.step, e.metric)}",
             format_change_interval(e.step.low, e.step.high),
             run_cell(e.first_bad, e.position),
@@ -44,11 +45,11 @@ def _rows(events: Sequence[StepEvent]) -> list[str]:
 
 def where_lines(event: StepEvent, where: Where) -> list[str]:
     """The bisect hint of one step, as markdown lines."""
-    head = f"- **{event_label(event)}**"
+    head = f"- **{md_text(event_label(event))}**"
     if isinstance(where, str):
         return [f"{head}: {where}."]
     count = "" if where.commits is None else f" ({len(where.commits)} commit{'s' if len(where.commits) != 1 else ''})"
-    lines = [f"{head}: commits `{where.range}`{count}; bisect on `{where.case.label}`:", "", "  ```bash"]
+    lines = [f"{head}: commits `{where.range}`{count}; bisect on {md_code(where.case.label)}:", "", "  ```bash"]
     return [*lines, f"  {where.start}", f"  {where.run}", "  git bisect reset", "  ```"]
 
 
@@ -62,8 +63,8 @@ def render_alert(history: History, events: Sequence[StepEvent], where: Sequence[
         ALERT_MARKER,
         f"## attnbench history: a new step in {n} case{'s' if n != 1 else ''} — {METRIC_WORDS[history.metric]}",
         "",
-        f"The newest run, **{run_name(newest)}**{commit}, confirms {'a step' if n == 1 else f'{n} steps'} that the "
-        "runs before it did not show (a level moved by more than the noise between runs; two runs at the new "
+        f"The newest run, **{md_text(run_name(newest))}**{commit}, confirms {'a step' if n == 1 else f'{n} steps'} "
+        "that the runs before it did not show (a level moved by more than the noise between runs; two runs at the new "
         "level confirm it):",
         "",
         *_rows(events),

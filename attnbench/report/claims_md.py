@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from attnbench.claims import VERDICTS, ClaimResult, ClaimsReport, Verdict
+from attnbench.core.text import md_code, md_text
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -37,15 +38,16 @@ def totals(report: ClaimsReport) -> str:
 
 
 def _cell(text: str) -> str:
-    # A pipe ends a markdown cell and a newline ends the row: neither may appear raw inside one.
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    # Model names and the run's figures are in it (md_text: no tag, link or code span of their own); a pipe ends
+    # a markdown cell and a newline ends the row: neither may appear raw inside one.
+    return md_text(text).replace("|", "\\|")
 
 
 def render_claims_markdown(report: ClaimsReport) -> str:
     lines = [
-        f"# The article's claims against run `{report.run_id}`",
+        f"# The article's claims against run {md_code(report.run_id)}",
         "",
-        f"Measured on **{report.device}**; the article: {report.article_hardware}.",
+        f"Measured on **{md_text(report.device)}**; the article: {report.article_hardware}.",
         "",
         f"Verdicts: {totals(report)}.",
         "",
@@ -62,7 +64,7 @@ def render_claims_markdown(report: ClaimsReport) -> str:
     if used:
         lines += ["", "<details><summary>Cases each row used</summary>", ""]
         for c in used:
-            keys = ", ".join(f"`{key}`" for key in c.evidence_cases)
+            keys = ", ".join(md_code(key) for key in c.evidence_cases)
             lines.append(f"- **{c.claim_id}** {_cell(c.claim)}: {keys}")
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ from tabulate import tabulate
 
 from attnbench.analysis.compare import VERDICTS, CaseComparison, Comparison, Side, Verdict
 from attnbench.analysis.gates import MetricVerdict
+from attnbench.core.text import md_code, md_text
 from attnbench.core.units import (
     format_bandwidth,
     format_bytes,
@@ -185,8 +186,8 @@ def gate_lines(comparison: Comparison) -> list[str]:
 
 
 def _side_cells(side: Side) -> tuple[str, str, str]:
-    ids = ", ".join(f"`{run_id}`" for run_id in side.run_ids)
-    commits = ", ".join(f"`{c[:12]}`" for c in side.commits)
+    ids = ", ".join(_code(run_id) for run_id in side.run_ids)
+    commits = ", ".join(_code(c[:12]) for c in side.commits)
     return ids, commits, str(len(side.runs))
 
 
@@ -198,6 +199,7 @@ def environment_line(comparison: Comparison) -> str:
         parts.append(f"CUDA {env['torch_cuda']}")
     if env.get("device_type") == "cpu":
         parts.append(f"{env.get('torch_threads', '?')} threads")
+    parts = [md_text(part) for part in parts]  # the run's environment, as stored
     sha = comparison.base.runs[0].run.config_sha256
     parts.append(f"config sha256 `{sha[:12]}`")
     return " · ".join(parts)
@@ -250,7 +252,13 @@ def _table(cases: Sequence[CaseComparison]) -> str:
 
 
 def _escape(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Stored text (a case's label, a note, a warning) as plain markdown that also fits a table cell."""
+    return md_text(text).replace("|", "\\|")
+
+
+def _code(text: str) -> str:
+    """Stored text as a code span in a table cell."""
+    return md_code(text).replace("|", "\\|")
 
 
 def render_compare_markdown(comparison: Comparison) -> str:
@@ -265,7 +273,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
         "",
         "| | base | current |",
         "| --- | --- | --- |",
-        f"| path | `{comparison.base.path}` | `{comparison.current.path}` |",
+        f"| path | {_code(str(comparison.base.path))} | {_code(str(comparison.current.path))} |",
         f"| runs | {base_ids} | {current_ids} |",
         f"| commit | {base_commits} | {current_commits} |",
         f"| processes (runs) | {base_runs} | {current_runs} |",
@@ -283,10 +291,10 @@ def render_compare_markdown(comparison: Comparison) -> str:
             continue
         lines += ["", f"### {verdict.capitalize()} ({len(cases)})", ""]
         if verdict in ("new", "missing"):
-            lines += [f"- `{case_text(c)}`" for c in cases]
+            lines += [f"- {md_code(case_text(c))}" for c in cases]
             continue
         lines.append(_table(cases))
-        notes = [f"- `{case_text(c)}`: {_escape(c.note)}" for c in cases if c.note]
+        notes = [f"- {md_code(case_text(c))}: {_escape(c.note)}" for c in cases if c.note]
         if notes:
             lines += ["", *notes]
     lines += [

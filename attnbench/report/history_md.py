@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, Metric, Point, run_name
 from attnbench.analysis.steps import MIN_RUNS_PER_LEVEL, Step
-from attnbench.core.text import csv_cell
+from attnbench.core.text import csv_cell, md_text
 from attnbench.core.units import (
     format_bandwidth,
     format_bytes,
@@ -185,7 +185,7 @@ def _shift_rows(history: History, last: int | None = None) -> list[list[str]]:
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+        return "| " + " | ".join(md_text(cell).replace("|", "\\|") for cell in cells) + " |"
 
     return [line(header), line(["---"] * len(header)), *(line(r) for r in rows)]
 
@@ -199,14 +199,14 @@ def render_history_markdown(history: History) -> str:
         f"Runs {history.order_note}:",
         "",
         *(
-            f"{_global_index(history, s.index, i)}. {run_name(stored)} — {stored.run.run_id}"
+            f"{_global_index(history, s.index, i)}. {md_text(run_name(stored))} — {md_text(stored.run.run_id)}"
             for s in history.segments
             for i, stored in enumerate(s.runs)
         ),
         "",
         "Segments (runs measured in one environment):",
         "",
-        *(f"- {line}" for line in _segment_lines(history)),
+        *(f"- {md_text(line)}" for line in _segment_lines(history)),
         "",
         "## Step changes",
         "",
@@ -217,7 +217,7 @@ def render_history_markdown(history: History) -> str:
     lines += ["", "## Trend", "", *_md_table(_trend_header(history), trend)]
     notes = list(_notes(history))
     if notes:
-        lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+        lines += ["", "## Notes", "", *(f"- {md_text(n)}" for n in notes)]
     return "\n".join(lines) + "\n"
 
 

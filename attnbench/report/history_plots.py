@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History
 from attnbench.report.history_md import METRIC_WORDS, value_text
+from attnbench.report.plot_style import plain_texts
 from attnbench.report.plots import INSTALL_HINT, PlotsUnavailable, missing_matplotlib
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ def render_history_plots(history: History) -> list[HistoryPlot]:
         fig.suptitle(title, fontsize=9.5, x=0.01, ha="left")
         fig.tight_layout()
         buffer = io.BytesIO()
+        plain_texts(fig)
         fig.savefig(buffer, format="png", metadata={"Software": None})
         stem = re.sub(r"[^a-z0-9]+", "-", history.metric.lower())
         name = f"history-{stem}-{page}.png"

@@ -1,4 +1,6 @@
-"""``summary.md``: the pivot tables as GitHub-flavoured markdown, fit for a README or a PR comment."""
+"""``summary.md``: the pivot tables as GitHub-flavoured markdown, fit for a README or a PR comment. Text a stored
+run holds (model names, labels, reasons, its environment) goes in through ``md_text``/``md_code``: it never becomes
+a tag, a link or a code span of its own."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
+from attnbench.core.text import md_code, md_text
 from attnbench.report.cells import (
     CROSSOVER_LEGEND,
     SCALING_LEGEND,
@@ -23,6 +26,11 @@ from attnbench.report.pivot import pivot_tables
 from attnbench.results.records import Result, Run
 
 
+def _cell(label: str) -> str:
+    """A row's label (its model's name, which a stored run or a plugin may make anything) in a table cell."""
+    return md_text(label).replace("|", "\\|")
+
+
 def _checks(run: Run, results: Sequence[Result]) -> list[str]:
     """The Checks section; nothing when there is nothing to check."""
     checks = run_checks(run, results)
@@ -33,48 +41,53 @@ def _checks(run: Run, results: Sequence[Result]) -> list[str]:
         lines += ["", checks.summary]
         if checks.flagged:
             lines.append("")
-            lines += [f"- `{c.train.case.label}`: {c.ratio:.2f} ({c.parts_text}) — {c.reason}" for c in checks.flagged]
+            lines += [
+                f"- {md_code(c.train.case.label)}: {c.ratio:.2f} ({c.parts_text}) — {md_text(c.reason)}"
+                for c in checks.flagged
+            ]
     if checks.over_peak:
         lines += ["", "**Above 100 % of peak** (impossible; do not trust these rows):", ""]
-        lines += [f"- {line}" for line in checks.over_peak]
+        lines += [f"- {md_text(line)}" for line in checks.over_peak]
     return lines
 
 
 def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | None = None) -> str:
     lines = [
-        f"# attnbench run `{run.run_id}`",
+        f"# attnbench run {md_code(run.run_id)}",
         "",
-        environment_line(run),
+        environment_line(run, md_code, md_text),
         "",
-        f"Config `{run.config_source}` (sha256 `{run.config_sha256[:12]}`), created {run.created_utc}, "
+        f"Config {md_code(run.config_source)} (sha256 `{run.config_sha256[:12]}`), created {md_text(run.created_utc)}, "
         f"state: {run.state}. {len(results)} cases, "
         f"{sum(r.ok for r in results)} ok.",
     ]
     headline, busy = contention_lines(results)
     if headline:
-        lines += ["", f"**{headline}**", ""] + [f"- {line}" for line in busy]
+        lines += ["", f"**{headline}**", ""] + [f"- {md_text(line)}" for line in busy]
     for table in pivot_tables(results, baseline_model):
         headers = ["model", *column_headers(table)]
-        lines += ["", f"## {table.title}", ""]
+        lines += ["", f"## {md_text(table.title)}", ""]
         if table.baseline or table.decode:
-            lines += [time_legend(table, f"`{table.baseline}`"), ""]
-        time_rows = [[label, *(time_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
+            lines += [time_legend(table, md_code(table.baseline or "")), ""]
+        time_rows = [[_cell(label), *(time_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
         lines.append(tabulate(time_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.crossovers:
-            lines += ["", CROSSOVER_LEGEND, ""] + [f"- {line}" for line in table.crossovers]
+            lines += ["", CROSSOVER_LEGEND, ""] + [f"- {md_text(line)}" for line in table.crossovers]
         if table.decode:  # what a step reads is the memory story of decoding; its own peak is a few vectors
-            lines += ["", state_legend(table), ""]
+            lines += ["", md_text(state_legend(table)), ""]
             cell_text = state_text
         else:
             lines += ["", "Peak memory of one call above the post-setup baseline (MiB):", ""]
             cell_text = memory_text
-        memory_rows = [[label, *(cell_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
+        memory_rows = [
+            [_cell(label), *(cell_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows
+        ]
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.scaling:
-            lines += ["", SCALING_LEGEND, ""] + [f"- {line.text}" for line in table.scaling]
+            lines += ["", SCALING_LEGEND, ""] + [f"- {md_text(line.text)}" for line in table.scaling]
     lines += _checks(run, results)
     failed = [r for r in results if not r.ok]
     if failed:
         lines += ["", "## Cases without a timing", ""]
-        lines += [f"- `{r.case.label}`: **{r.status}** — {r.reason}" for r in failed]
+        lines += [f"- {md_code(r.case.label)}: **{r.status}** — {md_text(r.reason)}" for r in failed]
     return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.core.text import safe_text
 from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
-from attnbench.report.plot_style import device_name, line_style, slug
+from attnbench.report.plot_style import device_name, line_style, plain_texts, slug
 from attnbench.report.roofline import roofline_plots
 from attnbench.results.files import make_subfolder, write_atomic
 from attnbench.results.records import Result, Run
@@ -544,6 +544,7 @@ def _draw(
     _texts(ax, run, table, metric, lines)
     buffer = io.BytesIO()
     # No "Software" text chunk: the same run renders to the same bytes on the same matplotlib.
+    plain_texts(fig)
     fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
     return buffer.getvalue()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, arithmetic_intensity
 from attnbench.core.units import format_bandwidth, format_flops
-from attnbench.report.plot_style import device_name, line_style, slug
+from attnbench.report.plot_style import device_name, line_style, plain_texts, slug
 from attnbench.results.records import Result, Run
 
 # Whole-sequence modes filled, decode hollow (and its own marker), so the two read apart at a glance.
@@ -142,5 +142,6 @@ def _draw(
         note = "no ceiling known for this device: `attnbench calibrate` measures them (a quick run does not count)"
     fig.text(0.02, 0.01, f"run {run.run_id}. {note}".strip(), fontsize=7.5, color="0.4")
     buffer = io.BytesIO()
+    plain_texts(fig)
     fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
     return buffer.getvalue()

@@ -10,6 +10,7 @@ of the segment moved together) a dotted line with its size; a new segment a grey
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,13 @@ def _offset(history: History, segment: int) -> int:
     return sum(len(s.runs) for s in history.segments[:segment])
 
 
+def plain(text: str) -> str:
+    """Stored text as plotly shows it, never as markup: plotly renders a subset of HTML in hover and annotation text
+    (``<a href=…>`` becomes a live link, ``<b>`` bold), and decodes entities only after it has found the tags, so a
+    run's label or an environment field with ``<`` in it reads as typed."""
+    return html.escape(text, quote=False)
+
+
 def _interval_text(p: Point, metric: Metric) -> str:
     if p.low is None or p.high is None:
         return "—"
@@ -56,7 +64,8 @@ def _points_trace(history: History, part: CaseHistory, divisor: float, colour: s
         minus.append((p.value - p.low) / divisor if has_ci else None)  # type: ignore[operator]
         value = value_text(p.value, history.metric) if p.value is not None else p.status
         commit = stored.run.commit[:12] if stored.run.commit else "—"
-        custom.append([run_name(stored), commit, stored.run.label or "—", value, _interval_text(p, history.metric)])
+        texts = (run_name(stored), commit, stored.run.label or "—", value, _interval_text(p, history.metric))
+        custom.append([plain(text) for text in texts])
     return {
         "type": "scatter",
         "mode": "lines+markers",
@@ -191,7 +200,7 @@ def _context(history: History, parts: Sequence[CaseHistory]) -> tuple[list[dict[
                 "y": 0,
                 "xref": "x",
                 "yref": "paper",
-                "text": f"new environment: {changed}",
+                "text": plain(f"new environment: {changed}"),
                 "showarrow": False,
                 "xanchor": "left",
                 "yanchor": "bottom",

@@ -15,11 +15,10 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
+from attnbench.core.units import MAX_INTEGER
+
 T = TypeVar("T")
 
-# Half of int64's range: above any count of bytes, FLOPs or parameters a row holds, and still an int64 after a round
-# trip through float64 (pandas' way with an integer column that has blanks), which 2**63 - 1 is not.
-MAX_INTEGER = 2**62
 MAX_NUMBER = 1e21  # above any FLOP/s, byte rate, watt or joule a machine reaches; products of two stay finite
 # A time per call: from a picosecond (no call of any model is shorter than a clock tick) to 115 days.
 MIN_SECONDS = 1e-12

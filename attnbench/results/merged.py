@@ -13,11 +13,10 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnbench.core.errors import ResultsError
-from attnbench.results.files import dumps_line, fsync_folder, write_atomic
+from attnbench.results.files import dumps_line, fsync_folder, read_lines, write_atomic
 from attnbench.results.lock import RunLock
 from attnbench.results.records import Result, Run
-from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE
+from attnbench.results.store import READ_HINT, RESULTS_FILE, RUN_FILE, TELEMETRY_FILE
 
 
 def staging_folder(target: Path) -> Path:
@@ -63,13 +62,11 @@ def telemetry_lines(folder: Path) -> tuple[list[tuple[str, str, str]], list[str]
     path = folder / TELEMETRY_FILE
     if not path.exists():
         return [], []
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read it ({exc.strerror or exc})", hint="check its permissions") from None
     found: list[tuple[str, str, str]] = []
     warnings: list[str] = []
-    for number, data in enumerate(raw.split(b"\n"), start=1):
+    # As results.jsonl is read: a regular file only (a link to /dev/zero or a pipe is refused at once), each line
+    # bounded, streamed rather than read whole.
+    for number, data, _ in read_lines(path, READ_HINT):
         if not data.strip():
             continue
         try:

@@ -78,6 +78,10 @@ class DecodeSetup:
         # A model without a formula (a user's) reports the bytes of the tensors its state says it holds.
         self.extra: Extra = {"state_bytes": allocated, "prefill_s": prefill_s}
 
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
     def step(self) -> object:
         """The timed call: one new token per sequence at context n."""
         return self._step(self._token, self._state)

@@ -2,8 +2,9 @@
 
 Everything that is not the work itself — building the model, making inputs, probing the backend — happens
 outside the timed region. Failures become rows: an OOM is ``oom``, a backend that cannot run is
-``unsupported``, anything else is ``error`` with the exception named. KeyboardInterrupt and SystemExit are not
-caught: the sweep loop owns what happens on Ctrl-C.
+``unsupported``, anything else is ``error`` with the exception named. KeyboardInterrupt is not caught: the sweep
+loop owns what happens on Ctrl-C. Nor is SystemExit, except from a user model (its ``sys.exit(n)`` is its row's
+``error``). What a case sets for the whole process (torch's threads, default dtype, backends) is undone after it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from attnbench.families.registry import (
 )
 from attnbench.families.torch_family import Unsupported
 from attnbench.families.traffic import bytes_moved
-from attnbench.families.user.layers import check_output
+from attnbench.families.user.layers import check_output, exited
 from attnbench.families.user.spec import COUNTED_FORMULA
 from attnbench.host.busy import ContentionWatch
 from attnbench.host.memory import RssPeak
@@ -59,6 +60,7 @@ from attnbench.timing.failures import describe, is_oom
 from attnbench.timing.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels, profile_refusal
 from attnbench.timing.process_warmup import warm_process
 from attnbench.timing.profiling import TRACES, nvtx_range, trace_name, trace_refusal, write_trace
+from attnbench.timing.torch_state import KeptTorchState
 
 
 class TorchExecutor:
@@ -105,6 +107,7 @@ class TorchExecutor:
             return replace(result, started_utc=started, duration_s=time.perf_counter() - t0)
 
         early = None if on_timed is None else lambda result: on_timed(stamped(result))
+        kept = KeptTorchState()
         try:
             first = None
             if self._process_warmup_s is None:  # before the first case only: see measure.process_warmup
@@ -115,18 +118,23 @@ class TorchExecutor:
                     # not the warm-up's, is the one its row should carry.
                     self._process_warmup_s = 0.0
             reason = self._policy_problem(case) or probe(case, str(self.device))
-            result = Result(case, "unsupported", reason) if reason is not None else self._measure(case, early)
+            with kept:  # what a model sets for the whole process (threads, dtype, backends) ends with its case
+                result = Result(case, "unsupported", reason) if reason is not None else self._measure(case, early)
             if first is not None and result.ok:  # the row says its process was warmed up just before it
                 result = replace(result, extra={**result.extra, "process_warmup_s": first})
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
             result = Result(case, "oom" if is_oom(exc) else "error", describe(exc))
-        except BaseException:
-            with contextlib.suppress(Exception):  # Ctrl-C propagates whatever state the device is in
-                self._release()
-            raise
+        except BaseException as exc:
+            if not (isinstance(exc, SystemExit) and case.user is not None):
+                with contextlib.suppress(Exception):  # Ctrl-C propagates whatever state the device is in
+                    self._release()
+                raise
+            result = Result(case, "error", exited(case, exc))  # a user model's sys.exit(n) ends its row, not the sweep
         failure = self._release()
         if failure is not None:
             result = self._retire(result, failure)
+        if kept.changed:
+            result = replace(result, extra={**result.extra, "torch_state_changed": "; ".join(kept.changed)})
         return stamped(result)
 
     def close(self, *, now: bool = False) -> None:
@@ -442,13 +450,14 @@ def _whole_sequence(
 
 
 def _check_call(case: Case, model: nn.Module, x: torch.Tensor | None, decode: DecodeSetup | None) -> None:
-    """One call of a model only its factory knows, outside the timing: it must keep the input's shape."""
+    """One call of a model only its factory knows, outside the timing: it must keep the input's shape, in the
+    case's dtype, on the case's device."""
     with torch.no_grad():
         if decode is not None:
-            check_output(case, decode.step(), (case.batch, 1, case.d_model))
+            check_output(case, decode.step(), (case.batch, 1, case.d_model), decode.device)
         elif x is not None:
             expected = (*x.shape, case.d_model) if not x.is_floating_point() else tuple(x.shape)
-            check_output(case, model(x), expected)
+            check_output(case, model(x), expected, x.device)
 
 
 def counted_flops(step: Callable[[], object]) -> int:

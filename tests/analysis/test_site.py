@@ -47,11 +47,25 @@ def test_a_board_per_config_with_the_planted_step() -> None:
     assert slug("aa-cpu", tiny_case("lstm")).startswith("aa-cpu-lstm-forward-float32-b-2-n-16-d-16-")
 
 
+@pytest.mark.parametrize("peak", [0, 2**62])
+def test_a_digest_reads_back_every_peak_a_row_may_hold(peak: int) -> None:
+    """A tiny case may measure a peak of 0 bytes (below what the method resolves): the digest writes it, so its
+    reader must take it, or every later publish of the site fails (issue 38)."""
+    stored = load_runs([FIXTURE])[0]
+    data = RunDigest.of(stored).to_dict()
+    row = next(r for r in data["rows"] if "peak_bytes" in r)
+    row["peak_bytes"] = peak
+    again = RunDigest.from_dict(json.loads(json.dumps(data)), "x")
+    assert peak in {r.peak_bytes for r in again.rows}
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
         (lambda d: d.update(schema="x"), "schema: expected 'attnbench.site-run/1'"),
         (lambda d: d["rows"][0].update(median_s=-1), "median_s: expected a positive number"),
+        (lambda d: d["rows"][0].update(peak_bytes=-1), "peak_bytes"),
+        (lambda d: d["rows"][0].update(bytes_moved=0), "bytes_moved"),
         (lambda d: d["rows"][0]["case"].update(model="nope"), "model"),
         (lambda d: d["run"].pop("run_id"), "run_id"),
     ],

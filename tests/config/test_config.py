@@ -707,3 +707,35 @@ def test_order_runs_the_named_sections_first_and_the_rest_after() -> None:
         load_experiment_text(text, "t.yaml", ["order=[decode, decode]"])
     with pytest.raises(ConfigError, match="order"):
         load_experiment_text(text, "t.yaml", ["order=[warmup]"])
+
+
+# ---------------------------------------------------------------------------- issue 38: an option grid's size
+def huge_option_grid(values: int = 100, names: str = "abcdef") -> str:
+    options = {name: list(range(values)) for name in names}
+    entry = {"name": "my-x", "factory": "tests.measure.hostile_models:fine", "kind": "attention", "options": options}
+    return tiny_config("huge", models=[entry], grid={"batch": [1], "seq_len": [8]})
+
+
+def test_an_option_grid_past_the_cap_is_refused_before_any_option_set_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Six options of a hundred values cross into 10**12 sets: counted, not built (before, validate spent ~45 s
+    building them and died of a MemoryError)."""
+    import attnbench.config.experiment as experiment
+
+    def built(*args: Any) -> Any:
+        raise AssertionError("option sets were built before the count refused them")
+
+    monkeypatch.setattr(experiment, "check_model_options", built)
+    for force in (False, True):
+        with pytest.raises(ConfigError) as caught:
+            load_experiment_text(huge_option_grid(), "huge.yaml", force=force)
+        assert "cap is" in caught.value.message and caught.value.key == "grid"
+
+
+@pytest.mark.slow
+def test_option_sets_count_toward_the_cap() -> None:
+    assert len(load_experiment_text(huge_option_grid(21, "abc"), "x.yaml").cases("cpu")) == 21**3
+    with pytest.raises(ConfigError, match="expands to 10648 cases; the cap is 10000"):
+        load_experiment_text(huge_option_grid(22, "abc"), "x.yaml")
+    assert len(load_experiment_text(huge_option_grid(22, "abc"), "x.yaml", force=True).cases("cpu")) == 22**3

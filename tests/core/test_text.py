@@ -1,4 +1,5 @@
-"""core.text: stored strings made safe for a terminal (safe_text) and for a spreadsheet (csv_cell)."""
+"""core.text: stored strings made safe for a terminal (safe_text), a spreadsheet (csv_cell) and markdown (md_text,
+md_code)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from attnbench.core.text import csv_cell, safe_text
+from attnbench.core.text import csv_cell, md_code, md_text, safe_text
 
 # What the issue found reaching a terminal: set the window title, clear the screen, ring the bell.
 HOSTILE = "ok\x1b]0;owned\x07\x1b[2J\x9b31m done"
@@ -59,3 +60,27 @@ def test_formula_cells_are_neutralised(cell: str) -> None:
 @pytest.mark.parametrize("value", [-2.5, -3, 0, 1.5e-3, True, None, "lstm", "model=lstm|mode=forward", "a-b"])
 def test_numbers_and_plain_text_pass_unchanged(value: object) -> None:
     assert csv_cell(value) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("lstm heads_kv=2 (a) [b]", "lstm heads_kv=2 (a) [b]"),  # nothing harmful: unchanged
+        ("<script>alert(1)</script>", "\\<script>alert(1)\\</script>"),
+        ("[click](https://evil.example)", "[click]\\(https://evil.example)"),
+        ("![pixel](https://evil.example/p.png)", "![pixel]\\(https://evil.example/p.png)"),
+        ("a `code` span", "a \\`code\\` span"),
+        ("C:\\path", "C:\\\\path"),
+        ("two\nlines\r\n# heading", "two lines # heading"),
+    ],
+)
+def test_md_text_leaves_no_tag_link_or_code_span(text: str, shown: str) -> None:
+    assert md_text(text) == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "span"),
+    [("lstm forward", "`lstm forward`"), ("a`b", "``a`b``"), ("`x", "`` `x ``"), ("a``b`", "``` a``b` ```")],
+)
+def test_md_code_is_never_ended_early_by_a_backtick_inside(text: str, span: str) -> None:
+    assert md_code(text) == span

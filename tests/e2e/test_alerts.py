@@ -53,6 +53,40 @@ def test_an_alert_only_when_the_newest_run_confirms_a_worse_step(tmp_path: Path)
     assert not alert.exists()
 
 
+@pytest.mark.parametrize("target", ["notes", "rows", "folder", "link"])
+def test_an_alert_path_that_is_not_an_alert_is_refused_and_kept(tmp_path: Path, target: str) -> None:
+    """Without a new step the alert file is removed: before issue 38 whatever --alert named went, a run's
+    results.jsonl or someone's notes included, and a folder was a traceback."""
+    folder = tmp_path / "runs"
+    synthetic_runs(folder, [1.0] * 4, only=STEPPED)  # no step: the path given is what gets removed
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    alert = {
+        "notes": notes,
+        "rows": sorted(folder.iterdir())[0] / "results.jsonl",
+        "folder": tmp_path,
+        "link": tmp_path / "alert.md",
+    }[target]
+    if target == "link":
+        alert.symlink_to(notes)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    result = runner.invoke(app, ["history", str(folder), "--fail-on-step", "--alert", str(alert)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("error:") == 1 and "Traceback" not in result.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()} == before
+
+
+def test_an_alert_it_wrote_and_an_empty_file_are_replaced_or_removed(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    synthetic_runs(folder, [1.0] * 4, only=STEPPED)
+    for content in ("<!-- attnbench-history-alert -->\n## an old alert\n", ""):
+        alert = tmp_path / "alert.md"
+        alert.write_text(content)
+        result = runner.invoke(app, ["history", str(folder), "--fail-on-step", "--alert", str(alert)])
+        assert result.exit_code == 0, result.output
+        assert not alert.exists()
+
+
 def test_a_faster_step_does_not_fail(tmp_path: Path) -> None:
     folder = tmp_path / "runs"
     synthetic_runs(folder, [1.0] * 6 + [0.7] * 2, only=STEPPED, sigma=0.01, case_sigma=0.005)
@@ -186,6 +220,40 @@ def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
     bisected = subprocess.run(shlex.split(hint.run), cwd=repo, capture_output=True, text=True, env=env)
     subprocess.run(["git", "bisect", "reset"], cwd=repo, check=True, capture_output=True)
     assert f"{commits[6]} is the first bad commit" in bisected.stdout, bisected.stdout + bisected.stderr
+
+
+@pytest.mark.slow
+def test_bisect_gives_commands_for_a_step_of_a_users_model(tmp_path: Path) -> None:
+    """A stored run's config names the models the user brought under ``users``; --bisect read it as a config one
+    writes, which has no such key, so a user model's step never got its commands (issue 38)."""
+    entry = {"name": "my-fine", "factory": "tests.measure.hostile_models:fine", "kind": "attention"}
+    config = tmp_path / "byo.yaml"
+    config.write_text(tiny_config("byo", models=[entry], grid={"batch": [1], "seq_len": [8]}))
+    swept = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "one")])
+    assert swept.exit_code == 0, swept.output
+    (template,) = (tmp_path / "one").iterdir()
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    runs = tmp_path / "runs"
+    for i, level in enumerate([1.0] * 4 + [1.3] * 4):
+        (repo / "notes.txt").write_text(f"commit {i}\n")
+        git(repo, "add", ".")
+        git(repo, "commit", "-q", "-m", f"commit {i}")
+        run = json.loads((template / "run.json").read_text())
+        code = {"commit": git(repo, "rev-parse", "HEAD"), "dirty": False, "branch": "main"}
+        run.update(run_id=f"byo-{i}", created_utc=f"2026-12-01T{i:02d}:00:00.000000Z", code=code)
+        rows = [json.loads(line) for line in (template / "results.jsonl").read_text().splitlines()]
+        for row in rows:
+            factor = level * (1 + 0.002 * ((i * 7) % 5))  # a little spread between runs, none within one
+            row["measurement"]["samples_s"] = [s * factor for s in row["measurement"]["samples_s"]]
+        (runs / f"run-{i}").mkdir(parents=True)
+        (runs / f"run-{i}" / "run.json").write_text(json.dumps(run))
+        (runs / f"run-{i}" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["history", str(runs), "--repo", str(repo), "--bisect", "-f", "md", "-o", "-"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout.split("## Where to look", 1)[1]
+    assert "bisect on `my-fine forward float32" in out and "git bisect run" in out, out
 
 
 def test_the_bisect_floor_is_the_spread_of_two_single_runs_the_history_measured(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +208,148 @@ def test_arithmetic_on_values_at_the_bounds_stays_finite(extreme: Path, command:
     assert "Traceback" not in out.output
     if "html" not in command:  # a page's embedded PNGs are base64, where any word can appear
         assert not re.search(r"\b(inf|nan|Infinity|NaN)\b", out.stdout), out.stdout
+
+
+# ----------------------------------------------------------------------------------- -o never replaces an input
+@pytest.fixture
+def copied(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(FIXTURE, tmp_path / "runs" / "run"))
+
+
+def files_under(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+OUTPUTS_INTO_INPUT = [
+    (["report", "{run}", "-f", "json", "-o", "{run}/results.jsonl"], "results.jsonl"),
+    (["report", "{run}", "-f", "md", "-o", "{run}/notes/new.md"], "notes/new.md"),
+    (["claims", "{run}", "-f", "md", "-o", "{run}/run.json"], "run.json"),
+    (["compare", "{run}", "{run}", "-f", "md", "-o", "{run}/summary.md"], "summary.md"),
+    (["history", "{runs}", "-f", "md", "-o", "{run}/run.json"], "run.json"),
+    (["history", "{run}", "-f", "md", "-o", "{link}/run.json"], "run.json"),  # through a link to the run folder
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "target"), OUTPUTS_INTO_INPUT, ids=[" ".join(c[0][:1] + c[0][-1:]) for c in OUTPUTS_INTO_INPUT]
+)
+def test_an_output_inside_an_input_run_folder_is_refused(
+    copied: Path, tmp_path: Path, command: list[str], target: str
+) -> None:
+    (tmp_path / "link").symlink_to(copied)
+    before = files_under(tmp_path / "runs")
+    values = {"run": copied, "runs": copied.parent, "link": tmp_path / "link"}
+    out = runner.invoke(app, [part.format(**values) for part in command])
+    assert out.exit_code == 2, out.output
+    assert out.output.count("error:") == 1 and "Traceback" not in out.output
+    assert files_under(tmp_path / "runs") == before and not (copied / "notes").exists()
+
+
+def test_an_output_is_never_written_through_a_link(copied: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (tmp_path / "out.md").symlink_to(victim)
+    out = runner.invoke(app, ["report", str(copied), "-f", "md", "-o", str(tmp_path / "out.md")])
+    assert out.exit_code == 2 and out.output.count("error:") == 1, out.output
+    assert victim.read_text() == "keep me\n" and (tmp_path / "out.md").is_symlink()
+    fine = runner.invoke(app, ["report", str(copied), "-f", "md", "-o", str(tmp_path / "report.md")])
+    assert fine.exit_code == 0 and (tmp_path / "report.md").read_text().startswith("# attnbench run")
+
+
+# ------------------------------------------------------------------------------ markup in a stored model's name
+MARKUP = "evil<script>alert(1)</script>[click](https://evil.example)|`x"
+
+
+@pytest.fixture
+def marked_up(tmp_path: Path) -> Path:
+    """A stored run whose lstm rows are a user model's named ``MARKUP`` (a row may name any model its user brought,
+    and a plugin's name is its entry point's), with a reason, a label and a telemetry note of the same."""
+    folder = Path(shutil.copytree(FIXTURE, tmp_path / "marked"))
+    run = json.loads((folder / "run.json").read_text())
+    run["label"] = f"nightly {MARKUP}"
+    rows = rows_of(folder)
+    for row in rows:
+        if row["case"]["model"] == "lstm":
+            row["case"]["model"] = MARKUP
+            row["case"]["user"] = {"factory": "pkg.mod:build", "kind": "recurrent"}
+            row["key"] = "x"
+            row["telemetry"] = {**TELEMETRY, "note": MARKUP}
+    failed = next(r for r in rows if r["status"] != "ok")
+    failed["reason"] = f"broke {MARKUP}"
+    return write(folder, run, rows)
+
+
+def outside_code(line: str) -> str:
+    """``line`` without its code spans (CommonMark: a run of backticks, not escaped, up to the next run of the same
+    length), where markup is text."""
+    kept, i = [], 0
+    while (opener := re.compile(r"(?<!\\)`+").search(line, i)) is not None:
+        kept.append(line[i : opener.start()])
+        closer = re.compile(rf"(?<!`){opener.group()}(?!`)").search(line, opener.end())
+        if closer is None:
+            kept.append(opener.group())
+            i = opener.end()
+        else:
+            i = closer.end()
+    return "".join(kept) + line[i:]
+
+
+def live_markup(text: str) -> list[str]:
+    """What a markdown renderer would read as a tag or a link: outside a code span, a < or a ]( not escaped."""
+    pattern = r"(?<!\\)<(?:script|/script)|(?<!\\)\]\(https?:"
+    return [line for line in text.splitlines() if re.search(pattern, outside_code(line))]
+
+
+MARKDOWN_OUTPUTS = [
+    ["report", "{run}", "-f", "md", "-o", "-"],
+    ["report", "{run}", "--telemetry", "-f", "md"],
+    ["claims", "{run}", "-f", "md"],
+    ["compare", "{run}", "{run}", "-f", "md"],
+    ["history", "{run}", "-f", "md"],
+]
+
+
+@pytest.mark.parametrize("command", MARKDOWN_OUTPUTS, ids=[" ".join(c[:1] + c[2:]) for c in MARKDOWN_OUTPUTS])
+@pytest.mark.slow
+def test_a_model_name_holding_markup_is_plain_text_in_every_markdown_output(
+    marked_up: Path, command: list[str]
+) -> None:
+    out = runner.invoke(app, [part.format(run=marked_up) for part in command])
+    assert out.exit_code in (0, 1), out.output
+    assert not live_markup(out.stdout), live_markup(out.stdout)
+    # Every table row still has as many cells as its header: no stored pipe split one.
+    for table in re.findall(r"((?:^\|.*\|$\n?)+)", out.stdout, re.M):
+        counts = {len(re.findall(r"(?<!\\)\|", line)) for line in table.splitlines()}
+        assert len(counts) == 1, table
+
+
+@pytest.mark.slow
+def test_summary_md_shows_markup_as_text(marked_up: Path) -> None:
+    write_run_files(marked_up)
+    summary = (marked_up / "summary.md").read_text()
+    assert not live_markup(summary)
+    assert "evil\\<script>alert(1)\\</script>[click]\\(https://evil.example)" in summary
+
+
+@pytest.mark.parametrize("name", [f"evil{ATTACK}", "evil $\\nosuch$"], ids=["control", "mathtext"])
+@pytest.mark.slow
+def test_a_model_name_with_control_characters_or_mathtext_is_drawn_as_text(tmp_path: Path, name: str) -> None:
+    """matplotlib handed ESC and BEL of a stored model name to its missing-glyph warning, raw to the terminal, and
+    read $…$ as mathtext, where an unknown command stopped the drawing (issue 38)."""
+    pytest.importorskip("matplotlib")
+    folder = Path(shutil.copytree(FIXTURE, tmp_path / "drawn"))
+    rows = rows_of(folder)
+    for row in rows:
+        if row["case"]["model"] == "lstm":
+            row["case"]["model"] = name
+            row["case"]["user"] = {"factory": "pkg.mod:build", "kind": "recurrent"}
+            row["key"] = "x"
+    write(folder, json.loads((folder / "run.json").read_text()), rows)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = runner.invoke(app, ["report", str(folder), "--plots", "-f", "md", "-o", str(tmp_path / "r.md")])
+    assert out.exit_code == 0, out.output
+    assert len(list((folder / "plots").glob("*.png"))) >= 3
+    for warning in caught:
+        no_control(str(warning.message))
+    no_control(out.stderr)

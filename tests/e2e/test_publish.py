@@ -119,6 +119,54 @@ def test_publishing_again_adds_the_new_runs_and_rewrites_only_what_changed(tmp_p
     }
 
 
+def test_a_run_with_a_zero_peak_publishes_again_and_again(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    first, second = synthetic_runs(runs, [1.0, 1.0], only=STEPPED)
+    rows = [json.loads(line) for line in (first / "results.jsonl").read_text().splitlines()]
+    rows[0]["memory"]["peak_bytes"] = 0  # a tiny case below what resident pages resolve
+    (first / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    site = tmp_path / "site"
+    publish(str(first), "-o", str(site))
+    assert "1 runs (0 new)" in publish(str(first), "-o", str(site))  # it read its own digest back
+    assert "2 runs (1 new)" in publish(str(second), "-o", str(site))
+
+
+@pytest.mark.parametrize("linked", ["assets", "data/runs", "cases"])
+def test_a_linked_folder_inside_a_site_is_refused_and_nothing_is_written(tmp_path: Path, linked: str) -> None:
+    """Before issue 38 only a file's own name was checked: a site whose assets/ had become a link to another folder
+    had that folder's site.css overwritten and new files made in it."""
+    site = tmp_path / "site"
+    first, second = synthetic_runs(tmp_path / "runs", [1.0, 1.0], only=STEPPED)
+    publish(str(first), "-o", str(site))
+    victim = tmp_path / "victim"
+    (site / linked).rename(victim)
+    (site / linked).symlink_to(victim)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    result = runner.invoke(app, ["publish", str(second), "-o", str(site)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("error:") == 1 and "Traceback" not in result.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()} == before
+
+
+def test_stored_text_never_renders_as_markup_in_a_graph(tmp_path: Path) -> None:
+    """plotly renders <a href>, <b>, … in hover and annotation text: a run's label and an environment field reach
+    both, so they go in escaped (plotly decodes the entities after it has looked for tags)."""
+    link = '<a href="javascript:alert(1)">click</a>'
+    runs = tmp_path / "runs"
+    folders = synthetic_runs(runs, [1.0] * 4, environment={i: {"cpu_model": f"EPYC {link}"} for i in (2, 3)})
+    data = json.loads((folders[0] / "run.json").read_text())
+    (folders[0] / "run.json").write_text(json.dumps({**data, "label": f"nightly {link}"}))
+    site = tmp_path / "site"
+    publish(str(runs), "-o", str(site))
+    page = next((site / "cases").glob("tiny-*lstm-forward-float32-b-2-n-64-*.html"))
+    figure = figures(page)["median"]
+    texts = [str(cell) for trace in figure["data"] for row in trace["customdata"] for cell in row]  # type: ignore[attr-defined]
+    texts += [note["text"] for note in figure["layout"]["annotations"]]  # type: ignore[index]
+    assert not [t for t in texts if "<" in t or ">" in t]
+    assert 'nightly &lt;a href="javascript:alert(1)"&gt;click&lt;/a&gt;' in texts
+    assert any("EPYC &lt;a href=" in t for t in texts)
+
+
 def test_the_committed_example_is_what_publish_makes(tmp_path: Path) -> None:
     """results/site-example-cpu/ was made by publish from the example runs; a change to the pages shows here
     (regenerate it with the command in results/README.md)."""
@@ -138,6 +186,9 @@ def test_the_committed_example_is_what_publish_makes(tmp_path: Path) -> None:
         ("foreign", [], "holds files but no data/site.json"),
         ("none", [], "no runs to publish"),
         ("none", ["--commit-url", "https://x/"], "--commit-url: 'https://x/' has no {commit}"),
+        ("none", ["--commit-url", "javascript:alert('{commit}')"], "not an http(s) address"),  # issue 38
+        ("none", ["--commit-url", "{commit}"], "not an http(s) address"),
+        ("none", ["--commit-url", "data:text/html,{commit}"], "not an http(s) address"),
         ("digest", [], "data/runs/bad.json: schema"),
     ],
 )

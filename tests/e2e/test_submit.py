@@ -298,6 +298,8 @@ def test_without_submitit_submit_says_how_to_install_it(
         (["--time", "soon"], "not a Slurm time limit"),
         (["--time", "1"], "before it could start"),
         (["--slurm-arg", "account"], "expected KEY=VALUE"),
+        (["--slurm-arg", "account=proj\n#SBATCH --wrap=evil"], "a control character"),  # issue 38: its own line
+        (["--partition", "gpu\n#SBATCH --wrap=evil"], "a control character"),
         (["--no-wait"], "--no-wait with --executor debug"),
         (["--device", "cuda", "--gpus-per-task", "0"], "the tasks would see no GPU"),
         (["--device", "tpu"], "not a device"),
@@ -315,6 +317,32 @@ def test_status_and_resume_need_a_submission_folder(tmp_path: Path) -> None:
     for flag in ("--status", "--resume"):
         result = submit(flag, tmp_path)
         assert result.exit_code == 2 and "no submission.json here" in result.output
+
+
+@pytest.mark.slow
+def test_a_huge_submission_json_is_one_error_line(tmp_path: Path) -> None:
+    """A 3 GB submission.json (sparse: nothing on disk) was read whole into a MemoryError traceback (issue 38); in a
+    child held to 2 GiB, as a reader of a hostile file must be."""
+    import resource
+
+    with (tmp_path / "submission.json").open("wb") as handle:
+        handle.truncate(3 << 30)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "attnbench", "submit", "--status", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=cap,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr and "larger than" in done.stderr
 
 
 def test_a_used_folder_is_refused(config: Path, tmp_path: Path) -> None:

@@ -77,6 +77,12 @@ class Shrinks(nn.Module):
 
 def wrong_shape(request):
     return Shrinks(request.d_model)
+
+
+def exits(request):
+    import sys
+
+    sys.exit(int(request.options.get("code", 0)))
 '''
 
 
@@ -192,6 +198,22 @@ def test_what_a_user_model_gets_wrong_becomes_a_row_and_the_sweep_goes_on(user_p
     assert decode.status == "unsupported" and "has no decode protocol" in decode.reason
 
 
+@pytest.mark.parametrize("code", [0, 3])
+@pytest.mark.slow
+def test_a_user_model_calling_sys_exit_is_its_rows_error_not_the_sweeps_exit_code(
+    user_package: Path, tmp_path: Path, code: int
+) -> None:
+    models = [entry("my-exit", "byo_layers.layers:exits", code=code), "lstm"]
+    status, folder, output = sweep(config(tmp_path, models, modes=["forward"]), tmp_path / "out")
+    assert status == 1, output  # the error rows, not the model's exit code; and every case has its row
+    stored = load_run(folder)
+    assert stored.run.state == "complete" and len(stored.results) == 4
+    assert all(r.ok for r in stored.results if r.case.model == "lstm")
+    exited = [r for r in stored.results if r.case.model == "my-exit"]
+    assert [r.status for r in exited] == ["error", "error"]
+    assert all(f"sys.exit({code})" in r.reason for r in exited)
+
+
 @pytest.mark.parametrize(
     ("models", "message", "where"),
     [
@@ -202,6 +224,15 @@ def test_what_a_user_model_gets_wrong_becomes_a_row_and_the_sweep_goes_on(user_p
         ([entry("My X", "byo_layers.layers:build")], "is not allowed", "models[0].name"),
         ([{"name": "my-x", "factory": "byo_layers.layers:build"}], "kind", "models[0]"),
         (["lstmm"], "unknown model 'lstmm'", "models[0]"),
+        # Values a stored row could not hold or read back (issue 38): readers cap numbers at 2**62, JSON has no
+        # infinity, and a case's key is joined with | and =.
+        ([entry("my-x", "byo_layers.layers:build", width=1e308)], "at most 2**62", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", width=10**30)], "at most 2**62", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", width=float("inf"))], "finite", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", width=[1.0, float("nan")])], "finite", "models[0].options.width"),
+        ([entry("my-x", "byo_layers.layers:build", tag="a|width=2")], "key", "models[0].options.tag"),
+        ([entry("my-x", "byo_layers.layers:build", tag=["a", "b=c"])], "key", "models[0].options.tag[1]"),
+        ([entry("my-x", "byo_layers.layers:build", **{"a|b": 1})], "key", "models[0].options.a|b"),
     ],
 )
 def test_bad_user_models_are_refused_at_validate(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -86,3 +89,35 @@ def test_unreadable_telemetry_lines_are_left_out_with_a_warning(tmp_path: Path) 
     found, warnings = telemetry_lines(tmp_path)
     assert [(k, s) for k, s, _ in found] == [("k", "t")]
     assert len(warnings) == 2 and all("telemetry.jsonl:" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    ("plant", "says"),
+    [
+        (lambda p: p.symlink_to("/dev/zero"), "a character device, not a regular file"),
+        (lambda p: os.mkfifo(p), "a named pipe, not a regular file"),
+    ],
+    ids=["dev-zero", "fifo"],
+)
+def test_telemetry_that_is_not_a_regular_file_is_refused_at_once(
+    tmp_path: Path, plant: Callable[[Path], None], says: str
+) -> None:
+    """Read as results.jsonl is (issue 38): before, a link to /dev/zero was read whole until MemoryError and a named
+    pipe blocked the merge for ever."""
+    plant(tmp_path / "telemetry.jsonl")
+    outcome: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            telemetry_lines(tmp_path)
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    reader = threading.Thread(target=read, daemon=True)  # a guard against the old hang, not a timing
+    reader.start()
+    reader.join(60)
+    assert outcome, "telemetry_lines did not return"
+    (error,) = outcome
+    assert isinstance(error, ResultsError) and says in error.message

@@ -17,7 +17,7 @@ from torch import nn
 from attnbench.core.cases import Case
 from attnbench.families.plugins import ModelRequest
 from attnbench.families.states import Decodable
-from attnbench.families.torch_family import TorchFamily, Unsupported, one_line
+from attnbench.families.torch_family import TorchFamily, Unsupported, one_line, torch_dtype
 
 
 class UserModelError(Exception):
@@ -93,8 +93,18 @@ class UserTorch(TorchFamily):
         return module
 
 
-def check_output(case: Case, output: object, expected: tuple[int, ...]) -> None:
-    """UserModelError unless one call's ``output`` is a tensor of the input's shape."""
+def exited(case: Case, exc: SystemExit) -> str:
+    """The reason of the row whose model (its import, factory or a call) raised ``SystemExit``: in-process it
+    would end the sweep with the model's exit code. ``os._exit`` cannot be caught this way; ``isolate: true``
+    turns it into a ``crashed`` row."""
+    user = case.user
+    where = f"{case.model} (factory {user.factory if user else '?'})"
+    return f"{where} called sys.exit({one_line(repr(exc.code), 80)}): a model must not end the process"
+
+
+def check_output(case: Case, output: object, expected: tuple[int, ...], device: torch.device) -> None:
+    """UserModelError unless one call's ``output`` is a tensor of the input's shape, in the case's dtype and on
+    ``device``: a float64 result, or a meta tensor that did no work, would otherwise be timed as the case."""
     user = case.user
     where = f"{case.model} (factory {user.factory if user else '?'})"
     if not isinstance(output, torch.Tensor):
@@ -103,6 +113,12 @@ def check_output(case: Case, output: object, expected: tuple[int, ...]) -> None:
         raise UserModelError(
             f"{where} maps {expected} to {tuple(output.shape)}: a model must keep (batch, seq_len, d_model)"
         )
+    dtype = torch_dtype(case.dtype)
+    if output.dtype != dtype:
+        raise UserModelError(f"{where} returned {output.dtype}, not {dtype} (the case's dtype {case.dtype})")
+    held = output.device
+    if held.type != device.type or (device.index is not None and held.index not in (None, device.index)):
+        raise UserModelError(f"{where} returned a tensor on {held}, not on {device}")
 
 
 TORCH = UserTorch()
