@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -51,8 +52,10 @@ from attnbench.timing.compiled import (
     fresh,
     is_compiler_failure,
     replayable_backward,
+    uses_cudagraphs,
     wrap,
 )
+from attnbench.timing.counting import Counted, count_call
 from attnbench.timing.decode_setup import DecodeSetup
 from attnbench.timing.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.timing.failures import describe, is_oom
@@ -211,18 +214,11 @@ class TorchExecutor:
         else:
             x = make_input(case, str(self.device), dtype)
             grad_mode, step = _whole_sequence(case, model, x, model if mode is None else wrap(model, mode))
-        # The peak-memory call is eager: a compiled call under CUDA graphs replays in the graph's private pool.
-        eager = step
-        if mode is not None and decode is not None:
-            eager = decode.eager_step
-        elif mode is not None and x is not None:
-            eager = _whole_sequence(case, model, x, model)[1]
         if not torch_family(case).trusted:  # a user's model: its first call is checked, and what it does counted
             with grad_mode(), call_context(case, model):
                 _check_call(case, model, x, decode)
                 if not analytic(case):
-                    extra["flops"] = extra["executed_flops"] = counted_flops(step)
-                    extra["flops_formula"] = COUNTED_FORMULA
+                    extra.update(counted_extras(count_call(step)))
 
         # What the family sets around a call (a forced SDPA backend) is set once around every call below.
         with grad_mode(), call_context(case, model):
@@ -246,8 +242,7 @@ class TorchExecutor:
             model.zero_grad(set_to_none=True)
             if x is not None:
                 x.grad = None
-            # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
-            memory = self._peak_memory(eager)
+            memory = self._peak_memory(self._memory_call(case, model, x, decode, step, mode, extra))
             if decode is not None:
                 extra.update(decode.extra)  # the computed state and the prefill, in the early row too
             parameters = parameter_count(model)
@@ -277,6 +272,31 @@ class TorchExecutor:
             decode.release()  # after the profile, which still steps: measures the state, then frees it
             extra.update(decode.extra)
         return replace(result, extra=extra)
+
+    def _memory_call(
+        self,
+        case: Case,
+        model: nn.Module,
+        x: torch.Tensor | None,
+        decode: DecodeSetup | None,
+        step: Callable[[], object],
+        mode: str | None,
+        extra: dict[str, str | int | float | bool | None],
+    ) -> Callable[[], object]:
+        """The call whose peak memory the row reports, made after the timing: the timed step itself (never its CUDA
+        graph replay: ``cuda_graph``'s pool would read about 0), except a compiled step under CUDA graphs, whose
+        replays run in the graph's private pool too. That one is stood in for by the eager model, built only now: a
+        backward row's eager forward keeps its saved activations alive while it exists, and built before the timing
+        they sat beside the compiled graph's own through every timed call. A compiled row says which it measured."""
+        source = peak_memory_source(mode, self.device.type)
+        if mode is not None:
+            extra["peak_mem_from"] = source
+        if source == "compiled":
+            return step
+        if decode is not None:
+            return decode.eager_step
+        assert x is not None  # a whole-sequence case has its input
+        return _whole_sequence(case, model, x, model)[1]
 
     def _compile(self, case: Case, watch: CompileWatch, step: Callable[[], object]) -> Result | None:
         """The first, compiling call, outside the timing; an ``unsupported`` row if the compiler cannot run here."""
@@ -370,7 +390,9 @@ class TorchExecutor:
         """One more call under the profiler, written as a Chrome trace (sweep --profile); the row names the file,
         relative to its run folder. As with the kernel count, a failure costs the row its trace only."""
         assert self.settings.trace_dir is not None
-        skipped = trace_refusal(measurement.median_s)
+        kernels = extra.get("kernels_per_call")  # counted by the profile just before, on a GPU
+        counted = kernels if isinstance(kernels, int) and not isinstance(kernels, bool) else None
+        skipped = trace_refusal(measurement.median_s, counted, gpu=self.device.type == "cuda")
         if skipped is not None:
             extra["trace_skipped"] = skipped
             return
@@ -397,6 +419,13 @@ class TorchExecutor:
         self._host_memory.start()
         step()
         return Memory(self._host_memory.peak_bytes(), RssPeak.method)
+
+
+def peak_memory_source(mode: str | None, device_type: str) -> Literal["compiled", "eager"]:
+    """Which call a row's peak memory comes from: the compiled one it timed, or an eager stand-in where the compile
+    ``mode`` records CUDA graphs on a CUDA device (a replay allocates from the graph's private pool, so the device's
+    peak counter hardly moves). Eager rows measure their own call: "compiled" means the timed step."""
+    return "eager" if device_type == "cuda" and uses_cudagraphs(mode) else "compiled"
 
 
 def _whole_sequence(
@@ -451,11 +480,9 @@ def _check_call(case: Case, model: nn.Module, x: torch.Tensor | None, decode: De
             check_output(case, model(x), expected)
 
 
-def counted_flops(step: Callable[[], object]) -> int:
-    """FLOPs of one call of ``step`` as torch's ``FlopCounterMode`` counts them (matrix products, forward and, for a
-    train step, backward): the count for a model with no formula of its own."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        step()
-    return int(counter.get_total_flops())
+def counted_extras(counted: Counted) -> dict[str, str | int | float | bool | None]:
+    """What a row of a model with no formula of its own stores of its counted call: the FLOPs and their formula, or
+    none and why (``attnbench.timing.counting``)."""
+    if counted.flops is None:
+        return {"flops_uncounted": counted.reason}
+    return {"flops": counted.flops, "executed_flops": counted.flops, "flops_formula": COUNTED_FORMULA}

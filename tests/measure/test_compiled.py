@@ -160,18 +160,33 @@ def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
     fresh()
 
 
+def test_only_cuda_graphs_make_a_compiled_rows_peak_memory_come_from_the_eager_model() -> None:
+    from attnbench.timing.torch_executor import peak_memory_source
+
+    assert peak_memory_source("reduce-overhead", "cuda") == peak_memory_source("max-autotune", "cuda") == "eager"
+    assert peak_memory_source("default", "cuda") == "compiled"
+    assert peak_memory_source("reduce-overhead", "cpu") == "compiled"  # no CUDA graphs on a CPU
+    assert peak_memory_source(None, "cuda") == "compiled"  # an eager row measures its own call
+
+
 @pytest.mark.slow
-def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A compiled call under CUDA graphs replays in the graph's private pool and reads about 0 bytes: memory comes
-    from the same call, eager."""
+@pytest.mark.parametrize("mode", ["forward", "backward", "decode"])
+def test_a_compiled_rows_peak_memory_is_the_compiled_call_and_no_eager_graph_is_built(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without CUDA graphs the compiled call's peak is readable: it is the row's, and the row says so. The eager
+    graph of a backward row kept its saved activations alive through the compiled timing (twice the activations):
+    no eager call is made or built at all here."""
     from attnbench.timing import torch_executor
 
     timed: list[object] = []
     measured: list[object] = []
+    built: list[object] = []
     real_timed, real_memory = (
         torch_executor.TorchExecutor._timed_with_telemetry,
         torch_executor.TorchExecutor._peak_memory,
     )
+    real_whole = torch_executor._whole_sequence
 
     def spy_timed(self: object, step: object, *args: object) -> object:
         timed.append(step)
@@ -181,28 +196,56 @@ def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
         measured.append(step)
         return real_memory(self, step)  # type: ignore[arg-type]
 
+    def spy_whole(*args: object) -> object:
+        built.append(args[-1])
+        return real_whole(*args)  # type: ignore[arg-type]
+
     monkeypatch.setattr(torch_executor.TorchExecutor, "_timed_with_telemetry", spy_timed)
     monkeypatch.setattr(torch_executor.TorchExecutor, "_peak_memory", spy_memory)
-    for mode in ("forward", "decode"):
-        case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default")
-        result = executor().run(case)
-        assert result.status == "ok", result.reason
-        assert measured[-1] is not timed[-1]  # not the compiled call
-        assert getattr(measured[-1], "__qualname__", "").endswith(("forward", "eager_step"))
+    monkeypatch.setattr(torch_executor, "_whole_sequence", spy_whole)
+    case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default")
+    result = executor().run(case)
+    assert result.status == "ok", result.reason
+    assert measured == timed  # the compiled call itself
+    assert result.extra["peak_mem_from"] == "compiled"
+    assert len(built) == (0 if mode == "decode" else 1)  # the compiled step's graph only
 
 
 @pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_decode_step_under_reduce_overhead_is_graphed_not_skipped() -> None:
-    """The decode state is marked static, so CUDA graphs take the step rather than skip it."""
+@pytest.mark.parametrize(("compile_mode", "source"), [("reduce-overhead", "eager"), ("default", "compiled")])
+def test_on_cuda_the_peak_memory_comes_from_eager_only_under_cuda_graphs(compile_mode: str, source: str) -> None:
     from attnbench.core.cases import Case, TimingPolicy
     from attnbench.timing.executor import ExecutorSettings
     from attnbench.timing.torch_executor import TorchExecutor
 
     quick = TimingPolicy(min_samples=5, min_time_s=0.05, max_case_s=2.0, warmup_max_s=0.5, target_ci=0.05)
     gpu = TorchExecutor(ExecutorSettings("cuda:0", quick, telemetry="off"))
-    case = Case("sdpa", "decode", "float16", "cuda:0", 2, 256, 256, 4, 2, True, (("compile", "reduce-overhead"),))
+    case = Case("sdpa", "backward", "bfloat16", "cuda:0", 2, 256, 256, 4, 2, True, (("compile", compile_mode),))
+    result = gpu.run(case)
+    assert result.status == "ok", result.reason
+    assert result.extra["peak_mem_from"] == source
+    assert result.memory is not None and (result.memory.peak_bytes or 0) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.compiles(limit_s=90)  # inductor and CUDA graphs on a cold Triton cache, three models
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["sdpa", "linear-attn", "mamba2"])
+def test_a_decode_step_under_reduce_overhead_is_graphed_not_skipped(model: str) -> None:
+    """The decode state, and the buffers linear attention's and Mamba-2's steps compute the next state into, are
+    marked static, so CUDA graphs take the step rather than skip it."""
+    from attnbench.core.cases import Case, TimingPolicy
+    from attnbench.timing.executor import ExecutorSettings
+    from attnbench.timing.torch_executor import TorchExecutor
+
+    quick = TimingPolicy(min_samples=5, min_time_s=0.05, max_case_s=2.0, warmup_max_s=0.5, target_ci=0.05)
+    gpu = TorchExecutor(ExecutorSettings("cuda:0", quick, telemetry="off"))
+    heads = None if model == "mamba2" else 4
+    case = Case(model, "decode", "float16", "cuda:0", 2, 256, 256, heads, 2, True, (("compile", "reduce-overhead"),))
     result = gpu.run(case)
     assert result.status == "ok", result.reason
     assert result.extra["cudagraph_skips"] == 0, result.measurement.warnings if result.measurement else None
+    assert result.extra["peak_mem_from"] == "eager"
     assert result.memory is not None and (result.memory.peak_bytes or 0) > 0  # an eager call, not a replay
