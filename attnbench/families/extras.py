@@ -37,6 +37,12 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("telemetry_error", str, "", "why the telemetry failed (the timing stands)"),
     ExtraSpec("skipped", bool, "", "an oom row recorded without running: a shorter length already ran out of memory"),
     ExtraSpec("cuda_graph", bool, "", "the timed calls replayed a captured CUDA graph"),
+    ExtraSpec(
+        "cache",
+        str,
+        "",
+        "the cache state the calls were timed in: cold (the last-level cache flushed before each, untimed) or warm",
+    ),
     # torch.compile.
     ExtraSpec("compile_s", float, "s", "torch.compile's first, compiling call (untimed)"),
     ExtraSpec("compile_mode", str, "", "torch.compile's mode"),

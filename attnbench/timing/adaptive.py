@@ -117,6 +117,10 @@ def measure(
             break
     warmup_s = clock.now() - start
     per_call = statistics.median(warm[-settle_window:])
+    # What a sample costs beyond its timed calls: a cold cache's flush before it (tens of ms on a CPU, against a
+    # decode step's tens of µs) and the loop's own overhead. The budget pays for it, so the blocks below are sized
+    # by the whole cost: sized by the timed calls alone, a block of 5 000 flushed samples took minutes.
+    untimed = max(0.0, (warmup_s - sum(warm)) / len(warm))
     # The fastest warm-up call, not the window's median: a warm-up that never settled may hold one slow first
     # call, and the injected cost must be a fraction of the steady-state call (recorded, so it is auditable).
     injected = inject_slowdown * min(warm)
@@ -141,16 +145,17 @@ def measure(
 
     # Short calls are grouped so that one sample is long against clock resolution and call overhead. A cold
     # cache is flushed before every sample, so there a sample is one call.
-    calls = max(1, math.ceil(policy.min_sample_s / per_call)) if per_call > 0 and policy.cache == "warm" else 1
+    grouped = per_call > 0 and policy.cache != "cold"
+    calls = max(1, math.ceil(policy.min_sample_s / per_call)) if grouped else 1
     sample_s = per_call * calls + injected * calls
     left_s = policy.max_case_s - (clock.now() - start)
     # The fastest warm-up call is the estimate: a first call that paid for a cold start must not condemn the case;
     # if later calls are slower after all, the loop below runs out of budget and says so then.
     fastest_sample_s = (min(warm) + injected) * calls
-    if fastest_sample_s * policy.min_samples > left_s:
+    if (fastest_sample_s + untimed) * policy.min_samples > left_s:
         # min_samples of these calls do not fit in what the budget has left: one or two samples would make a row
         # that looks timed and is not. The warm-up's calls are kept as the evidence, and the row says why.
-        warnings.append(_too_slow(fastest_sample_s, policy, left_s))
+        warnings.append(_too_slow(fastest_sample_s + untimed, policy, left_s))
         return Measurement(
             samples_s=tuple(warm),
             calls_per_sample=1,
@@ -175,7 +180,8 @@ def measure(
     converged = False
     while True:
         remaining = policy.max_case_s - (clock.now() - start)
-        if remaining < sample_s and samples:
+        cost_s = sample_s + untimed  # what one more sample takes of the budget
+        if remaining < cost_s and samples:
             break
         needed = max(policy.min_samples, 0 if audited else 2 * audit)
         # Re-check the stopping rule about ten times a second of sampling, never past the budget; the first time as
@@ -183,10 +189,13 @@ def measure(
         # min_time_s, as in a quick check, is kept rather than rounded up to a tenth of a second).
         until_min_s = policy.min_time_s - (clock.now() - sampling_start)
         step_s = min(0.1, remaining, until_min_s) if until_min_s > 0 else min(0.1, remaining)
-        block = max(1, min(policy.max_samples - len(samples), int(step_s / sample_s)))
+        block = max(1, min(policy.max_samples - len(samples), int(step_s / cost_s)))
         if len(samples) < needed:
-            block = max(block, min(needed - len(samples), max(1, int(remaining / sample_s))))
-        samples += clock.time(fn, calls, block)
+            block = max(block, min(needed - len(samples), max(1, int(remaining / cost_s))))
+        block_start = clock.now()
+        taken = clock.time(fn, calls, block)
+        untimed = max(0.0, (clock.now() - block_start - sum(taken) * calls) / len(taken))
+        samples += taken
         # From here the samples themselves say how long the next one takes, not the warm-up's median: a warm-up that
         # did not settle may hold a cold first call, and that estimate ended the loop with most of the budget unspent.
         sample_s = statistics.median(samples) * calls

@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from attnbench.core.cases import Case, Level
+from attnbench.core.cases import CacheState, Case, Level
 from attnbench.families.flops import analytic, count_flops, executed_flops
 from attnbench.families.registry import (
     build_model,
@@ -45,7 +45,7 @@ from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
 from attnbench.timing.adaptive import TOO_SLOW, measure
-from attnbench.timing.clocks import clock_for
+from attnbench.timing.clocks import CpuClock, CudaClock, clock_for, cpu_flusher
 from attnbench.timing.compiled import (
     CompileWatch,
     compile_mode,
@@ -79,10 +79,7 @@ class TorchExecutor:
             torch.set_num_threads(settings.threads)
         prepare_process()  # every family's process-wide settings (SDPA's math path in the row's dtype, …)
         detach_cupti_after_profiling()  # in-process too: a profile must not slow the cases after it
-        policy = settings.timing
-        # A cold cache flushes the L2 (4× its size, ≥ 256 MiB) before every sample (a sample is one call then).
-        flush = l2_flusher(self.device) if self.device.type == "cuda" and policy.cache == "cold" else None
-        self.clock = clock_for(self.device, flush=flush)
+        self._clocks: dict[CacheState, CpuClock | CudaClock] = {"warm": clock_for(self.device)}
         # torch's import leaves ~170 000 long-lived objects that every full collection would walk (~0.1 s, twice
         # per case: a quarter of a small case's cost). Freezing them keeps gc.collect() to this run's garbage.
         gc.freeze()
@@ -319,20 +316,32 @@ class TorchExecutor:
             return Result(case, "unsupported", f"{what} cannot compile {case.model} here: {describe(exc)}")
         return None
 
+    def _clock(self, cache: CacheState) -> CpuClock | CudaClock:
+        """The clock for a case timed in ``cache``: cold flushes the last-level cache before every sample (a
+        sample is one call then), the GPU's L2 (4× its size, ≥ 256 MiB) or the CPU's (a read and write of twice
+        its size), made on the first cold case and kept."""
+        if cache not in self._clocks:
+            flush = l2_flusher(self.device) if self.device.type == "cuda" else cpu_flusher()
+            self._clocks[cache] = clock_for(self.device, flush=flush)
+        return self._clocks[cache]
+
     def _timed_with_telemetry(
         self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
     ) -> tuple[Measurement, TelemetrySummary | None, Contention | None]:
         """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls), watched for
-        contention over the same calls. A failure of the telemetry itself costs the row its telemetry, never its
-        measurement."""
+        contention over the same calls, in the cache state the policy gives its mode (the row says which). A failure
+        of the telemetry itself costs the row its telemetry, never its measurement."""
+        cache = self.policy.cache_for(case.mode)
+        extra["cache"] = cache
+        policy = replace(self.policy, cache=cache)
         measurement: Measurement | None = None
         watch = ContentionWatch(str(self.device), torch.get_num_threads())  # NVML opened outside the window
         try:
             with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler, watch:
                 measurement = measure(
                     step,
-                    self.clock,
-                    self.policy,
+                    self._clock(cache),
+                    policy,
                     inject_slowdown=self.inject_slowdown,
                     on_sampling=sampler.mark_sampling,
                     timed=self._nvtx(case, extra),
