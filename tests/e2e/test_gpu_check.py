@@ -4,6 +4,7 @@ machine lacks, and the telemetry-overhead script survives a device it cannot run
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -44,6 +45,7 @@ def test_the_plan_runs_every_step_under_a_timeout_within_six_minutes() -> None:
     setup = text[text.index("setup() {") : text.index("environment() {")]
     assert "import torch" not in setup and "import pydantic" in setup  # torch's cold import is env's
     assert "--set 'order=[decode,presets]'" in text  # claim 1's decode rows and claim 3 first
+    assert "models=[mamba2," in text  # Mamba-2 runs in a sweep of the check, bf16 forward at n = 2048 on the GPU
     assert '--junitxml="$OUT/gpu-tests.xml"' in text and "ATTNBENCH_TEST_TIMEOUT_S=" in text
     assert 'timeout -k "$KILL_GRACE_S" "$budget" "$@"' in text  # the one place a step runs
     for name in names:
@@ -100,6 +102,12 @@ def test_cpu_mode_runs_every_step_from_a_fresh_checkout(tmp_path: Path) -> None:
         (folder,) = {m.split("/")[0] for m in members}
         assert folder.endswith(f"-{config}-cpu"), folder
         assert {f"{folder}/run.json", f"{folder}/results.jsonl", f"{folder}/summary.csv"} <= set(members)
+        if tarball == "flash-run.tgz":
+            with tarfile.open(out / tarball) as archive:
+                rows = archive.extractfile(f"{folder}/results.jsonl")
+                assert rows is not None
+                stored = [json.loads(line) for line in rows.read().decode().splitlines() if line.strip()]
+            assert any(r["case"]["model"] == "mamba2" and r["status"] == "ok" for r in stored)
     assert "bert-base" in (out / "claims.md").read_text()  # the presets ran with the claims
     assert not list(Path(tmp_path).glob("gpu-check.*")), "the work folder is removed"
 

@@ -259,7 +259,7 @@ def test_flash_attn_decodes_through_its_kv_cache_kernel(scope: str, dtype: str) 
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", [*RECURRENT, *GPU_ATTENTION])
+@pytest.mark.parametrize("model", [*RECURRENT, "mamba2", "linear-attn", *GPU_ATTENTION])
 def test_every_model_decodes_in_bfloat16_on_the_gpu(model: str) -> None:
     case = decode_case(model, "block", dtype="bfloat16", device="cuda", d_model=256, n=100)
     reason = probe(case, "cuda")

@@ -279,8 +279,15 @@ def test_kernel_mamba_ssm_routes_through_the_packages_function(monkeypatch: pyte
 
 
 @pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # Triton compiles the SSD kernels (forward and backward) on a cold cache
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_real_kernel_runs_and_agrees_with_the_torch_form(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 2e-3), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("train", [False, True])
+def test_the_real_kernel_runs_and_agrees_with_the_torch_form(
+    dtype: torch.dtype, tolerance: float, train: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused kernel against the torch form, in the dtypes a sweep runs it in (bf16 keeps A_log, D and the scan
+    in float32 where mamba_ssm does) and through its backward, which a train row times."""
     real = pytest.importorskip("mamba_ssm.ops.triton.ssd_combined", reason="the mamba-ssm package is not installed")
     calls: list[int] = []
 
@@ -290,14 +297,28 @@ def test_the_real_kernel_runs_and_agrees_with_the_torch_form(monkeypatch: pytest
 
     monkeypatch.setattr(m2, "mamba_ssm_scan", lambda: spy)
     torch.manual_seed(0)
-    layer = Mamba2(256, d_state=64, head_dim=64, chunk=64, kernel="mamba_ssm", device="cuda", dtype=torch.float32)
-    u = torch.randn(2, 256, 256, device="cuda")
-    with torch.no_grad():
-        fused = layer(u)
-        layer.kernel = "torch"
-        plain = layer(u)
+    layer = Mamba2(256, d_state=64, head_dim=64, chunk=64, kernel="mamba_ssm", device="cuda", dtype=dtype)
+    u = torch.randn(2, 256, 256, device="cuda", dtype=dtype)
+
+    def run(kernel: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        layer.kernel = kernel
+        layer.zero_grad(set_to_none=True)
+        x = u.clone().requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            out = layer(x)
+        if not train:
+            return out.detach(), []
+        out.float().square().mean().backward()
+        assert x.grad is not None
+        return out.detach(), [x.grad, *(p.grad for p in layer.parameters() if p.grad is not None)]
+
+    fused, fused_grads = run("mamba_ssm")
+    plain, plain_grads = run("torch")
     assert calls, "the mamba_ssm kernel was never called"
-    torch.testing.assert_close(fused, plain, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(fused.float(), plain.float(), atol=tolerance, rtol=tolerance)
+    assert len(fused_grads) == len(plain_grads)
+    for got, want in zip(fused_grads, plain_grads, strict=True):  # gradients are small: held by their norms
+        assert float((got.float() - want.float()).norm()) <= tolerance * float(want.float().norm()) + 1e-12
 
 
 def test_the_gated_norm_is_per_group_as_mamba_ssm_normalises() -> None:
