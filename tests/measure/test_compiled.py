@@ -111,22 +111,20 @@ def test_flex_runs_compiled_forward_and_decode_on_cpu_and_says_why_not_train(mod
 def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Eager create_block_mask materialised the whole (T, T) mask (8 GiB of int64 at 32k), each layer had a mask_mod
     of its own (a recompile per layer), and the tiny probe compiled shapes the case never ran (dynamic=False)."""
-    import importlib
-
     import torch
 
     from attnbench.families import registry
+    from attnbench.families.attention import layers as attention
     from attnbench.families.attention.layers import FlexCore
     from attnbench.families.registry import build_model, make_input, probe
 
-    module = importlib.import_module("torch.nn.attention.flex_attention")
-    real, asked = module.create_block_mask, []
+    compiled, asked = attention.compiled_block_mask(), []
 
     def spy(*args: object, **kwargs: object) -> object:
-        asked.append(kwargs.get("_compile"))
-        return real(*args, **kwargs)
+        asked.append(kwargs)
+        return compiled(*args, **kwargs)
 
-    monkeypatch.setattr(module, "create_block_mask", spy)
+    monkeypatch.setattr(attention, "_COMPILED_BLOCK_MASK", [spy])
     case = tiny_case("flex", seq_len=64, d_model=32, heads=4, layers=3, causal=True, window=16)
     ran: list[object] = []
     monkeypatch.setattr(registry, "_probe_tiny", lambda *a: ran.append(a))
@@ -136,9 +134,8 @@ def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: p
         built(make_input(case, "cpu", torch.float32))
     cores = [m for m in built.modules() if isinstance(m, FlexCore)]
     assert len(cores) == 3 and len({id(c.masks) for c in cores}) == 1
-    # One block mask for three layers, made compiled (the compiled function calls the eager one inside: _compile
-    # left at its default there).
-    assert asked.count(True) == 1 and asked[0] is True
+    # One block mask for three layers, from create_block_mask compiled (not its deprecated _compile flag).
+    assert len(asked) == 1 and "_compile" not in asked[0]
 
 
 def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
