@@ -182,9 +182,10 @@ claims_sweep() {
 }
 
 # Every attention kernel (and cuDNN LSTM) at two lengths (2048: claim 4's), causal and not: the flash-vs-vanilla comparison, each
-# forced SDPA backend beside PyTorch's own choice, useful vs executed FLOPs, and which RNN path runs.
+# forced SDPA backend beside PyTorch's own choice, useful vs executed FLOPs, and which RNN path runs. Mamba-2 (its torch
+# form, bf16) runs first, at the same lengths: no other step of the check runs it in a sweep.
 flash_sweep() {
-  local models='models=[vanilla,sdpa-math,sdpa-flash,sdpa-efficient,sdpa-cudnn,sdpa,flash-attn,lstm]'
+  local models='models=[mamba2,vanilla,sdpa-math,sdpa-flash,sdpa-efficient,sdpa-cudnn,sdpa,flash-attn,lstm]'
   if [ "$MODE" = gpu ]; then
     "$PY" -m attnbench sweep configs/gpu-seq-sweep.yaml --device cuda --out "$WORK/flash" -q --telemetry full \
       --set "$models" --set 'grid.seq_len=[2048,8192]' --set 'grid.heads=[16]' --set 'modes=[forward]' \

@@ -25,23 +25,49 @@ os.environ["ATTNBENCH_PLOTS"] = "0"
 os.environ["ATTNBENCH_CACHE"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Declared here, not in pyproject, so a suite that copies this conftest (tests/e2e/test_gpu_check.py) knows it.
+    config.addinivalue_line(
+        "markers",
+        "compiles(limit_s): compiles with inductor or Triton on a possibly cold cache: runs last in a time-limited "
+        "run, under limit_s instead of ATTNBENCH_TEST_TIMEOUT_S",
+    )
+
+
+def compile_heavy(item: Any) -> bool:
+    """Whether ``item`` compiles with inductor or Triton on a possibly cold cache: FlexAttention's tests (compiling
+    once per length, dynamic=False) and those marked ``compiles``."""
+    return "flex" in item.nodeid or item.get_closest_marker("compiles") is not None
+
+
 def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """FlexAttention's tests last: each compiles with inductor (dynamic=False: once per length), so a time-limited
-    run (scripts/gpu_check.sh's gpu-tests step) reaches every other test before them."""
-    items.sort(key=lambda item: "flex" in item.nodeid)  # stable: the rest keep their order
+    """The compile-heavy tests last, so a time-limited run (scripts/gpu_check.sh's gpu-tests step) reaches every
+    other test before them."""
+    items.sort(key=compile_heavy)  # stable: the rest keep their order
+
+
+def time_limit_s(item: Any) -> float:
+    """A test's limit in a time-limited run: its ``compiles`` marker's ``limit_s`` (a cold inductor or Triton cache
+    compiles for tens of seconds mid-run), else ATTNBENCH_TEST_TIMEOUT_S; 0 (no limit) when that is unset."""
+    limit = float(os.environ.get("ATTNBENCH_TEST_TIMEOUT_S", "0") or 0)
+    marker = item.get_closest_marker("compiles")
+    if limit > 0 and marker is not None:
+        return float(marker.kwargs.get("limit_s", marker.args[0] if marker.args else limit))
+    return limit
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: Any) -> Iterator[None]:
-    """With ATTNBENCH_TEST_TIMEOUT_S set, a test that runs longer fails with that reason instead of eating a
-    time-limited run's whole budget (scripts/gpu_check.sh sets it; pytest-timeout is not on the GPU machine)."""
-    limit = float(os.environ.get("ATTNBENCH_TEST_TIMEOUT_S", "0") or 0)
+    """With ATTNBENCH_TEST_TIMEOUT_S set, a test that runs longer than its limit (``time_limit_s``) fails with that
+    reason instead of eating a time-limited run's whole budget (scripts/gpu_check.sh sets it; pytest-timeout is not
+    on the GPU machine)."""
+    limit = time_limit_s(item)
     if limit <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"{item.nodeid} ran past ATTNBENCH_TEST_TIMEOUT_S={limit:g} s")
+        raise TimeoutError(f"{item.nodeid} ran past its limit of {limit:g} s (ATTNBENCH_TEST_TIMEOUT_S, compiles)")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, limit)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from attnbench.core.cases import Case
 from attnbench.core.peaks import SHORT_NAMES, VendorPeak, vendor_peak
-from attnbench.core.units import format_bandwidth, format_flops, to_mib
+from attnbench.core.units import format_bandwidth, format_flops, format_seconds, to_mib
 from attnbench.families.catalogue import peak_dtype
 from attnbench.results.calibration import Calibration
 from attnbench.results.records import Result, Run
@@ -146,6 +146,81 @@ def arithmetic_intensity(result: Result) -> float | None:
     if not isinstance(flops, int) or isinstance(flops, bool) or not isinstance(moved, int) or isinstance(moved, bool):
         return None
     return flops / moved if moved > 0 else None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the roofline allows one call (Williams, Waterman & Patterson 2009): its FLOPs at the compute peak, its
+    compulsory bytes at the memory bandwidth, overlapped perfectly, so the longer of the two."""
+
+    compute_s: float
+    memory_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> Literal["compute", "memory"]:
+        """Which ceiling the prediction sits under: the likelier cause when a call beats it."""
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def predict(result: Result, compute: Peak | None, bandwidth: BandwidthPeak | None) -> Prediction | None:
+    """The row's roofline time per call, or None without a FLOP count, a byte count or either peak. The FLOPs are
+    those its kernels execute (``executed_flops``: the full n² of a core that masks after computing), which the
+    compute ceiling bounds; the useful count where no executed one is stored."""
+    flops = result.extra.get("executed_flops", result.extra.get("flops"))
+    moved = result.extra.get("bytes_moved")
+    if compute is None or bandwidth is None or compute.flops_per_s <= 0 or bandwidth.bytes_per_s <= 0:
+        return None
+    if not isinstance(flops, int) or isinstance(flops, bool) or not isinstance(moved, int) or isinstance(moved, bool):
+        return None
+    return Prediction(flops / compute.flops_per_s, moved / bandwidth.bytes_per_s)
+
+
+def measured_over_predicted(result: Result, prediction: Prediction | None) -> float | None:
+    """The row's median over its roofline time: 1 at the roofline, above it slower (the usual case), below it
+    faster than the model allows, which means a count or a peak is wrong, or the data came from cache."""
+    m = result.measurement
+    if prediction is None or m is None or prediction.seconds <= 0 or not result.ok:
+        return None
+    return m.median_s / prediction.seconds
+
+
+def prediction_for(table: PeakTable, result: Result) -> Prediction | None:
+    """``predict`` with the peaks ``table`` holds the row's case against (its dtype's, or TF32's: ``for_case``)."""
+    return predict(result, table.for_case(result.case), table.bandwidth())
+
+
+def below_roofline_flags(run: Run | None, results: Iterable[Result]) -> list[str]:
+    """One line per ok row that ran faster than its roofline time (measured / predicted below 1), with the cause
+    the prediction makes likelier: a memory-bound row's bytes came from cache (a warm cache it fits in) or are
+    over-counted; a compute-bound row's FLOPs are over-counted or its peak is below what its kernels reach."""
+    table = PeakTable.for_run(run)
+    lines: list[str] = []
+    for result in results:
+        prediction = prediction_for(table, result)
+        ratio = measured_over_predicted(result, prediction)
+        if ratio is None or prediction is None or ratio >= 1.0:
+            continue
+        cache = result.extra.get("cache")
+        if prediction.bound == "memory":
+            cause = (
+                "memory-bound: its bytes came from cache rather than memory"
+                + (" (timed warm: cache: cold would flush them)" if cache == "warm" else "")
+                + f", or the bytes formula ({result.extra.get('bytes_formula')}) counts more than it moves"
+            )
+        else:
+            cause = (
+                f"compute-bound: the FLOP count ({result.extra.get('flops_formula')}) is more than its kernels do, "
+                "or the peak is below what they reach (a calibration on a loaded machine)"
+            )
+        lines.append(
+            f"{result.case.key}: measured {format_seconds(result.measurement.median_s if result.measurement else 0)} "
+            f"is {ratio:.2f}× the roofline's {format_seconds(prediction.seconds)}; likelier {cause}"
+        )
+    return lines
 
 
 def peak_flags(run: Run | None, results: Iterable[Result]) -> list[str]:

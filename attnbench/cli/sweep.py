@@ -32,7 +32,7 @@ from attnbench.cli.common import (
 )
 from attnbench.cli.progress import SweepDisplay
 from attnbench.cli.signals import Interrupts
-from attnbench.core.cases import Case
+from attnbench.core.cases import CacheState, Case
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError, ResultsError, StorageError
 from attnbench.core.units import format_duration
 from attnbench.results.records import FAILED, Result
@@ -70,6 +70,14 @@ def sweep(
     telemetry: Annotated[
         Literal["off", "basic", "full"] | None,
         typer.Option("--telemetry", help="Hardware telemetry: off, basic, full (+ GPM).", show_default="config's"),
+    ] = None,
+    cache: Annotated[
+        CacheState | None,
+        typer.Option(
+            "--cache",
+            help="cold: flush the last-level cache before every timed call (untimed); warm: do not.",
+            show_default="config's, else decode cold and the rest warm",
+        ),
     ] = None,
     label: Annotated[
         str, typer.Option("--label", help="A free label for this run, shown by history and compare.")
@@ -142,8 +150,13 @@ def sweep(
         config=config,
         device=device,
         out=out,
-        # --telemetry is shorthand for --set telemetry=…: part of the config, so resume checks it too.
-        overrides=(*(overrides or ()), *((f"telemetry={telemetry}",) if telemetry else ())),
+        # --telemetry and --cache are shorthand for --set telemetry=… and cache=…: part of the config, so resume
+        # checks them too.
+        overrides=(
+            *(overrides or ()),
+            *((f"telemetry={telemetry}",) if telemetry else ()),
+            *((f"cache={cache}",) if cache else ()),
+        ),
         isolate=isolate,
         resume=resume,
         retry_failed=retry_failed,

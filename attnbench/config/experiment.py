@@ -66,6 +66,7 @@ from attnbench.config.source import (
 )
 from attnbench.config.users import UserEntry, check_models
 from attnbench.core.cases import (  # the size caps, re-exported here with the config's own
+    DEFAULT_CACHE,
     DEVICE_REQUEST,
     DTYPES,
     MAX_BATCH,
@@ -77,6 +78,7 @@ from attnbench.core.cases import (  # the size caps, re-exported here with the c
     MAX_THREADS,
     MAX_TOKENS,
     MODES,
+    CacheState,
     Case,
     Level,
     Mode,
@@ -307,7 +309,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
     presets, written_presets = check_presets(m, ctx)
     _check_timing(m.timing, ctx)
 
-    timing = TimingPolicy(**m.timing.model_dump())
+    cache = _cache(m, ctx)
+    timing = TimingPolicy(**{**m.timing.model_dump(), "cache": cache})
     axes_value = Axes(
         models=tuple(names),
         modes=tuple(cast(list[Mode], m.modes)),
@@ -345,7 +348,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         "grid": grid,
         "threads": m.threads,
         "seed": m.seed,
-        "timing": m.timing.model_dump(),
+        "timing": {**m.timing.model_dump(), "cache": cache},  # under timing wherever it was written
         "isolate": m.isolate,
         "case_timeout_s": m.case_timeout_s,
         "skip_larger_after_oom": m.skip_larger_after_oom,
@@ -380,6 +383,21 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
     axis_paths = {name: path for name, (_, path) in given_axes.items()}
     check_buildable(experiment.cases("cpu"), names, written_options, option_values, axis_paths, ctx)
     return experiment
+
+
+def _cache(m: ConfigModel, ctx: Context) -> CacheState | None:
+    """The cache state the config times its cases in: given at the top level or under timing (not both, unless the
+    top level's is an override: sweep --cache, or --set cache=…, which wins); else each mode's default, said as one
+    value where every mode the config runs shares it (what the field always said: such a config keeps the sha256 it
+    had), and None where they differ (``TimingPolicy.cache_for`` decides per case)."""
+    if m.cache is not None and m.timing.cache is not None and ("cache",) not in ctx.touched:
+        raise ctx.error("cache is given both at the top level and under timing; keep one", ("timing", "cache"))
+    given = m.cache if m.cache is not None else m.timing.cache
+    if given is not None:
+        return given
+    modes = {*m.modes, *(m.presets.modes or () if m.presets else ()), *(("decode",) if m.decode else ())}
+    defaults = {DEFAULT_CACHE[mode] for mode in modes if mode in DEFAULT_CACHE}
+    return defaults.pop() if len(defaults) == 1 else None
 
 
 def _check_name(name: str, ctx: Context) -> None:

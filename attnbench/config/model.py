@@ -23,6 +23,7 @@ from attnbench.core.cases import (
     MAX_SEQ_LEN,
     MAX_THREADS,
     MAX_TOKENS,
+    CacheState,
     TimingPolicy,
 )
 from attnbench.families.catalogue import PRESET_CORE_DEFAULT, option_axes
@@ -188,8 +189,9 @@ class TimingModel(_Strict):
     """How closely (a fraction) the audited samples' median must agree with the later samples'."""
     processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
     """Run every case in this many fresh worker processes; the spread of their medians widens the CI."""
-    cache: Literal["warm", "cold"] = _POLICY.cache
-    """GPU only. cold: flush the device's L2 before every timed call (not timed); warm: do not."""
+    cache: CacheState | None = _POLICY.cache
+    """The same as the top-level cache (give one of the two): cold flushes the last-level cache before every timed
+    call, warm does not; null = each mode's default."""
     cuda_graph: bool = _POLICY.cuda_graph
     """GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost."""
     process_warmup_s: Annotated[float, Field(ge=0, le=60)] = _POLICY.process_warmup_s
@@ -283,6 +285,11 @@ class _Config(_Strict):
     """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
     """torch CPU threads; null = torch's default (one per core)."""
+    cache: CacheState | None = None
+    """cold: flush the last-level cache (a GPU's L2, a CPU's L3) before every timed call, outside the timed region,
+    so each call reads its weights and state from memory; warm: back-to-back calls find them cached. null = each
+    mode's default: decode cold (a small model's step state fits in an H200's 50 MB L2 and would read faster than
+    memory allows), forward, train and backward warm. sweep --cache sets it."""
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     """Seeds inputs and weights, so reruns time the same numbers."""
     timing: TimingModel = Field(default_factory=TimingModel)

@@ -206,6 +206,15 @@ class Case:
         )
 
 
+CacheState = Literal["warm", "cold"]
+# The cache state each mode is timed in unless the config says (``cache``). A decode step's state and weights at the
+# sizes a sweep decodes fit in a last-level cache (an H200's L2 is 50 MB; flashinfer#4468, TileGym#118), so timed
+# back to back a warm step reads them faster than memory allows, which no decoder serving other layers and requests
+# sees: decode is timed cold. A whole sequence's activations outgrow the cache at the lengths that matter, and the
+# field times them warm (torch.utils.benchmark, the FlashAttention benchmarks): warm.
+DEFAULT_CACHE: dict[str, CacheState] = {"forward": "warm", "train": "warm", "backward": "warm", "decode": "cold"}
+
+
 @dataclass(frozen=True)
 class TimingPolicy:
     """How carefully each case is timed. Seconds throughout.
@@ -233,15 +242,20 @@ class TimingPolicy:
     # Between-process replicates: each case runs in this many fresh worker processes (isolation on), and the
     # spread of their medians widens the case's CI. Drift between processes is larger than within one.
     processes: int = 1
-    # GPU only. cold: overwrite 4× the device's L2 (≥ 256 MiB) before each timed call and wait for it, so the
-    # flush is not timed and launch gaps are; warm: no flush.
-    cache: Literal["warm", "cold"] = "warm"
+    # cold: flush the last-level cache before each timed call, outside the timed region (a GPU's L2: 4× its size,
+    # ≥ 256 MiB, waited for; a CPU's LLC: a read and write of twice its size), so a call finds its weights and state
+    # in memory; warm: no flush. None: each mode's default (``DEFAULT_CACHE``).
+    cache: CacheState | None = None
     # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
     cuda_graph: bool = False
     # Before the first case of each process: this long of a mixed, parallel workload (``measure.process_warmup``),
     # so the first case does not pay for the thread pool's start, the autograd engine's, clock ramp-up and
     # first-use initialisation that every later case finds done. 0 = none.
     process_warmup_s: float = 0.5
+
+    def cache_for(self, mode: str) -> CacheState:
+        """The cache state ``mode``'s calls are timed in: the policy's, else the mode's default."""
+        return self.cache if self.cache is not None else DEFAULT_CACHE[mode]
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)

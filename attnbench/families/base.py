@@ -348,6 +348,19 @@ class Family:
         """Whether one call takes int64 token ids (B, T) rather than activations (B, T, d_model)."""
         return False
 
+    # ---------------------------------------------------------------------------------------------- traffic
+    def lookup_table(self, case: Case) -> tuple[int, int] | None:
+        """(rows, width) of the table a call reads row by row (the token embedding at scope model), or None: a call
+        reads the rows its tokens gather, not the whole table (``attnbench.families.traffic``)."""
+        return None
+
+    def intermediate_elements(self, case: Case) -> int:
+        """Elements of the activations one forward call writes for a later kernel of the same call to read, beyond
+        the call's input and output (in the case's dtype): the traffic between kernels that no fusion removes, each
+        written once and read once (``attnbench.families.traffic``). By default the activations handed from one of
+        ``layers`` stacked layers to the next, which a user's model asked for that many layers has too."""
+        return (case.layers - 1) * case.tokens * case.d_model
+
 
 def frozen(parts: Mapping[str, int]) -> Mapping[str, int]:
     return MappingProxyType(dict(parts))

@@ -18,8 +18,17 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("flops", int, "flop", "FLOPs one call does, useful work (a causal core credited the pairs it keeps)"),
     ExtraSpec("flops_formula", str, "", "the formula that gave flops (attention-block-v1, …; counted-v1: counted)"),
     ExtraSpec("executed_flops", int, "flop", "FLOPs one call executes (the full n² of a core that masks after)"),
-    ExtraSpec("bytes_moved", int, "bytes", "the bytes one call must read and write (compulsory traffic, core.traffic)"),
-    ExtraSpec("bytes_formula", str, "", "the count that gave bytes_moved (bytes-compulsory-v1, …)"),
+    ExtraSpec(
+        "flops_uncounted",
+        str,
+        "",
+        "why a counted model's row stores no FLOPs: ops without a FLOP formula ran in its call (a cuDNN RNN, a "
+        "package's kernel), so a count would leave their work out",
+    ),
+    ExtraSpec(
+        "bytes_moved", int, "bytes", "the bytes one call must read and write (compulsory traffic, families.traffic)"
+    ),
+    ExtraSpec("bytes_formula", str, "", "the count that gave bytes_moved (bytes-compulsory-v2, …)"),
     # How the process and the timing ran.
     ExtraSpec("torch_threads", int, "", "torch's CPU threads while the case ran"),
     ExtraSpec(
@@ -35,9 +44,22 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("telemetry_error", str, "", "why the telemetry failed (the timing stands)"),
     ExtraSpec("skipped", bool, "", "an oom row recorded without running: a shorter length already ran out of memory"),
     ExtraSpec("cuda_graph", bool, "", "the timed calls replayed a captured CUDA graph"),
+    ExtraSpec(
+        "cache",
+        str,
+        "",
+        "the cache state the calls were timed in: cold (the last-level cache flushed before each, untimed) or warm",
+    ),
     # torch.compile.
     ExtraSpec("compile_s", float, "s", "torch.compile's first, compiling call (untimed)"),
     ExtraSpec("compile_mode", str, "", "torch.compile's mode"),
+    ExtraSpec(
+        "peak_mem_from",
+        str,
+        "",
+        "which call a compiled row's peak memory is of: compiled (the timed call) or eager (the eager model, where "
+        "CUDA graphs' private pool hides the compiled call's: reduce-overhead and max-autotune on CUDA)",
+    ),
     ExtraSpec("compile_graphs", int, "", "graphs dynamo compiled on the first call"),
     ExtraSpec("graph_breaks", int, "", "graph breaks on the first call"),
     ExtraSpec("recompiles", int, "", "graphs compiled during the timing: nonzero means the timing saw a recompilation"),

@@ -152,3 +152,17 @@ class RecurrentFamily(Family):
 
     def takes_tokens(self, case: Case) -> bool:
         return self.option(case, "scope") == "model"
+
+    def lookup_table(self, case: Case) -> tuple[int, int] | None:
+        return shared.embedding_table(case, self.values(case))
+
+    def intermediate_elements(self, case: Case) -> int:
+        """Per layer and direction the input side of the gates for every token (``gates`` × hidden): LSTM and GRU
+        (cuDNN, oneDNN, ATen alike) multiply the whole sequence's inputs by W_ih before the recurrence reads them,
+        and the min-RNNs' one Linear writes what their scan reads. A block adds its LayerNorm's output and the
+        layer's (read by the projection back to d_model, or by the residual)."""
+        directions, hidden = self.directions(case), self.hidden(case)
+        layer = directions * self.gates[case.model] * hidden
+        if self.option(case, "scope") != "core":
+            layer += case.d_model + directions * hidden
+        return case.layers * case.tokens * layer + shared.network_interfaces(case, self.values(case))

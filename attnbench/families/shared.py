@@ -319,6 +319,34 @@ def network_parameters(case: Case, opt: ValueOf, body: int) -> int:
     return body + embedding + table
 
 
+def embedding_table(case: Case, opt: ValueOf) -> tuple[int, int] | None:
+    """(rows, width) of the token embedding at scope model, which a call reads only at its tokens' rows; None
+    elsewhere (``Family.lookup_table``)."""
+    return (int(opt("vocab")), case.d_model) if opt("scope") == "model" else None
+
+
+def network_interfaces(case: Case, opt: ValueOf) -> int:
+    """Elements handed from one part of a network to the next through memory: from each of ``layers`` layers (or
+    blocks) to the next and, at scope model, from the embedding to the first block and from the last block to the
+    final LayerNorm (``Family.intermediate_elements``)."""
+    parts = case.layers + (2 if opt("scope") == "model" else 0)
+    return (parts - 1) * case.tokens * case.d_model
+
+
+def attention_like_intermediates(case: Case, opt: ValueOf) -> int:
+    """``Family.intermediate_elements`` of a stack of attention-like layers (projections around a core): per layer
+    and token Q, K and V from the fused projection (d + 2·H_kv·D), which the core reads, and the core's output O (d),
+    which the output projection reads: 8·d per token for multi-head attention's round trips (a fused kernel keeps
+    the scores on chip, so none are counted). A block adds its two LayerNorms' outputs, h = x + attention (read
+    by the second LayerNorm and the last residual) and the FFN's hidden layer (m·d), its activation fused into the
+    first Linear."""
+    d = case.d_model
+    layer = (d + 2 * kv_width(case, opt)) + d
+    if opt("scope") != "core":
+        layer += 3 * d + int(opt("ffn_mult")) * d
+    return case.layers * case.tokens * layer + network_interfaces(case, opt)
+
+
 # cuBLAS and cuDNN take their tensor-core paths when a matrix dimension is a multiple of 8 (16-bit types), so a
 # matched width is rounded to one wherever that stays within MATCH_TOLERANCE: a width of 934 would time the
 # LSTM on a slow path its authors would never have chosen.

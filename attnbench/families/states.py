@@ -42,11 +42,24 @@ class State(DecodeState, DropsScratch, Protocol):
     """A built-in state: the plugin interface's ``DecodeState`` that also drops its scratch (``DropsScratch``), which
     the executor does before it measures the state's memory."""
 
+    def scratch(self) -> Iterator[torch.Tensor]:
+        """The buffers a step writes in place beside ``tensors`` (the next state, computed aside): allocated once
+        and never moved, so a compiled step may take them as static (CUDA graphs skip a graph whose inputs it sees
+        mutated unless they are)."""
+        ...
+
 
 def drop_scratch(state: Any) -> None:
     """``state.drop_scratch()`` where the state has one (a user model's may not: ``DropsScratch`` is optional)."""
     if isinstance(state, DropsScratch):
         state.drop_scratch()
+
+
+def scratch_tensors(state: Any) -> Iterator[torch.Tensor]:
+    """``state.scratch()`` where the state has one (a user model's may not), else nothing: see ``State``."""
+    scratch = getattr(state, "scratch", None)
+    if callable(scratch):
+        yield from scratch()
 
 
 def decodable(module: nn.Module) -> Decodable:
@@ -169,6 +182,9 @@ class KVCache:
     def drop_scratch(self) -> None:
         self.seqlens = self.visible = None  # flash-attn's per-sequence lengths: bookkeeping, not K and V
 
+    def scratch(self) -> Iterator[torch.Tensor]:
+        return iter(())  # a step writes its token into the cache itself (``tensors``)
+
 
 @dataclass
 class RecurrentState:
@@ -186,6 +202,9 @@ class RecurrentState:
 
     def drop_scratch(self) -> None:
         self.pending = None
+
+    def scratch(self) -> Iterator[torch.Tensor]:
+        return iter(())  # a step's new h and c are new tensors each time, kept in ``pending``
 
     def advance(self) -> None:
         if self.pending is None:
@@ -217,6 +236,10 @@ class StackState:
         for layer in self.layers:
             drop_scratch(layer)
 
+    def scratch(self) -> Iterator[torch.Tensor]:
+        for layer in self.layers:
+            yield from scratch_tensors(layer)
+
 
 @dataclass
 class NetworkState:
@@ -234,6 +257,9 @@ class NetworkState:
 
     def drop_scratch(self) -> None:
         drop_scratch(self.body)
+
+    def scratch(self) -> Iterator[torch.Tensor]:
+        yield from scratch_tensors(self.body)
 
 
 def tensor_bytes(state: State) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
-from attnbench.analysis.efficiency import peak_flags
+from attnbench.analysis.efficiency import below_roofline_flags, peak_flags
 from attnbench.core.units import format_bytes, format_seconds, to_mib
 from attnbench.report.pivot import Cell, PivotTable
 from attnbench.results.records import Result, Run
@@ -156,13 +156,20 @@ class RunChecks:
     summary: str  # the train checks' one-line summary ("" when no case ran all three modes)
     flagged: tuple[TrainCheck, ...]
     over_peak: tuple[str, ...]
+    below_roofline: tuple[str, ...] = ()  # rows faster than their roofline time, with the likelier cause
 
     def __bool__(self) -> bool:
-        return bool(self.summary or self.over_peak)
+        return bool(self.summary or self.over_peak or self.below_roofline)
+
+
+# How the renderers introduce the rows that beat their roofline time.
+BELOW_ROOFLINE = "Faster than the roofline allows"
+BELOW_ROOFLINE_NOTE = "(measured / predicted below 1: a count or a peak is wrong, or the data stayed in cache)"
 
 
 def run_checks(run: Run | None, results: Sequence[Result]) -> RunChecks:
     checks = train_checks(results)
     flagged = tuple(c for c in checks if c.flagged)
     summary = train_check_summary(checks) + (", flagged:" if flagged else ".") if checks else ""
-    return RunChecks(summary, flagged, tuple(peak_flags(run, results)))
+    below = tuple(below_roofline_flags(run, results))
+    return RunChecks(summary, flagged, tuple(peak_flags(run, results)), below)

@@ -14,6 +14,8 @@ from html import escape
 
 from attnbench.core.units import format_bytes, format_seconds
 from attnbench.report.cells import (
+    BELOW_ROOFLINE,
+    BELOW_ROOFLINE_NOTE,
     CONTENDED_MARK,
     CROSSOVER_LEGEND,
     LEGEND,
@@ -205,6 +207,10 @@ def _checks_section(run: Run, results: Sequence[Result]) -> list[str]:
     if checks.over_peak:
         items = "".join(f"<li>{_e(line)}</li>" for line in checks.over_peak)
         out += ["<p><strong>Above 100 % of peak</strong> (impossible; do not trust these rows):</p>"]
+        out.append(f'<ul class="lines">{items}</ul>')
+    if checks.below_roofline:
+        items = "".join(f"<li>{_e(line)}</li>" for line in checks.below_roofline)
+        out += [f"<p><strong>{_e(BELOW_ROOFLINE)}</strong> {_e(BELOW_ROOFLINE_NOTE)}:</p>"]
         out.append(f'<ul class="lines">{items}</ul>')
     return [*out, "</section>"]
 

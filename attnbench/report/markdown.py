@@ -10,6 +10,8 @@ from tabulate import tabulate
 
 from attnbench.core.text import md_code, md_text
 from attnbench.report.cells import (
+    BELOW_ROOFLINE,
+    BELOW_ROOFLINE_NOTE,
     CROSSOVER_LEGEND,
     SCALING_LEGEND,
     column_headers,
@@ -48,6 +50,9 @@ def _checks(run: Run, results: Sequence[Result]) -> list[str]:
     if checks.over_peak:
         lines += ["", "**Above 100 % of peak** (impossible; do not trust these rows):", ""]
         lines += [f"- {md_text(line)}" for line in checks.over_peak]
+    if checks.below_roofline:
+        lines += ["", f"**{BELOW_ROOFLINE}** {BELOW_ROOFLINE_NOTE}:", ""]
+        lines += [f"- {md_text(line)}" for line in checks.below_roofline]
     return lines
 
 

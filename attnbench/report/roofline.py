@@ -3,7 +3,10 @@
 compute peak for the dtype (flat) and the memory bandwidth times the intensity (sloped), each the calibrated figure
 or the vendor's, named in the legend. One figure per kind of device and dtype; whole-sequence modes and decode are
 marked apart, since decode sits far left (a few FLOPs per byte of weights and KV cache) where bandwidth is the
-ceiling. Pure rendering: PNG bytes from stored rows, matplotlib's Agg canvas, no pyplot.
+ceiling. A row that ran faster than its roofline time (``analysis.efficiency.predict``: measured / predicted
+below 1) is ringed in red, round where the prediction is memory-bound (its bytes likelier came from cache),
+square where compute-bound (its FLOP count or peak likelier wrong). Pure rendering: PNG bytes from stored rows,
+matplotlib's Agg canvas, no pyplot.
 """
 
 from __future__ import annotations
@@ -11,14 +14,42 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-from attnbench.analysis.efficiency import PeakTable, achieved_flops_per_s, arithmetic_intensity
+from attnbench.analysis.efficiency import (
+    PeakTable,
+    achieved_flops_per_s,
+    arithmetic_intensity,
+    measured_over_predicted,
+    prediction_for,
+)
 from attnbench.core.units import format_bandwidth, format_flops
 from attnbench.report.plot_style import device_name, line_style, plain_texts, slug
 from attnbench.results.records import Result, Run
 
 # Whole-sequence modes filled, decode hollow (and its own marker), so the two read apart at a glance.
 _MODE_MARKERS = {"forward": "o", "train": "s", "backward": "D", "decode": "^"}
+
+
+# A row that beats its roofline time: ringed, round for a memory-bound prediction, square for a compute-bound one.
+_BELOW_MARKERS = {"memory": "o", "compute": "s"}
+_BELOW_LABELS = {
+    "memory": "faster than the roofline, memory-bound: bytes from cache?",
+    "compute": "faster than the roofline, compute-bound: FLOPs or peak wrong?",
+}
+
+
+def below_roofline(run: Run, results: Sequence[Result]) -> dict[str, Literal["compute", "memory"]]:
+    """The rows (by case key) that ran faster than their roofline time, each with the ceiling its prediction sits
+    under: the likelier cause."""
+    table = PeakTable.for_run(run)
+    marked: dict[str, Literal["compute", "memory"]] = {}
+    for result in results:
+        prediction = prediction_for(table, result)
+        ratio = measured_over_predicted(result, prediction)
+        if prediction is not None and ratio is not None and ratio < 1.0:
+            marked[result.case.key] = prediction.bound
+    return marked
 
 
 def _points(results: Sequence[Result]) -> list[tuple[Result, float, float]]:
@@ -111,6 +142,24 @@ def _draw(
             edgecolors=colour,
             linewidths=1.3,
             zorder=3,
+        )
+    below = below_roofline(run, [r for r, _, _ in points])
+    for result, x, y in points:
+        bound = below.get(result.case.key)
+        if bound is not None:
+            ax.scatter([x], [y], s=150, marker=_BELOW_MARKERS[bound], facecolors="none", edgecolors="#b42318", zorder=4)
+    for bound in dict.fromkeys(below.values()):
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="#b42318",
+                marker=_BELOW_MARKERS[bound],
+                markerfacecolor="none",
+                markersize=10,
+                linestyle="",
+                label=_BELOW_LABELS[bound],
+            )
         )
     for model in dict.fromkeys(r.case.model for r, _, _ in points):
         handles.append(Line2D([], [], color=_colour_for(model, colours), marker="o", linestyle="", label=model))

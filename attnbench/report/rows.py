@@ -13,8 +13,10 @@ from attnbench.analysis.efficiency import (
     achieved_bytes_per_s,
     achieved_flops_per_s,
     arithmetic_intensity,
+    measured_over_predicted,
     pct_of_peak,
     pct_of_peak_bw,
+    prediction_for,
 )
 from attnbench.core.cases import Case
 from attnbench.core.text import csv_cell
@@ -123,6 +125,13 @@ COLUMNS: tuple[str, ...] = (
     "pct_of_peak_bw",
     "peak_bw_source",
     "arithmetic_intensity",
+    # Issue 40: the cache state a row was timed in, and its roofline time: its FLOPs at the compute peak or its bytes
+    # at the bandwidth, whichever is longer (the peaks of peak_source and peak_bw_source), the ceiling that sets it,
+    # and the measured median over it (below 1: faster than the model allows).
+    "cache",
+    "predicted_ms",
+    "predicted_bound",
+    "measured_over_predicted",
     # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
     # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
     *(spec.name for spec, _ in FAMILY_COLUMNS),
@@ -156,7 +165,7 @@ _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "state_mem_method"),
-        *("contention", "kind", "source", "bytes_formula", "peak_bw_source"),
+        *("contention", "kind", "source", "bytes_formula", "peak_bw_source", "cache", "predicted_bound"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -256,6 +265,12 @@ COLUMN_MEANINGS: dict[str, str] = {
     "100 means the bytes came from cache",
     "peak_bw_source": "which bandwidth pct_of_peak_bw is against: the run's calibration, or a vendor figure",
     "arithmetic_intensity": "flops ÷ bytes_moved, FLOPs per byte: where the row sits on the roofline's x axis",
+    "cache": "the cache state the calls were timed in: cold (last-level cache flushed before each, untimed) or warm",
+    "predicted_ms": "the roofline's time per call: max(executed_flops ÷ the compute peak, bytes_moved ÷ the "
+    "bandwidth), against the peaks named in peak_source and peak_bw_source",
+    "predicted_bound": "which ceiling sets predicted_ms: compute or memory",
+    "measured_over_predicted": "median_ms ÷ predicted_ms: 1 at the roofline, above it slower; below 1 faster than the "
+    "model allows (a count or a peak is wrong, or the data stayed in cache)",
 }
 
 
@@ -347,6 +362,11 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
             bandwidth = peaks.bandwidth() if peaks is not None else None
             if bandwidth is not None:
                 row["pct_of_peak_bw"], row["peak_bw_source"] = pct_of_peak_bw(result, bandwidth), bandwidth.source
+    row["cache"] = result.extra.get("cache")
+    prediction = prediction_for(peaks, result) if peaks is not None and result.ok else None
+    if prediction is not None:
+        row["predicted_ms"], row["predicted_bound"] = to_ms(prediction.seconds), prediction.bound
+        row["measured_over_predicted"] = measured_over_predicted(result, prediction)
     row["kind"] = kind_of(case) if known(case) else None
     row["source"] = case.user.source if case.user is not None else "built-in"
     compile_s = result.extra.get("compile_s")

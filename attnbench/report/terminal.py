@@ -129,7 +129,8 @@ def _checks(run: Run | None, results: Sequence[Result]) -> list[Text]:
     checks = run_checks(run, results)
     out = [Text(checks.summary, style="bold")] if checks.summary else []
     out += [Text(f"  {c.text} — {c.reason}", style="yellow") for c in checks.flagged]
-    return out + [Text(f"above 100 % of peak: {line}", style="bold red") for line in checks.over_peak]
+    out += [Text(f"above 100 % of peak: {line}", style="bold red") for line in checks.over_peak]
+    return out + [Text(f"faster than the roofline: {line}", style="yellow") for line in checks.below_roofline]
 
 
 def telemetry_renderable(results: Sequence[Result]) -> Table:

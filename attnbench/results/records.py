@@ -514,10 +514,11 @@ def _timing_from_dict(data: object) -> TimingPolicy:
     t = fields.record(data, "", (), names)
     for name, value in t.items():
         default = getattr(defaults, name)
-        if isinstance(default, bool):
+        if name == "cache":  # null: each mode's default (a run written before that existed says "warm")
+            if value is not None:
+                fields.choice(value, name, ("warm", "cold"), "cache policy")
+        elif isinstance(default, bool):
             fields.flag(value, name)
-        elif isinstance(default, str):
-            fields.choice(value, name, ("warm", "cold"), "cache policy")
         elif isinstance(default, int):
             fields.integer(value, name, minimum=0)
         else:

@@ -115,13 +115,14 @@ def measure(
     # Short calls are grouped so that one sample is long against clock resolution and call overhead. A cold
     # cache is flushed before every sample, so there a sample is one call.
     per_call = warm.per_call_s
-    calls = max(1, math.ceil(policy.min_sample_s / per_call)) if per_call > 0 and policy.cache == "warm" else 1
+    grouped = per_call > 0 and policy.cache != "cold"
+    calls = max(1, math.ceil(policy.min_sample_s / per_call)) if grouped else 1
     refused = budget_refusal(clock, policy, start, warm, calls, injected)
     if refused is not None:
         return refused
     if on_sampling is not None:
         on_sampling()
-    sampling = Sampling(fn, clock, policy, start, warm.warmup_s, calls, (per_call + injected) * calls)
+    sampling = Sampling(fn, clock, policy, start, warm.warmup_s, calls, (per_call + injected) * calls, warm.untimed_s)
     sampling.run()
     return verdict(sampling, warm, injected)
 
@@ -134,6 +135,10 @@ class Warmup:
     warmup_s: float
     per_call_s: float
     warnings: list[str]
+    # What a call cost beyond its timed part: a cold cache's flush before it (tens of ms on a CPU, against a decode
+    # step's tens of µs) and the loop's own overhead. The budget pays for it, so samples are budgeted by their whole
+    # cost: by the timed calls alone, a block of 5 000 flushed samples took minutes.
+    untimed_s: float = 0.0
 
 
 def warm_up(fn: Callable[[], object], clock: Clock, policy: TimingPolicy, start: float) -> Warmup:
@@ -155,7 +160,9 @@ def warm_up(fn: Callable[[], object], clock: Clock, policy: TimingPolicy, start:
             # Calls this slow get fewer warm-up calls than asked for rather than blowing the budget; say so.
             warnings.append(f"warm-up did not settle within {warm_budget:g} s ({len(warm)} calls)")
             break
-    return Warmup(warm, clock.now() - start, statistics.median(warm[-settle_window:]), warnings)
+    warmup_s = clock.now() - start
+    untimed_s = max(0.0, (warmup_s - sum(warm)) / len(warm))
+    return Warmup(warm, warmup_s, statistics.median(warm[-settle_window:]), warnings, untimed_s)
 
 
 def run_once(
@@ -183,7 +190,7 @@ def budget_refusal(
     estimate: a first call that paid for a cold start must not condemn the case; if later calls are slower after
     all, the sampling runs out of budget and says so then. The warm-up's calls are kept as the evidence."""
     left_s = policy.max_case_s - (clock.now() - start)
-    fastest_sample_s = (min(warm.times) + injected) * calls
+    fastest_sample_s = (min(warm.times) + injected) * calls + warm.untimed_s
     if fastest_sample_s * policy.min_samples <= left_s:
         return None
     return Measurement(
@@ -215,10 +222,12 @@ class Sampling:
         warmup_s: float,
         calls: int,
         sample_s: float,
+        untimed_s: float = 0.0,
     ) -> None:
         self.fn, self.clock, self.policy, self.start, self.calls = fn, clock, policy, start, calls
         self.warmup_s = warmup_s
         self.sample_s = sample_s  # the next sample's expected length
+        self.untimed_s = untimed_s  # what a sample costs the budget beyond its timed calls (a cold cache's flush)
         self.samples: list[float] = []
         self.audited = policy.warmup_audit == 0
         self.gave_up = False  # the first block still runs slow and may not be moved: said once, not checked again
@@ -232,9 +241,12 @@ class Sampling:
         policy = self.policy
         while True:
             remaining = policy.max_case_s - (self.clock.now() - self.start)
-            if remaining < self.sample_s and self.samples:
+            if remaining < self.sample_s + self.untimed_s and self.samples:
                 break
-            self.samples += self.clock.time(self.fn, self.calls, self._block(remaining))
+            block_start = self.clock.now()
+            taken = self.clock.time(self.fn, self.calls, self._block(remaining))
+            self.untimed_s = max(0.0, (self.clock.now() - block_start - sum(taken) * self.calls) / len(taken))
+            self.samples += taken
             # From here the samples themselves say how long the next one takes, not the warm-up's median: a warm-up
             # that did not settle may hold a cold first call, and that estimate ended the loop with most of the
             # budget unspent.
@@ -262,9 +274,10 @@ class Sampling:
         needed = max(policy.min_samples, 0 if self.audited else 2 * policy.warmup_audit)
         until_min_s = policy.min_time_s - (self.clock.now() - self.sampling_start)
         step_s = min(0.1, remaining, until_min_s) if until_min_s > 0 else min(0.1, remaining)
-        block = max(1, min(policy.max_samples - taken, int(step_s / self.sample_s)))
+        cost_s = self.sample_s + self.untimed_s  # what one more sample takes of the budget
+        block = max(1, min(policy.max_samples - taken, int(step_s / cost_s)))
         if taken < needed:
-            block = max(block, min(needed - taken, max(1, int(remaining / self.sample_s))))
+            block = max(block, min(needed - taken, max(1, int(remaining / cost_s))))
         return block
 
     def _audit_moves(self, stop: bool) -> bool:

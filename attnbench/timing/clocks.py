@@ -3,6 +3,9 @@
 GPU work is asynchronous: a host timer around a launch measures the launch, not the kernel. So on CUDA each
 sample is bracketed by CUDA events recorded on the current stream, with one synchronise per block of samples
 so the host never idles between samples.
+
+Either clock takes a ``flush`` (``cache: cold``): run before every sample, outside the timed region, so each sample
+finds the cache emptied of what the call reads. On CUDA ``gpu_timing.l2_flusher``; on a CPU ``cpu_flusher``.
 """
 
 from __future__ import annotations
@@ -12,9 +15,15 @@ from collections.abc import Callable
 
 import torch
 
+from attnbench.host.caches import cpu_flush_bytes, last_level_cache_bytes
+
 
 class CpuClock:
     """``perf_counter`` around each group of calls; the work is synchronous on CPU."""
+
+    def __init__(self, flush: Callable[[], object] | None = None) -> None:
+        # Run before each sample's start: its writes are done when it returns (the CPU's work is synchronous).
+        self.flush = flush
 
     def now(self) -> float:
         return time.perf_counter()
@@ -22,6 +31,8 @@ class CpuClock:
     def time(self, fn: Callable[[], object], calls_per_sample: int, samples: int) -> list[float]:
         out: list[float] = []
         for _ in range(samples):
+            if self.flush is not None:
+                self.flush()
             t0 = time.perf_counter()
             for _ in range(calls_per_sample):
                 fn()
@@ -61,4 +72,18 @@ class CudaClock:
 
 
 def clock_for(device: torch.device, flush: Callable[[], object] | None = None) -> CpuClock | CudaClock:
-    return CudaClock(device, flush) if device.type == "cuda" else CpuClock()
+    return CudaClock(device, flush) if device.type == "cuda" else CpuClock(flush)
+
+
+def cpu_flusher(size_bytes: int | None = None) -> Callable[[], None]:
+    """A function that reads and writes ``size_bytes`` (default: ``host.caches.cpu_flush_bytes`` of this CPU's
+    last-level cache) with torch's threads, the ones the timed call runs on: every line is loaded and dirtied, so
+    what the call left in the caches (its weights, its state) is evicted. A plain memset would not do: large ones
+    use non-temporal stores, which bypass the cache they were meant to empty."""
+    size = size_bytes if size_bytes is not None else cpu_flush_bytes(last_level_cache_bytes())
+    buffer = torch.zeros(max(size // 4, 1), dtype=torch.int32)
+
+    def flush() -> None:
+        buffer.add_(1)
+
+    return flush

@@ -15,10 +15,11 @@ compiled by construction), goes through here:
 CUDA graphs (``reduce-overhead``, and ``max-autotune``, which turns them on): inductor skips them for a graph whose
 inputs it sees mutated or moved (a decode step writes its KV cache or state in place) and runs it without graphs,
 which a row labelled reduce-overhead would hide. ``counters["inductor"]["cudagraph_skips"]`` is read after the
-first call and after the timing; a skip is the row's ``cudagraph_skips`` and a warning. A decode state's tensors
-are marked static (``torch._dynamo.mark_static_address``: allocated once, never moved) so the step can be
-graphed, and the row's peak memory comes from an eager call: a graph replay runs in the graph's private pool and
-would read about 0 bytes.
+first call and after the timing; a skip is the row's ``cudagraph_skips`` and a warning. A decode state's tensors,
+and the buffers a step computes the next state into, are marked static (``torch._dynamo.mark_static_address``:
+allocated once, never moved) so the step can be graphed. Under CUDA graphs the row's peak memory comes from an eager
+call, made after the timing: a graph replay runs in the graph's private pool and would read about 0 bytes. Every
+other compiled row's peak is its compiled call's own (``peak_mem_from`` says which).
 
 A compiler that cannot run here (no C++ toolchain, an op inductor cannot lower, a backend missing) raises from
 dynamo or inductor on the first call: the case is ``unsupported`` with that reason. A model dynamo cannot capture

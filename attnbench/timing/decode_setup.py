@@ -33,7 +33,7 @@ from attnbench.core.units import format_bytes
 from attnbench.families.catalogue import family_of
 from attnbench.families.registry import make_input
 from attnbench.families.state_bytes import state_bytes
-from attnbench.families.states import decodable, drop_scratch, tensor_bytes
+from attnbench.families.states import decodable, drop_scratch, scratch_tensors, tensor_bytes
 from attnbench.host.memory import ResidentPages
 from attnbench.timing.compiled import mark_static, uses_cudagraphs, wrap
 from attnbench.timing.failures import describe, is_oom
@@ -71,7 +71,7 @@ class DecodeSetup:
             prefill_s = time.perf_counter() - started
         if compile_mode is not None and uses_cudagraphs(compile_mode) and device.type == "cuda":
             # Written in place at every step and never moved: static, so CUDA graphs need not skip the step.
-            mark_static(self._state.tensors())
+            mark_static(static_tensors(self._state))
         allocated, computed = tensor_bytes(self._state), state_bytes(case)
         if computed is not None and allocated != computed:  # the formula and the modules disagree: our bug
             raise RuntimeError(f"decode state: {allocated} bytes allocated, {computed} computed for {case.key}")
@@ -110,6 +110,12 @@ class DecodeSetup:
                 held = pages.bytes_of((s.data_ptr(), s.nbytes()) for s in storages)
             self._state = None
         self.extra["state_mem_bytes"], self.extra["state_mem_method"] = held, method
+
+
+def static_tensors(state: Any) -> list[torch.Tensor]:
+    """What a step writes in place and never moves: the state, and the buffers it computes the next state into
+    (linear attention's and Mamba-2's ``scratch``), which left unmarked made inductor skip CUDA graphs for the step."""
+    return [*state.tensors(), *scratch_tensors(state)]
 
 
 def _allocate(model: nn.Module, case: Case) -> Any:

@@ -4,6 +4,7 @@ Each answers a question the CUDA-event median cannot answer alone:
 - ``cache: cold``: what a call costs when its weights and activations are not already in L2 (a model too big
   for L2, or a layer run once per step). The flush overwrites ``flush_bytes`` (at least 4× the L2, at least
   256 MiB) and the clock waits for it before the start event, so it is never timed and cannot hide launch gaps.
+  (A CPU's flush is ``clocks.cpu_flusher``.)
 - ``cuda_graph: true``: what the kernels cost without the host's per-launch overhead.
 - the profile: how many kernels one call launches (the sequential depth a recurrent model pays per step) and
   how busy they keep the device. Event time well above the summed kernel time means the device idled between

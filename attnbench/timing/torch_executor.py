@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
 
-from attnbench.core.cases import Case, Level
+from attnbench.core.cases import CacheState, Case, Level
 from attnbench.families.flops import analytic, count_flops, executed_flops
 from attnbench.families.registry import (
     build_model,
@@ -45,15 +46,17 @@ from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
 from attnbench.timing.adaptive import TOO_SLOW, measure
-from attnbench.timing.clocks import clock_for
+from attnbench.timing.clocks import CpuClock, CudaClock, clock_for, cpu_flusher
 from attnbench.timing.compiled import (
     CompileWatch,
     compile_mode,
     fresh,
     is_compiler_failure,
     replayable_backward,
+    uses_cudagraphs,
     wrap,
 )
+from attnbench.timing.counting import Counted, count_call
 from attnbench.timing.decode_setup import DecodeSetup
 from attnbench.timing.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.timing.failures import describe, is_oom
@@ -78,10 +81,7 @@ class TorchExecutor:
             torch.set_num_threads(settings.threads)
         prepare_process()  # every family's process-wide settings (SDPA's math path in the row's dtype, …)
         detach_cupti_after_profiling()  # in-process too: a profile must not slow the cases after it
-        policy = settings.timing
-        # A cold cache flushes the L2 (4× its size, ≥ 256 MiB) before every sample (a sample is one call then).
-        flush = l2_flusher(self.device) if self.device.type == "cuda" and policy.cache == "cold" else None
-        self.clock = clock_for(self.device, flush=flush)
+        self._clocks: dict[CacheState, CpuClock | CudaClock] = {"warm": clock_for(self.device)}
         # torch's import leaves ~170 000 long-lived objects that every full collection would walk (~0.1 s, twice
         # per case: a quarter of a small case's cost). Freezing them keeps gc.collect() to this run's garbage.
         gc.freeze()
@@ -219,18 +219,11 @@ class TorchExecutor:
         else:
             x = make_input(case, str(self.device), dtype)
             grad_mode, step = _whole_sequence(case, model, x, model if mode is None else wrap(model, mode))
-        # The peak-memory call is eager: a compiled call under CUDA graphs replays in the graph's private pool.
-        eager = step
-        if mode is not None and decode is not None:
-            eager = decode.eager_step
-        elif mode is not None and x is not None:
-            eager = _whole_sequence(case, model, x, model)[1]
         if not torch_family(case).trusted:  # a user's model: its first call is checked, and what it does counted
             with grad_mode(), call_context(case, model):
                 _check_call(case, model, x, decode)
                 if not analytic(case):
-                    extra["flops"] = extra["executed_flops"] = counted_flops(step)
-                    extra["flops_formula"] = COUNTED_FORMULA
+                    extra.update(counted_extras(count_call(step)))
 
         # What the family sets around a call (a forced SDPA backend) is set once around every call below.
         with grad_mode(), call_context(case, model):
@@ -254,8 +247,7 @@ class TorchExecutor:
             model.zero_grad(set_to_none=True)
             if x is not None:
                 x.grad = None
-            # Eager, even when timing replays a graph: a replay reuses the graph's private pool and would read 0.
-            memory = self._peak_memory(eager)
+            memory = self._peak_memory(self._memory_call(case, model, x, decode, step, mode, extra))
             if decode is not None:
                 extra.update(decode.extra)  # the computed state and the prefill, in the early row too
             parameters = parameter_count(model)
@@ -286,6 +278,31 @@ class TorchExecutor:
             extra.update(decode.extra)
         return replace(result, extra=extra)
 
+    def _memory_call(
+        self,
+        case: Case,
+        model: nn.Module,
+        x: torch.Tensor | None,
+        decode: DecodeSetup | None,
+        step: Callable[[], object],
+        mode: str | None,
+        extra: dict[str, str | int | float | bool | None],
+    ) -> Callable[[], object]:
+        """The call whose peak memory the row reports, made after the timing: the timed step itself (never its CUDA
+        graph replay: ``cuda_graph``'s pool would read about 0), except a compiled step under CUDA graphs, whose
+        replays run in the graph's private pool too. That one is stood in for by the eager model, built only now: a
+        backward row's eager forward keeps its saved activations alive while it exists, and built before the timing
+        they sat beside the compiled graph's own through every timed call. A compiled row says which it measured."""
+        source = peak_memory_source(mode, self.device.type)
+        if mode is not None:
+            extra["peak_mem_from"] = source
+        if source == "compiled":
+            return step
+        if decode is not None:
+            return decode.eager_step
+        assert x is not None  # a whole-sequence case has its input
+        return _whole_sequence(case, model, x, model)[1]
+
     def _compile(self, case: Case, watch: CompileWatch, step: Callable[[], object]) -> Result | None:
         """The first, compiling call, outside the timing; an ``unsupported`` row if the compiler cannot run here."""
 
@@ -307,20 +324,32 @@ class TorchExecutor:
             return Result(case, "unsupported", f"{what} cannot compile {case.model} here: {describe(exc)}")
         return None
 
+    def _clock(self, cache: CacheState) -> CpuClock | CudaClock:
+        """The clock for a case timed in ``cache``: cold flushes the last-level cache before every sample (a
+        sample is one call then), the GPU's L2 (4× its size, ≥ 256 MiB) or the CPU's (a read and write of twice
+        its size), made on the first cold case and kept."""
+        if cache not in self._clocks:
+            flush = l2_flusher(self.device) if self.device.type == "cuda" else cpu_flusher()
+            self._clocks[cache] = clock_for(self.device, flush=flush)
+        return self._clocks[cache]
+
     def _timed_with_telemetry(
         self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
     ) -> tuple[Measurement, TelemetrySummary | None, Contention | None]:
         """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls), watched for
-        contention over the same calls. A failure of the telemetry itself costs the row its telemetry, never its
-        measurement."""
+        contention over the same calls, in the cache state the policy gives its mode (the row says which). A failure
+        of the telemetry itself costs the row its telemetry, never its measurement."""
+        cache = self.policy.cache_for(case.mode)
+        extra["cache"] = cache
+        policy = replace(self.policy, cache=cache)
         measurement: Measurement | None = None
         watch = ContentionWatch(str(self.device), torch.get_num_threads())  # NVML opened outside the window
         try:
             with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler, watch:
                 measurement = measure(
                     step,
-                    self.clock,
-                    self.policy,
+                    self._clock(cache),
+                    policy,
                     inject_slowdown=self.inject_slowdown,
                     on_sampling=sampler.mark_sampling,
                     timed=self._nvtx(case, extra),
@@ -378,7 +407,9 @@ class TorchExecutor:
         """One more call under the profiler, written as a Chrome trace (sweep --profile); the row names the file,
         relative to its run folder. As with the kernel count, a failure costs the row its trace only."""
         assert self.settings.trace_dir is not None
-        skipped = trace_refusal(measurement.median_s)
+        kernels = extra.get("kernels_per_call")  # counted by the profile just before, on a GPU
+        counted = kernels if isinstance(kernels, int) and not isinstance(kernels, bool) else None
+        skipped = trace_refusal(measurement.median_s, counted, gpu=self.device.type == "cuda")
         if skipped is not None:
             extra["trace_skipped"] = skipped
             return
@@ -405,6 +436,13 @@ class TorchExecutor:
         self._host_memory.start()
         step()
         return Memory(self._host_memory.peak_bytes(), RssPeak.method)
+
+
+def peak_memory_source(mode: str | None, device_type: str) -> Literal["compiled", "eager"]:
+    """Which call a row's peak memory comes from: the compiled one it timed, or an eager stand-in where the compile
+    ``mode`` records CUDA graphs on a CUDA device (a replay allocates from the graph's private pool, so the device's
+    peak counter hardly moves). Eager rows measure their own call: "compiled" means the timed step."""
+    return "eager" if device_type == "cuda" and uses_cudagraphs(mode) else "compiled"
 
 
 def _whole_sequence(
@@ -460,11 +498,9 @@ def _check_call(case: Case, model: nn.Module, x: torch.Tensor | None, decode: De
             check_output(case, model(x), expected, x.device)
 
 
-def counted_flops(step: Callable[[], object]) -> int:
-    """FLOPs of one call of ``step`` as torch's ``FlopCounterMode`` counts them (matrix products, forward and, for a
-    train step, backward): the count for a model with no formula of its own."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        step()
-    return int(counter.get_total_flops())
+def counted_extras(counted: Counted) -> dict[str, str | int | float | bool | None]:
+    """What a row of a model with no formula of its own stores of its counted call: the FLOPs and their formula, or
+    none and why (``attnbench.timing.counting``)."""
+    if counted.flops is None:
+        return {"flops_uncounted": counted.reason}
+    return {"flops": counted.flops, "executed_flops": counted.flops, "flops_formula": COUNTED_FORMULA}

@@ -107,9 +107,10 @@ def test_defaults_fill_in_what_is_left_out() -> None:
     assert experiment.device == "auto"
     assert experiment.axes.modes == ("forward", "train")  # backward is opt-in: it exists to check train
     assert experiment.axes.d_model == (512,) and experiment.axes.layers == (1,)
-    assert experiment.timing == TimingPolicy()
+    # forward and train are both timed warm by default: the experiment and its resolved config say so, as they did
+    assert experiment.timing == TimingPolicy(cache="warm")
     assert experiment.threads is None and experiment.seed == 0
-    assert experiment.resolved["timing"] == TimingPolicy().to_dict()
+    assert experiment.resolved["timing"] == TimingPolicy(cache="warm").to_dict()
 
 
 def test_grid_tokens_ties_batch_to_seq_len_in_model_major_order() -> None:
@@ -739,3 +740,40 @@ def test_option_sets_count_toward_the_cap() -> None:
     with pytest.raises(ConfigError, match="expands to 10648 cases; the cap is 10000"):
         load_experiment_text(huge_option_grid(22, "abc"), "x.yaml")
     assert len(load_experiment_text(huge_option_grid(22, "abc"), "x.yaml", force=True).cases("cpu")) == 22**3
+
+
+# ------------------------------------------------------------------------------------------ issue 40: cache
+TINY_CACHE = "name: tiny\nmodels: [gru]\ngrid: {batch: 1, seq_len: 8}\n"
+
+
+def test_cache_left_out_is_each_modes_default_decode_cold() -> None:
+    mixed = load(TINY_CACHE + "modes: [forward, decode]\n")
+    assert mixed.timing.cache is None and mixed.resolved["timing"]["cache"] is None
+    assert (mixed.timing.cache_for("forward"), mixed.timing.cache_for("decode")) == ("warm", "cold")
+    decode_only = load(TINY_CACHE + "modes: [decode]\n")
+    assert decode_only.timing.cache == "cold"  # one default for every mode it runs: said as that value
+
+
+@pytest.mark.parametrize("where", ["cache: cold\n", "timing: {cache: cold}\n"])
+def test_cache_sits_at_the_top_level_or_under_timing_and_hashes_the_same(where: str) -> None:
+    experiment = load(TINY_CACHE + "modes: [forward, decode]\n" + where)
+    assert experiment.timing.cache == "cold" and experiment.timing.cache_for("forward") == "cold"
+    assert experiment.sha256 == load(TINY_CACHE + "modes: [forward, decode]\ncache: cold\n").sha256
+
+
+def test_cache_in_both_places_is_refused_unless_the_top_level_one_is_an_override() -> None:
+    with pytest.raises(ConfigError, match="both at the top level and under timing"):
+        load(TINY_CACHE + "cache: cold\ntiming: {cache: warm}\n")
+    assert load(TINY_CACHE + "timing: {cache: warm}\n", ("cache=cold",)).timing.cache == "cold"  # sweep --cache
+
+
+def test_sweep_cache_flag_sets_the_config(tmp_path: Path, fake_executors: Any) -> None:
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_CACHE + "device: cpu\nd_model: 16\nmodes: [forward, decode]\n")
+    result = CliRunner().invoke(app, ["sweep", str(config), "--cache", "warm", "--out", str(tmp_path / "o"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert {e.settings.timing.cache for e in fake_executors.built} == {"warm"}

@@ -148,6 +148,45 @@ def test_a_failing_trace_costs_the_row_its_trace_only(tmp_path: Path, monkeypatc
     assert "kineto is busy" in str(result.extra["trace_error"]) and "trace" not in result.extra
 
 
+def test_a_trace_is_bounded_by_the_kernels_a_call_launches_where_they_were_counted() -> None:
+    from attnbench.timing.profiling import TRACE_MAX_KERNELS, trace_refusal
+
+    assert trace_refusal(0.001, TRACE_MAX_KERNELS) is None
+    assert trace_refusal(0.001, TRACE_MAX_KERNELS + 1) is not None  # a fast step loop launching 10⁵ kernels
+    assert trace_refusal(4.0, 100, gpu=True) is None  # few kernels: a long call makes a small trace
+    assert trace_refusal(6.0, 100, gpu=True) is not None  # but two calls of it are made
+    assert trace_refusal(1.0, None, gpu=True) is not None  # a GPU call whose kernels went uncounted
+    assert trace_refusal(1.0, None) is None and trace_refusal(6.0, None) is not None  # a CPU: time alone
+
+
+def test_a_trace_records_the_call_after_a_warm_up_one(tmp_path: Path) -> None:
+    """A fresh CUPTI's first call pays its set-up: the trace is of the second."""
+    calls = iter(range(2))
+
+    def step() -> None:
+        with torch.profiler.record_function(f"attnbench-call-{next(calls)}"):
+            torch.ones(4).sum()
+
+    path = profiling.write_trace(step, torch.device("cpu"), tmp_path, "t.json")
+    names = {e.get("name", "") for e in json.loads(path.read_text())["traceEvents"]}
+    assert "attnbench-call-1" in names and "attnbench-call-0" not in names
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary left beside it
+
+
+def test_nvtx_is_checked_once_per_process_not_per_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    pushed: list[str] = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", pushed.append)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: None)
+    profiling.nvtx_problem.cache_clear()
+    try:
+        wraps = [profiling.nvtx_range(f"case-{i}") for i in range(3)]
+        assert len(pushed) == 1  # the check, once
+        wraps[2](lambda: None)()
+        assert pushed[1:] == ["case-2"]
+    finally:
+        profiling.nvtx_problem.cache_clear()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_nvtx_ranges_wrap_the_timed_calls_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,8 +212,9 @@ def test_nvtx_ranges_wrap_the_timed_calls_on_a_gpu(tmp_path: Path, monkeypatch: 
     m = result.measurement
     assert m is not None
     timed_calls = len(m.samples_s) * m.calls_per_sample
-    # One range for the check when the wrapper is made, then one per timed call; none for the warm-up's calls.
-    assert pushed.count(case.key) == 1 + timed_calls
+    # One range per timed call (the check is once per process, not by case); none for the warm-up's calls.
+    assert pushed.count(case.key) == timed_calls
     trace = json.loads((tmp_path / trace_name(case)).read_text())
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])  # CUDA activity in the trace too
+    assert isinstance(result.extra["kernels_per_call"], int) and "trace_skipped" not in result.extra
     assert profiling.TRACES == "traces"

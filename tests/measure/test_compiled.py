@@ -111,22 +111,20 @@ def test_flex_runs_compiled_forward_and_decode_on_cpu_and_says_why_not_train(mod
 def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Eager create_block_mask materialised the whole (T, T) mask (8 GiB of int64 at 32k), each layer had a mask_mod
     of its own (a recompile per layer), and the tiny probe compiled shapes the case never ran (dynamic=False)."""
-    import importlib
-
     import torch
 
     from attnbench.families import registry
+    from attnbench.families.attention import layers as attention
     from attnbench.families.attention.layers import FlexCore
     from attnbench.families.registry import build_model, make_input, probe
 
-    module = importlib.import_module("torch.nn.attention.flex_attention")
-    real, asked = module.create_block_mask, []
+    compiled, asked = attention.compiled_block_mask(), []
 
     def spy(*args: object, **kwargs: object) -> object:
-        asked.append(kwargs.get("_compile"))
-        return real(*args, **kwargs)
+        asked.append(kwargs)
+        return compiled(*args, **kwargs)
 
-    monkeypatch.setattr(module, "create_block_mask", spy)
+    monkeypatch.setattr(attention, "_COMPILED_BLOCK_MASK", [spy])
     case = tiny_case("flex", seq_len=64, d_model=32, heads=4, layers=3, causal=True, window=16)
     ran: list[object] = []
     monkeypatch.setattr(registry, "_probe_tiny", lambda *a: ran.append(a))
@@ -136,9 +134,8 @@ def test_flex_shares_one_compiled_block_mask_and_is_its_own_probe(monkeypatch: p
         built(make_input(case, "cpu", torch.float32))
     cores = [m for m in built.modules() if isinstance(m, FlexCore)]
     assert len(cores) == 3 and len({id(c.masks) for c in cores}) == 1
-    # One block mask for three layers, made compiled (the compiled function calls the eager one inside: _compile
-    # left at its default there).
-    assert asked.count(True) == 1 and asked[0] is True
+    # One block mask for three layers, from create_block_mask compiled (not its deprecated _compile flag).
+    assert len(asked) == 1 and "_compile" not in asked[0]
 
 
 def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
@@ -160,18 +157,33 @@ def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
     fresh()
 
 
+def test_only_cuda_graphs_make_a_compiled_rows_peak_memory_come_from_the_eager_model() -> None:
+    from attnbench.timing.torch_executor import peak_memory_source
+
+    assert peak_memory_source("reduce-overhead", "cuda") == peak_memory_source("max-autotune", "cuda") == "eager"
+    assert peak_memory_source("default", "cuda") == "compiled"
+    assert peak_memory_source("reduce-overhead", "cpu") == "compiled"  # no CUDA graphs on a CPU
+    assert peak_memory_source(None, "cuda") == "compiled"  # an eager row measures its own call
+
+
 @pytest.mark.slow
-def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A compiled call under CUDA graphs replays in the graph's private pool and reads about 0 bytes: memory comes
-    from the same call, eager."""
+@pytest.mark.parametrize("mode", ["forward", "backward", "decode"])
+def test_a_compiled_rows_peak_memory_is_the_compiled_call_and_no_eager_graph_is_built(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without CUDA graphs the compiled call's peak is readable: it is the row's, and the row says so. The eager
+    graph of a backward row kept its saved activations alive through the compiled timing (twice the activations):
+    no eager call is made or built at all here."""
     from attnbench.timing import torch_executor
 
     timed: list[object] = []
     measured: list[object] = []
+    built: list[object] = []
     real_timed, real_memory = (
         torch_executor.TorchExecutor._timed_with_telemetry,
         torch_executor.TorchExecutor._peak_memory,
     )
+    real_whole = torch_executor._whole_sequence
 
     def spy_timed(self: object, step: object, *args: object) -> object:
         timed.append(step)
@@ -181,28 +193,56 @@ def test_the_peak_memory_call_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
         measured.append(step)
         return real_memory(self, step)  # type: ignore[arg-type]
 
+    def spy_whole(*args: object) -> object:
+        built.append(args[-1])
+        return real_whole(*args)  # type: ignore[arg-type]
+
     monkeypatch.setattr(torch_executor.TorchExecutor, "_timed_with_telemetry", spy_timed)
     monkeypatch.setattr(torch_executor.TorchExecutor, "_peak_memory", spy_memory)
-    for mode in ("forward", "decode"):
-        case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default")
-        result = executor().run(case)
-        assert result.status == "ok", result.reason
-        assert measured[-1] is not timed[-1]  # not the compiled call
-        assert getattr(measured[-1], "__qualname__", "").endswith(("forward", "eager_step"))
+    monkeypatch.setattr(torch_executor, "_whole_sequence", spy_whole)
+    case = tiny_case("sdpa", mode=mode, seq_len=32, d_model=32, heads=4, causal=True, compile="default")
+    result = executor().run(case)
+    assert result.status == "ok", result.reason
+    assert measured == timed  # the compiled call itself
+    assert result.extra["peak_mem_from"] == "compiled"
+    assert len(built) == (0 if mode == "decode" else 1)  # the compiled step's graph only
 
 
 @pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_decode_step_under_reduce_overhead_is_graphed_not_skipped() -> None:
-    """The decode state is marked static, so CUDA graphs take the step rather than skip it."""
+@pytest.mark.parametrize(("compile_mode", "source"), [("reduce-overhead", "eager"), ("default", "compiled")])
+def test_on_cuda_the_peak_memory_comes_from_eager_only_under_cuda_graphs(compile_mode: str, source: str) -> None:
     from attnbench.core.cases import Case, TimingPolicy
     from attnbench.timing.executor import ExecutorSettings
     from attnbench.timing.torch_executor import TorchExecutor
 
     quick = TimingPolicy(min_samples=5, min_time_s=0.05, max_case_s=2.0, warmup_max_s=0.5, target_ci=0.05)
     gpu = TorchExecutor(ExecutorSettings("cuda:0", quick, telemetry="off"))
-    case = Case("sdpa", "decode", "float16", "cuda:0", 2, 256, 256, 4, 2, True, (("compile", "reduce-overhead"),))
+    case = Case("sdpa", "backward", "bfloat16", "cuda:0", 2, 256, 256, 4, 2, True, (("compile", compile_mode),))
+    result = gpu.run(case)
+    assert result.status == "ok", result.reason
+    assert result.extra["peak_mem_from"] == source
+    assert result.memory is not None and (result.memory.peak_bytes or 0) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.compiles(limit_s=90)  # inductor and CUDA graphs on a cold Triton cache, three models
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["sdpa", "linear-attn", "mamba2"])
+def test_a_decode_step_under_reduce_overhead_is_graphed_not_skipped(model: str) -> None:
+    """The decode state, and the buffers linear attention's and Mamba-2's steps compute the next state into, are
+    marked static, so CUDA graphs take the step rather than skip it."""
+    from attnbench.core.cases import Case, TimingPolicy
+    from attnbench.timing.executor import ExecutorSettings
+    from attnbench.timing.torch_executor import TorchExecutor
+
+    quick = TimingPolicy(min_samples=5, min_time_s=0.05, max_case_s=2.0, warmup_max_s=0.5, target_ci=0.05)
+    gpu = TorchExecutor(ExecutorSettings("cuda:0", quick, telemetry="off"))
+    heads = None if model == "mamba2" else 4
+    case = Case(model, "decode", "float16", "cuda:0", 2, 256, 256, heads, 2, True, (("compile", "reduce-overhead"),))
     result = gpu.run(case)
     assert result.status == "ok", result.reason
     assert result.extra["cudagraph_skips"] == 0, result.measurement.warnings if result.measurement else None
+    assert result.extra["peak_mem_from"] == "eager"
     assert result.memory is not None and (result.memory.peak_bytes or 0) > 0  # an eager call, not a replay

@@ -292,3 +292,33 @@ def test_a_short_min_time_is_kept_and_the_rule_is_asked_at_most_a_tenth_of_a_sec
     clock = FakeClock(gaussian(1e-3, 0.01), seed=5)
     usual = measure(noop, clock, replace(policy, min_time_s=0.2))
     assert usual.converged and 200 <= len(usual.samples_s) <= 205
+
+
+# --------------------------------------------------------------------------------------------- cold cache (issue 40)
+def test_a_cold_sample_is_one_call_and_the_budget_pays_for_the_flushes_between_them() -> None:
+    """A CPU flush of twice a 32 MB L3 costs ~10 ms against a decode step's 20 µs: blocks sized by the timed calls
+    alone asked for 5 000 samples at a time, minutes of flushing past a 1 s budget."""
+    clock = FakeClock(gaussian(20e-6, 0.02), seed=7, overhead_s=0.01)
+    policy = TimingPolicy(cache="cold", min_samples=10, max_case_s=1.0, warmup_max_s=0.2, min_time_s=0.1)
+    m = measure(noop, clock, policy)
+    assert m.calls_per_sample == 1
+    assert len(m.samples_s) >= 10
+    assert clock.now() <= 1.0 + 0.011  # the case's budget, to within one flushed sample
+    assert m.median_s == pytest.approx(20e-6, rel=0.05)  # the flushes are not in the samples
+
+
+def test_a_case_whose_flushes_do_not_fit_the_budget_is_too_slow_not_overrun() -> None:
+    clock = FakeClock(gaussian(20e-6, 0.02), seed=8, overhead_s=0.2)
+    policy = TimingPolicy(cache="cold", min_samples=10, max_case_s=1.0, warmup_max_s=0.5)
+    m = measure(noop, clock, policy)
+    assert m.stop_reason == "too_slow_for_budget" and any(w.startswith(TOO_SLOW) for w in m.warnings)
+    assert clock.now() <= 1.0 + 0.21
+
+
+def test_the_cpu_clock_flushes_before_each_sample_outside_its_timing() -> None:
+    events: list[str] = []
+    clock = CpuClock(flush=lambda: events.append("flush"))
+    times = clock.time(lambda: events.append("call"), 1, 3)
+    assert events == ["flush", "call"] * 3 and len(times) == 3
+    slow_flush = CpuClock(flush=lambda: sum(range(200_000)))
+    assert max(slow_flush.time(noop, 1, 3)) < 1e-3  # the flush's milliseconds are not in the sample

@@ -299,3 +299,27 @@ def test_the_first_of_identical_cases_is_not_systematically_slower() -> None:
         readings.append([float(x) for x in out.stdout.split()])
     slower = sum(first > 1.25 * max(rest) for first, *rest in readings)
     assert slower <= 2, readings
+
+
+# ---------------------------------------------------------------------------------------- cache state (issue 40)
+def test_decode_is_timed_cold_and_forward_warm_unless_the_policy_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnbench.timing import torch_executor
+
+    flushes: list[int] = []
+
+    def small_flusher() -> Any:
+        buffer = torch.zeros(1024)
+        return lambda: flushes.append(int(buffer.add_(1)[0]))
+
+    monkeypatch.setattr(torch_executor, "cpu_flusher", small_flusher)
+    run = executor()
+    decode = run.run(tiny_case("lstm", mode="decode", seq_len=8))
+    assert decode.ok and decode.extra["cache"] == "cold", decode.reason
+    assert decode.measurement is not None and decode.measurement.calls_per_sample == 1
+    cold_flushes = len(flushes)
+    assert cold_flushes >= len(decode.measurement.samples_s)  # one before every sample (and warm-up call)
+    forward = run.run(tiny_case("lstm", seq_len=8))
+    assert forward.ok and forward.extra["cache"] == "warm"
+    assert len(flushes) == cold_flushes  # no flush for a warm case
+    warm = executor(timing=replace(QUICK, cache="warm")).run(tiny_case("lstm", mode="decode", seq_len=8))
+    assert warm.ok and warm.extra["cache"] == "warm" and len(flushes) == cold_flushes

@@ -41,11 +41,13 @@ def test_the_fixture_is_a_decode_run(stored: StoredRun) -> None:
 def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> None:
     state = COLUMNS.index("state_bytes")
     assert COLUMNS[state : state + 3] == ("state_bytes", "state_mem_bytes", "state_mem_method")
-    # Columns are only ever appended: the bandwidth columns came after kind and source, the families' columns last.
-    generic = COLUMNS[: COLUMNS.index("arithmetic_intensity") + 1]
+    # Columns are only ever appended: the bandwidth columns came after kind and source, the cache and the roofline's
+    # prediction after them, the families' columns last.
+    generic = COLUMNS[: COLUMNS.index("measured_over_predicted") + 1]
     assert COLUMNS[len(generic) :] == tuple(spec.name for spec, _ in family_columns())
     assert {"heads_kv", "window", "rnn_path", "sdpa_kernel"} <= set(COLUMNS[len(generic) :])
-    assert generic[-10:] == (
+    assert generic[-4:] == ("cache", "predicted_ms", "predicted_bound", "measured_over_predicted")
+    assert generic[-14:-4] == (
         "contended",
         "contention",
         "kind",

@@ -67,3 +67,76 @@ def test_a_roofline_per_device_and_dtype(stored: tuple[Run, list[Result]]) -> No
     roofs = [p for p in render_plots(run, results) if p.metric == "roofline"]
     assert [p.filename for p in roofs] == ["roofline-float32-cpu.png"]
     assert roofs[0].png.startswith(b"\x89PNG")
+
+
+# ------------------------------------------------------------------------------ the roofline's prediction (issue 40)
+def timed_at(result: Result, median_s: float) -> Result:
+    """``result`` as if every sample had taken ``median_s``."""
+    assert result.measurement is not None
+    samples = tuple(median_s for _ in result.measurement.samples_s)
+    return replace(result, measurement=replace(result.measurement, samples_s=samples))
+
+
+def test_every_ok_row_is_predicted_the_longer_of_its_compute_and_memory_time(
+    stored: tuple[Run, list[Result]],
+) -> None:
+    run, results = stored
+    for result, row in zip(results, summary_rows(results, run), strict=True):
+        # the FLOPs its kernels execute where the row says (this fixture's rows predate executed_flops: its flops)
+        flops = int(result.extra.get("executed_flops", result.extra["flops"]))  # type: ignore[arg-type]
+        moved = int(result.extra["bytes_moved"])  # type: ignore[arg-type]
+        predicted = max(flops / MATMUL, moved / COPY)
+        assert row["predicted_ms"] == pytest.approx(1e3 * predicted)
+        assert row["predicted_bound"] == ("compute" if flops / MATMUL >= moved / COPY else "memory")
+        assert row["measured_over_predicted"] == pytest.approx(result.median_s / predicted)
+    # Without a ceiling there is nothing to predict with.
+    assert summary_rows(results[:1], replace(run, calibration=None))[0]["predicted_ms"] is None
+
+
+def test_rows_faster_than_their_roofline_are_flagged_with_the_likelier_cause(stored: tuple[Run, list[Result]]) -> None:
+    from attnbench.analysis.efficiency import PeakTable, prediction_for
+    from attnbench.report.cells import run_checks
+    from attnbench.report.markdown import render_markdown
+    from attnbench.report.roofline import below_roofline
+
+    run, results = stored
+    table = PeakTable.for_run(run)
+    first = results[0]
+    prediction = prediction_for(table, first)
+    assert prediction is not None and prediction.bound == "memory"  # a decode step: its bytes set the time
+    fast = replace(timed_at(first, prediction.seconds / 2), extra={**first.extra, "cache": "warm"})
+    rows = [fast, *results[1:]]
+    assert summary_rows([fast], run)[0]["measured_over_predicted"] == pytest.approx(0.5)
+    assert below_roofline(run, rows) == {fast.case.key: "memory"}
+    flagged = run_checks(run, rows).below_roofline
+    assert len(flagged) == 1 and flagged[0].startswith(fast.case.key) and "memory-bound" in flagged[0]
+    markdown = render_markdown(run, rows)
+    assert markdown.index(fast.case.key) > markdown.index("## Checks")
+    # A row its prediction calls compute-bound: the FLOP count or the peak is the likelier culprit.
+    heavy = replace(first, extra={**first.extra, "executed_flops": 10**15, "flops": 10**15})
+    assert below_roofline(run, [timed_at(heavy, 1e-3)]) == {heavy.case.key: "compute"}
+
+
+@pytest.mark.slow
+def test_the_roofline_rings_a_row_that_beats_its_prediction(
+    stored: tuple[Run, list[Result]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.axes import Axes
+
+    from attnbench.analysis.efficiency import PeakTable, prediction_for
+
+    run, results = stored
+    prediction = prediction_for(PeakTable.for_run(run), results[0])
+    assert prediction is not None
+    rings: list[str] = []
+    real = Axes.scatter
+
+    def spy(self: Axes, *args: object, **kwargs: object) -> object:
+        if kwargs.get("edgecolors") == "#b42318":
+            rings.append(str(kwargs["marker"]))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Axes, "scatter", spy)
+    rows = [timed_at(results[0], prediction.seconds / 2), *results[1:]]
+    roofs = [p for p in render_plots(run, rows) if p.metric == "roofline"]
+    assert roofs and rings == ["o"]  # one row, memory-bound: ringed round

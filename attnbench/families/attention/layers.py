@@ -70,6 +70,7 @@ class MaskCache:
 
     def __init__(self) -> None:
         self._masks: dict[tuple[int, bool, int, str, bool], torch.Tensor | None] = {}
+        self._additive: dict[tuple[int, bool, int, str, bool, torch.dtype], torch.Tensor | None] = {}
         self._blocks: dict[tuple[int, bool, int, str], Any] = {}
         self._mods: dict[tuple[bool, int], Any] = {}
 
@@ -79,17 +80,31 @@ class MaskCache:
             self._masks[key] = band_mask(length, causal=causal, window=window, device=device)
         return self._masks[key]
 
+    def additive(
+        self, length: int, *, causal: bool, window: int, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """The band as SDPA adds it to the scores: 0 where a key is visible, −inf elsewhere, in ``dtype`` (the
+        queries'). Given a bool mask, SDPA converts it to this form inside every call (2·T² bytes written per layer
+        and call in 16-bit, then read by the kernel), so it is made here once."""
+        key = (length, causal, window, str(device), torch.is_inference_mode_enabled(), dtype)
+        if key not in self._additive:
+            keep = band_mask(length, causal=causal, window=window, device=device)
+            made = None
+            if keep is not None:
+                made = torch.zeros(length, length, dtype=dtype, device=device).masked_fill_(~keep, float("-inf"))
+            self._additive[key] = made
+        return self._additive[key]
+
     def block(self, length: int, *, causal: bool, window: int, device: torch.device) -> Any:
         """FlexAttention's ``BlockMask`` of the band, once per (length, causal, window, device) for every layer.
-        ``create_block_mask`` runs compiled (``_compile=True``): eager, it materialises the whole (T, T) mask on the
-        way, 8 GiB of int64 distances at 32k, an ``oom`` row where the kernel itself fits. One ``mask_mod`` per
+        ``create_block_mask`` runs compiled (``compiled_block_mask``): eager, it materialises the whole (T, T) mask
+        on the way, 8 GiB of int64 distances at 32k, an ``oom`` row where the kernel itself fits. One ``mask_mod`` per
         (causal, window), the same function for every layer, so dynamo compiles it once rather than per layer (and
         past its cache limit would silently fall back to eager)."""
         key = (length, causal, window, str(device))
         if key not in self._blocks:
-            create = importlib.import_module("torch.nn.attention.flex_attention").create_block_mask
             mod = self._mask_mod(causal, window)
-            self._blocks[key] = create(mod, None, None, length, length, device=device, _compile=True)
+            self._blocks[key] = compiled_block_mask()(mod, None, None, length, length, device=device)
         return self._blocks[key]
 
     def _mask_mod(self, causal: bool, window: int) -> Any:
@@ -188,10 +203,10 @@ class SdpaCore(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not self.window:
             return self._attend(q, k, v, is_causal=self.causal)
-        # A window is an explicit boolean mask: SDPA has no band of its own. A backend that takes no mask
+        # A window is an explicit additive mask: SDPA has no band of its own. A backend that takes no mask
         # (CUDA's flash) raises, and the probe turns that into an unsupported row.
-        keep = self.masks.get(q.shape[-2], causal=self.causal, window=self.window, device=q.device)
-        return self._attend(q, k, v, is_causal=False, mask=keep)
+        band = self.masks.additive(q.shape[-2], causal=self.causal, window=self.window, device=q.device, dtype=q.dtype)
+        return self._attend(q, k, v, is_causal=False, mask=band)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """A query of length 1 against the n + 1 cached keys (a window's ring: the last W). ``is_causal=False``:
@@ -334,6 +349,16 @@ class FlashAttnCore(nn.Module):
 
 
 _COMPILED_FLEX: list[Any] = []  # torch.compile(flex_attention), made once per process on first use
+_COMPILED_BLOCK_MASK: list[Any] = []  # torch.compile(create_block_mask), the same
+
+
+def compiled_block_mask() -> Any:
+    """``create_block_mask`` compiled, as torch now asks (its ``_compile=True`` flag is deprecated and compiles a new
+    wrapper per call)."""
+    if not _COMPILED_BLOCK_MASK:
+        module = importlib.import_module("torch.nn.attention.flex_attention")
+        _COMPILED_BLOCK_MASK.append(torch.compile(module.create_block_mask))
+    return _COMPILED_BLOCK_MASK[0]
 
 
 def compiled_flex() -> Any:

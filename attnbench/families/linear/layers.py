@@ -313,6 +313,10 @@ class LinearState:
         self.norm.copy_(self.next_norm)
         self.stepped = False
 
+    def scratch(self) -> Iterator[Tensor]:
+        yield self.next_state
+        yield self.next_norm
+
     def drop_scratch(self) -> None:
         del self.next_state, self.next_norm  # a step after this has nowhere to write: the state is being measured
 

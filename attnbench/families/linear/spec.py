@@ -164,5 +164,11 @@ class LinearFamily(Family):
     def takes_tokens(self, case: Case) -> bool:
         return self.option(case, "scope") == "model"
 
+    def lookup_table(self, case: Case) -> tuple[int, int] | None:
+        return shared.embedding_table(case, self.values(case))
+
+    def intermediate_elements(self, case: Case) -> int:
+        return shared.attention_like_intermediates(case, self.values(case))
+
 
 FAMILY = LinearFamily()

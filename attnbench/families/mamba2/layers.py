@@ -147,6 +147,10 @@ class Mamba2State:
         self.ssm.copy_(self.next_ssm)
         self.stepped = False
 
+    def scratch(self) -> Iterator[Tensor]:
+        yield self.next_conv
+        yield self.next_ssm
+
     def drop_scratch(self) -> None:
         del self.next_conv, self.next_ssm  # a step after this has nowhere to write: the state is being measured
 

@@ -16,7 +16,10 @@ FLOPs, matrix products only (2 per multiply-add), per layer and sequence of T to
 - chunked (k chunks of l = min(C, T) tokens, the last padded to a whole chunk, which the kernel computes too):
   inside each chunk the scores C·Bᵀ (2·l²·N) and their product with x (2·l²·P), the chunk's final state
   (2·l·N·P) and the states' contribution to the output (2·l·N·P); across chunks the (k+1)² transfer of states
-  between the chunks' boundaries (2·(k+1)²·N·P), as the paper's Listing 1 computes them;
+  between the chunks' boundaries (2·(k+1)²·N·P), as the paper's Listing 1 computes them and the torch form does;
+  mamba_ssm's kernel (``kernel: mamba_ssm``, its own formula id) passes them with a linear scan instead
+  (``_state_passing_fwd``: state_c = exp(ΣA_c)·state_{c−1} + the chunk's, element-wise), which is not counted: at
+  d_model 1024 and chunk 64 the quadratic term is ≈ 14 % of the torch form's count at 32k tokens, ≈ 38 % at 128k;
 - recurrent (and a decode step, which is one of its steps): per token the state update dt·x⊗B (2·P·N) and the
   readout C·h (2·P·N).
 The depthwise conv (2·(T + d_conv − 1)·conv_dim·d_conv as torch computes it, padding included), the gates and the
@@ -33,6 +36,8 @@ from attnbench.families import shared
 from attnbench.families.base import Family, ModelSpec, OptionSpec, Package, Parts, Problem, ValueOf
 
 FORMS: tuple[str, ...] = ("chunked", "recurrent")
+# Inserted before the version of a chunked formula whose kernel passes states linearly: mamba2-chunked-mamba_ssm-v1.
+KERNEL_SUFFIX = "-mamba_ssm"
 _OPTIONS = (
     OptionSpec(
         "form",
@@ -141,9 +146,15 @@ class Mamba2Family(Family):
     def _form(self, case: Case) -> str:
         return "recurrent" if case.mode == "decode" else str(self.option(case, "form"))
 
+    def _linear_states(self, case: Case) -> bool:
+        """Whether the chunks' states pass by mamba_ssm's linear scan rather than the torch form's (k+1)² product."""
+        return self._form(case) == "chunked" and self.option(case, "kernel") == "mamba_ssm"
+
     def formula(self, case: Case) -> str:
         stem = shared.scope_stem(self.values(case), f"mamba2-{self._form(case)}")
-        return shared.versioned(stem, shared.DECODE_SUFFIX * (case.mode == "decode"))
+        return shared.versioned(
+            stem, KERNEL_SUFFIX * self._linear_states(case), shared.DECODE_SUFFIX * (case.mode == "decode")
+        )
 
     def scan_flops(self, case: Case) -> int:
         """The SSD's products of one layer over one call, every head and sequence (module notes)."""
@@ -155,7 +166,9 @@ class Mamba2Family(Family):
             block = min(int(self.option(case, "chunk")), max(t, 1))  # a sequence shorter than a chunk is one of its own
             chunks = -(-t // block)  # the last one padded to a whole chunk: that work is done too
             inside = chunks * (2 * block * block * (n + p) + 4 * block * n * p)
-            per_head = inside + 2 * (chunks + 1) ** 2 * n * p
+            # mamba_ssm passes the states along with a linear, element-wise scan (not counted); the torch form
+            # multiplies them by a (k+1) × (k+1) decay matrix.
+            per_head = inside + (0 if self._linear_states(case) else 2 * (chunks + 1) ** 2 * n * p)
         return case.batch * heads * per_head
 
     def work(self, case: Case, full_scores: bool) -> tuple[Parts, Parts]:
@@ -177,6 +190,20 @@ class Mamba2Family(Family):
 
     def takes_tokens(self, case: Case) -> bool:
         return self.option(case, "scope") == "model"
+
+    def lookup_table(self, case: Case) -> tuple[int, int] | None:
+        return shared.embedding_table(case, self.values(case))
+
+    def intermediate_elements(self, case: Case) -> int:
+        """Per layer and token in_proj's output (z, xBC and dt: read by the gate, the conv and the scan), the conv's
+        output (read by the scan), the scan's output y (read by the gated norm) and the norm's (read by out_proj); a
+        block adds its LayerNorm's output."""
+        groups, state, heads = int(self.option(case, "groups")), int(self.option(case, "d_state")), self.ssm_heads(case)
+        inner = self.inner(case)
+        layer = (2 * inner + 2 * groups * state + heads) + self.conv_dim(case) + 2 * inner
+        if self.option(case, "scope") != "core":
+            layer += case.d_model
+        return case.layers * case.tokens * layer + shared.network_interfaces(case, self.values(case))
 
 
 FAMILY = Mamba2Family()

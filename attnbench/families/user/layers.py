@@ -1,7 +1,8 @@
 """The torch half of models the user brings (``attnbench.families.user.spec``): import the factory, call it with a
 ``ModelRequest``, and check what comes back before anything is timed.
 
-A factory that cannot be imported or raises, or a module on the wrong device or dtype, or one that changes the
+A factory that cannot be imported or raises, or a module on the wrong device or mostly in another dtype (a few
+parameters or buffers in float32 are a bf16 model's own business), or one that changes the
 shape of its input, is an ``error`` row naming the model, its factory and what was wrong; a module without the
 decode protocol asked to decode is an ``unsupported`` row. None of it stops the sweep: every other row is kept.
 """
@@ -83,14 +84,35 @@ class UserTorch(TorchFamily):
             held = tensor.device
             if held.type != wanted.type or (wanted.index is not None and held.index not in (None, wanted.index)):
                 raise UserModelError(f"{where}: {name} is on {held}, not on {device}")
-            if tensor.is_floating_point() and tensor.dtype != dtype:
-                raise UserModelError(f"{where}: {name} is {tensor.dtype}, not {dtype} (the case's dtype {case.dtype})")
+        problem = dtype_problem(module, dtype)
+        if problem is not None:
+            raise UserModelError(f"{where}: {problem} (the case's dtype {case.dtype})")
         if case.mode == "decode" and not isinstance(module, Decodable):
             raise Unsupported(
                 f"{case.model}: {type(module).__name__} has no decode protocol (init_state, prefill and step; "
                 "see attnbench.plugin), so it cannot be timed one token at a time"
             )
         return module
+
+
+# At least this share of a model's floating-point parameter elements must be in the case's dtype: a bf16 model keeps
+# some parameters in float32 on purpose (mamba_ssm's Mamba2 its A_log and D, for the scan's precision), and buffers
+# such as RoPE's inv_freq are not its weights at all.
+BULK_SHARE = 0.5
+
+
+def dtype_problem(module: nn.Module, dtype: torch.dtype) -> str | None:
+    """Why ``module`` is not a model in ``dtype`` (its floating-point parameters mostly in another), or None."""
+    floating = [(name, p) for name, p in module.named_parameters() if p.is_floating_point()]
+    total = sum(p.numel() for _, p in floating)
+    held = sum(p.numel() for _, p in floating if p.dtype == dtype)
+    if not total or held >= BULK_SHARE * total:
+        return None
+    name, largest = max(((n, p) for n, p in floating if p.dtype != dtype), key=lambda item: item[1].numel())
+    return (
+        f"{held / total:.0%} of its floating-point parameter elements are {dtype}, where at least "
+        f"{BULK_SHARE:.0%} must be; the largest other is {name}, {largest.dtype}"
+    )
 
 
 def exited(case: Case, exc: SystemExit) -> str:

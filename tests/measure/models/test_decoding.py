@@ -259,7 +259,7 @@ def test_flash_attn_decodes_through_its_kv_cache_kernel(scope: str, dtype: str) 
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", [*RECURRENT, *GPU_ATTENTION])
+@pytest.mark.parametrize("model", [*RECURRENT, "mamba2", "linear-attn", *GPU_ATTENTION])
 def test_every_model_decodes_in_bfloat16_on_the_gpu(model: str) -> None:
     case = decode_case(model, "block", dtype="bfloat16", device="cuda", d_model=256, n=100)
     reason = probe(case, "cuda")
@@ -267,3 +267,39 @@ def test_every_model_decodes_in_bfloat16_on_the_gpu(model: str) -> None:
         pytest.skip(reason)
     decoded, reference = decoded_against_forward(case, "cuda")
     torch.testing.assert_close(decoded.float(), reference.float(), atol=TOLERANCE["bfloat16"], rtol=0.05)
+
+
+def _state_tensors(state: Any) -> list[torch.Tensor]:
+    """Every tensor a state object holds, however deep (its layers, its body, their buffers)."""
+    found: list[torch.Tensor] = []
+    for value in vars(state).values():
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif hasattr(item, "__dict__"):
+                found += _state_tensors(item)
+    return found
+
+
+@pytest.mark.parametrize("model", ["linear-attn", "mamba2", "lstm", "sdpa"])
+def test_every_tensor_a_step_writes_in_place_is_marked_static(model: str) -> None:
+    """A compiled step under CUDA graphs takes only tensors marked static as mutable inputs: the state and the
+    buffers the next state is computed into (linear attention's and Mamba-2's), else inductor skips the graph."""
+    from attnbench.timing.decode_setup import static_tensors
+
+    case = decode_case(model, "model", dtype="float32", vocab=97)
+    torch.manual_seed(0)
+    built = build_model(case, "cpu", torch.float32).eval()
+    context, token = make_decode_inputs(case, "cpu", torch.float32)
+    with torch.inference_mode():
+        state = prefill(built, context, case.span)
+        held = _state_tensors(state)
+        before = [t.clone() for t in held]
+        decodable(built).step(token, state)
+    written = {t.data_ptr() for t, old in zip(held, before, strict=True) if not torch.equal(t, old)}
+    marked = {t.data_ptr() for t in static_tensors(state)}
+    assert written <= marked
+    assert bool(written) == (model != "lstm")  # an LSTM step's new h and c are new tensors, kept aside
+    if model in ("linear-attn", "mamba2"):
+        assert len(marked) > len(list(state.tensors()))  # the next-state buffers, beside the state

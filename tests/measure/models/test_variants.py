@@ -452,3 +452,53 @@ def test_a_models_band_is_made_once_per_length_bool_only_and_shared_by_its_layer
     assert len(made) == 1 and made[0] is not None and made[0].dtype == torch.bool
     built(x)  # with grads on: a mask of its own (an inference-mode tensor cannot be saved for a backward)
     assert len(made) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sdpa_reads_its_band_as_a_cached_additive_mask_in_the_rows_dtype(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bool mask SDPA converts to an additive one inside every call (2·T² bytes per layer and call in 16-bit, which
+    the kernel then reads): the model hands it the additive mask, made once."""
+    from attnbench.families.attention import layers as attention
+
+    masks: list[torch.Tensor] = []
+    real = attention.F.scaled_dot_product_attention
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        masks.append(kwargs["attn_mask"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    case = Case("sdpa-math", "forward", dtype, "cpu", 1, 32, 16, 2, 2, True, (("window", 8),))
+    built = build_model(case, "cpu", torch_dtype(dtype))
+    x = make_input(case, "cpu", torch_dtype(dtype))
+    with torch.inference_mode():
+        for _ in range(2):
+            built(x)
+    assert len(masks) == 4  # two layers, two calls
+    assert all(m is masks[0] for m in masks)  # one tensor, made once
+    assert masks[0].dtype == torch_dtype(dtype)
+    keep = band_mask(32, causal=True, window=8, device=torch.device("cpu"))
+    assert keep is not None
+    assert torch.equal(masks[0] == 0, keep) and bool(torch.isneginf(masks[0][~keep]).all())
+
+
+def test_flex_block_masks_come_from_create_block_mask_compiled_not_its_deprecated_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from attnbench.families.attention import layers as attention
+
+    calls: list[tuple[Any, ...]] = []
+
+    def compiled(*args: Any, **kwargs: Any) -> str:
+        calls.append((*args, kwargs))
+        return "block mask"
+
+    monkeypatch.setattr(attention, "_COMPILED_BLOCK_MASK", [compiled])
+    cache = attention.MaskCache()
+    for _ in range(2):  # once per length for every layer
+        assert cache.block(64, causal=True, window=0, device=torch.device("cpu")) == "block mask"
+    assert len(calls) == 1
+    *args, kwargs = calls[0]
+    assert args[1:] == [None, None, 64, 64] and kwargs == {"device": torch.device("cpu")}  # no _compile=True
