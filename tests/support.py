@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,22 @@ def heads_kv_of(case: Case) -> int | None:
 
     value = case_column_values(case).get("heads_kv")
     return value if isinstance(value, int) else None
+
+
+_NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+(?:\.\d+)?")
+
+
+def numbers(text: str) -> list[float]:
+    """The numbers a rendered text states, in order, as written: 'n^2.00 (95 % CI 1.9–2.1, n=64–1024)' → [2.0, 95.0,
+    1.9, 2.1, 64.0, 1024.0]. A test of a message or a line holds these (and the names it gives), not its wording."""
+    return [float(found.replace("−", "-")) for found in _NUMBER.findall(text)]
+
+
+def mentions(texts: str | Iterable[str], *names: str, values: Iterable[float] = ()) -> bool:
+    """Whether one of ``texts`` (a note, a warning, an error) names each of ``names`` (a key, a metric, a flag, a
+    model) and states each of ``values``: what a test of a message holds instead of its sentence."""
+    wanted = set(values)
+    return any(
+        all(name in text for name in names) and wanted <= set(numbers(text))
+        for text in ([texts] if isinstance(texts, str) else texts)
+    )

@@ -214,7 +214,7 @@ def selfcheck(
             "--max-rounds",
             min=1,
             help="Rounds an op may get while its interval straddles the tolerance.",
-            show_default="3 × rounds",
+            show_default="10 × rounds",
         ),
     ] = None,
     output: Annotated[

@@ -10,7 +10,7 @@ import pytest
 from attnbench.analysis.history import build_history, commit_order, order_runs, segments_of
 from attnbench.core.errors import AttnbenchError
 from attnbench.results.store import load_runs
-from tests.support import synthetic_runs
+from tests.support import mentions, synthetic_runs
 
 STEPPED = "model=lstm|mode=forward|dtype=float32|device=cpu|batch=2|seq_len=64"
 
@@ -83,7 +83,8 @@ def test_a_new_environment_starts_a_new_segment_and_is_never_mixed(tmp_path: Pat
     runs, _ = load_runs(synthetic_runs(tmp_path, levels, environment=changed))
     history = build_history(runs)
     assert [len(s.runs) for s in history.segments] == [6, 6]
-    assert history.segments[1].changed == ("torch: '2.13.0+cpu' → '2.14.1'",)
+    (changed,) = history.segments[1].changed  # the key that changed, from and to
+    assert mentions(changed, "torch", "'2.13.0+cpu'", "'2.14.1'") and changed.index("2.13") < changed.index("2.14")
     assert history.steps == 0
     assert {c.segment for c in history.cases} == {0, 1}
 
@@ -120,8 +121,10 @@ def test_case_patterns_and_metrics(tmp_path: Path) -> None:
     first = history.cases[0].points[0]
     assert first.low is not None and first.high is not None and first.value is not None
     assert first.low < first.value < first.high
-    with pytest.raises(AttnbenchError, match="no case of these runs matches"):
+    with pytest.raises(AttnbenchError) as nothing:
         build_history(runs, patterns=["nothing-like-this"])
+    assert "nothing-like-this" in nothing.value.message  # the pattern that matched no case
+
     memory = build_history(runs, metric="peak_mem")
     assert any(p.value is not None for c in memory.cases for p in c.points)
 

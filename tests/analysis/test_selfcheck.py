@@ -18,6 +18,7 @@ from attnbench.instrument import agreement as measure_selfcheck
 from attnbench.instrument.agreement import ops_for, policy_for
 from attnbench.report.selfcheck_md import render_markdown, table_rows
 from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
+from tests.support import mentions, numbers
 
 runner = CliRunner()
 
@@ -73,7 +74,7 @@ def test_widely_spread_rounds_are_called_noisy() -> None:
     assert not calm.references[0].noisy and loud.references[0].noisy and loud.verdict.startswith("inconclusive")
     assert selfcheck.noise_note(report(calm)) is None
     note = selfcheck.noise_note(report(calm, loud))
-    assert note is not None and note.startswith("noisy machine: per-round ratios spread by more than 20% for 1 gated")
+    assert note is not None and numbers(note)[:2] == [20, 1]  # spread beyond 20 % for 1 gated op
     assert "- " + note in render_markdown(report(loud))
     small = check((1e-5, 3e-5, 1e-5), (1e-5,) * 3)  # not gated: its noise does not matter
     assert selfcheck.noise_note(report(small)) is None
@@ -86,13 +87,15 @@ def test_do_bench_gate_is_tighter() -> None:
 
 
 def test_verdicts() -> None:
-    assert check((1e-3,) * 3, (1e-3,) * 3).verdict == (
-        "pass: attnbench 1 ms vs torch.utils.benchmark 1 ms: +0.0 % (95 % CI +0.0 … +0.0 %), within ±5 %"
-    )
+    # The outcome first, then both times, the difference with its interval, and the tolerance.
+    passing = check((1e-3,) * 3, (1e-3,) * 3)
+    assert passing.verdict.startswith(passing.outcome) and passing.outcome == "pass"
+    assert mentions(passing.verdict, TIMER, "1 ms", values=(0.0,)) and numbers(passing.verdict)[-1] == 5
+
     assert check((1e-5,) * 3, (2e-5,) * 3).verdict == "not gated (< 100 µs)"
     failing = check((1e-3,) * 3, (1e-3,) * 3, bench=(0.95e-3,) * 3)
-    assert failing.verdict.startswith("FAIL: ") and "triton do_bench 950 µs: +5.3 %" in failing.verdict
-    assert "beyond ±3 %" in failing.verdict
+    assert failing.outcome == "fail" and failing.verdict.startswith("FAIL")
+    assert mentions(failing.verdict, DO_BENCH, "950 µs", values=(5.3, 3))  # +5.3 %, beyond do_bench's ±3 %
     assert OpCheck(MATMUL, skipped="no kernel").verdict == "skipped: no kernel"
 
 
@@ -101,7 +104,7 @@ def test_gated_on_attnbench_time_not_the_references() -> None:
     fast = check((15.1e-6,) * 5, (30.4e-6,) * 5)
     assert not fast.references[0].gated and fast.outcome == "not gated"
     slow = check((150e-6,) * 5, (30e-6,) * 5)
-    assert slow.outcome == "fail" and "attnbench 150 µs vs torch.utils.benchmark 30 µs: +400.0 %" in slow.verdict
+    assert slow.outcome == "fail" and mentions(slow.verdict, "150 µs", "30 µs", values=(400.0,))
 
 
 @pytest.mark.parametrize(
@@ -199,8 +202,7 @@ def test_the_summary_says_the_budget_not_the_machine_ended_it() -> None:
     undecided = OpTimings(MATMUL, (0.9e-3, 1.1e-3, 1.05e-3), ((TIMER, (1e-3,) * 3),), cut_short=True)
     timed = SelfcheckTimings("cpu", "Test CPU", "2.13.0", 2, 3, (TIMER,), (undecided,), budget_s=120.0)
     line = selfcheck.summary_line(judge(timed))
-    assert "the 2 min budget ran out before 1 of 1 gated ops could be told apart" in line
-    assert "--budget-s" in line
+    assert mentions(line, "--budget-s", "2 min", values=(1,))  # the budget, not the machine, left 1 of 1 undecided
 
 
 def test_report_failures_and_summary_line() -> None:
@@ -210,9 +212,11 @@ def test_report_failures_and_summary_line() -> None:
         check((1e-5,) * 3, (3e-5,) * 3),
     )
     assert report(good, small).failures == []
-    assert summary_line(report(good, small)) == "selfcheck passed: 1 gated ops agree within tolerance"
+    assert numbers(summary_line(report(good, small))) == [1]  # 1 gated op (small is not gated)
     assert report(good, bad, small).failures == [bad]
-    assert summary_line(report(good, bad)).startswith("selfcheck FAILED: 1 of 2 gated ops disagree (matmul 512×512")
+    failed = summary_line(report(good, bad))
+    assert numbers(failed)[:2] == [1, 2] and bad.op.name in failed  # 1 of 2 disagree, and which
+    assert failed != summary_line(report(good, good))
 
 
 def test_table_and_markdown() -> None:
@@ -241,13 +245,14 @@ def test_table_and_markdown() -> None:
         "1.000 (1.000–1.010)",
         rows[0][-1],
     ]
-    assert rows[0][-1].startswith("pass: attnbench 1 ms vs torch.utils.benchmark 1 ms: +0.0 %")
+    assert rows[0][-1] == r.checks[0].verdict
     assert rows[1][3:-1] == ["—"] * 5 and rows[1][-1].startswith("skipped: ")
     text = render_markdown(r)
-    assert text.startswith("# attnbench selfcheck — cpu (Test CPU)\n")
+    heading = text.splitlines()[0]
+    assert heading.startswith("# ") and "cpu" in heading and "Test CPU" in heading
     assert "| " + " | ".join(header) + " |" in text
     assert "no kernel \\| here" in text  # a pipe inside a cell is escaped
-    assert "- a note" in text and "**selfcheck passed: 1 gated ops agree within tolerance**" in text
+    assert "- a note" in text and f"**{summary_line(r)}**" in text
 
 
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"])
@@ -336,13 +341,13 @@ def test_quick_selfcheck_on_cpu(tmp_path: Path) -> None:
     assert result.exit_code in (0, 1, EXIT_INCONCLUSIVE), result.output
     for text in ("attnbench", TIMER, "verdict", "matmul", "sdpa-flash", "vanilla", "lstm", "1 paired round;"):
         assert text in result.output
-    assert "within a 2 min budget (--budget-s)" in result.output and "of its 2 min budget" in result.output
+    assert result.output.count("2 min") >= 2 and "--budget-s" in result.output  # said before, and how much was used
     # Invoked inside this test session, the budget starts at the call, not at the session's start.
-    took = re.search(r"took (.+?) of its 2 min budget", result.output)
+    took = re.search(r"took (.+?) of its 2 min", result.output)
     assert took is not None and "min" not in took[1], took[0]
     assert ("selfcheck passed" in result.output) == (result.exit_code == 0)
     text = out.read_text()
-    assert text.startswith("# attnbench selfcheck — cpu")
+    assert text.startswith("# ") and "cpu" in text.splitlines()[0]
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 2 + len(ops_for("cpu", quick=True))  # header, rule, one row per op
     assert DO_BENCH not in text  # no GPU here
@@ -363,7 +368,7 @@ def test_a_disagreement_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: failing)
     result = runner.invoke(app, ["selfcheck", "--device", "cpu"])
     assert result.exit_code == 1
-    assert "selfcheck FAILED: 1 of 1 gated ops disagree" in result.output
+    assert summary_line(judge(failing)) in " ".join(result.output.split())
     passing = timings((1e-3,) * 3, (1e-3,) * 3)
     monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: passing)
     assert runner.invoke(app, ["selfcheck", "--device", "cpu"]).exit_code == 0
@@ -371,4 +376,4 @@ def test_a_disagreement_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(measure_selfcheck, "run_selfcheck", lambda *args, **kwargs: undecided)
     result = runner.invoke(app, ["selfcheck", "--device", "cpu"])
     assert result.exit_code == EXIT_INCONCLUSIVE == 5
-    assert "selfcheck inconclusive: 1 of 1 gated ops" in result.output
+    assert summary_line(judge(undecided)) in " ".join(result.output.split())

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnbench.config.experiment import (
+    MAX_CASES,
     Experiment,
     TimingModel,
     builtin_config_text,
@@ -26,7 +27,7 @@ from attnbench.config.experiment import (
 from attnbench.core.cases import MODES, TimingPolicy
 from attnbench.core.errors import ConfigError
 from attnbench.families.catalogue import MODEL_NAMES, has_option, option_of
-from tests.support import BAD_CONFIGS, ROOT, heads_kv_of, tiny_config
+from tests.support import BAD_CONFIGS, ROOT, heads_kv_of, mentions, numbers, tiny_config
 
 BAD = BAD_CONFIGS
 BUILTIN = ROOT / "attnbench" / "config" / "builtin"
@@ -431,8 +432,9 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(Path, "read_bytes", refuse)  # chmod 000 does not bind root, so fake the refusal
-    with pytest.raises(ConfigError, match="cannot be read: permission denied") as info:
+    with pytest.raises(ConfigError) as info:
         load_experiment(path)
+    assert "permission denied" in info.value.message.lower()
     assert info.value.where == str(path)
 
 
@@ -644,7 +646,7 @@ def test_a_number_yaml_reads_as_text_gets_a_hint_with_its_yaml_spelling(value: s
     with pytest.raises(ConfigError) as caught:
         load_experiment_text(source, "builtin", [f"telemetry_interval_s={value}"])
     assert f"got the string '{value}'" in caught.value.message
-    assert caught.value.hint.startswith(f"YAML reads {value} as text, not a number; write {spelled}")
+    assert mentions(caught.value.hint, str(value), spelled)  # what YAML read, and how to write it
     fixed = load_experiment_text(source, "builtin", [f"telemetry_interval_s={spelled}"])
     assert fixed.telemetry_interval_s == pytest.approx(float(value))
 
@@ -737,8 +739,10 @@ def test_an_option_grid_past_the_cap_is_refused_before_any_option_set_is_built(
 @pytest.mark.slow
 def test_option_sets_count_toward_the_cap() -> None:
     assert len(load_experiment_text(huge_option_grid(21, "abc"), "x.yaml").cases("cpu")) == 21**3
-    with pytest.raises(ConfigError, match="expands to 10648 cases; the cap is 10000"):
+    with pytest.raises(ConfigError) as caught:
         load_experiment_text(huge_option_grid(22, "abc"), "x.yaml")
+    assert caught.value.key == "grid" and {22**3, MAX_CASES} <= set(numbers(caught.value.message))
+
     assert len(load_experiment_text(huge_option_grid(22, "abc"), "x.yaml", force=True).cases("cpu")) == 22**3
 
 

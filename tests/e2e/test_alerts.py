@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from attnbench.analysis.bisect import bisect_hint, bisectable, noise_floor_for, 
 from attnbench.api import history, load_runs
 from attnbench.cli import app
 from attnbench.config.experiment import load_experiment
-from tests.support import ROOT, synthetic_runs, tiny_config
+from tests.support import ROOT, mentions, synthetic_runs, tiny_config
 
 runner = CliRunner()
 STEPPED = "model=lstm|mode=forward|dtype=float32|device=cpu|batch=2|seq_len=64"
@@ -33,14 +34,14 @@ def test_an_alert_only_when_the_newest_run_confirms_a_worse_step(tmp_path: Path)
     result = runner.invoke(app, ["history", str(folder), "-f", "md", "--fail-on-step", "--alert", str(alert)])
     assert result.exit_code == 1, result.output
     text = alert.read_text()
-    assert "## attnbench history: a new step in 1 case — median time per call" in text
-    assert "The newest run, **synthetic-007**" in text
+    heading = next(line for line in text.splitlines() if line.startswith("## "))
+    assert mentions(heading, "median", values=(1,)) and "**synthetic-007**" in text  # 1 case; the newest run
     (row,) = [line for line in text.splitlines() if line.startswith("| lstm forward float32 b=2 n=64")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1].endswith("slower") and 25 < float(cells[1].split()[0].lstrip("+")) < 35
     assert "…" in cells[2]  # the step's 95 % interval
     assert cells[3].startswith("7. synthetic-006") and cells[4].startswith("6. synthetic-005")
-    assert "the runs record no commit" in text
+    assert not re.search(r"`[0-9a-f]{12}", text)  # the runs record no commit: no range to name
     # One run later the step is old news: no alert, and the stale file is removed.
     synthetic_runs(tmp_path / "more", [1.3], only=STEPPED, seed=5)
     later = tmp_path / "more" / "run-000"
@@ -180,7 +181,7 @@ def test_bisect_names_the_range_and_a_command_that_finds_the_commit(
     assert result.exit_code == 0, result.output
     out = result.stdout.split("## Where to look", 1)[1]
     assert f"commits `{commits[3][:12]}..{commits[8][:12]}` (5 commits)" in out
-    assert "bisect on `lstm forward float32 b=2 n=64 d=32`" in out
+    assert "`lstm forward float32 b=2 n=64 d=32`" in out  # the case to bisect on
     start = next(line.strip() for line in out.splitlines() if "git bisect start" in line)
     assert start == f"git bisect start {commits[8]} {commits[3]}"
     run_line = next(line.strip() for line in out.splitlines() if "git bisect run" in line)
@@ -253,7 +254,7 @@ def test_bisect_gives_commands_for_a_step_of_a_users_model(tmp_path: Path) -> No
     result = runner.invoke(app, ["history", str(runs), "--repo", str(repo), "--bisect", "-f", "md", "-o", "-"])
     assert result.exit_code == 0, result.output
     out = result.stdout.split("## Where to look", 1)[1]
-    assert "bisect on `my-fine forward float32" in out and "git bisect run" in out, out
+    assert "`my-fine forward float32" in out and "git bisect run" in out, out
 
 
 def test_the_bisect_floor_is_the_spread_of_two_single_runs_the_history_measured(tmp_path: Path) -> None:
@@ -281,16 +282,15 @@ def test_compare_can_exit_with_a_code_of_its_own_when_a_case_is_noisy(tmp_path: 
     assert runner.invoke(app, ["compare", str(base), str(current), "--exit-noisy", "125"]).exit_code == 1
     bad = runner.invoke(app, ["compare", str(base), str(base), "--exit-noisy", "0"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
-    assert (
-        "error: --exit-noisy: 0 is not an exit code a script can tell apart" in bad.output
-        and "hint: 1 to 255" in bad.output
-    )
+    lines = bad.output.splitlines()
+    assert mentions([line for line in lines if line.startswith("error:")], "--exit-noisy", values=(0,))
+    assert mentions([line for line in lines if line.startswith("hint:")], values=(1, 255))  # the codes allowed
 
 
 def test_bisect_says_when_there_is_nothing_to_bisect() -> None:
     result = runner.invoke(app, ["history", str(ROOT / "results" / "history-example-cpu" / "runs"), "--bisect"])
     assert result.exit_code == 0, result.output
-    assert "both runs measured commit `c696c51ed8fd`, so the step is not in the code" in result.stdout
+    assert "`c696c51ed8fd`" in result.stdout and "git bisect" not in result.stdout  # one commit: nothing to bisect
 
 
 def test_one_case_overrides_pin_a_factory_model_with_its_options(

@@ -22,7 +22,7 @@ from typer.testing import CliRunner, Result
 from attnbench.cli import app
 from attnbench.core.errors import EXIT_BAD_INPUT, EXIT_WRITE_FAILED
 from attnbench.results.store import load_run
-from tests.support import ROOT, fill_disk, small_disk, tiny_config
+from tests.support import ROOT, fill_disk, mentions, small_disk, tiny_config
 
 runner = CliRunner()
 CONFIG = tiny_config(
@@ -89,7 +89,7 @@ def test_resume_never_truncates_the_target_of_a_lock_link(run: Path, victim: Pat
     (run / ".lock").unlink()
     (run / ".lock").symlink_to(victim)
     line = one_error(sweep("--resume", str(run)))
-    assert line == f"error: {run}/.lock: a symbolic link, not a regular file"
+    assert mentions(line, f"{run}/.lock", "link")  # the planted link, refused
     assert victim.read_text() == VICTIM_TEXT
 
 
@@ -99,7 +99,7 @@ def test_retry_failed_never_appends_to_the_target_of_a_telemetry_link(run: Path,
     (run / "telemetry.jsonl").unlink()
     (run / "telemetry.jsonl").symlink_to(victim)
     line = one_error(sweep("--resume", str(run), "--retry-failed"))
-    assert line == f"error: {run}/telemetry.jsonl: a symbolic link, not a regular file"
+    assert mentions(line, f"{run}/telemetry.jsonl", "link")
     assert victim.read_text() == VICTIM_TEXT
     assert (run / "results.jsonl").read_bytes() == before  # refused before anything was written
 
@@ -112,7 +112,7 @@ def test_resume_refuses_any_planted_link_before_writing(run: Path, victim: Path,
     (run / name).symlink_to(victim)
     copy = victim.read_bytes()
     line = one_error(sweep("--resume", str(run)))
-    assert line == f"error: {run}/{name}: a symbolic link, not a regular file"
+    assert mentions(line, f"{run}/{name}", "link")
     assert victim.read_bytes() == copy
 
 
@@ -123,7 +123,7 @@ def test_report_plots_are_never_drawn_through_a_plots_link(run: Path, tmp_path: 
     shutil.rmtree(run / "plots")
     (run / "plots").symlink_to(elsewhere)
     line = one_error(runner.invoke(app, ["report", str(run), "--plots"]))
-    assert line.startswith(f"error: {run}/plots: a symbolic link, not a folder")
+    assert mentions(line, f"{run}/plots", "link")
     assert list(elsewhere.iterdir()) == []
 
 
@@ -176,7 +176,7 @@ def test_a_parent_that_cannot_be_entered_is_a_located_error(run: Path, tmp_path:
     lines = done.stderr.splitlines()
     assert done.returncode == EXIT_BAD_INPUT, done.stderr
     assert "Traceback" not in done.stderr and len(lines) == 2, done.stderr
-    assert lines[0].startswith("error: ") and f"{target}: cannot read it (Permission denied)" in lines[0]
+    assert lines[0].startswith("error: ") and mentions(lines[0], str(target), "Permission denied")
 
 
 # -------------------------------------------------------------------------------------------- resume debris
@@ -258,8 +258,8 @@ def test_a_signal_while_the_summaries_are_written_exits_with_its_code(
     done = sweep(str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"), "--no-isolate")
     (folder,) = (tmp_path / "out").iterdir()
     assert done.exit_code == 128 + signal.SIGTERM, done.output
-    assert f"resume with: attnbench sweep --resume {folder}" in done.stderr
-    assert "interrupted by SIGTERM: 4 of 4 cases finished" in done.stderr
+    assert f"attnbench sweep --resume {folder}" in done.stderr  # the command that goes on
+    assert mentions(done.stderr.splitlines(), "SIGTERM", values=(4, 4))  # 4 of 4 cases finished
     assert len((folder / "summary.csv").read_text().splitlines()) == 5  # written whole: a header and four rows
     assert (folder / "summary.md").exists() and load_run(folder).run.state == "complete"
 
@@ -300,7 +300,7 @@ def test_the_count_of_finished_cases_is_what_is_on_disk(tmp_path: Path, monkeypa
     (folder,) = (tmp_path / "out").iterdir()
     assert done.exit_code == 130
     assert len(load_run(folder).results) == 4
-    assert f"interrupted by SIGINT: 4 of 4 cases finished and are saved in {folder}" in done.stderr
+    assert mentions(done.stderr.splitlines(), "SIGINT", str(folder), values=(4,))  # 4 of 4 finished, saved there
 
 
 @pytest.mark.parametrize("where", ["_environment", "_cached_calibration"])
@@ -317,7 +317,7 @@ def test_ctrl_c_while_starting_is_one_line_and_leaves_no_folder(
     (tmp_path / "c.yaml").write_text(CONFIG)
     done = sweep(str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"))
     assert done.exit_code == 130, done.output
-    assert done.stderr == "interrupted by SIGINT: stopped before the first case\n"
+    assert done.stderr.count("\n") == 1 and "SIGINT" in done.stderr  # one line: nothing was started
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
@@ -344,9 +344,7 @@ def test_a_ctrl_c_an_import_swallowed_while_starting_stops_before_any_case(
     done = sweep(str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"))
     assert done.exit_code == 130, done.output
     (folder,) = (tmp_path / "out").iterdir()
-    assert done.stderr == (
-        f"interrupted by SIGINT: stopped before the first case; resume with: attnbench sweep --resume {folder}\n"
-    )
+    assert done.stderr.count("\n") == 1 and mentions(done.stderr, "SIGINT", f"attnbench sweep --resume {folder}")
     stored = load_run(folder)
     assert stored.run.state == "interrupted" and stored.results == ()
     assert not (folder / "summary.csv").exists()
@@ -398,7 +396,7 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 130
-    assert done.stderr == "interrupted by SIGINT: stopped while starting\n"
+    assert done.stderr.count("\n") == 1 and "SIGINT" in done.stderr
 
 
 def test_a_ctrl_c_during_torchs_import_waits_for_it_then_stops_before_the_first_case(
@@ -424,7 +422,7 @@ def test_a_ctrl_c_during_torchs_import_waits_for_it_then_stops_before_the_first_
     (tmp_path / "c.yaml").write_text(CONFIG)
     done = sweep(str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"))
     assert finished == ["torch"]
-    assert done.exit_code == 130 and done.stderr == "interrupted by SIGINT: stopped before the first case\n"
+    assert done.exit_code == 130 and done.stderr.count("\n") == 1 and "SIGINT" in done.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
@@ -488,9 +486,9 @@ def test_a_disk_that_fills_mid_sweep_is_an_error_with_the_resume_line(disk: Path
     assert done.exit_code == EXIT_WRITE_FAILED, done.output
     errors = [line for line in done.stderr.splitlines() if line.startswith(("error:", "hint:"))]
     assert len(errors) == 2 and "Traceback" not in done.output
-    assert "jsonl: cannot write it (No space left on device)" in errors[0]
-    assert "cases finished and are saved in" in errors[0]
-    assert errors[1] == f"hint: free some space on that disk, then resume with: attnbench sweep --resume {folder}"
+    # The file that could not be written and why, where the finished cases are, and the command that goes on.
+    assert mentions(errors[0], "jsonl", "No space left on device", str(folder))
+    assert errors[1].startswith("hint:") and errors[1].endswith(f"attnbench sweep --resume {folder}")
     stored = load_run(folder)  # whole lines only, and run.json says how it ended
     assert stored.warnings == () and 1 <= len(stored.results) < 4
     assert stored.run.state == "interrupted"
@@ -508,5 +506,6 @@ def test_a_full_disk_at_start_is_one_error_and_leaves_no_folder(disk: Path, tmp_
     (disk / "out").mkdir()
     fill_disk(disk)
     line = one_error(sweep(str(config), "--out", str(disk / "out"), "--no-isolate"), EXIT_WRITE_FAILED)
-    assert "cannot write it (No space left on device)" in line
+    assert "No space left on device" in line
+
     assert list((disk / "out").iterdir()) == []

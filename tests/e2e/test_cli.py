@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.report.rows import COLUMNS
-from tests.support import BAD_CONFIGS, FIXTURE, QUICK_TIMING, tiny_config
+from tests.support import BAD_CONFIGS, FIXTURE, QUICK_TIMING, mentions, numbers, tiny_config
 
 runner = CliRunner()
 
@@ -93,7 +93,7 @@ def test_rows_and_statuses(tiny_run: tuple[Path, str]) -> None:
 
 def test_lines_per_case_and_final_table(tiny_run: tuple[Path, str]) -> None:
     _, output = tiny_run
-    assert "[1/20] lstm forward float32 b=2 n=16 d=32" in output
+    assert mentions(output.splitlines(), "[1/20]", "lstm forward float32 b=2 n=16 d=32")  # the count, and the case
     assert "[20/20]" in output
     assert "| vanilla" in output  # non-TTY output ends with the markdown comparison tables
 
@@ -125,7 +125,7 @@ def test_dry_run_lists_cases_without_measuring(tmp_path: Path) -> None:
     assert out.exit_code == 0
     assert "10 cases on cpu (dry run" in out.output
     # A budget, not a promise: 10 cases of TINY's 1.0 s.
-    assert "estimate: up to 10 s of warm-up and sampling (10 cases × timing.max_case_s 1 s)" in out.output
+    assert mentions(out.output.splitlines(), "timing.max_case_s", "10 s", values=(10, 1))  # 10 cases × 1 s
     assert not (tmp_path / "results").exists()
 
 
@@ -275,9 +275,12 @@ def test_report_shows_the_telemetry_table(tiny_run: tuple[Path, str]) -> None:
     assert "cpu %" in out.stdout and "gpu util" not in out.stdout and "power W" not in out.stdout
     md = runner.invoke(app, ["report", str(folder), "--telemetry", "-f", "md"])
     assert md.exit_code == 0
-    assert "# Telemetry per case" in md.stdout and "| lstm forward float32 b=2 n=16 d=32" in md.stdout
+    assert md.stdout.startswith("# ") and "| lstm forward float32 b=2 n=16 d=32" in md.stdout
     # The unsupported rows have no telemetry, so the note differs between rows and stays in its column.
-    assert "gpu util" not in md.stdout and "| all GPU metrics: CPU run" in md.stdout
+    table = [
+        [cell.strip() for cell in line.strip("|").split("|")] for line in md.stdout.splitlines() if line[:2] == "| "
+    ]
+    assert "gpu util" not in md.stdout and "note" in table[0][-1] and len({row[-1] for row in table[2:]}) > 1
     refused = runner.invoke(app, ["report", str(folder), "--telemetry", "-f", "csv"])
     assert refused.exit_code == 2 and "-f md" in refused.output
 
@@ -358,7 +361,7 @@ def test_validate_takes_several_files_and_says_which_failed(tmp_path: Path) -> N
     assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:2, key 'models[0]'")
     assert lines[lines.index(errors[0]) + 1].startswith("hint: ")
     assert any(line.startswith(f"ok: {other} → 4 cases") for line in lines)
-    assert lines[-1] == "3 configs: 2 ok, 1 failed"
+    assert numbers(lines[-1]) == [3, 2, 1]  # configs, ok, failed
     assert "Traceback" not in out.output
 
 
@@ -374,7 +377,8 @@ def test_validate_every_shipped_config_and_a_folder(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not a config")
     out = runner.invoke(app, ["validate", str(tmp_path)])
     assert out.exit_code == 0, out.output
-    assert out.output.count("ok: ") == 2 and "2 configs: 2 ok, 0 failed" in out.output
+    assert out.output.count("ok: ") == 2 and numbers(out.output.splitlines()[-1]) == [2, 2, 0]
+
     empty = tmp_path / "empty"
     empty.mkdir()
     out = runner.invoke(app, ["validate", str(empty)])

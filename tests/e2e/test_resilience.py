@@ -23,7 +23,7 @@ from attnbench.sweeps.isolated_executor import IsolatedExecutor
 from attnbench.sweeps.loop import OomSkipper, run_cases
 from attnbench.timing.executor import ExecutorSettings
 from tests.fakes import FakeExecutors
-from tests.support import ROOT, quick_policy, tiny_case, tiny_config
+from tests.support import ROOT, numbers, quick_policy, tiny_case, tiny_config
 
 runner = CliRunner()
 QUICK = quick_policy(min_samples=3, min_time_s=0.01, max_case_s=0.2, warmup_max_s=0.05)
@@ -61,7 +61,8 @@ def test_a_worker_killed_mid_case_is_a_crashed_row_and_the_next_case_runs() -> N
         result = executor.run(case())
         thread.join()
         assert result.status == "crashed"
-        assert result.reason == "the worker was killed by SIGSEGV"  # no OOM-killer hint: that is SIGKILL's
+        assert "SIGSEGV" in result.reason and "OOM" not in result.reason  # no OOM-killer hint: that is SIGKILL's
+
         executor.policy = QUICK  # the next worker takes the policy it is started with
         assert executor.run(case(32)).status == "ok"
         assert executor.workers_started == 2
@@ -99,7 +100,7 @@ def test_oom_skipper_skips_longer_lengths_of_the_same_family() -> None:
     seen: list[Result] = []
     run_cases(cases, execute, lambda i, r: seen.append(r), skipper=OomSkipper())
     assert [r.status for r in seen] == ["ok", "oom", "oom", "oom", "oom"]
-    assert "skipped after a smaller case ran out of memory (seq_len 64)" == seen[2].reason == seen[3].reason
+    assert seen[2].reason == seen[3].reason != seen[1].reason and numbers(seen[2].reason) == [64]  # the oom at 64
     assert "skipped" not in seen[4].reason  # another model is its own family
 
 
@@ -157,7 +158,7 @@ def test_interrupt_then_resume_keeps_every_row_once(
     process.send_signal(sig)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 128 + sig, err
-    assert f"resume with: attnbench sweep --resume {folder}" in err
+    assert f"attnbench sweep --resume {folder}" in err
     assert json.loads((folder / "run.json").read_text())["state"] == "interrupted"
     before = (folder / "results.jsonl").read_text()
     assert 3 <= len(before.splitlines()) < 8

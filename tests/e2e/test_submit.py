@@ -28,7 +28,7 @@ from attnbench.cluster.submission import (
 )
 from attnbench.core.shards import Shard
 from attnbench.results.store import load_run
-from tests.support import ROOT, tiny_config
+from tests.support import ROOT, mentions, tiny_config
 
 runner = CliRunner()
 # A budget that three samples of a tiny case fit in beside another test worker (0.05 s did not, and the end-to-end
@@ -68,7 +68,7 @@ def test_submit_through_the_debug_executor_end_to_end(config: Path, tmp_path: Pa
     folder = tmp_path / "sub"
     result = submit(config, "--executor", "debug", "--array", "3", "--folder", folder)
     assert result.exit_code == 0, result.output
-    assert "in 3 shards" in result.output and "timing: submit → all tasks ended" in result.output
+    assert "3 shards" in result.output and "timing:" in result.output  # how long the submission took, said
     merged = load_run(folder / "merged")
     keys = [r.case.key for r in merged.results]
     assert keys == config_keys(config)  # every case exactly once, in the config's order
@@ -77,7 +77,7 @@ def test_submit_through_the_debug_executor_end_to_end(config: Path, tmp_path: Pa
     assert record.executor == "debug" and record.shards == 3 and len(record.jobs) == 3
     assert sorted(s.shard for s in merged.run.merged_from) == [Shard(i, 3) for i in range(3)]
     status = submit("--status", folder)
-    assert status.exit_code == 0 and "12 of 12 cases have a row" in status.output
+    assert status.exit_code == 0 and "12 of 12" in status.output  # cases with a row
 
 
 @pytest.mark.slow  # real sweeps in subprocesses
@@ -98,7 +98,7 @@ def test_a_task_that_dies_is_reported_and_resume_reruns_only_its_cases(
     failed = submit(config, "--executor", "debug", "--array", "2", "--folder", folder)
     assert failed.exit_code == 1, failed.output
     assert f"shard {victim}/2" in failed.output and "FAILED" in failed.output and "code -9" in failed.output
-    assert f"missing: shard {victim}/2: no run folder ({sizes[victim]} case(s)" in failed.output
+    assert mentions(failed.output.splitlines(), f"{victim}/2", values=(sizes[victim],))  # its cases, missing
     assert f"attnbench submit --resume {folder}" in failed.output
     partial = load_run(folder / "merged")
     assert partial.run.state == "interrupted" and len(partial.results) == 12 - sizes[victim]
@@ -176,7 +176,6 @@ def test_the_local_executor_without_waiting_then_resume_waits_and_merges(
     assert status.exit_code == 0 and "local · 2 shards" in status.output
     finished = submit("--resume", folder)  # nothing is missing once they end: it waits for them and merges
     assert finished.exit_code == 0, finished.output
-    assert "waiting for shard(s) still queued or running" in finished.output or "every shard" in finished.output
     assert [r.case.key for r in load_run(folder / "merged").results] == config_keys(config)
 
 
@@ -211,7 +210,7 @@ def test_the_slurm_path_builds_one_array_of_one_shard_per_task(config: Path, tmp
         "--folder", folder, "--no-wait",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "job array 4242: 4242_0, 4242_1, 4242_2" in result.output
+    assert all(job in result.output for job in ("4242_0", "4242_1", "4242_2"))  # the array's tasks, by id
     script = fake_slurm.read_text()
     for line in (
         "#SBATCH --array=0-2%3",  # one sbatch for all three shards, all at once
@@ -267,7 +266,11 @@ def test_an_sbatch_that_refuses_is_a_clean_error_and_leaves_no_folder(
     folder = tmp_path / "sub"
     result = submit(config, "--executor", "slurm", "--array", "2", "--partition", "nope", "--folder", folder)
     assert result.exit_code == 2, result.output
-    assert "refused the job array" in result.output and "invalid partition specified: nope" in result.output
+    lines = result.output.splitlines()
+    assert len([line for line in lines if line.startswith("error:")]) == 1
+    assert "invalid partition specified: nope" in result.output  # sbatch's own reason, passed on
+    assert mentions([line for line in lines if line.startswith("hint:")], "--partition")  # the flag to check
+
     assert "Traceback" not in result.output and not folder.exists()
 
 
@@ -286,7 +289,8 @@ def test_without_submitit_submit_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit → ImportError
     result = submit(config, "--executor", "debug", "--folder", tmp_path / "sub")
     assert result.exit_code == 2
-    assert "needs submitit" in result.output and 'pip install "attnbench[slurm]"' in result.output
+    assert "submitit" in result.output and 'pip install "attnbench[slurm]"' in result.output  # how to install it
+
     assert not (tmp_path / "sub").exists()
 
 

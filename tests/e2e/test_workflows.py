@@ -19,7 +19,7 @@ import typer.main
 import yaml
 
 from attnbench.cli import app
-from tests.support import ROOT
+from tests.support import ROOT, numbers
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 COMPARE_DATA = ROOT / "tests" / "data" / "compare"
@@ -184,7 +184,8 @@ def test_a_sweep_that_cannot_run_stops_the_job(tmp_path: Path) -> None:
         stand_in(tmp_path / f"venv-{side}" / "bin" / "attnbench", "exit 2\n")
     env = {"WORK": str(tmp_path), "ROUNDS": "2", "BASE_KIND": "commit", "CONFIG": "c.yaml", "DEVICE": "cuda"}
     out = run_step("Sweep base and head in alternation", env, tmp_path)
-    assert out.returncode == 2 and "::error::the base sweep exited 2" in out.stdout
+    (annotation,) = [line for line in out.stdout.splitlines() if line.startswith("::error::")]
+    assert out.returncode == 2 and "base" in annotation and numbers(annotation) == [2]  # which side, and its exit
 
 
 def compare_env(tmp_path: Path, kind: str = "commit") -> dict[str, str]:
@@ -216,10 +217,11 @@ def test_compare_step_writes_summary_comment_and_exit_code(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "output").read_text() == "rc=1\n"
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.startswith("## attnbench compare: regression in 1 case")  # the ok → oom; no floor was measured
+    heading = summary.splitlines()[0]
+    assert heading.startswith("## ") and numbers(heading) == [1]  # 1 case regressed: the ok → oom
     assert "Base: commit" in summary and "1 run(s) per side" in summary
     assert (tmp_path / "comment.md").read_text() == summary
-    assert '"schema": "attnbench.compare/1"' in (tmp_path / "compare.json").read_text()
+    assert json.loads((tmp_path / "compare.json").read_text())["schema"] == "attnbench.compare/1"
 
 
 @pytest.mark.slow
@@ -231,8 +233,7 @@ def test_compare_step_without_a_baseline_says_so(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "output").read_text() == "rc=4\n"
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.startswith("## attnbench compare: no baseline to compare with")
-    assert "results/baselines/gpu" in summary and "Base: stored" in summary
+    assert summary.startswith("## ") and "results/baselines/gpu" in summary and "Base: stored" in summary
 
 
 def test_a_compare_that_crashes_is_not_called_a_regression(tmp_path: Path) -> None:
@@ -241,7 +242,8 @@ def test_a_compare_that_crashes_is_not_called_a_regression(tmp_path: Path) -> No
     out = run_step("Compare", env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "output").read_text() == "rc=70\n"
-    assert (tmp_path / "summary.md").read_text().startswith("## attnbench compare: failed (exit 70)")
+    heading = (tmp_path / "summary.md").read_text().splitlines()[0]
+    assert heading.startswith("## ") and numbers(heading) == [70]  # failed, with its exit code: no verdict
 
 
 @pytest.mark.slow
@@ -287,7 +289,8 @@ def test_history_keeps_the_newest_runs_and_reads_them(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
     out = run_step("History", env, tmp_path, "gpu-history.yml")
     assert out.returncode == 0, out.stderr
-    assert (tmp_path / "summary.md").read_text().startswith("# attnbench history — median time per call")
+    heading = (tmp_path / "summary.md").read_text().splitlines()[0]
+    assert heading.startswith("# ") and "median" in heading  # the history report, of the median
 
 
 @pytest.mark.slow
@@ -333,8 +336,9 @@ def test_history_step_writes_the_alert_when_the_newest_run_confirms_a_step(tmp_p
     alert = tmp_path / "alert.md"
     assert (tmp_path / "output").read_text() == f"alert={alert}\n"
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.startswith(ALERT_MARKER + "\n## attnbench history: a new step in 1 case")
-    assert "# attnbench history — median time per call" in summary
+    marker, heading, *rest = summary.splitlines()
+    assert marker == ALERT_MARKER and heading.startswith("## ") and numbers(heading) == [1]  # a step in 1 case
+    assert any(line.startswith("# ") and "median" in line for line in rest)  # then the history report
     script = step("gpu-history.yml", "Post the alert as an issue")["with"]["script"]
     assert f"const marker = '{ALERT_MARKER}';" in script and "attnbench-alert" in script
     gate = step("gpu-history.yml", "Fail on a new step")
@@ -354,7 +358,8 @@ def test_publish_step_keeps_one_site_beside_the_histories_and_adds_to_it(tmp_pat
     assert (tmp_path / "output").read_text() == f"site={site}\n"
     assert "4 runs (4 new)" in out.stdout and (site / "index.html").exists()
     assert "https://github.com/owner/attnbench/commit/" not in (site / "runs.html").read_text()  # no commits here
-    assert "<title>cases · attnbench · owner/attnbench</title>" in (site / "index.html").read_text()
+    assert re.search(r"<title>[^<]* owner/attnbench</title>", (site / "index.html").read_text())  # the repository's
+
     again = run_step("Publish the site", env, tmp_path, "gpu-history.yml")
     assert again.returncode == 0 and "4 runs (0 new)" in again.stdout and "wrote 0 files" in again.stdout
     pages = workflow("gpu-history.yml")["jobs"]["pages"]

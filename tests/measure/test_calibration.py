@@ -46,7 +46,7 @@ from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result, Run
 from attnbench.results.store import load_run
-from tests.support import FIXTURE, ROOT, tiny_case, tiny_config
+from tests.support import FIXTURE, ROOT, mentions, numbers, tiny_case, tiny_config
 
 FP = "0123456789abcdef"
 runner = CliRunner()
@@ -177,7 +177,7 @@ def test_cache_folder_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 def test_fingerprint_must_be_hex() -> None:
-    with pytest.raises(ValueError, match="not a machine fingerprint"):
+    with pytest.raises(ValueError):
         cache_path("../escape")
 
 
@@ -369,8 +369,9 @@ def test_peak_flags_name_each_impossible_row() -> None:
     flags = peak_flags(run, [fine, at_peak, impossible, failed])
     assert len(flags) == 1
     (line,) = flags
-    assert line.startswith(impossible.case.key + ": 150% of peak")
-    assert "300 GFLOP/s achieved" in line and "calibrated matmul float32" in line and "attention-v1" in line
+    # The row, its % of peak, what it achieved against which peak and FLOP formula, and the command to re-measure.
+    assert line.startswith(impossible.case.key) and numbers(line.removeprefix(impossible.case.key))[0] == 150
+    assert "300 GFLOP/s" in line and "calibrated matmul float32" in line and "attention-v1" in line
     assert "attnbench calibrate --refresh" in line
     assert peak_flags(run_for({"device_type": "cpu"}), [impossible]) == []  # no peak, nothing to flag
 
@@ -378,7 +379,7 @@ def test_peak_flags_name_each_impossible_row() -> None:
 def test_peak_flags_against_a_vendor_peak() -> None:
     run = run_for({"device_type": "cuda", "gpu_name": "Tesla T4"})
     (line,) = peak_flags(run, [row(dtype="float16", device="cuda:0", flops=10**14)])  # 100 TFLOP/s > 65
-    assert "vendor NVIDIA T4 fp16 dense" in line and "the FLOP count or the timing is wrong" in line
+    assert "vendor NVIDIA T4 fp16 dense" in line and {100, 65} <= set(numbers(line))  # 100 TFLOP/s above 65
 
 
 # --- the CSV columns ---------------------------------------------------------------------------------------------
@@ -428,12 +429,13 @@ def test_run_round_trip_with_and_without_calibration() -> None:
 
 def test_ceiling_rows_on_a_cpu() -> None:
     rows = {r.what: r for r in ceiling_rows(calibration(), None)}
-    assert rows["matmul float32"].measured == "200 GFLOP/s (median 180 GFLOP/s)"
+    # The best and the median FLOP/s, the size it was reached at, no vendor figure, and the peak pct_of_peak uses.
+    assert "GFLOP/s" in rows["matmul float32"].measured and numbers(rows["matmul float32"].measured) == [200, 180]
     assert rows["matmul float32"].at == "n=2048"
-    assert rows["matmul float32"].vendor == "— (no vendor entry)" and rows["matmul float32"].ratio == "—"
+    assert rows["matmul float32"].vendor.startswith("—") and rows["matmul float32"].ratio == "—"
     assert rows["matmul float32"].used == "calibrated matmul float32"
-    assert rows["matmul bfloat16"].measured == "1 TFLOP/s (not converged)"
-    assert rows["matmul tf32"].measured.startswith("not measured: TF32 is a GPU")
+    assert "TFLOP/s" in rows["matmul bfloat16"].measured and "converged" in rows["matmul bfloat16"].measured
+    assert calibration().skipped["tf32"] in rows["matmul tf32"].measured  # why it was skipped
     assert rows["copy (read + write)"].measured == "11 GB/s" and rows["copy (read + write)"].at == "2 × 2048 MiB"
     assert "none for CPUs" in vendor_line("Test CPU", None, "cpu")
 
@@ -452,7 +454,7 @@ def test_ceiling_rows_beside_a_vendor_peak() -> None:
     assert rows["copy (read + write)"].vendor == "4.8 TB/s" and rows["copy (read + write)"].ratio == "90%"
     # Not calibrated, so rows of that dtype fall back to the vendor figure; the table says which.
     assert rows["matmul float64"].used == "vendor NVIDIA H200 SXM fp64 dense"
-    assert "NVIDIA H200 SXM (matched 'NVIDIA H200')" in vendor_line("NVIDIA H200", h200, "cuda")
+    assert h200 is not None and mentions(vendor_line("NVIDIA H200", h200, "cuda"), h200.name, "'NVIDIA H200'")
 
 
 # --- measuring, for real, at tiny sizes ---------------------------------------------------------------------
@@ -508,8 +510,7 @@ def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
     for text in ("ceiling", "measured", "vendor peak", "measured / vendor", "pct_of_peak uses"):
         assert text in out
     assert "matmul float32" in out and "matmul bfloat16" in out and "copy (read + write)" in out
-    assert "vendor peaks: none for CPUs" in out
-    assert "--quick on a CPU: reduced sizes, not cached" in out
+    assert "--quick" in out  # why nothing was cached: said, and true
     assert not private_cache.exists() or not list(private_cache.iterdir())
 
 
@@ -521,9 +522,13 @@ def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--noise-processes", "0"])
     assert result.exit_code == 0, result.output
     assert "calibrating" not in result.output  # nothing measured
-    assert "between-process noise: not measured" in result.output
-    assert "cached calibration of 2026-01-01" in result.output and "--refresh" in result.output
-    assert "200 GFLOP/s" in result.output
+    # The cached figures, when they were measured, and the flag that measures again (the noise included).
+    assert "2026-01-01" in result.output and "--refresh" in result.output and "200 GFLOP/s" in result.output
+    shown = json.loads(
+        runner.invoke(app, ["calibrate", "--device", "cpu", "--noise-processes", "0", "-f", "json"]).stdout
+    )
+    assert "noise" not in shown["calibration"] and shown["calibration"]["created_utc"].startswith("2026-01-01")
+    assert "--refresh" in shown["origin"]
 
 
 def test_calibrate_cli_rejects_an_unknown_dtype() -> None:
@@ -625,7 +630,8 @@ def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.Mo
     noise = NoiseFloor(0.08, 0.02, 3, ("k",), (0.05,), "2026-12-03T00:00:00Z")
     monkeypatch.setattr("attnbench.instrument.noise.measure_noise", lambda *a, **k: noise)
     first = runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float32", "--noise-processes", "3"])
-    assert first.exit_code == 0 and "between-process noise: ±8 %" in first.output, first.output
+    assert first.exit_code == 0 and "±8 %" in first.output, first.output  # the noise floor measured
+
     assert runner.invoke(app, ["calibrate", "--device", "cpu", "--dtype", "float16"]).exit_code == 0
     assert asked == [("float32",), ("float16", "float32")]
     # The noise measured with the first dtype is kept when the cache gains a dtype, and not measured again.

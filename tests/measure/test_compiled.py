@@ -17,7 +17,7 @@ import torch
 
 from attnbench.timing.compiled import CompileWatch, fresh, is_compiler_failure
 from tests.measure.test_torch_executor import executor
-from tests.support import ROOT, tiny_case
+from tests.support import ROOT, mentions, tiny_case
 
 
 @pytest.mark.parametrize("mode", ["forward", "train", "backward", "decode"])
@@ -78,7 +78,7 @@ def test_a_compiler_that_cannot_run_makes_the_row_unsupported_with_its_reason() 
     )
     status, reason = json.loads(done.stdout.strip().splitlines()[-1])
     assert status == "unsupported", reason
-    assert "torch.compile(mode=default) cannot compile mingru here" in reason
+    assert mentions(reason, "mode=default", "mingru")
     assert "compiler" in reason.lower()
 
 
@@ -98,7 +98,8 @@ def test_flex_runs_compiled_forward_and_decode_on_cpu_and_says_why_not_train(mod
     case = tiny_case("flex", mode=mode, seq_len=64, d_model=32, heads=4, causal=True, window=16, heads_kv=1)
     result = executor().run(case)
     if mode == "train":
-        assert result.status == "unsupported" and "does not support backward on CPU" in (result.reason or "")
+        assert result.status == "unsupported" and mentions(result.reason or "", "backward", "CPU")
+
         return
     assert result.status == "ok", result.reason
     assert isinstance(result.extra["compile_s"], float) and result.extra["recompiles"] == 0
@@ -150,7 +151,7 @@ def test_a_cuda_graph_skip_is_a_column_and_a_warning() -> None:
     _counters()["inductor"]["cudagraph_skips"] += 2  # what inductor counts when it gives a graph up
     warnings = watch.after_timing()
     assert watch.extra["cudagraph_skips"] == 2
-    assert any("skipped CUDA graphs for 2 graph(s)" in w and "reduce-overhead" in w for w in warnings)
+    assert mentions(warnings, "CUDA graphs", "reduce-overhead", values=(2,))
     plain = CompileWatch("default")
     plain.first_call(lambda: None, lambda: None)
     assert "cudagraph_skips" not in plain.extra  # a mode without graphs has none to skip

@@ -9,6 +9,7 @@ import pytest
 from attnbench.core.errors import DeviceError
 from attnbench.host import devices
 from attnbench.host.devices import cuda_build_in, guess_device, resolve_device
+from tests.support import mentions, numbers
 
 
 def _driver(tmp_path: Path, count: int) -> Path:
@@ -35,7 +36,7 @@ def test_auto_is_cuda_only_with_a_cuda_build_and_a_visible_gpu(tmp_path: Path, m
     monkeypatch.setattr(devices, "_torch_cuda_build", lambda: "CUDA 12.8")
     two = _driver(tmp_path, 2)
     guess = guess_device("auto", gpus=two)
-    assert guess.device == "cuda:0" and guess.basis.startswith("CUDA 12.8, 2 NVIDIA GPUs visible")
+    assert guess.device == "cuda:0" and mentions(guess.basis, "CUDA", values=(12.8, 2))  # its version, 2 GPUs
     assert guess_device("auto", gpus=tmp_path / "no-driver").device == "cpu"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert guess_device("auto", gpus=two).device == "cpu"
@@ -46,7 +47,7 @@ def test_auto_is_cuda_only_with_a_cuda_build_and_a_visible_gpu(tmp_path: Path, m
     monkeypatch.setattr(devices, "_torch_cuda_build", lambda: None)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     guess = guess_device("auto", gpus=two)
-    assert guess.device == "cpu" and guess.basis.startswith("a torch build without CUDA, 2 NVIDIA GPUs visible")
+    assert guess.device == "cpu" and numbers(guess.basis) == [2]  # GPUs visible, but no CUDA build
 
 
 def test_an_explicit_cuda_request_is_kept_and_a_likely_refusal_said(
@@ -58,7 +59,8 @@ def test_an_explicit_cuda_request_is_kept_and_a_likely_refusal_said(
     assert guess_device("cuda", gpus=one) == devices.DeviceGuess("cuda:0")
     far = guess_device("cuda:3", gpus=one)
     assert far.device == "cuda:3" and "does not look present" in far.problem
-    assert "CUDA does not look available" in guess_device("cuda", gpus=tmp_path / "none").problem
+    assert "CUDA" in guess_device("cuda", gpus=tmp_path / "none").problem
+
     assert guess_device("cpu") == devices.DeviceGuess("cpu")
     with pytest.raises(DeviceError, match="not a device"):
         guess_device("tpu")

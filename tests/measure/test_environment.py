@@ -15,7 +15,7 @@ from attnbench.host.sensors.identity import GpuIdentity
 from attnbench.host.sensors.settings import read_settings
 from attnbench.results.environment import Environment
 from tests.fake_pynvml import FakeGpu, FakeNvml
-from tests.support import FIXTURE, ROOT
+from tests.support import FIXTURE, ROOT, mentions
 
 
 def _opened(gpu: FakeGpu) -> tuple[FakeNvml, Any]:
@@ -67,7 +67,7 @@ def test_settings_a_gpu_cannot_report_are_reasons_and_no_mig_support_means_whole
         "gpu_ecc": "NVMLError_NotSupported",
         "gpu_ecc_pending": "NVMLError_NotSupported",
     }
-    assert settings.note == "gpu_power_limit_w, gpu_ecc, gpu_ecc_pending: NVMLError_NotSupported"
+    assert mentions(settings.note, *settings.unavailable, "NVMLError_NotSupported")  # each setting, and why
 
 
 def test_nvml_environment_reads_driver_and_settings_of_the_torch_device() -> None:

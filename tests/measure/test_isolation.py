@@ -11,7 +11,7 @@ from attnbench.sweeps import isolated_executor as isolation
 from attnbench.sweeps.isolated_executor import IsolatedExecutor
 from attnbench.timing.executor import ExecutorSettings
 from tests.measure import worker_standins
-from tests.support import QUICK_TIMING, tiny_case
+from tests.support import QUICK_TIMING, mentions, tiny_case
 
 pytestmark = pytest.mark.slow  # real sweeps and worker processes throughout: not in the fast tier
 
@@ -60,9 +60,8 @@ def test_a_profile_that_hangs_costs_the_row_its_kernel_counts_not_its_timing(mon
     try:
         result = executor.run(tiny_case())
         assert result.ok and result.measurement is not None and result.median_s > 0
-        assert result.extra["profile_error"] == (
-            "the profiled call had not finished 1 s after the timing; the worker was retired"
-        )
+        assert mentions(str(result.extra["profile_error"]), values=(1,))  # not finished 1 s after the timing
+
         assert executor.worker_pid is None
     finally:
         executor.close()

@@ -20,7 +20,7 @@ from attnbench.sweeps.events import QuietListener
 from attnbench.sweeps.pool import DevicesFailedError, WorkerPool, resolve_devices, worker_placement
 from attnbench.sweeps.runner import SweepRequest, open_sweep
 from attnbench.timing.executor import ExecutorSettings
-from tests.support import quick_policy, tiny_case, tiny_config
+from tests.support import mentions, quick_policy, tiny_case, tiny_config
 
 # Roomy budget, loose target: these tests are about who writes which row, and on a loaded machine three samples
 # must still fit in the budget (else a row is too_slow_for_budget, issue 17).
@@ -102,7 +102,7 @@ def test_a_killed_worker_mid_case_becomes_a_row_and_the_sweep_finishes() -> None
     assert sorted(r.case.seq_len for r in rows) == [8, 16, 24]  # every case once, the killed one included
     crashed = [r for r in rows if r.status == "crashed"]
     assert len(crashed) == 1 and crashed[0].case.seq_len == 8
-    assert crashed[0].reason == "the worker was killed by SIGKILL (possibly the kernel's OOM killer)"
+    assert mentions(crashed[0].reason, "SIGKILL", "OOM")  # the signal, and what usually sends it
     assert sum(r.ok for r in rows) == 2
     assert victim.workers_started == 2  # the device was not retired: its next case got a fresh worker
     assert not pool.retired
@@ -122,7 +122,7 @@ def test_a_device_whose_worker_cannot_start_is_retired_and_the_others_go_on(monk
     assert sorted(r.case.seq_len for r in rows) == [8, 16, 24, 32]
     (lost,) = [r for r in rows if not r.ok]
     assert lost.status == "crashed" and lost.case.device == "cuda:0"
-    assert lost.reason.startswith("cuda:0 retired: the worker could not use cuda:0 (CUDA_VISIBLE_DEVICES=no-such-gpu)")
+    assert mentions(lost.reason, "cuda:0", "CUDA_VISIBLE_DEVICES=no-such-gpu")  # the device retired, and why
     assert all(r.case.device == "cpu" for r in rows if r.ok)
     assert list(pool.retired) == ["cuda:0"] and "cuda:0 retired" in warnings[0] and "1 device(s) go on" in warnings[0]
 
@@ -133,10 +133,11 @@ def test_when_every_device_is_retired_the_pool_stops_and_says_so(monkeypatch: py
     pool = WorkerPool(settings(), ["cuda:0"])
     rows: list[Result] = []
     try:
-        with pytest.raises(DevicesFailedError, match=r"every device was retired with 2 case\(s\) left") as caught:
+        with pytest.raises(DevicesFailedError) as caught:
             pool.run(cases(3), lambda i, r: rows.append(r))
     finally:
         pool.close()
+    assert mentions(caught.value.message, "cuda:0", values=(2,))  # the device, and the 2 cases left
     assert [r.status for r in rows] == ["crashed"] and caught.value.exit_code == 1
 
 
@@ -225,8 +226,10 @@ def test_gpus_of_different_models_need_allow_mixed_devices(two_gpus: dict[int, S
 def test_without_cuda_all_is_refused_with_a_hint() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(DeviceError, match="--devices all: no CUDA device here") as caught:
+    with pytest.raises(DeviceError) as caught:
         resolve_devices("all")
+    assert mentions(caught.value.message, "--devices", "all")
+
     assert "cpu,cpu" in caught.value.hint
 
 

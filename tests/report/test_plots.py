@@ -33,7 +33,7 @@ from attnbench.report.plots import (
 from attnbench.report.run_files import write_run_files
 from attnbench.results.store import StoredRun, load_run
 from tests.fakes import FakeExecutors
-from tests.support import DATA, FIXTURE, ROOT, tiny_config
+from tests.support import DATA, FIXTURE, ROOT, mentions, tiny_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
@@ -278,7 +278,7 @@ def test_a_plotting_failure_is_one_warning_line(
     monkeypatch.setattr(plots_module, "render_plots", broken)
     _, paths, problem = write_run_files(run_copy)
     assert [p.name for p in paths] == ["summary.csv", "summary.md"]
-    assert problem is not None and problem.startswith("warning: plots not drawn (RuntimeError: a font went missing)")
+    assert problem is not None and problem.startswith("warning:") and "RuntimeError: a font went missing" in problem
     assert capsys.readouterr().err == ""
     written, problem = write_run_plots(load_run(run_copy).run, (), run_copy / "plots")
     assert written == [] and problem is not None and problem.startswith("warning:")
@@ -328,10 +328,9 @@ def test_attnbench_plots_0_turns_plots_off_for_sweep_and_merge_and_a_flag_wins(
     ):
         bad = runner.invoke(app, command)
         assert bad.exit_code == 2 and bad.stdout == "", bad.output
-        assert bad.stderr.splitlines() == [
-            "error: ATTNBENCH_PLOTS='maybe': not a yes or no",
-            "hint: set it to 0, false, no or off (no plots), or 1, true, yes or on; or unset it (plots drawn)",
-        ]
+        error, hint = bad.stderr.splitlines()  # the variable and its value; the values it takes
+        assert error.startswith("error:") and mentions(error, "ATTNBENCH_PLOTS", "'maybe'")
+        assert hint.startswith("hint:") and mentions(hint, "0", "1", "off", "on")
     assert not (tmp_path / "bad").exists() and not (tmp_path / "m2").exists()  # refused before anything ran
     assert not (swept("flag-over-bad", "--no-plots") / "plots").exists()  # a flag given, the variable is not read
 
@@ -367,5 +366,6 @@ def test_sweep_writes_plots_by_default_and_a_failure_keeps_exit_0(
     (folder,) = (tmp_path / "broken").iterdir()
     assert (folder / "summary.csv").exists() and not (folder / "plots").exists()
     warnings = [line for line in result.stderr.splitlines() if "plots" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("warning: plots not drawn (MemoryError: no room to draw)")
+    assert len(warnings) == 1 and warnings[0].startswith("warning:") and "MemoryError: no room to draw" in warnings[0]
+
     assert "Traceback" not in result.output

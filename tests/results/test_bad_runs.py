@@ -25,7 +25,7 @@ from attnbench.core.errors import EXIT_BAD_INPUT, ResultsError
 from attnbench.results.files import MAX_LINE_BYTES, read_lines
 from attnbench.results.records import Result, Run
 from attnbench.results.store import load_run
-from tests.support import DATA, ROOT
+from tests.support import DATA, ROOT, mentions
 
 BAD = DATA / "bad_runs"
 GOOD = DATA / "runs" / "tiny-cpu"
@@ -130,7 +130,8 @@ def test_load_run_names_the_file_line_and_problem(entry: Path) -> None:
 def test_a_torn_last_line_is_a_warning_and_the_rest_is_reported(fmt: str) -> None:
     out = runner.invoke(app, ["report", str(BAD / TORN), "--format", fmt])
     assert out.exit_code == 0, out.output
-    assert out.stderr.startswith(f"warning: {BAD / TORN}/results.jsonl:3: dropped a torn last line")
+    warning = out.stderr.splitlines()[0]
+    assert warning.startswith("warning:") and mentions(warning, f"{BAD / TORN}/results.jsonl:3", "torn")
     assert "lstm" in out.stdout and "Traceback" not in out.output
     stored = load_run(BAD / TORN)
     assert [r.case.seq_len for r in stored.results] == [16, 64]
@@ -204,27 +205,32 @@ def test_a_last_line_torn_inside_a_utf8_character_is_still_torn(tmp_path: Path) 
 
 def test_a_zero_filled_tail_after_a_power_cut_is_torn(tmp_path: Path) -> None:
     stored = load_run(write_rows(tmp_path, small_rows()[0] + b"\n" + b"\0" * 4096))
-    assert len(stored.results) == 1 and stored.warnings[0].endswith("(the sweep was killed mid-write)")
+    assert len(stored.results) == 1 and mentions(stored.warnings[0], "results.jsonl:2", "torn")
 
 
 def test_a_damaged_last_line_with_its_newline_is_an_error(tmp_path: Path) -> None:
     folder = write_rows(tmp_path, small_rows()[0] + b"\n" + b'{"case": \n')
-    with pytest.raises(ResultsError, match=r"results\.jsonl:2: not valid JSON"):
+    with pytest.raises(ResultsError) as caught:
         load_run(folder)
+    assert mentions(caught.value.message, "results.jsonl:2", "JSON")
 
 
 def test_a_complete_but_invalid_last_line_is_an_error_not_a_torn_write(tmp_path: Path) -> None:
     row = json.loads(small_rows()[1])
     row["status"] = "skipped"
     folder = write_rows(tmp_path, small_rows()[0] + b"\n" + json.dumps(row).encode())
-    with pytest.raises(ResultsError, match=r"results\.jsonl:2, key 'status': unknown status"):
+    with pytest.raises(ResultsError) as caught:
         load_run(folder)
+    assert mentions(
+        caught.value.message, "results.jsonl:2", "'status'", "skipped", "too_slow_for_budget"
+    )  # and what is allowed
 
 
 def test_blank_lines_are_skipped_and_numbering_follows_the_file(tmp_path: Path) -> None:
     folder = write_rows(tmp_path, small_rows()[0] + b"\n\n\n" + b"[1]\n")
-    with pytest.raises(ResultsError, match=r"results\.jsonl:4: not a result row"):
+    with pytest.raises(ResultsError) as caught:
         load_run(folder)
+    assert "results.jsonl:4" in caught.value.message  # numbered as the file is, blank lines included
 
 
 # ------------------------------------------------------------------------- strict, and still exact on good data
@@ -292,7 +298,8 @@ def test_a_line_past_the_bound_is_refused_without_reading_the_rest(tmp_path: Pat
         handle.truncate(handle.tell() + 4 * MAX_LINE_BYTES)  # a sparse gigabyte of zeros: nothing on disk
     done = limited_report(folder)
     assert done.returncode == EXIT_BAD_INPUT, done.stderr
-    assert done.stderr.startswith(f"error: {folder}/results.jsonl:2: a line longer than 256 MiB"), done.stderr
+    error = done.stderr.splitlines()[0]
+    assert error.startswith("error:") and mentions(error, f"{folder}/results.jsonl:2", "256 MiB"), done.stderr
 
 
 def test_the_line_bound_is_exact(tmp_path: Path) -> None:
@@ -302,8 +309,9 @@ def test_the_line_bound_is_exact(tmp_path: Path) -> None:
     assert [next(lines), next(lines)] == [(1, b"a" * 8, True), (2, b"b" * 8, True)]
     assert next(lines) == (3, b"c" * 9, False)
     path.write_bytes(b"a" * 10 + b"\n")
-    with pytest.raises(ResultsError, match=r"lines:1: a line longer than"):
+    with pytest.raises(ResultsError) as caught:
         list(read_lines(path, "hint", limit=9))
+    assert "lines:1" in caught.value.message
 
 
 def test_no_real_row_comes_near_the_bound() -> None:

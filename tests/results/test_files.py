@@ -15,7 +15,7 @@ from attnbench.results.lock import RunLock, remove_if_only_lock
 from attnbench.results.records import Result
 from attnbench.results.store import RunWriter, load_run
 from tests.results.test_results import make_run
-from tests.support import fill_disk, small_disk, tiny_case
+from tests.support import fill_disk, mentions, small_disk, tiny_case
 
 VICTIM_TEXT = "precious\n"
 
@@ -37,25 +37,25 @@ def planted(folder: Path, name: str, target: Path) -> Path:
 # ------------------------------------------------------------------------------------------------ links
 def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(tmp_path: Path, victim: Path) -> None:
     planted(tmp_path / "run", ".lock", victim)
-    with pytest.raises(ResultsError, match=r"run/\.lock: a symbolic link, not a regular file"):
+    with pytest.raises(ResultsError) as caught:
         RunLock(tmp_path / "run").acquire()
-    assert victim.read_text() == VICTIM_TEXT
+    assert mentions(caught.value.message, "run/.lock", "link") and victim.read_text() == VICTIM_TEXT
 
 
 def test_an_append_log_that_is_a_link_is_refused_and_its_target_untouched(tmp_path: Path, victim: Path) -> None:
     link = planted(tmp_path / "run", "telemetry.jsonl", victim)
-    with pytest.raises(ResultsError, match=r"telemetry\.jsonl: a symbolic link, not a regular file"):
+    with pytest.raises(ResultsError) as caught:
         AppendLog(link)
-    assert victim.read_text() == VICTIM_TEXT
+    assert mentions(caught.value.message, "telemetry.jsonl", "link") and victim.read_text() == VICTIM_TEXT
 
 
 @pytest.mark.parametrize("name", ["run.json", "results.jsonl", "telemetry.jsonl", "summary.csv", "summary.md"])
 def test_a_run_writer_refuses_a_planted_link_before_writing_anything(tmp_path: Path, victim: Path, name: str) -> None:
     folder = tmp_path / "run"
     planted(folder, name, victim)
-    with pytest.raises(ResultsError, match=f"{name}: a symbolic link, not a regular file"):
+    with pytest.raises(ResultsError) as caught:
         RunWriter(folder, make_run())
-    assert victim.read_text() == VICTIM_TEXT
+    assert mentions(caught.value.message, f"run/{name}", "link") and victim.read_text() == VICTIM_TEXT
     assert sorted(p.name for p in folder.iterdir()) == [name]
 
 
@@ -64,8 +64,9 @@ def test_write_atomic_never_replaces_a_link_or_a_folder(tmp_path: Path, victim: 
     with pytest.raises(ResultsError, match="a symbolic link"):
         write_atomic(link, "new")
     (tmp_path / "summary.md").mkdir()
-    with pytest.raises(ResultsError, match=r"summary\.md: a folder, not a regular file"):
+    with pytest.raises(ResultsError) as caught:
         write_atomic(tmp_path / "summary.md", "new")
+    assert mentions(caught.value.message, "summary.md", "folder")
     assert link.is_symlink() and victim.read_text() == VICTIM_TEXT
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.csv", "summary.md", "victim.txt"]
 
@@ -74,19 +75,21 @@ def test_write_atomic_never_replaces_a_link_or_a_folder(tmp_path: Path, victim: 
 def test_a_lock_that_is_a_folder_or_a_pipe_is_a_located_error(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / ".lock").mkdir()
-    with pytest.raises(ResultsError, match=r"a/\.lock: a folder, not a regular file") as caught:
+    with pytest.raises(ResultsError) as caught:
         RunLock(tmp_path / "a").acquire()
-    assert caught.value.hint
+    assert mentions(caught.value.message, "a/.lock", "folder") and caught.value.hint
     (tmp_path / "b").mkdir()
     os.mkfifo(tmp_path / "b" / ".lock")
-    with pytest.raises(ResultsError, match=r"b/\.lock: a named pipe, not a regular file"):
+    with pytest.raises(ResultsError) as caught:
         RunLock(tmp_path / "b").acquire()
+    assert mentions(caught.value.message, "b/.lock", "pipe")
 
 
 def test_an_append_log_that_is_a_pipe_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "results.jsonl")  # opening a pipe to write would wait for a reader forever
-    with pytest.raises(ResultsError, match="a named pipe or device, not a regular file"):
+    with pytest.raises(ResultsError) as caught:
         AppendLog(tmp_path / "results.jsonl")
+    assert mentions(caught.value.message, "results.jsonl", "pipe")
 
 
 # ------------------------------------------------------------------------------------------------ debris
@@ -132,9 +135,10 @@ def test_a_line_the_full_disk_refuses_is_taken_back_and_named(tmp_path: Path) ->
         log = AppendLog(disk / "results.jsonl")
         log.append('{"first": 1}')
         fill_disk(disk)
-        with pytest.raises(StorageError, match=r"results\.jsonl: cannot write it \(No space left on device\)") as e:
+        with pytest.raises(StorageError) as e:
             log.append('{"second": "' + "x" * 65536 + '"}')
         log.close()
+        assert mentions(e.value.message, "results.jsonl", "No space left on device")  # the file, and the OS's reason
         assert e.value.exit_code == EXIT_WRITE_FAILED and "free some space" in e.value.hint
         assert (disk / "results.jsonl").read_text() == '{"first": 1}\n'  # whole lines only
 
@@ -163,6 +167,8 @@ def test_a_lock_on_a_full_disk_is_a_located_error(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk", "1m") as disk:
         (disk / "run").mkdir()
         fill_disk(disk)
-        with pytest.raises(StorageError, match=r"run/\.lock: cannot write it \(No space left on device\)"):
+        with pytest.raises(StorageError) as caught:
             RunLock(disk / "run").acquire()
+        assert mentions(caught.value.message, "run/.lock", "No space left on device")
+
         assert remove_if_only_lock(disk / "run")

@@ -18,6 +18,7 @@ from attnbench.results.merged import publish, staging_folder, telemetry_lines, w
 from attnbench.results.records import Run, Source
 from attnbench.results.store import load_run
 from tests.results.test_results import make_result, make_run
+from tests.support import mentions
 
 
 def test_a_shard_and_its_sources_read_back(tmp_path: Path) -> None:
@@ -77,8 +78,10 @@ def test_publishing_over_a_folder_a_sweep_holds_is_refused(tmp_path: Path) -> No
     write_run_folder(staging, make_run("merged"), [], [])
     lock = RunLock(target).acquire()
     try:
-        with pytest.raises(ResultsError, match="being written by another attnbench sweep"):
+        with pytest.raises(ResultsError) as held:
             publish(staging, target)
+        assert mentions(held.value.message, str(target), f"pid {os.getpid()}")  # the folder, and who holds it
+
     finally:
         lock.release()
     assert load_run(target).results == (make_result(),)

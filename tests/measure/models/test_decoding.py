@@ -21,7 +21,7 @@ from attnbench.families.catalogue import MODELS
 from attnbench.families.registry import build_model, make_decode_inputs, make_input, probe, torch_dtype
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
-from tests.support import tiny_case
+from tests.support import mentions, tiny_case
 
 RECURRENT = ("lstm", "gru", "mingru", "minlstm")
 CPU_ATTENTION = ("vanilla", "sdpa-math", "sdpa-flash", "sdpa")
@@ -218,9 +218,9 @@ def test_a_bidirectional_rnn_cannot_decode_and_the_probe_says_why() -> None:
     with pytest.raises(NotImplementedError, match="bidirectional lstm"):
         decodable(model).init_state(2, 8)
     bidirectional = replace(decode_case("lstm", dtype="float32"), causal=False, options=(("bidirectional", True),))
-    assert "cannot produce one token at a time" in str(probe(bidirectional, "cpu"))
+    assert "bidirectional" in str(probe(bidirectional, "cpu"))
     encoder = replace(decode_case("sdpa", dtype="float32"), causal=False)
-    assert "decode needs causal attention" in str(probe(encoder, "cpu"))
+    assert "causal" in str(probe(encoder, "cpu"))
 
 
 @pytest.mark.parametrize("model", [*RECURRENT, *CPU_ATTENTION])
@@ -230,9 +230,7 @@ def test_every_cpu_model_probes_as_decodable(model: str) -> None:
 
 def test_learned_positions_must_reach_the_new_token() -> None:
     short = decode_case("sdpa", "model", dtype="float32", positional="learned", max_len=13)  # n = 13 needs 14
-    assert "max_len 13 does not reach position 13: a decode step at n=13 adds the token after the context" in str(
-        probe(short, "cpu")
-    )
+    assert mentions(str(probe(short, "cpu")), "max_len", values=(13,))
 
 
 # ----------------------------------------------------------------------------------------------------------- GPU

@@ -24,6 +24,7 @@ from attnbench.families.registry import build_model, make_input, parameter_count
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, prefill, tensor_bytes
 from attnbench.families.torch_family import make_decode_inputs
+from tests.support import mentions
 
 F64 = torch.float64
 SIZES = {"d_state": 16, "head_dim": 8, "chunk": 8}
@@ -231,8 +232,10 @@ def test_a_decode_step_is_one_step_of_the_recurrence() -> None:
 
 
 def test_bad_sizes_say_which() -> None:
-    with pytest.raises(ValueError, match="head_dim 7 must divide d_inner"):
+    with pytest.raises(ValueError) as caught:
         Mamba2(32, head_dim=7)
+    assert mentions(str(caught.value), "head_dim", "d_inner", values=(7,))
+
     with pytest.raises(ValueError, match="groups 3 must divide"):
         Mamba2(32, head_dim=8, groups=3)
     with pytest.raises(ValueError, match="unknown form"):
@@ -244,7 +247,7 @@ def test_bad_sizes_say_which() -> None:
 # ----------------------------------------------------------------------------------------------- the kernel
 def test_the_kernel_is_an_unsupported_row_where_it_cannot_run() -> None:
     reason = probe(case(kernel="mamba_ssm"), "cpu")
-    assert reason == "mamba2 kernel mamba_ssm: the mamba-ssm package's kernels are Triton, CUDA only"
+    assert mentions(reason or "", "mamba_ssm", "CUDA")
 
 
 def _fake_kernel(calls: list[dict[str, Any]]) -> Callable[..., Any]:
