@@ -57,7 +57,7 @@ class Reference:
 
     @property
     def median_s(self) -> float:
-        return statistics.median(self.medians_s)
+        return statistics.median(self.medians_s) if self.medians_s else math.nan
 
     @property
     def ratios(self) -> tuple[float, ...]:
@@ -66,16 +66,18 @@ class Reference:
 
     @property
     def ratio(self) -> float:
-        return statistics.median(self.ratios)
+        return statistics.median(self.ratios) if self.ratios else math.nan
 
     @property
     def ours_median_s(self) -> float:
-        return statistics.median(self.ours_s)
+        """NaN when no round ran (the check's time ran out before this op's first)."""
+        return statistics.median(self.ours_s) if self.ours_s else math.nan
 
     @property
     def gated(self) -> bool:
-        """Judged only when attnbench's own time is ≥ ``GATE_MIN_S`` (issue 17: a 15 µs matmul was gated)."""
-        return self.ours_median_s >= GATE_MIN_S
+        """Judged only when attnbench's own time is ≥ ``GATE_MIN_S`` (issue 17: a 15 µs matmul was gated); an op
+        with no round is judged too (inconclusive), so that running out of time never reads as a pass."""
+        return not self.ours_s or self.ours_median_s >= GATE_MIN_S
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -111,6 +113,8 @@ class Reference:
         """The rounds' ratios spread wider than ``NOISY_SPREAD``: across all of them for a few rounds, across the
         middle 80 % for ten or more (among many short rounds a stray one is expected, and says little)."""
         ratios = sorted(self.ratios)
+        if len(ratios) < 2:
+            return False
         if len(ratios) >= 10:
             deciles = statistics.quantiles(ratios, n=10)
             low, high = deciles[0], deciles[-1]
@@ -120,6 +124,8 @@ class Reference:
 
     def text(self) -> str:
         """ "attnbench 15.1 µs vs torch.utils.benchmark 30.4 µs: −50.3 % (95 % CI −52.0 % to −48.1 %), beyond ±5 %"."""
+        if not self.ratios:
+            return f"{self.timer}: no round ran in the time the check had"
         where = {"pass": "within", "fail": "beyond", "inconclusive": "straddles", "not gated": "not gated at"}
         interval = self.interval
         ci = (

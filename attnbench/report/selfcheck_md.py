@@ -22,7 +22,7 @@ def table_rows(report: SelfcheckReport) -> tuple[list[str], list[list[str]]]:
         by_timer = {r.timer: r for r in check.references}
         for timer in report.timings.timers:
             ref = by_timer.get(timer)
-            if ref is None:
+            if ref is None or not ref.ratios:  # no such timer here, or no round ran
                 row += ["—", "—"]
                 continue
             low, high = min(ref.ratios), max(ref.ratios)
@@ -72,8 +72,8 @@ def selfcheck_dict(report: SelfcheckReport) -> dict[str, Any]:
             references.append(
                 {
                     "timer": ref.timer,
-                    "median_s": ref.median_s,
-                    "ratio": ref.ratio,
+                    "median_s": ref.median_s if ref.ratios else None,  # None: no round ran
+                    "ratio": ref.ratio if ref.ratios else None,
                     "ratio_ci95": None if interval is None else list(interval),
                     "ratios": list(ref.ratios),
                     "tolerance": ref.tolerance,

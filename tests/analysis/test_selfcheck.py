@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from attnbench.core.cases import TimingPolicy
 from attnbench.core.errors import EXIT_CASE_FAILED, EXIT_INCONCLUSIVE
 from attnbench.instrument import agreement as measure_selfcheck
 from attnbench.instrument.agreement import ops_for, policy_for
-from attnbench.report.selfcheck_md import render_markdown, table_rows
+from attnbench.report.selfcheck_md import render_markdown, selfcheck_dict, table_rows
 from attnbench.results.selfcheck import DO_BENCH, TIMER, OpTimings, SelfcheckOp, SelfcheckTimings
 from tests.support import mentions, numbers
 
@@ -203,6 +204,17 @@ def test_the_summary_says_the_budget_not_the_machine_ended_it() -> None:
     timed = SelfcheckTimings("cpu", "Test CPU", "2.13.0", 2, 3, (TIMER,), (undecided,), budget_s=120.0)
     line = selfcheck.summary_line(judge(timed))
     assert mentions(line, "--budget-s", "2 min", values=(1,))  # the budget, not the machine, left 1 of 1 undecided
+
+
+def test_an_op_the_budget_left_no_round_for_is_undecided_not_a_crash() -> None:
+    """The budget can end before an op's first round: the report is still judged, rendered and exits 5."""
+    empty = OpTimings(MATMUL, (), ((TIMER, ()),), cut_short=True)
+    timed = SelfcheckTimings("cpu", "Test CPU", "2.13.0", 2, 3, (TIMER,), (empty,), budget_s=120.0)
+    judged = judge(timed)
+    assert [c.outcome for c in judged.checks] == ["inconclusive"] and judged.exit_code == EXIT_INCONCLUSIVE
+    assert render_markdown(judged) and table_rows(judged) and summary_line(judged)
+    stored = json.loads(json.dumps(selfcheck_dict(judged), allow_nan=False))  # valid JSON: no NaN for the empty op
+    assert stored["exit_code"] == EXIT_INCONCLUSIVE and stored["ops"][0]["references"][0]["ratio"] is None
 
 
 def test_report_failures_and_summary_line() -> None:
