@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
+from attnbench.report.capacity_md import capacity_markdown
 from attnbench.report.cells import (
     CROSSOVER_LEGEND,
     SCALING_LEGEND,
@@ -72,6 +73,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.scaling:
             lines += ["", SCALING_LEGEND, ""] + [f"- {line.text}" for line in table.scaling]
+    lines += capacity_markdown(results)
     lines += _checks(run, results)
     failed = [r for r in results if not r.ok]
     if failed:

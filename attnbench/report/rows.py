@@ -16,7 +16,7 @@ from attnbench.analysis.efficiency import (
     pct_of_peak,
     pct_of_peak_bw,
 )
-from attnbench.core.cases import Case
+from attnbench.core.cases import Case, packing_text
 from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.families.catalogue import case_column_values, kind_of, known
@@ -123,6 +123,21 @@ COLUMNS: tuple[str, ...] = (
     "pct_of_peak_bw",
     "peak_bw_source",
     "arithmetic_intensity",
+    # Issue 41, the serving questions: each mode's parameters (empty where the row has none), the packed lengths, the
+    # batch a capacity row found under its budget and the bytes each sequence adds, a verify's parts and how its
+    # layers roll back, and the padded batch a packed row is held against (tokens_per_s is the packed call's).
+    "prefill_chunk",
+    "draft",
+    "accept",
+    "packing",
+    "memory_budget_bytes",
+    "capacity_batch",
+    "bytes_per_sequence",
+    "verify_ms",
+    "rollback_ms",
+    "rollback_method",
+    "padded_ms",
+    "padded_tokens_per_s",
     # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
     # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
     *(spec.name for spec, _ in FAMILY_COLUMNS),
@@ -149,6 +164,7 @@ _INTEGER_COLUMNS = frozenset(
         "state_bytes",
         "state_mem_bytes",
         "bytes_moved",
+        *("prefill_chunk", "draft", "accept", "memory_budget_bytes", "capacity_batch", "bytes_per_sequence"),
     }
 )
 _BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound", "contended"})
@@ -156,7 +172,7 @@ _TEXT_COLUMNS = frozenset(
     {
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "state_mem_method"),
-        *("contention", "kind", "source", "bytes_formula", "peak_bw_source"),
+        *("contention", "kind", "source", "bytes_formula", "peak_bw_source", "packing", "rollback_method"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -256,6 +272,20 @@ COLUMN_MEANINGS: dict[str, str] = {
     "100 means the bytes came from cache",
     "peak_bw_source": "which bandwidth pct_of_peak_bw is against: the run's calibration, or a vendor figure",
     "arithmetic_intensity": "flops ÷ bytes_moved, FLOPs per byte: where the row sits on the roofline's x axis",
+    "prefill_chunk": "mode prefill: tokens per chunk the prompt was fed in (0 = the whole prompt at once)",
+    "draft": "mode verify: draft tokens one call checks after the context",
+    "accept": "mode verify: draft tokens kept, the state rolled back to the context and those",
+    "packing": "the lengths of the sequences packed end to end, '+'-joined (batch: how many, seq_len: the longest)",
+    "memory_budget_bytes": "mode capacity: the memory budget the batch was held to",
+    "capacity_batch": "mode capacity: the largest batch whose decode step at context seq_len fits the budget "
+    "(tokens_per_s is capacity_batch ÷ median: the aggregate decode throughput at capacity)",
+    "bytes_per_sequence": "mode capacity: the memory one more sequence adds (its state and its share of the step)",
+    "verify_ms": "mode verify: the verify call alone (median; median_ms is verify + rollback)",
+    "rollback_ms": "mode verify: the rollback alone (median)",
+    "rollback_method": "mode verify: how the layers roll back: truncate (a KV cache), checkpoint (per-token states "
+    "kept), replay (a copy restored, the accepted tokens run again)",
+    "padded_ms": "packed lengths: the same sequences padded to the longest as one batch, one call (median)",
+    "padded_tokens_per_s": "packed lengths: useful tokens per second of the padded call (tokens_per_s: the packed one)",
 }
 
 
@@ -347,6 +377,7 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
             bandwidth = peaks.bandwidth() if peaks is not None else None
             if bandwidth is not None:
                 row["pct_of_peak_bw"], row["peak_bw_source"] = pct_of_peak_bw(result, bandwidth), bandwidth.source
+    row.update(serving_columns(result))
     row["kind"] = kind_of(case) if known(case) else None
     row["source"] = case.user.source if case.user is not None else "built-in"
     compile_s = result.extra.get("compile_s")
@@ -361,6 +392,22 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row.update(telemetry_source=t.source, telemetry_samples=t.samples, telemetry_reliable=t.reliable)
         row["telemetry_note"] = telemetry_note(t)
     return {column: row.get(column) for column in COLUMNS}
+
+
+def serving_columns(result: Result) -> dict[str, Any]:
+    """The serving questions' columns of one row (issue 41): empty where the row asked none."""
+    case, extra = result.case, result.extra
+    row: dict[str, Any] = {name: value for name, value in case.serving if name in COLUMN_TYPES}
+    row["packing"] = packing_text(case.packing) if case.packing else None
+    for name in ("memory_budget_bytes", "capacity_batch", "bytes_per_sequence", "rollback_method"):
+        row[name] = extra.get(name)
+    if row["memory_budget_bytes"] is None and case.param("memory_budget"):  # a row that never measured: as asked
+        row["memory_budget_bytes"] = case.param("memory_budget")
+    for name in ("verify", "rollback", "padded"):
+        seconds = extra.get(f"{name}_s")
+        row[f"{name}_ms"] = to_ms(seconds) if isinstance(seconds, float) else None
+    row["padded_tokens_per_s"] = extra.get("padded_tokens_per_s")
+    return row
 
 
 def telemetry_note(t: TelemetrySummary) -> str:

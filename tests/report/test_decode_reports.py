@@ -41,11 +41,15 @@ def test_the_fixture_is_a_decode_run(stored: StoredRun) -> None:
 def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> None:
     state = COLUMNS.index("state_bytes")
     assert COLUMNS[state : state + 3] == ("state_bytes", "state_mem_bytes", "state_mem_method")
-    # Columns are only ever appended: the bandwidth columns came after kind and source, the families' columns last.
-    generic = COLUMNS[: COLUMNS.index("arithmetic_intensity") + 1]
+    # Columns are only ever appended: the bandwidth columns came after kind and source, the serving questions' after
+    # them (issue 41), the families' columns last.
+    generic = COLUMNS[: COLUMNS.index("padded_tokens_per_s") + 1]
     assert COLUMNS[len(generic) :] == tuple(spec.name for spec, _ in family_columns())
     assert {"heads_kv", "window", "rnn_path", "sdpa_kernel"} <= set(COLUMNS[len(generic) :])
-    assert generic[-10:] == (
+    serving = generic[generic.index("arithmetic_intensity") + 1 :]
+    assert serving[:4] == ("prefill_chunk", "draft", "accept", "packing")
+    assert {"capacity_batch", "bytes_per_sequence", "padded_tokens_per_s"} <= set(serving)
+    assert generic[-10 - len(serving) : -len(serving)] == (
         "contended",
         "contention",
         "kind",
