@@ -10,8 +10,9 @@ prefill where the state cannot) and running one step:
   that ran and the first that did not. ``bytes_per_sequence`` is the peak's growth between the two largest that ran.
 - on a CPU, whose allocator has no cap to run into: the peak resident memory of the same work (``RssPeak``) at
   batches 1, 2, then ×8 until one holds an eighth of the budget; the last two give a line (fixed bytes + bytes per
-  sequence × B), solved for the budget; then one run at the batch found confirms it (and lowers it in proportion, at
-  most ``CONFIRMS`` times, where it does not fit).
+  sequence × B), solved for the budget; then one run at the batch found confirms it (where it does not fit, a second
+  run, then the batch lowered in proportion and by ``CONFIRM_MARGIN``, at most ``CONFIRMS`` times): a first run at a
+  new batch may also pay for memory a kernel keeps (its workspace), which the second does not.
 
 The weights count at their tensors' bytes (parameters and buffers), held before any try. A GPU's default budget
 (``memory_budget`` 0) is its free memory, plus what this process already holds, less ``margin_bytes``; a CPU has
@@ -38,7 +39,8 @@ from attnbench.timing.failures import is_oom
 
 # The largest batch a search tries: far beyond a step anyone would time, short of one that would take hours on a CPU.
 MAX_CAPACITY = 2**21
-CONFIRMS = 3  # runs at the batch found (and lowered) before the search gives up
+CONFIRMS = 4  # runs at the batch found (and lowered) before the search gives up
+CONFIRM_MARGIN = 0.01  # what a confirmation that did not fit lowers the batch by, beyond the overshoot
 _GROWTH = 8  # a CPU search's factor between batches
 # The feeding of a real prefill, where a state cannot stand in for n tokens: chunks this long.
 _PREFILL_CHUNK = 4096
@@ -134,12 +136,19 @@ def _on_cpu(run: Callable[[int], None], budget: int, weights: int, rss: RssPeak)
     found = max(1, min(MAX_CAPACITY, (room - fixed) // per_sequence))
     for _ in range(CONFIRMS):
         held = peak(found)
+        if held > room:  # once more before lowering: a first run at a batch may also pay for a kernel's workspace
+            held = min(held, peak(found))
         if held <= room:
             return Capacity(found, per_sequence, budget, weights, "rss-fit", capped=found == MAX_CAPACITY)
         if found == 1:
-            break
-        found = max(1, min(found - 1, found * room // held))
-    raise _none_fits(budget, weights, points[0][1])
+            raise _none_fits(budget, weights, held)
+        # Lowered in proportion, and by a margin besides: the fit aims at the budget itself, so an overshoot is
+        # page-rounding and allocator slack that a proportional cut alone would meet again.
+        found = max(1, min(found - 1, int(found * room / held * (1 - CONFIRM_MARGIN))))
+    raise RuntimeError(
+        f"the capacity search did not settle: {found} sequences still took {format_bytes(held)} of the "
+        f"{format_bytes(room)} the weights leave of the budget after {CONFIRMS} tries"
+    )
 
 
 def _on_gpu(run: Callable[[int], None], budget: int, weights: int, device: torch.device) -> Capacity:

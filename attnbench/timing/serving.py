@@ -46,6 +46,7 @@ from attnbench.families.registry import (
 from attnbench.families.serving import chunks
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, packed, reset_state, rollback, tensor_bytes, verify
+from attnbench.families.torch_family import Unsupported
 from attnbench.host.memory import RssPeak
 from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
@@ -314,7 +315,10 @@ def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result],
         return Result(case, "unsupported", "cuda_graph replays one fixed call; the serving questions time eager calls")
     torch.manual_seed(tools.seed)
     dtype = torch_dtype(case.dtype)
-    model = build_model(case, str(tools.device), dtype)
+    try:
+        model = build_model(case, str(tools.device), dtype)
+    except Unsupported as exc:  # said while building: a user's model without the protocol the question needs
+        return Result(case, "unsupported", str(exc))
     extra: Extra = {"torch_threads": torch.get_num_threads(), **row_extras(case, str(tools.device))}
     try:
         setup = _setup(case, model, tools.device, dtype, tools.rss)
