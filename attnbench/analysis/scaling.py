@@ -515,7 +515,7 @@ class CrossoverLine:
     layers: int
     batch: int | None
     seq_lens: tuple[int, ...]  # lengths both ran
-    ratios: tuple[float, ...]  # a's median / b's median at those lengths: > 1 means a is slower
+    ratios: tuple[float, ...]  # a's time per token / b's at those lengths (per call, alike tokens): > 1: a is slower
     crossings: tuple[Crossover, ...]
     # Lengths where the ratio's bounds from the two medians' 95 % CIs include 1: which is faster there is noise.
     unclear: tuple[int, ...] = ()
@@ -638,8 +638,8 @@ def asked(curve: Curve) -> tuple[tuple[str, int], ...]:
 
 
 def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | None:
-    """Where ``a``'s time per call crosses ``b``'s, over the lengths where both timings are good evidence; None
-    when no length has both timed."""
+    """Where ``a``'s time per token crosses ``b``'s (per call, where both calls hold the same tokens), over the
+    lengths where both timings are good evidence; None when no length has both timed."""
     timed_b = dict(_timed(b))
     both = [(n, r, timed_b[n]) for n, r in _timed(a) if n in timed_b]
     if not both:

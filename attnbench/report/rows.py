@@ -195,11 +195,12 @@ for _column in COLUMNS:
 # their meaning from their declaration (``families.extras``), every other column from here.
 COLUMN_MEANINGS: dict[str, str] = {
     "model": "the model's name (a built-in, a plugin's, or a config's own factory entry)",
-    "mode": "forward, train (forward + backward), backward, or decode (one new token after seq_len of context)",
+    "mode": "forward, train (forward + backward), backward, decode (one new token after seq_len of context), or a "
+    "serving question: capacity, prefill, verify",
     "dtype": "the dtype the maths ran in",
     "device": "the device the case ran on: cpu, cuda:N",
-    "batch": "sequences per call",
-    "seq_len": "tokens per sequence; for decode, the context length n",
+    "batch": "sequences per call (capacity: 1, the batch found is capacity_batch; packed: how many sequences)",
+    "seq_len": "tokens per sequence; for decode, capacity and verify the context length n; packed: the longest",
     "d_model": "model width",
     "heads": "attention heads (empty for a recurrent model)",
     "layers": "stacked layers or blocks",
@@ -215,7 +216,8 @@ COLUMN_MEANINGS: dict[str, str] = {
     "min_ms": "fastest sample",
     "samples": "timed samples the statistics rest on",
     "converged": "the median's CI met timing.target_ci within the budget",
-    "tokens_per_s": "batch × seq_len ÷ median (batch ÷ median for decode)",
+    "tokens_per_s": "batch × seq_len ÷ median (batch ÷ median for decode, capacity_batch ÷ median for capacity, "
+    "batch × draft ÷ median for verify, the packed lengths' sum ÷ median for a packed row)",
     "peak_mem_mib": "peak memory above the post-setup baseline (CUDA allocator, or resident set on a CPU)",
     "calls_per_sample": "calls grouped into one sample so the clock's resolution does not matter",
     "warmup_calls": "untimed calls before sampling (the audit's moved samples included)",

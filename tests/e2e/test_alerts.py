@@ -78,7 +78,7 @@ def test_the_example_history_alerts_once_its_step_is_confirmed(tmp_path: Path) -
 
 
 def test_one_case_overrides_pin_every_case_of_a_config() -> None:
-    for name in ("aa-cpu.yaml", "variants-cpu.yaml"):
+    for name in ("aa-cpu.yaml", "variants-cpu.yaml", "serving-cpu.yaml"):
         path = ROOT / "configs" / name
         for case in load_experiment(path).cases("cpu"):
             if dict(case.options).get("window", 0) >= case.seq_len:

@@ -365,6 +365,8 @@ class FlashAttnCore(nn.Module):
 
     def chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """T queries, the last T of the S keys' positions: flash-attn aligns its causal mask bottom-right (2.1+)."""
+        if q.shape[-2] == k.shape[-2]:
+            return self(q, k, v)
         out = self._func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         return out.transpose(1, 2)
 

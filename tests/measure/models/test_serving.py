@@ -255,3 +255,33 @@ def test_a_windowed_prefill_in_one_pass_and_a_windowed_packing_are_answered() ->
     assert cannot_build(one_pass) is None and probe(one_pass, "cpu") is None
     packs = replace(tiny_case("sdpa", seq_len=9, causal=True, window=4), batch=2, packing=(9, 3))
     assert probe(packs, "cpu") is None
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+GPU_CHUNKS = ["sdpa-flash", "sdpa-efficient", "sdpa", "vanilla"]
+try:
+    import flash_attn  # noqa: F401
+
+    GPU_CHUNKS.append("flash-attn")
+except ImportError:  # the package is optional: its rows are unsupported without it
+    pass
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("model", GPU_CHUNKS)
+def test_the_cuda_kernels_prefill_in_chunks_and_pack_lengths_as_the_forward(model: str) -> None:
+    """The chunk path on the CUDA kernels (flash takes the bottom-right CausalBias natively; flash-attn aligns its
+    causal mask bottom-right), and packed lengths (flash-attn's varlen kernel), against the forward in bf16."""
+    case = tiny_case(model, dtype="bfloat16", device="cuda", seq_len=64, d_model=128, heads=2, layers=2, causal=True)
+    torch.manual_seed(0)
+    module = build_model(case, "cuda", torch.bfloat16).eval()
+    x = make_input(case, "cuda", torch.bfloat16)
+    decoder = decodable(module)
+    with torch.inference_mode(), timed_call():
+        reference = module(x)
+        state = decoder.init_state(2, 64)
+        outputs = [decoder.prefill(x[:, s : s + 16], state, output=True) for s in range(0, 64, 16)]
+        torch.testing.assert_close(torch.cat(outputs, dim=1), reference, atol=5e-2, rtol=5e-2)
+        out = packed(module, x[:1, :40], (24, 16))
+        torch.testing.assert_close(out[:, 24:], module(x[:1, 24:40]), atol=5e-2, rtol=5e-2)
