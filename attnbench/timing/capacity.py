@@ -10,9 +10,12 @@ prefill where the state cannot) and running one step:
   that ran and the first that did not. ``bytes_per_sequence`` is the peak's growth between the two largest that ran.
 - on a CPU, whose allocator has no cap to run into: the peak resident memory of the same work (``RssPeak``) at
   batches 1, 2, then ×8 until one holds an eighth of the budget; the last two give a line (fixed bytes + bytes per
-  sequence × B), solved for the budget; then one run at the batch found confirms it (where it does not fit, a second
-  run, then the batch lowered in proportion and by ``CONFIRM_MARGIN``, at most ``CONFIRMS`` times): a first run at a
-  new batch may also pay for memory a kernel keeps (its workspace), which the second does not.
+  sequence × B), solved for the budget; then runs at the batch found confirm it: one that does not fit runs a second
+  time (a first run at a new batch may also pay for memory a kernel keeps, its workspace), then the batch is lowered
+  in proportion and by ``CONFIRM_MARGIN``; one that fits with more than ``CAPACITY_SLACK`` of the budget to spare is
+  raised in proportion (the line, fitted where the allocator's fixed costs still weigh, can overstate a sequence's
+  bytes); at most ``CONFIRMS`` batches, the largest that fitted kept. ``bytes_per_sequence`` is the growth from the
+  largest fitted point to the batch found.
 
 The weights count at their tensors' bytes (parameters and buffers), held before any try. A GPU's default budget
 (``memory_budget`` 0) is its free memory, plus what this process already holds, less ``margin_bytes``; a CPU has
@@ -39,8 +42,9 @@ from attnbench.timing.failures import is_oom
 
 # The largest batch a search tries: far beyond a step anyone would time, short of one that would take hours on a CPU.
 MAX_CAPACITY = 2**21
-CONFIRMS = 4  # runs at the batch found (and lowered) before the search gives up
-CONFIRM_MARGIN = 0.01  # what a confirmation that did not fit lowers the batch by, beyond the overshoot
+CONFIRMS = 4  # runs at the batch found (raised or lowered) before the search settles or gives up
+CONFIRM_MARGIN = 0.01  # what a confirmation moves the batch by beyond the proportion it measured, towards fitting
+CAPACITY_SLACK = 0.03  # a confirmed batch that uses this much of the budget or more is the one found
 _GROWTH = 8  # a CPU search's factor between batches
 # The feeding of a real prefill, where a state cannot stand in for n tokens: chunks this long.
 _PREFILL_CHUNK = 4096
@@ -131,24 +135,37 @@ def _on_cpu(run: Callable[[int], None], budget: int, weights: int, rss: RssPeak)
             break
         batch *= _GROWTH
     (b1, m1), (b2, m2) = points[-2:]
-    per_sequence = max(1, math.ceil((m2 - m1) / (b2 - b1)))
-    fixed = m2 - per_sequence * b2
-    found = max(1, min(MAX_CAPACITY, (room - fixed) // per_sequence))
+    slope = max(1, math.ceil((m2 - m1) / (b2 - b1)))
+    found = max(1, min(MAX_CAPACITY, (room - (m2 - slope * b2)) // slope))
+    best, best_held = 0, 0
     for _ in range(CONFIRMS):
         held = peak(found)
         if held > room:  # once more before lowering: a first run at a batch may also pay for a kernel's workspace
             held = min(held, peak(found))
         if held <= room:
-            return Capacity(found, per_sequence, budget, weights, "rss-fit", capped=found == MAX_CAPACITY)
-        if found == 1:
-            raise _none_fits(budget, weights, held)
-        # Lowered in proportion, and by a margin besides: the fit aims at the budget itself, so an overshoot is
-        # page-rounding and allocator slack that a proportional cut alone would meet again.
-        found = max(1, min(found - 1, int(found * room / held * (1 - CONFIRM_MARGIN))))
-    raise RuntimeError(
-        f"the capacity search did not settle: {found} sequences still took {format_bytes(held)} of the "
-        f"{format_bytes(room)} the weights leave of the budget after {CONFIRMS} tries"
-    )
+            best, best_held = max((best, best_held), (found, held))
+            # Within CAPACITY_SLACK of the budget, or at the search's largest: found. Else the line, fitted where
+            # the allocator's fixed costs still weigh, overstated a sequence's bytes: step up by what is left.
+            if held >= room * (1 - CAPACITY_SLACK) or found >= MAX_CAPACITY:
+                break
+            step = min(MAX_CAPACITY, int(found * room / held * (1 - CONFIRM_MARGIN)))
+        else:
+            if found == 1:
+                raise _none_fits(budget, weights, held)
+            # Lowered in proportion, and by a margin besides: an overshoot is page-rounding and allocator slack that
+            # a proportional cut alone would meet again.
+            step = max(1, min(found - 1, int(found * room / held * (1 - CONFIRM_MARGIN))))
+        if step <= best or step == found:
+            break
+        found = step
+    if not best:
+        raise RuntimeError(
+            f"the capacity search did not settle: {found} sequences still took {format_bytes(held)} of the "
+            f"{format_bytes(room)} the weights leave of the budget after {CONFIRMS} tries"
+        )
+    # What one more sequence adds at scale: from the largest growth point to the batch found.
+    per_sequence = max(1, (best_held - m2) // (best - b2)) if best > b2 else slope
+    return Capacity(best, per_sequence, budget, weights, "rss-fit", capped=best >= MAX_CAPACITY)
 
 
 def _on_gpu(run: Callable[[int], None], budget: int, weights: int, device: torch.device) -> Capacity:

@@ -4,9 +4,10 @@ Everything but the timed call happens outside the timing, as in ``torch_executor
 next one would find is put back before it, untimed (``PreparedClock``):
 
 - ``prefill``: the prompt (n tokens per sequence) made once and the state allocated once for n positions. A timed call
-  is the prompt in chunks of ``prefill_chunk`` (0: one piece), each chunk but the last without its output (only the
-  last token's is needed for the first new token: the time to first token), into an empty state: emptied
-  (``Resettable``), or allocated anew, before each call.
+  is the prompt in chunks of ``prefill_chunk`` (0: one piece), each with its output, into an empty state: emptied
+  (``Resettable``), or allocated anew, before each call. Every chunk computes its output, as the one pass does: only
+  the last token's is needed for the first new token, but skipping the others' would let a chunked prefill of a
+  one-layer model leave out attention a one-pass prefill computes (a deeper stack needs them for its next layer).
 - ``verify``: the context of n prefilled for real (in chunks where the family carries its state across them) and the
   k draft tokens made. A timed call is the verify and the rollback to n + r; before each, a rollback to n (r = 0)
   undoes the last. Then each part is timed alone (the other done, untimed, between its calls): their medians are
@@ -136,10 +137,9 @@ class PrefillSetup:
             self.state = self.decoder.init_state(self.case.batch, self.case.seq_len)
 
     def step(self) -> object:
-        last = len(self.pieces) - 1
         out = None
-        for i, (start, end) in enumerate(self.pieces):
-            out = self.decoder.prefill(self.prompt[:, start:end], self.state, output=i == last)
+        for start, end in self.pieces:
+            out = self.decoder.prefill(self.prompt[:, start:end], self.state, output=True)
         return out
 
     def parts(self, clock: Clock, policy: TimingPolicy) -> Extra:

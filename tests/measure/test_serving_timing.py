@@ -4,6 +4,7 @@ answer as ``unsupported`` rows."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -146,6 +147,21 @@ def test_a_confirmation_that_does_not_fit_lowers_the_batch() -> None:
     assert len([b for b in meter.tries if b > 2]) > 2  # a confirmation failed and a lower batch was tried
 
 
+def test_a_line_fitted_where_fixed_costs_weigh_is_corrected_upwards() -> None:
+    """Bytes that grow slower than the batch (the allocator's fixed costs amortised): the line through the small
+    batches overstates a sequence's bytes, the first confirmation fits with room to spare, and the batch is raised."""
+
+    def law(b: int) -> int:
+        return 300 * b + 20_000 * math.isqrt(b)
+
+    meter = FakeRss(law)
+    room = 10_000_000
+    found = _on_cpu(meter.run, room, 0, meter)  # type: ignore[arg-type]
+    largest = max(b for b in range(1, room // 300) if law(b) <= room)
+    assert law(found.batch) <= room and found.batch >= 0.97 * largest
+    assert 300 <= found.bytes_per_sequence < 400  # the growth at scale, not the small batches' slope
+
+
 def test_a_search_stops_at_its_largest_batch_and_says_so() -> None:
     meter = FakeRss(lambda b: 1 + b // 1000)
     found = _on_cpu(meter.run, 2**40, 0, meter)  # type: ignore[arg-type]
@@ -163,3 +179,26 @@ def test_a_gpu_search_finds_the_batch_by_running_out_of_memory() -> None:
     assert held <= 2 * 2**30
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     assert getter is None or getter(0) == 1.0  # the allocator's cap put back
+
+
+def test_every_chunk_of_a_timed_prefill_computes_its_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the one pass does: a chunked prefill that skipped its earlier chunks' outputs would leave out attention a
+    one-pass prefill computes (the whole last layer's, in a one-layer model)."""
+    from attnbench.families.registry import build_model
+    from attnbench.timing.serving import PrefillSetup
+
+    case = serving("sdpa-flash", "prefill", 16, prefill_chunk=4)
+    model = build_model(case, "cpu", torch.float32)
+    with torch.inference_mode():
+        setup = PrefillSetup(model, case, torch.device("cpu"), torch.float32)
+        asked: list[bool] = []
+        real = setup.decoder.prefill
+
+        def spy(x: torch.Tensor, state: object, *, output: bool = True) -> torch.Tensor | None:
+            asked.append(output)
+            return real(x, state, output=output)
+
+        monkeypatch.setattr(setup.decoder, "prefill", spy)
+        setup.prepare()
+        setup.step()
+    assert asked == [True] * 4
