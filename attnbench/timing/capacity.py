@@ -36,7 +36,7 @@ from attnbench.core.cases import Case
 from attnbench.core.units import format_bytes
 from attnbench.families.registry import make_input
 from attnbench.families.serving import chunks
-from attnbench.families.states import decodable, fill_state
+from attnbench.families.states import decodable, fill_state, tensor_bytes
 from attnbench.host.memory import RssPeak
 from attnbench.timing.failures import is_oom
 
@@ -84,13 +84,15 @@ def stand_in(model: nn.Module, case: Case, batch: int, device: torch.device, dty
     return state
 
 
-def one_step(model: nn.Module, case: Case, batch: int, device: torch.device, dtype: torch.dtype) -> None:
-    """What a try runs: the state of ``batch`` sequences at n, and one decode step against it."""
+def one_step(model: nn.Module, case: Case, batch: int, device: torch.device, dtype: torch.dtype) -> int:
+    """What a try runs: the state of ``batch`` sequences at n, and one decode step against it; the bytes the state
+    and the token hold (what the try's peak is at least)."""
     state = stand_in(model, case, batch, device, dtype)
     token = make_input(replace(case, mode="decode", batch=batch, seq_len=1, serving=()), str(device), dtype)
     decodable(model).step(token, state)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    return tensor_bytes(state) + token.numel() * token.element_size()
 
 
 def find_capacity(
@@ -98,7 +100,9 @@ def find_capacity(
 ) -> Capacity:
     """The largest batch whose step fits ``budget`` bytes (0: the device's default). MemoryError where not one
     sequence fits; ValueError where no budget can be measured here."""
-    run: Callable[[int], None] = lambda batch: one_step(model, case, batch, device, dtype)  # noqa: E731
+    def run(batch: int) -> int:
+        return one_step(model, case, batch, device, dtype)
+
     weights = weight_bytes(model)
     if device.type == "cuda":
         return _on_gpu(run, budget, weights, device)
@@ -117,13 +121,15 @@ def _none_fits(budget: int, weights: int, one: int | None) -> MemoryError:
     )
 
 
-def _on_cpu(run: Callable[[int], None], budget: int, weights: int, rss: RssPeak) -> Capacity:
+def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) -> Capacity:
     room = budget - weights
 
     def peak(batch: int) -> int:
+        """The try's resident growth, and never less than the state it held: pages a long-lived process kept
+        resident from earlier work (freed, not handed back) would hide that much from the reading."""
         rss.start()
-        run(batch)
-        return rss.peak_bytes()
+        held = run(batch)
+        return max(rss.peak_bytes(), held)
 
     points = [(1, peak(1))]
     if room <= 0 or points[0][1] > room:
@@ -168,7 +174,7 @@ def _on_cpu(run: Callable[[int], None], budget: int, weights: int, rss: RssPeak)
     return Capacity(best, per_sequence, budget, weights, "rss-fit", capped=best >= MAX_CAPACITY)
 
 
-def _on_gpu(run: Callable[[int], None], budget: int, weights: int, device: torch.device) -> Capacity:
+def _on_gpu(run: Callable[[int], int], budget: int, weights: int, device: torch.device) -> Capacity:
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory

@@ -121,9 +121,10 @@ class FakeRss:
     def __init__(self, law: Callable[[int], int]) -> None:
         self.law, self.batch, self.tries = law, 0, []
 
-    def run(self, batch: int) -> None:
+    def run(self, batch: int, held: int = 0) -> int:
         self.batch = batch
         self.tries.append(batch)
+        return held
 
     def start(self) -> None:
         self.batch = 0
@@ -160,6 +161,16 @@ def test_a_line_fitted_where_fixed_costs_weigh_is_corrected_upwards() -> None:
     largest = max(b for b in range(1, room // 300) if law(b) <= room)
     assert law(found.batch) <= room and found.batch >= 0.97 * largest
     assert 300 <= found.bytes_per_sequence < 400  # the growth at scale, not the small batches' slope
+
+
+def test_a_reading_of_pages_kept_resident_never_makes_a_state_fit() -> None:
+    """A long-lived process may hold freed pages resident, so the work reads no growth at all: the state's own bytes,
+    which the try knows, are the floor (it failed before: the search found the largest batch it tries)."""
+    meter = FakeRss(lambda b: 0)
+    found = _on_cpu(lambda b: meter.run(b, 1000 * b), 1_000_000, 0, meter)  # type: ignore[arg-type]
+    assert found.batch == 1000 and not found.capped
+    with pytest.raises(MemoryError, match="not one sequence fits"):
+        _on_cpu(lambda b: meter.run(b, 2_000_000 * b), 1_000_000, 0, meter)  # type: ignore[arg-type]
 
 
 def test_a_search_stops_at_its_largest_batch_and_says_so() -> None:
