@@ -100,6 +100,7 @@ def find_capacity(
 ) -> Capacity:
     """The largest batch whose step fits ``budget`` bytes (0: the device's default). MemoryError where not one
     sequence fits; ValueError where no budget can be measured here."""
+
     def run(batch: int) -> int:
         return one_step(model, case, batch, device, dtype)
 
