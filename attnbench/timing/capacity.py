@@ -17,6 +17,11 @@ prefill where the state cannot) and running one step:
   bytes); at most ``CONFIRMS`` batches, the largest that fitted kept. ``bytes_per_sequence`` is the growth from the
   largest fitted point to the batch found.
 
+A CPU reading is as clean as the allocator lets it be: glibc serves a buffer under its mmap threshold (at most
+32 MiB) from a heap whose history (freed, not yet reused) shows in the peak, by up to one such buffer; at budgets
+where a step's buffers are larger (a recurrence's gates at a batch of many thousands) each is mapped and unmapped
+whole, and the search repeats itself to within a few percent.
+
 The weights count at their tensors' bytes (parameters and buffers), held before any try. A GPU's default budget
 (``memory_budget`` 0) is its free memory, plus what this process already holds, less ``margin_bytes``; a CPU has
 none (the config must give one).
