@@ -69,12 +69,13 @@ class CapacityTable:
         magnitude, which the noise of a shared machine does not turn around."""
         return tuple(line.text if line.seq_lens else self._indicative(line) for line in self.crossings)
 
-    def crossing_points(self) -> list[tuple[float, bool]]:
-        """Where tokens/s cross, for the plot: (n, indicative) of every crossing of every pair."""
-        points = [(c.x, False) for line in self.crossings for c in line.crossings]
+    def crossing_points(self) -> list[tuple[float, bool, str]]:
+        """Where tokens/s cross, for the plot: (n, indicative, the pair's later curve: the recurrent one) of every
+        crossing of every pair."""
+        points = [(c.x, False, line.b) for line in self.crossings for c in line.crossings]
         for line in self.crossings:
             if not line.seq_lens:
-                points += [(c.x, True) for c in self._rates_cross(line)[1]]
+                points += [(c.x, True, line.b) for c in self._rates_cross(line)[1]]
         return points
 
     def _rates_cross(

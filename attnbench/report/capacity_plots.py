@@ -1,6 +1,6 @@
 """The capacity plot of a run (``mode: capacity``, issue 41): per model, against the context n, the batch whose decode
 step fits the memory budget (left) and the tokens per second that batch decodes together (right), with where a
-recurrent model's tokens/s cross attention's marked. One figure per capacity table (``analysis.capacity``). Pure
+recurrent model's tokens/s cross attention's marked in its colour (dotted and "?": indicative, every length noisy). One figure per capacity table (``analysis.capacity``). Pure
 rendering: PNG bytes from stored rows, matplotlib's Agg canvas, no pyplot.
 """
 
@@ -61,11 +61,12 @@ def _draw(run: Run, table: CapacityTable, colours: dict[str, int]) -> bytes:
                 ax.scatter(
                     *zip(*noisy, strict=True), s=46, marker=marker, facecolors="white", edgecolors=colour, zorder=3
                 )
-    for x, indicative in table.crossing_points():
-        rate_ax.axvline(x, color="0.4", linestyle=":" if indicative else "--", linewidth=1.0)
+    for x, indicative, label in table.crossing_points():  # in the colour of the curve that overtakes attention
+        colour = line_style(colours[label])[0] if label in colours else "0.4"
+        rate_ax.axvline(x, color=colour, linestyle=":" if indicative else "--", linewidth=1.0, alpha=0.8)
         rate_ax.annotate(
-            f"n ≈ {x:.0f}" + (" (indicative)" if indicative else ""), (x, 1.0), xycoords=("data", "axes fraction"),
-            fontsize=7, rotation=90, va="top", ha="right", color="0.3",
+            f"{label} n ≈ {x:.0f}" + ("?" if indicative else ""), (x, 0.02), xycoords=("data", "axes fraction"),
+            fontsize=6, rotation=90, va="bottom", ha="right", color=colour,
         )  # fmt: skip
     for ax, label in ((batch_ax, "sequences at capacity"), (rate_ax, "tokens/s at capacity (all sequences)")):
         ax.set_xscale("log", base=2)

@@ -50,7 +50,7 @@ def test_the_crossover_says_from_which_n_the_recurrence_serves_more_tokens_per_s
     assert line.startswith("lstm serves more tokens/s under the memory budget than sdpa-flash from n ≈")
     assert "(between 64 and 1024)" in line
     (crossing,) = table.crossing_points()
-    assert 64 < crossing[0] < 1024 and crossing[1] is False
+    assert 64 < crossing[0] < 1024 and crossing[1:] == (False, "lstm")
 
 
 def test_contended_timings_still_name_the_crossover_as_indicative() -> None:
