@@ -1,7 +1,8 @@
 """The capacity plot of a run (``mode: capacity``, issue 41): per model, against the context n, the batch whose decode
 step fits the memory budget (left) and the tokens per second that batch decodes together (right), with where a
-recurrent model's tokens/s cross attention's marked in its colour (dotted and "?": indicative, every length noisy). One figure per capacity table (``analysis.capacity``). Pure
-rendering: PNG bytes from stored rows, matplotlib's Agg canvas, no pyplot.
+recurrent model's tokens/s cross attention's marked in its colour (dotted and "?": indicative, every length noisy).
+One figure per capacity table (``analysis.capacity``). Pure rendering: PNG bytes from stored rows, matplotlib's Agg
+canvas, no pyplot.
 """
 
 from __future__ import annotations
