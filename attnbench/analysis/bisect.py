@@ -68,6 +68,10 @@ def _words(words: Sequence[str]) -> str:
     return " ".join(_word(w) for w in words)
 
 
+# The config's top-level keys of the serving questions (``config.serving``).
+SERVING_KEYS = ("memory_budget", "prefill_chunk", "draft", "accept", "packing")
+
+
 def one_case_sets(case: Case) -> list[str]:
     """``--set`` overrides that narrow a config to ``case`` alone (its key, whatever else the config crosses)."""
     grid: dict[str, object] = {"batch": [case.batch], "seq_len": [case.seq_len], "d_model": [case.d_model]}
@@ -87,6 +91,11 @@ def one_case_sets(case: Case) -> list[str]:
     sets = [f"models={_flow([model])}", f"modes=[{case.mode}]", f"dtype=[{case.dtype}]"]
     axes = ("d_model", "heads", *option_axes(), "layers", "causal")  # wherever the config wrote them: from grid alone
     sets += [f"{key}=null" for key in ("presets", "decode", *axes)]
+    # The serving question the case asks (issue 41), and none other: a key its mode does not use is refused.
+    asked: dict[str, object] = {name: value for name, value in case.serving if value or name != "memory_budget"}
+    if case.packing:
+        asked["packing"] = list(case.packing)
+    sets += [f"{key}={_flow(asked[key]) if key in asked else 'null'}" for key in SERVING_KEYS]
     sets.append(f"grid={_flow(grid)}")
     sets.append(f"model_options={_flow(options)}")
     return sets

@@ -75,7 +75,7 @@ def judge(lo: float, hi: float, threshold: float, higher_is_worse: bool) -> Verd
 def _count(result: Result, metric: GateMetric) -> float | None:
     """What a rate divides by the time per call: tokens, or the stored compulsory bytes (None without them)."""
     if metric == "tokens_per_s":
-        return float(result.case.tokens)
+        return float(result.tokens_per_call)
     moved = result.extra.get("bytes_moved")
     return float(moved) if isinstance(moved, int) and not isinstance(moved, bool) and moved > 0 else None
 

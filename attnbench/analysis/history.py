@@ -218,7 +218,7 @@ def point(result: Result | None, metric: Metric) -> Point:
             return Point(None, status=result.status)
         count = float(moved)
     else:
-        count = float(result.case.tokens)
+        count = float(result.tokens_per_call)
     low = count / summary.ci_high if summary.ci_high > 0 else None
     high = count / summary.ci_low if summary.ci_low > 0 else None
     return Point(count / summary.median, low, high, result.status)

@@ -201,6 +201,8 @@ def _row_label(result: Result, varying: set[str]) -> str:
     if "batch" in varying:
         parts.append(f"b={case.batch}")
     parts += [f"{k}={v}" for k, v in case.options]
+    # A serving question's parameters tell its curves apart (prefill_chunk 0 and 128 of one model are two curves).
+    parts += [f"{k}={v}" for k, v in case.serving if k != "memory_budget"]
     return " ".join(parts)
 
 
@@ -513,7 +515,7 @@ class CrossoverLine:
     layers: int
     batch: int | None
     seq_lens: tuple[int, ...]  # lengths both ran
-    ratios: tuple[float, ...]  # a's median / b's median at those lengths: > 1 means a is slower
+    ratios: tuple[float, ...]  # a's time per token / b's at those lengths (per call, alike tokens): > 1: a is slower
     crossings: tuple[Crossover, ...]
     # Lengths where the ratio's bounds from the two medians' 95 % CIs include 1: which is faster there is noise.
     unclear: tuple[int, ...] = ()
@@ -551,9 +553,9 @@ class CrossoverLine:
         if self.crossings:
             parts = []
             for i, c in enumerate(self.crossings):
-                if self.mode == "decode":  # in the faster model's words: "lstm decodes faster than sdpa from n ≈ …"
+                if self.mode in _FROM_WORDS:  # in the faster model's words: "lstm decodes faster than sdpa from n ≈ …"
                     faster, slower = (self.b, self.a) if c.direction == SLOWER else (self.a, self.b)
-                    head = f"{faster} decodes faster than {slower}" if i == 0 else f"then {faster}"
+                    head = f"{faster} {_FROM_WORDS[self.mode]} {slower}" if i == 0 else f"then {faster}"
                     parts.append(f"{head} from {self._where(c)}")
                     continue
                 word = "slower" if c.direction == SLOWER else "faster"
@@ -589,6 +591,13 @@ class CrossoverLine:
         return f"n ≈ {_approx(c.x)} (between {_n(c.low_x)} and {_n(c.high_x)})"
 
 
+# How a crossover of these modes reads, in the faster model's words.
+_FROM_WORDS = {
+    "decode": "decodes faster than",
+    "capacity": "serves more tokens/s under the memory budget than",
+}
+
+
 def _verdict(ratio: float) -> str:
     return "slower" if ratio > 1 else "faster" if ratio < 1 else "as fast"
 
@@ -608,7 +617,7 @@ def _pairs(group: CurveGroup, baseline_model: str | None) -> list[tuple[Curve, C
     pairs = []
     for a in group.curves:
         for b in group.curves:
-            if a is b or a.batch != b.batch:
+            if a is b or a.batch != b.batch or asked(a) != asked(b):
                 continue
             sa, sb = a.side, b.side
             across = sa is not None and sb is not None and sa < sb
@@ -623,9 +632,14 @@ def _pairs(group: CurveGroup, baseline_model: str | None) -> list[tuple[Curve, C
     return pairs
 
 
+def asked(curve: Curve) -> tuple[tuple[str, int], ...]:
+    """A curve's serving question (its prefill chunk, its drafts): two curves compare only when they ask the same."""
+    return next((r.case.serving for r in curve.results.values()), ())
+
+
 def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | None:
-    """Where ``a``'s time per call crosses ``b``'s, over the lengths where both timings are good evidence; None
-    when no length has both timed."""
+    """Where ``a``'s time per token crosses ``b``'s (per call, where both calls hold the same tokens), over the
+    lengths where both timings are good evidence; None when no length has both timed."""
     timed_b = dict(_timed(b))
     both = [(n, r, timed_b[n]) for n, r in _timed(a) if n in timed_b]
     if not both:
@@ -633,8 +647,10 @@ def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | Non
     common = [(n, ra, rb) for n, ra, rb in both if good_evidence(ra) and good_evidence(rb)]
     left_out = tuple(n for n, ra, rb in both if not (good_evidence(ra) and good_evidence(rb)))
     xs = [n for n, _, _ in common]
-    ya = [r.median_s for _, r, _ in common]
-    yb = [r.median_s for _, _, r in common]
+    # Time per token: the time per call where both curves' calls hold the same tokens (every mode but capacity,
+    # where each found its own batch: there the curves cross where one serves more tokens per second).
+    ya = [r.median_s / r.tokens_per_call for _, r, _ in common]
+    yb = [r.median_s / r.tokens_per_call for _, _, r in common]
     return CrossoverLine(
         a=a.label,
         b=b.label,

@@ -14,6 +14,7 @@ from attnbench.claims.sequential import claim_sequential
 from attnbench.claims.training import claim_training
 from attnbench.claims.utilisation import NVML_NOTE, claim_utilisation
 from attnbench.claims.verdicts import ClaimResult
+from attnbench.core.cases import SERVING_PARAMS
 from attnbench.results.records import Result, Run
 
 ARTICLE_HARDWARE = "RTX 3090 (named for claim 4 only; the other claims name no hardware, a GPU implied)"
@@ -57,7 +58,8 @@ def _device_words(run: Run) -> str:
 
 def evaluate_claims(run: Run, results: Sequence[Result]) -> ClaimsReport:
     """Every claim of the article against this run, in the article's order."""
-    results = latest_rows(results)
+    # The serving questions (issue 41: a capacity, prefill or verify row, a packed call) are not the article's.
+    results = [r for r in latest_rows(results) if r.case.mode not in SERVING_PARAMS and not r.case.packing]
     # Decode rows speak to claim 1 only (``claims.decode``): the other claims are about a whole sequence's work.
     whole = [r for r in results if r.case.mode != "decode"]
     rows = [

@@ -11,7 +11,8 @@ This module is the public API and the checks that span sections; every import po
 error points, in ``config.messages``; the schema (pydantic models) in ``config.model``; checks any section uses in
 ``config.checks``; models the user brings (``factory:`` entries, installed plugins) in ``config.users``; the
 ``model_options`` and ``presets`` sections, and whether every case can be built, in ``config.options``; decode cases
-(``modes: [decode]`` or a ``decode:`` section) in ``config.decoding``.
+(``modes: [decode]`` or a ``decode:`` section) in ``config.decoding``; the serving questions' keys (memory_budget,
+prefill_chunk, draft, accept, packing) in ``config.serving``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from attnbench.config.model import (
     UserModelEntry,
 )
 from attnbench.config.options import check_buildable, check_model_options, check_presets
+from attnbench.config.serving import serving_axes
 from attnbench.config.source import (
     BUILTIN,
     MAX_DEPTH,
@@ -78,6 +80,7 @@ from attnbench.core.cases import (  # the size caps, re-exported here with the c
     MAX_THREADS,
     MAX_TOKENS,
     MODES,
+    STATEFUL_MODES,
     CacheState,
     Case,
     Level,
@@ -298,7 +301,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
     _refuse_size(combinations, ctx, force, exact=False)
     options, written_options = check_model_options(m, names, users, hybrids, axes, ctx)
     user_models = {name: entry.user for name, entry in users.items()}
-    if "decode" in m.modes:
+    if STATEFUL_MODES & set(m.modes):
         causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
         check_decode(names, axes["causal"], causal_path, options, defined(user_models, hybrids), ctx)
     decode, written_decode = decode_section(m, names, axes, options, user_models, hybrids, option_values, ctx)
@@ -307,6 +310,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         check_unique(m.order, "section", ("order",), ctx)
         order = (*m.order, *(section for section in SECTION_ORDER if section not in m.order))
     presets, written_presets = check_presets(m, ctx)
+    serving = serving_axes(m, ctx)
     _check_timing(m.timing, ctx)
 
     cache = _cache(m, ctx)
@@ -326,6 +330,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         option_axes=option_values,
         users=user_models,
         hybrids=hybrids,
+        serving=serving.serving,
+        packing=serving.packing,
     )
     grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
     grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
@@ -356,6 +362,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         "telemetry_interval_s": m.telemetry_interval_s,
         # Only with models the user brought: what each was, so the stored run expands without their code.
         **({"users": {name: entry.record() for name, entry in users.items()}} if users else {}),
+        **serving.resolved,  # only the serving keys given: a config without them keeps its sha256
     }
     resolved = json.loads(json.dumps(resolved))  # a deep, plain copy
     sha = hashlib.sha256(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -525,6 +532,7 @@ def _check_size(experiment: Experiment, ctx: Context, force: bool = False) -> No
     batches = (1,) if experiment.tokens else axes.batch
     crossed = _crossed(option_sets, axes.option_axes, axes.modes, axes.dtypes, batches, grid)
     # Expanding is cheap, but not for a typo that crosses millions: refuse those before counting exactly.
+    crossed *= max((len(sets) for sets in axes.serving.values()), default=1)
     if crossed > 100 * MAX_CASES:
         _refuse_size(crossed, ctx, force, exact=False)
     _refuse_size(len(experiment.cases(experiment.device)), ctx, force, exact=True)

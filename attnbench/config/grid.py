@@ -14,7 +14,17 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from attnbench.core.cases import Case, HybridModel, Mode, Options, OptionValue, UserModel
+from attnbench.core.cases import (
+    PACKING_MODES,
+    STATEFUL_MODES,
+    Case,
+    HybridModel,
+    Mode,
+    Options,
+    OptionValue,
+    Serving,
+    UserModel,
+)
 from attnbench.families.catalogue import HYBRID, MODELS, ModelSpec, decode_inert, family_named, has_heads
 from attnbench.families.user.spec import USER
 
@@ -45,6 +55,10 @@ class Axes:
     users: Mapping[str, UserModel] = field(default_factory=dict)
     # The hybrid stacks of ``models``, by name (config ``{name, hybrid: […]}`` entries).
     hybrids: Mapping[str, HybridModel] = field(default_factory=dict)
+    # Per serving mode (capacity, prefill, verify), the parameter sets its cases cross (``Case.serving``).
+    serving: Mapping[str, tuple[Serving, ...]] = field(default_factory=dict)
+    # Packed lengths (``Case.packing``): they stand in for batch × seq_len in the forward and train cases.
+    packing: tuple[int, ...] = ()
 
 
 def expand(axes: Axes) -> list[Case]:
@@ -53,13 +67,28 @@ def expand(axes: Axes) -> list[Case]:
     The order is model-major (then the model's option sets) with seq_len innermost, so a sweep walks each
     model's length curve in turn and a progress line reads naturally. Decode cases are causal only (a non-causal
     combination does not apply: config validation refuses a model left with none) and carry no option that is
-    decode-inert for their family. A user model always carries ``heads``.
+    decode-inert for their family. A user model always carries ``heads``. The serving modes are causal only too,
+    and cross their parameter sets (``Axes.serving``) as an axis just outside seq_len; a capacity case's batch is
+    found, so it is 1 whatever the grid's. Packed lengths (``Axes.packing``) replace batch and seq_len in the forward
+    and train cases (batch: how many, seq_len: the longest), so those de-duplicate to one case per model.
     """
     seen: set[Case] = set()
     cases: list[Case] = []
     variants = [(model, options) for model in axes.models for options in axes.model_options.get(model, ((),))]
     axis_names = tuple(axes.option_axes)
-    for (model, options), axis_values, mode, dtype, batch, d_model, heads, layers, causal, seq_len in itertools.product(
+    serving_sets: list[Serving] = list(dict.fromkeys([(), *(s for sets in axes.serving.values() for s in sets)]))
+    for (
+        (model, options),
+        axis_values,
+        mode,
+        dtype,
+        batch,
+        d_model,
+        heads,
+        layers,
+        causal,
+        (serving, seq_len),
+    ) in itertools.product(
         variants,
         itertools.product(*axes.option_axes.values()),
         axes.modes,
@@ -69,9 +98,11 @@ def expand(axes: Axes) -> list[Case]:
         axes.heads,
         axes.layers,
         axes.causal,
-        axes.seq_len,
+        itertools.product(serving_sets, axes.seq_len),  # seq_len innermost, each serving set's lengths in turn
     ):
-        if mode == "decode":
+        if serving not in axes.serving.get(mode, ((),)):
+            continue
+        if mode in ("decode", "capacity"):  # one decode step: what only the whole sequence uses is inert
             options = tuple(o for o in options if o[0] not in decode_inert(model))
         user, hybrid = axes.users.get(model), axes.hybrids.get(model)
         if hybrid is not None:
@@ -106,8 +137,12 @@ def expand(axes: Axes) -> list[Case]:
             causal = family.causal(spec, dict(options), causal)
             case_heads = heads if has_heads(model) else None
             case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, case_heads, layers, causal, options)
-        if mode == "decode" and not case.causal:
+        if mode in STATEFUL_MODES and not case.causal:
             continue
+        if serving:  # a capacity case's batch is the one it finds
+            case = replace(case, serving=serving, batch=1 if mode == "capacity" else case.batch)
+        if mode in PACKING_MODES and axes.packing:
+            case = replace(case, batch=len(axes.packing), seq_len=max(axes.packing), packing=axes.packing)
         if case not in seen:
             seen.add(case)
             cases.append(case)

@@ -16,8 +16,10 @@ from attnbench.config.messages import ITEM, TAG, Path_
 from attnbench.core.cases import (
     MAX_BATCH,
     MAX_D_MODEL,
+    MAX_DRAFT,
     MAX_HEADS,
     MAX_LAYERS,
+    MAX_PACKED,
     MAX_PATTERN,
     MAX_SAMPLES,
     MAX_SEQ_LEN,
@@ -78,6 +80,13 @@ LayerCounts = Annotated[
 ]
 Seconds = Annotated[float, Field(gt=0)]
 _POLICY = TimingPolicy()
+# The serving questions' keys (issue 41): each one value or a list, crossed like a grid axis.
+Chunks = Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEQ_LEN)]], BeforeValidator(as_list), Field(min_length=1)]
+Drafts = Annotated[list[Annotated[int, Field(gt=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
+Accepts = Annotated[list[Annotated[int, Field(ge=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
+Lengths = Annotated[list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]], Field(min_length=1, max_length=MAX_PACKED)]
+# The most tokens a drawn packing may hold: MAX_PACKED sequences of a long context each.
+MAX_PACKED_TOKENS = 2**24
 
 
 class _Strict(BaseModel):
@@ -148,6 +157,36 @@ class PresetsModel(_Strict):
     """The presets' batch sizes; null = the grid's."""
     seq_len: SeqLens | None = None
     """The presets' sequence lengths; null = the grid's."""
+
+
+class LognormalModel(_Strict):
+    """Sequence lengths drawn from a log-normal distribution, rounded to whole tokens (at least 1)."""
+
+    mean: Annotated[float, Field(gt=0, le=MAX_SEQ_LEN)]
+    """The lengths' mean, in tokens (of the lengths themselves, not of their logarithm)."""
+    sigma: Annotated[float, Field(ge=0, le=4)]
+    """The spread: the standard deviation of the lengths' natural logarithm (0 = every length the mean)."""
+
+
+class PackingModel(_Strict):
+    """Packed lengths drawn until a token budget is filled: the last length is cut so that they sum to it."""
+
+    lognormal: LognormalModel
+    """The distribution the lengths are drawn from: {mean: …, sigma: …}."""
+    tokens: Annotated[int, Field(gt=0, le=MAX_PACKED_TOKENS)]
+    """The tokens the packed sequences hold together."""
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    """Seeds the draw, so every run packs the same lengths."""
+
+
+def _packing_tag(value: Any) -> str:
+    return f"{TAG}draw" if isinstance(value, dict | PackingModel) else f"{TAG}lengths"
+
+
+Packing = Annotated[
+    Annotated[Lengths, Tag(f"{TAG}lengths")] | Annotated[PackingModel, Tag(f"{TAG}draw")],
+    Discriminator(_packing_tag),
+]
 
 
 class DecodeModel(_Strict):
@@ -309,6 +348,21 @@ class _Config(_Strict):
     """The sampler's polling interval in seconds; null = 100 ms: on a CPU the sampler shares the cores being
     measured (at 20 ms it cost 1.4 %: results/telemetry-overhead-cpu.md); on a GPU utilisation, power and clocks
     come from NVML's own sample buffers, so the poll reads only memory in use, temperature and clock reasons."""
+    memory_budget: Annotated[int, Field(gt=0)] | str | None = None
+    """mode capacity: the memory a model's decode step must fit (weights, the state of every sequence, the step's
+    working memory), e.g. 4GiB, 512MiB or bytes; left out, a GPU's free memory less max(1 GiB, 5 % of it). A CPU
+    needs one."""
+    prefill_chunk: Chunks | None = None
+    """mode prefill: tokens per chunk the prompt is fed in (0 = the whole prompt at once; the default); a list crosses
+    them."""
+    draft: Drafts | None = None
+    """mode verify: draft tokens k one call checks after the context; a list crosses them."""
+    accept: Accepts | None = None
+    """mode verify: how many of the drafts are kept (r ≤ k), the state rolled back to the context and those; a list
+    crosses them (pairs with r > k are left out)."""
+    packing: Packing | None = None
+    """forward and train: sequences of these lengths packed end to end stand in for the grid's batch × seq_len, e.g.
+    [64, 512, 96, 33], or lengths drawn, {lognormal: {mean: …, sigma: …}, tokens: 4096, seed: 0}."""
 
 
 if TYPE_CHECKING:
@@ -324,6 +378,8 @@ SECTIONS: dict[Path_, type[BaseModel]] = {
     ("timing",): TimingModel,
     ("presets",): PresetsModel,
     ("decode",): DecodeModel,
+    ("packing", f"{TAG}draw"): PackingModel,
+    ("packing", "lognormal"): LognormalModel,
     ("models", ITEM): UserModelEntry,
     ("models", ITEM, f"{TAG}hybrid"): HybridEntry,
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from attnbench.config.checks import check_names, check_option_value, check_unique, inherited_lengths
@@ -20,7 +21,7 @@ from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import ConfigModel
 from attnbench.config.users import UserEntry, user_option_sets
-from attnbench.core.cases import MODES, Case, HybridModel, Mode, Options
+from attnbench.core.cases import MODES, SERVING_PARAMS, Case, HybridModel, Mode, Options
 from attnbench.families.catalogue import (
     HYBRID,
     MODEL_NAMES,
@@ -176,6 +177,9 @@ def check_buildable(
     model's entry in models."""
     seen: set[tuple[str, tuple[tuple[str, Any], ...], int, int | None, str, int]] = set()
     for case in cases:
+        # What a serving question cannot ask of a model is its row's reason (unsupported), not the config's error:
+        # the config is judged on the decode step or the plain call the question builds on.
+        case = replace(case, mode="decode" if case.mode in SERVING_PARAMS else case.mode, serving=(), packing=())
         # The family's rules depend on the model, its options, the widths, the mode and the length only.
         what = (case.model, case.options, case.d_model, case.heads, case.mode, case.seq_len)
         if what in seen:

@@ -31,10 +31,27 @@ MAX_SAMPLES = 10_000_000
 # or two different cases would have one key.
 KEY_SEPARATORS = "|="
 
-Mode = Literal["forward", "train", "backward", "decode"]
+Mode = Literal["forward", "train", "backward", "decode", "capacity", "prefill", "verify"]
 # backward = the backward pass alone (graph kept, grads cleared), so train can be checked against forward + backward.
 # decode = one new token per sequence with a context of seq_len tokens already in the KV cache or recurrent state.
-MODES: tuple[Mode, ...] = ("forward", "train", "backward", "decode")
+# The serving questions (issue 41): capacity = the largest batch whose decode step at context seq_len fits a memory
+# budget, and that step timed at it; prefill = a prompt of seq_len ingested in chunks (time to first token); verify =
+# k draft tokens checked in one call after seq_len of context, then the rollback to the r accepted ones.
+MODES: tuple[Mode, ...] = ("forward", "train", "backward", "decode", "capacity", "prefill", "verify")
+# The modes whose case carries a state from token to token: they need a model that looks backwards only (causal).
+STATEFUL_MODES: frozenset[str] = frozenset({"decode", "capacity", "prefill", "verify"})
+# The parameters each serving mode's case carries (``Case.serving``), by mode; the config's top-level keys of the
+# same names set them. memory_budget is in bytes, 0 meaning the device's default (a GPU's free memory less a margin).
+SERVING_PARAMS: dict[str, tuple[str, ...]] = {
+    "capacity": ("memory_budget",),
+    "prefill": ("prefill_chunk",),
+    "verify": ("accept", "draft"),
+}
+# The modes whose cases packed variable lengths (``Case.packing``) may stand in for batch × seq_len.
+PACKING_MODES: tuple[Mode, ...] = ("forward", "train")
+MAX_PACKED = 1_024  # sequences in one pack
+MAX_DRAFT = 1_024  # draft tokens one verify call checks
+MAX_MEMORY_BUDGET = 2**50  # bytes: a pebibyte, far beyond any device, short of a typo's extra digits
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 # What a config or --device may ask for, and what a resolved case records.
 DEVICE_REQUEST = re.compile(r"auto|cpu|cuda|cuda:\d+")
@@ -48,6 +65,13 @@ SIDES: tuple[Side, ...] = ("recurrent", "attention", "hybrid")
 MAX_PATTERN = 64
 OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
+# A serving mode's parameters, sorted by name (``SERVING_PARAMS``): ("prefill_chunk", 128), ("accept", 2), ….
+Serving = tuple[tuple[str, int], ...]
+
+
+def packing_text(lengths: tuple[int, ...]) -> str:
+    """Packed lengths as keys and labels write them: ``64+512+96+33``."""
+    return "+".join(str(n) for n in lengths)
 
 
 def option_text(name: str, value: OptionValue) -> str:
@@ -114,6 +138,14 @@ class Case:
 
     ``mode == "decode"``: ``seq_len`` is the context length n already held in the KV cache or recurrent state,
     and one call produces one new token per sequence (position n); such a case is always causal.
+
+    The serving modes (``STATEFUL_MODES`` but decode) carry their parameters in ``serving`` (``SERVING_PARAMS``):
+    ``capacity`` (a decode step at context n, at the largest batch that fits ``memory_budget`` bytes: the batch is
+    found, so the case's own ``batch`` is 1), ``prefill`` (the n prompt tokens in chunks of ``prefill_chunk``, 0 for
+    one pass), ``verify`` (``draft`` tokens after n, rolled back to the ``accept`` first of them). ``packing`` holds
+    the lengths of the sequences a forward or train call runs packed end to end (then ``batch`` is how many and
+    ``seq_len`` the longest). Both are written to a row and appended to the key only when set, so every other case
+    reads and keys as it always did.
     """
 
     model: str
@@ -129,16 +161,34 @@ class Case:
     options: Options = ()
     user: UserModel | None = None
     hybrid: HybridModel | None = None
+    serving: Serving = ()
+    packing: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> int:
-        """Tokens one call produces: batch × seq_len, or for decode one per sequence (batch)."""
-        return self.batch if self.mode == "decode" else self.batch * self.seq_len
+        """Tokens one call produces: batch × seq_len; one per sequence for decode and capacity (whose batch found
+        is the row's: ``Result.tokens_per_call``); the draft tokens for verify; the packed lengths' sum."""
+        if self.packing:
+            return sum(self.packing)
+        if self.mode in ("decode", "capacity"):
+            return self.batch
+        if self.mode == "verify":
+            return self.batch * self.param("draft")
+        return self.batch * self.seq_len
 
     @property
     def span(self) -> int:
-        """Positions one sequence covers: seq_len, and for decode the new token after the context too (n + 1)."""
-        return self.seq_len + 1 if self.mode == "decode" else self.seq_len
+        """Positions one sequence covers: seq_len, and for decode the new token after the context too (n + 1), for
+        verify the draft tokens after it (n + k)."""
+        if self.mode in ("decode", "capacity"):
+            return self.seq_len + 1
+        if self.mode == "verify":
+            return self.seq_len + self.param("draft")
+        return self.seq_len
+
+    def param(self, name: str) -> int:
+        """The serving parameter ``name`` the case carries (``SERVING_PARAMS``), 0 where it carries none."""
+        return next((value for key, value in self.serving if key == name), 0)
 
     @property
     def head_dim(self) -> int | None:
@@ -166,6 +216,10 @@ class Case:
             f"causal={str(self.causal).lower()}",
         ]
         parts += [option_text(k, v) for k, v in self.options]
+        # Only when set: every case without them keys as it always did.
+        parts += [f"{k}={v}" for k, v in self.serving]
+        if self.packing:
+            parts.append(f"packing={packing_text(self.packing)}")
         return "|".join(parts)
 
     @property
@@ -174,6 +228,8 @@ class Case:
         extra = "" if self.heads is None else f" h={self.heads}" + (" causal" if self.causal else "")
         # Options tell variants apart (scope, positional, preset…): without them two rows would read the same.
         extra += "".join(f" {option_text(k, v)}" for k, v in self.options)
+        extra += "".join(f" {k}={v}" for k, v in self.serving)
+        extra += f" packing={packing_text(self.packing)}" if self.packing else ""
         return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
 
     def to_dict(self) -> dict[str, object]:
@@ -187,6 +243,14 @@ class Case:
             del data["hybrid"]  # likewise for a hybrid stack
         else:
             data["hybrid"] = self.hybrid.to_dict()
+        if self.serving:  # likewise for a serving mode's parameters and packed lengths
+            data["serving"] = dict(self.serving)
+        else:
+            del data["serving"]
+        if self.packing:
+            data["packing"] = list(self.packing)
+        else:
+            del data["packing"]
         return data
 
     @classmethod
@@ -198,10 +262,16 @@ class Case:
         assert user is None or isinstance(user, Mapping)
         hybrid = raw.pop("hybrid", None)
         assert hybrid is None or isinstance(hybrid, Mapping)
+        serving = raw.pop("serving", {}) or {}
+        assert isinstance(serving, Mapping)
+        packing = raw.pop("packing", []) or []
+        assert isinstance(packing, list | tuple)
         return cls(
             options=tuple(sorted(options.items())),
             user=None if user is None else UserModel.from_dict(user),
             hybrid=None if hybrid is None else HybridModel.from_dict(hybrid),
+            serving=tuple(sorted((str(k), int(v)) for k, v in serving.items())),
+            packing=tuple(int(n) for n in packing),
             **raw,  # type: ignore[arg-type]
         )
 
@@ -212,7 +282,17 @@ CacheState = Literal["warm", "cold"]
 # back to back a warm step reads them faster than memory allows, which no decoder serving other layers and requests
 # sees: decode is timed cold. A whole sequence's activations outgrow the cache at the lengths that matter, and the
 # field times them warm (torch.utils.benchmark, the FlashAttention benchmarks): warm.
-DEFAULT_CACHE: dict[str, CacheState] = {"forward": "warm", "train": "warm", "backward": "warm", "decode": "cold"}
+# The serving questions follow the call they time: a capacity row's decode step and a verify's few tokens read a
+# state that would stay in cache, so they run cold like decode; a prefill works through a prompt, like forward.
+DEFAULT_CACHE: dict[str, CacheState] = {
+    "forward": "warm",
+    "train": "warm",
+    "backward": "warm",
+    "decode": "cold",
+    "capacity": "cold",
+    "prefill": "warm",
+    "verify": "cold",
+}
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 KIB = 1024
 MIB = 1024**2
@@ -14,6 +15,26 @@ TIB = 1024**4
 # integer column that has blanks), which 2**63 - 1 is not. Readers refuse beyond it (results.fields); a config is
 # held to it (config.checks.check_option_value) so that what a run accepts, it reads back.
 MAX_INTEGER = 2**62
+
+
+# A size as a person writes it: a number and a unit, binary (KiB … TiB) or decimal (kB … TB), or bytes alone.
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kKMGT]i?B|B)?\s*")
+_SIZE_UNITS = {
+    "B": 1,
+    **{f"{p}iB": 1024 ** (i + 1) for i, p in enumerate("KMGT")},
+    **{f"{p}B": 1000 ** (i + 1) for i, p in enumerate("kMGT")},
+    "KB": 1000,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """``"4GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"1048576"`` as bytes (whole: a fraction of a byte rounds down);
+    ValueError for anything else."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size: a number and a unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)")
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[unit or "B"])
 
 
 def to_ms(seconds: float) -> float:

@@ -6,4 +6,4 @@ belongs to: it asks the family (``catalogue.family_of``).
 
 Torch-free here: ``base``, ``shared``, ``recurrent``, ``catalogue``, ``flops``, ``traffic``, ``state_bytes``,
 ``extras``, ``plugins`` and every ``spec`` (a test holds them so). Torch: ``torch_family``, ``states``, ``blocks``,
-``positional``, ``registry`` and every ``layers``. Imports ``core`` only."""
+``positional``, ``registry``, ``serving`` and every ``layers``. Imports ``core`` only."""

@@ -282,6 +282,19 @@ class Family:
         """The values of ``case_columns`` for ``case``."""
         return {}
 
+    def serving_problem(self, case: Case) -> Problem | None:
+        """Why ``case``'s serving question (``capacity``, ``prefill``, ``verify``, or packed lengths) cannot be asked of
+        its model, or None: an ``unsupported`` row with the reason, never a refused config (``option`` stays None). By
+        default every question can be asked, eagerly: the serving modes time eager calls, so a compiled model says
+        so here."""
+        if self.has_option(case, "compile") and self.option(case, "compile") != "none":
+            return Problem(
+                f"{case.mode}{' with packed lengths' if case.packing else ''} times eager calls; "
+                f"compile={self.option(case, 'compile')} is not applied to them",
+                hint="leave compile at none for the serving questions",
+            )
+        return None
+
     # ---------------------------------------------------------------------------------------------- readings of rows
     def peak_dtype(self, case: Case) -> str:
         """Which peak ``case``'s matmuls are held against: the case's dtype, or ``tf32`` where the family's kernels

@@ -20,7 +20,7 @@ mixing layer's step in the middle; a network embeds one token id and adds the po
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,9 +35,16 @@ from attnbench.families.states import (
     NetworkState,
     StackState,
     decodable,
+    packed,
+    rollback,
+    spans,
     stack_init,
+    stack_packed,
     stack_prefill,
+    stack_rollback,
     stack_step,
+    stack_verify,
+    verify,
 )
 from attnbench.families.torch_family import TorchFamily
 
@@ -90,6 +97,18 @@ class TransformerBlock(nn.Module):
         x = x + decodable(self.attention).step(self.norm1(x), state)
         return x + self.ffn(self.norm2(x))
 
+    def verify(self, x: torch.Tensor, state: Any) -> torch.Tensor:
+        x = x + verify(self.attention, self.norm1(x), state)
+        return x + self.ffn(self.norm2(x))
+
+    def rollback(self, state: Any, accepted: int) -> None:
+        rollback(self.attention, state, accepted)
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """The norms and the FFN on the packed tokens; the attention sequence by sequence (its own ``packed``)."""
+        x = x + packed(self.attention, self.norm1(x), lengths)
+        return x + self.ffn(self.norm2(x))
+
 
 class RecurrentBlock(nn.Module):
     """Pre-norm block around a recurrent layer of output width ``width``: (B, T, d) -> (B, T, d)."""
@@ -116,6 +135,16 @@ class RecurrentBlock(nn.Module):
     def step(self, x: torch.Tensor, state: Any) -> torch.Tensor:
         return x + self._project(decodable(self.recurrent).step(self.norm(x), state))
 
+    def verify(self, x: torch.Tensor, state: Any) -> torch.Tensor:
+        return x + self._project(verify(self.recurrent, self.norm(x), state))
+
+    def rollback(self, state: Any, accepted: int) -> None:
+        rollback(self.recurrent, state, accepted)
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """The norm and the projection on the packed tokens; the recurrence from zero at each sequence's start."""
+        return x + self._project(packed(self.recurrent, self.norm(x), lengths))
+
 
 class Stack(nn.Sequential):
     """Blocks applied in turn, as ``nn.Sequential`` (same parameter names), that also decode block by block."""
@@ -128,6 +157,15 @@ class Stack(nn.Sequential):
 
     def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
         return stack_step(self, x, state)
+
+    def verify(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
+        return stack_verify(self, x, state)
+
+    def rollback(self, state: StackState, accepted: int) -> None:
+        stack_rollback(self, state, accepted)
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        return stack_packed(self, x, lengths)
 
 
 class Network(nn.Module):
@@ -177,6 +215,25 @@ class Network(nn.Module):
     def step(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
         """One token per sequence ((B, 1) ids or (B, 1, d)) at position n -> (B, 1, d_model)."""
         return self._finish(decodable(self.body).step(self._front(x, state.position), state.body))
+
+    def verify(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
+        """k draft tokens at positions n…n+k−1 -> (B, k, d_model); the body keeps what the rollback needs."""
+        y = verify(self.body, self._front(x, state.position), state.body)
+        state.verified_from = state.position
+        state.position += x.shape[1]
+        return self._finish(y)
+
+    def rollback(self, state: NetworkState, accepted: int) -> None:
+        rollback(self.body, state.body, accepted)
+        state.position = state.verified_from + accepted
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """Packed sequences ((1, T) ids or (1, T, d)): each one's positions from 0, the body sequence by sequence."""
+        if self.embedding is not None:
+            x = self.embedding(x)  # (1, T) int64 -> (1, T, d)
+        if self.positional is not None:
+            x = torch.cat([self.positional(x[:, start:end], 0) for start, end in spans(lengths)], dim=1)
+        return self._finish(packed(self.body, x, lengths))
 
 
 def front(case: Case, device: str, dtype: torch.dtype) -> Front:

@@ -18,7 +18,7 @@ import pkgutil
 from collections.abc import Mapping
 
 from attnbench import families
-from attnbench.core.cases import Case, OptionValue, Side
+from attnbench.core.cases import SERVING_PARAMS, STATEFUL_MODES, Case, OptionValue, Side
 from attnbench.families.base import (
     ClaimRole,
     ExtraSpec,
@@ -210,11 +210,12 @@ def no_effect(
 
 def cannot_build(case: Case) -> Problem | None:
     """Why ``case`` describes no model that can be built, or None: what every family shares (a decode case must be
-    able to produce one token at a time; an option's value must be one it takes), then the family's own rule.
-    Config validation refuses such a case at the key the problem names; a case made by hand becomes an
+    able to produce one token at a time; an option's value must be one it takes), then the family's own rule, then
+    (for a serving mode or packed lengths) the family's ``serving_problem``. Config validation refuses such a case at
+    the key the problem names (a serving problem it leaves to the row); a case made by hand becomes an
     ``unsupported`` row."""
     family = family_of(case)
-    if case.mode == "decode":
+    if case.mode in STATEFUL_MODES:  # a capacity search, a prefill and a verify carry a decoder's state too
         problem = family.decode_problem(case)
         if problem is not None:
             return problem
@@ -226,7 +227,10 @@ def cannot_build(case: Case) -> Problem | None:
         refused = option.refusal(value)
         if refused is not None:
             return Problem(refused[0], name, refused[1])
-    return family.cannot_build(case)
+    problem = family.cannot_build(case)
+    if problem is None and (case.mode in SERVING_PARAMS or case.packing):
+        problem = family.serving_problem(case)
+    return problem
 
 
 def packages() -> tuple[Package, ...]:

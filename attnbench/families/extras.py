@@ -87,6 +87,21 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("state_mem_bytes", int, "bytes", "the same, measured (state_mem_method says how)"),
     ExtraSpec("state_mem_method", str, "", "how state_mem_bytes was measured: cuda-allocator, resident-pages"),
     ExtraSpec("prefill_s", float, "s", "the decode set-up's prefill of the context (untimed)"),
+    # The serving questions (issue 41).
+    ExtraSpec("capacity_batch", int, "", "mode capacity: the largest batch whose decode step fits the memory budget"),
+    ExtraSpec("bytes_per_sequence", int, "bytes", "mode capacity: the memory one more sequence adds, measured"),
+    ExtraSpec(
+        "memory_budget_bytes", int, "bytes", "mode capacity: the budget held to (a GPU's default where none given)"
+    ),
+    ExtraSpec("weight_bytes", int, "bytes", "mode capacity: the model's parameters and buffers, inside the budget"),
+    ExtraSpec("capacity_method", str, "", "how the capacity was found: rss-fit (CPU), cuda-oom-search (GPU)"),
+    ExtraSpec("capacity_capped", bool, "", "mode capacity: the search stopped at its largest batch; more would fit"),
+    ExtraSpec("prefill_chunks", int, "", "mode prefill: the pieces the prompt was fed in"),
+    ExtraSpec("verify_s", float, "s", "mode verify: the verify call alone, median"),
+    ExtraSpec("rollback_s", float, "s", "mode verify: the rollback alone, median"),
+    ExtraSpec("rollback_method", str, "", "mode verify: how the layers roll back: truncate, checkpoint, replay"),
+    ExtraSpec("padded_s", float, "s", "packed lengths: the same sequences padded to the longest, one call, median"),
+    ExtraSpec("padded_tokens_per_s", float, "", "packed lengths: useful tokens per second of the padded call"),
 )
 
 

@@ -16,8 +16,17 @@ field mattered): attnbench refuses a plugin written for a newer one, naming both
   build the model. Its options are ``Option``s (type, default, help, choices or bounds, checked as a built-in
   model's are) or, as in API 1, a mapping of names to defaults (the default's type is the option's type).
 
+- The **serving questions** (issue 41) ask more of the same module, each through an optional method: ``mode:
+  capacity`` and ``mode: prefill`` need ``Decodable`` (a prefill continues from the state it is given, so a prompt
+  may come in chunks); ``mode: verify`` needs ``Verifiable`` (``verify``, ``rollback``); packed lengths need
+  ``Packable`` (``packed``). A state may also be ``Resettable`` (a timed prefill empties it rather than allocating a
+  new one per call) and ``Fillable`` (a capacity row pretends it holds n tokens rather than computing them). A model
+  without the method a question needs is an ``unsupported`` row that says which.
+
 History: 1 — ModelPlugin, ModelRequest, the decode protocol described in prose. 2 — ``api_version`` is checked,
 options may be ``Option``s, and the decode protocol is typed here (``Decodable``, ``DecodeState``, ``DropsScratch``).
+3 — the serving protocols, all optional: ``Verifiable``, ``Packable``, ``Resettable``, ``Fillable``; ``ModelRequest``
+may carry the modes ``capacity``, ``prefill`` and ``verify`` and ``packing`` (the packed lengths).
 """
 
 from __future__ import annotations
@@ -39,14 +48,18 @@ __all__ = [
     "Decodable",
     "DecodeState",
     "DropsScratch",
+    "Fillable",
     "ModelPlugin",
     "ModelRequest",
     "Option",
+    "Packable",
+    "Resettable",
+    "Verifiable",
     "plugin_options",
     "plugin_problem",
 ]
 
-API_VERSION = 2
+API_VERSION = 3
 ENTRY_POINT_GROUP = "attnbench.models"
 # A plugin's options as the built-in models' are declared: name, type, default, help, choices or bounds.
 Option = OptionSpec
@@ -75,8 +88,9 @@ class ModelRequest:
     """What a factory is called with: one case's sizes and options, and where to build.
 
     ``mode`` is forward, train, backward or decode (for decode, ``seq_len`` is the context length n, and the state
-    must hold n + 1 positions). ``options`` holds every option of the entry (a plugin's defaults filled in).
-    ``torch_dtype`` is the ``torch.dtype`` named by ``dtype``."""
+    must hold n + 1 positions), or a serving question: capacity, prefill, verify (``Verifiable``). ``options`` holds
+    every option of the entry (a plugin's defaults filled in). ``torch_dtype`` is the ``torch.dtype`` named by
+    ``dtype``. ``packing``: the lengths of the sequences a call runs packed end to end (``Packable``), or empty."""
 
     name: str
     mode: str
@@ -91,6 +105,7 @@ class ModelRequest:
     causal: bool
     options: Mapping[str, OptionValue]
     api_version: int = API_VERSION
+    packing: tuple[int, ...] = ()
 
 
 class DecodeState(Protocol):
@@ -129,6 +144,48 @@ class Decodable(Protocol):
     def prefill(self, x: torch.Tensor, state: Any, *, output: bool = True) -> torch.Tensor | None: ...
 
     def step(self, x: torch.Tensor, state: Any) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Verifiable(Protocol):
+    """A decoder that checks k draft tokens in one call and keeps the accepted ones (``mode: verify``).
+
+    ``verify(x, state)`` returns the output for the k draft tokens ``x`` (B, k, …) after the n tokens the state
+    holds, each seeing the context and the drafts before it, and keeps what a rollback needs (the cache grows by k;
+    a recurrence keeps its per-token states, or a copy to replay from). ``rollback(state, accepted)`` leaves the
+    state after n + ``accepted`` tokens (0 ≤ accepted ≤ k), exactly as if those had been decoded one by one."""
+
+    def verify(self, x: torch.Tensor, state: Any) -> torch.Tensor: ...
+
+    def rollback(self, state: Any, accepted: int) -> None: ...
+
+
+@runtime_checkable
+class Packable(Protocol):
+    """A module that runs sequences of different lengths packed end to end (a config's ``packing``).
+
+    ``packed(x, lengths)`` takes ``x`` (1, T, …) holding the sequences one after another (``lengths`` sum to T) and
+    returns (1, T, d_model): each sequence seeing only itself (attention block-diagonal, a recurrence starting again
+    at each sequence's first token), so that each equals the sequence run alone."""
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Resettable(Protocol):
+    """A state that empties itself in place (``reset``: no tokens held). Optional: a timed prefill starts each call
+    from it; without it each call allocates a new state (``init_state``), which its time then includes."""
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
+class Fillable(Protocol):
+    """A state that takes on the sizes of ``length`` tokens without computing them (``fill_to``). Optional: a
+    capacity row times a decode step at batches whose real prefill could take hours, and a step's cost depends on
+    the sizes it reads, not the values; without it the context is prefilled for real."""
+
+    def fill_to(self, length: int) -> None: ...
 
 
 def plugin_options(plugin: ModelPlugin) -> tuple[OptionSpec, ...]:

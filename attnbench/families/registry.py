@@ -17,9 +17,10 @@ from functools import cache
 import torch
 from torch import nn
 
-from attnbench.core.cases import Case
+from attnbench.core.cases import SERVING_PARAMS, Case
 from attnbench.families.base import ExtraValue
 from attnbench.families.catalogue import FAMILIES, MODELS, cannot_build, family_named, family_of, known, spec_of
+from attnbench.families.serving import run_tiny, tiny_serving
 from attnbench.families.states import decodable, prefill
 from attnbench.families.torch_family import (
     PROBE_BATCH,
@@ -146,9 +147,17 @@ def _probe_tiny(case: Case, device: str) -> str | None:
 
 
 def _run_tiny(case: Case, device: str) -> None:
+    if case.packing or case.mode in SERVING_PARAMS:  # a serving question: its own tiny call, timed as it will be
+        case = tiny_serving(case)
     dtype = torch_dtype(case.dtype)
     model = build_model(case, device, dtype)
-    if case.mode == "decode":
+    if case.packing or case.mode in SERVING_PARAMS:
+        grad = torch.inference_mode() if case.mode != "train" else contextlib.nullcontext()
+        with grad, call_context(case, model):
+            out = run_tiny(case, model, make_input(case, device, dtype))
+            if out is not None and case.mode == "train":
+                out.sum().backward()
+    elif case.mode == "decode":
         context, token = make_decode_inputs(case, device, dtype)
         with torch.inference_mode():
             decodable(model).step(token, prefill(model, context, case.span))

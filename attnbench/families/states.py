@@ -16,6 +16,11 @@ whole-sequence form, through three methods (``Decodable``):
   "the token after n" and can be timed again and again at the same n.
 - ``state.advance()`` commits the last step (length n + 1), for generating several tokens in a row.
 
+The serving questions (``attnbench.families.serving``) ask three things more of a built-in state: ``reset()`` (no
+tokens held: a timed prefill starts every call from it), ``fill_to(n)`` (the sizes of n tokens without computing
+them: a capacity row's step at a batch no real prefill could reach in time) and, for a verify's rollback, a KV
+cache's ``truncate(n)``; a recurrent state keeps what its rollback needs in ``saved``.
+
 The state values live here; the modules implement the methods (``attention``, ``blocks``, ``rnn``, ``minrnn``).
 A new kind of attention adds a cache (fewer KV heads; a ring buffer of W slots for a sliding window) and a core
 whose ``step`` reads it; a new recurrence adds a state (a d×d matrix for linear attention) with ``tensors`` and
@@ -24,14 +29,22 @@ whose ``step`` reads it; a new recurrence adds a state (a d×d matrix for linear
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
 import torch
 from torch import nn
 
-from attnbench.families.plugins import Decodable, DecodeState, DropsScratch
+from attnbench.families.plugins import (
+    Decodable,
+    DecodeState,
+    DropsScratch,
+    Fillable,
+    Packable,
+    Resettable,
+    Verifiable,
+)
 
 # How a KV cache lays out each of K and V: (batch, heads, positions, head_dim) as SDPA takes them, or (batch,
 # positions, heads, head_dim) as flash-attn's kernels do.
@@ -112,6 +125,7 @@ class KVCache:
         self.length = 0
         self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device) if layout == "bnhd" else None
         self.visible = torch.ones(batch, dtype=torch.int32, device=device) if layout == "bnhd" and window else None
+        self.saved: int | None = None  # where a verify's drafts start: its rollback truncates to there + accepted
 
     @property
     def ring(self) -> bool:
@@ -153,12 +167,37 @@ class KVCache:
                 dst[:, :, : end - start - head].copy_(src[:, :, head:])
 
     def fill(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Hold (B, H_kv, n, D) keys and values as the whole context (prefill: the context's own attention needs
-        all of it at once, so an attention layer's prefill is one pass)."""
+        """Hold (B, H_kv, n, D) keys and values as the whole context (the decode set-up's prefill: one pass)."""
         if self.length:
             raise ValueError("an attention prefill fills an empty cache in one pass; this one holds a context")
-        self.write(k, v, 0)
-        self._set_length(k.shape[-2])
+        self.append(k, v)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Add (B, H_kv, T, D) keys and values of the next T positions (a prompt's chunk, a verify's drafts)."""
+        start = self.length
+        self.write(k, v, start)
+        self._set_length(start + k.shape[-2])
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions (a verify's rollback): the slots after them are written again. A ring
+        that has wrapped has overwritten what this would restore: refused."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
+        if self.ring and self.length > self.slots:
+            raise ValueError("a ring cache that has wrapped no longer holds the positions a truncation restores")
+        self._set_length(length)
+
+    def reset(self) -> None:
+        """No positions held; the slots are left as they are (every one is written before it is read)."""
+        self._set_length(0)
+
+    def fill_to(self, length: int) -> None:
+        """Hold ``length`` positions of made-up keys and values (normal noise, not the model's): a step's cost reads
+        the slots, not what is in them."""
+        if length > self.capacity:
+            raise ValueError(f"{length} positions do not fit a KV cache of {self.capacity}")
+        self.storage.normal_()
+        self._set_length(length)
 
     def check_room(self) -> None:
         """A step writes slot ``length``: it must exist."""
@@ -194,11 +233,19 @@ class RecurrentState:
     h: torch.Tensor
     c: torch.Tensor | None = None
     pending: tuple[list[torch.Tensor], list[torch.Tensor] | None] | None = field(default=None, repr=False)
+    saved: Any = field(default=None, repr=False)  # what a verify keeps for its rollback (families.serving)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield self.h
         if self.c is not None:
             yield self.c
+
+    def reset(self) -> None:
+        for t in self.tensors():
+            t.zero_()
+
+    def fill_to(self, length: int) -> None:
+        """Nothing to do: the state has one size after any number of tokens."""
 
     def drop_scratch(self) -> None:
         self.pending = None
@@ -216,6 +263,23 @@ class RecurrentState:
             for layer, c in enumerate(cs):
                 self.c[layer].copy_(c)
         self.pending = None
+
+
+class ConstantState:
+    """What a state of one size after any number of tokens (a layer's conv window and scan state) adds for the
+    serving questions: ``reset`` zeroes it, ``fill_to`` has nothing to do, ``saved`` holds a verify's record."""
+
+    saved: Any = None
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        for t in self.tensors():
+            t.zero_()
+
+    def fill_to(self, length: int) -> None:
+        """Nothing to do: the state has one size after any number of tokens."""
 
 
 @dataclass
@@ -240,6 +304,14 @@ class StackState:
         for layer in self.layers:
             yield from scratch_tensors(layer)
 
+    def reset(self) -> None:
+        for layer in self.layers:
+            reset_state(layer)
+
+    def fill_to(self, length: int) -> None:
+        for layer in self.layers:
+            fill_state(layer, length)
+
 
 @dataclass
 class NetworkState:
@@ -247,6 +319,7 @@ class NetworkState:
 
     body: Any
     position: int = 0
+    verified_from: int = 0  # the position a verify started at: its rollback's origin
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield from cast(State, self.body).tensors()
@@ -260,6 +333,30 @@ class NetworkState:
 
     def scratch(self) -> Iterator[torch.Tensor]:
         yield from scratch_tensors(self.body)
+
+    def reset(self) -> None:
+        reset_state(self.body)
+        self.position = 0
+
+    def fill_to(self, length: int) -> None:
+        fill_state(self.body, length)
+        self.position = length
+
+
+def reset_state(state: Any) -> bool:
+    """``state.reset()`` where the state has one (``Resettable``); False where it has none (a user's may not)."""
+    if not isinstance(state, Resettable):
+        return False
+    state.reset()
+    return True
+
+
+def fill_state(state: Any, length: int) -> bool:
+    """``state.fill_to(length)`` where the state has one (``Fillable``); False where it has none."""
+    if not isinstance(state, Fillable):
+        return False
+    state.fill_to(length)
+    return True
 
 
 def tensor_bytes(state: State) -> int:
@@ -307,6 +404,130 @@ class LayerStack(nn.Module):
 
     def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
         return stack_step(self.layers, x, state)
+
+    def verify(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
+        return stack_verify(self.layers, x, state)
+
+    def rollback(self, state: StackState, accepted: int) -> None:
+        stack_rollback(self.layers, state, accepted)
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        return stack_packed(self.layers, x, lengths)
+
+
+# ---------------------------------------------------------------------------------------------------- serving
+# Packed lengths and a verify with its rollback, layer by layer (``attnbench.families.serving`` says how and why).
+RollbackMethod = Literal["truncate", "checkpoint", "replay"]
+ROLLBACK_METHODS: tuple[RollbackMethod, ...] = ("truncate", "checkpoint", "replay")
+
+
+def spans(lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """(start, end) of each packed sequence, in order."""
+    start = 0
+    for length in lengths:
+        yield start, start + length
+        start += length
+
+
+def packed(module: nn.Module, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """``module`` over the packed sequences of ``x`` (1, T, …), each on its own: the module's ``packed`` where it
+    has one, else the module over each sequence alone, the outputs joined again (1, T, …)."""
+    if isinstance(module, Packable):
+        return module.packed(x, lengths)
+    return torch.cat([module(x[:, start:end]) for start, end in spans(lengths)], dim=1)
+
+
+def rollback_method(module: nn.Module) -> RollbackMethod:
+    """How ``module`` rolls a verify back (module notes): its ``rollback_method``, ``replay`` where it says none
+    (a copy of the state and a prefill again are all any decoder needs)."""
+    method = getattr(module, "rollback_method", "replay")
+    return method if method in ROLLBACK_METHODS else "replay"
+
+
+def verify(module: nn.Module, x: torch.Tensor, state: Any) -> torch.Tensor:
+    """The output for the draft tokens ``x`` (B, k, …) after the state's tokens, keeping what ``rollback`` needs."""
+    if isinstance(module, Verifiable):
+        return module.verify(x, state)
+    if rollback_method(module) == "checkpoint":
+        return checkpoint_verify(module, x, state)
+    return replay_verify(module, x, state)
+
+
+def rollback(module: nn.Module, state: Any, accepted: int) -> None:
+    """The state after the first ``accepted`` draft tokens of the last verify."""
+    if isinstance(module, Verifiable):
+        module.rollback(state, accepted)
+    elif rollback_method(module) == "checkpoint":
+        checkpoint_rollback(state, accepted)
+    else:
+        replay_rollback(module, state, accepted)
+
+
+def _copy(state: Any) -> list[torch.Tensor]:
+    return [t.clone() for t in state.tensors()]
+
+
+def _restore(state: Any, saved: list[torch.Tensor]) -> None:
+    for held, copy in zip(state.tensors(), saved, strict=True):
+        held.copy_(copy)
+
+
+def checkpoint_verify(layer: nn.Module, x: torch.Tensor, state: Any) -> torch.Tensor:
+    """The k drafts as k decode steps, the state after each (and before the first) kept in ``state.saved``."""
+    decoder = decodable(layer)
+    saved = [_copy(state)]
+    outputs = []
+    for t in range(x.shape[1]):
+        outputs.append(decoder.step(x[:, t : t + 1], state))
+        state.advance()
+        saved.append(_copy(state))
+    state.saved = saved
+    return torch.cat(outputs, dim=1)
+
+
+def checkpoint_rollback(state: Any, accepted: int) -> None:
+    _restore(state, _saved(state)[accepted])
+
+
+def replay_verify(layer: nn.Module, x: torch.Tensor, state: Any) -> torch.Tensor:
+    """The k drafts as one prefill from the state, a copy of which is kept in ``state.saved`` with the drafts."""
+    saved = _copy(state)
+    out = decodable(layer).prefill(x, state, output=True)
+    assert out is not None  # output=True
+    state.saved = (saved, x)
+    return out
+
+
+def replay_rollback(layer: nn.Module, state: Any, accepted: int) -> None:
+    saved, drafts = _saved(state)
+    _restore(state, saved)
+    if accepted:
+        decodable(layer).prefill(drafts[:, :accepted], state, output=False)
+
+
+def _saved(state: Any) -> Any:
+    saved = getattr(state, "saved", None)
+    if saved is None:
+        raise ValueError("rollback() needs a verify first")
+    return saved
+
+
+def stack_verify(layers: nn.Module, x: torch.Tensor, state: Any) -> torch.Tensor:
+    """Each layer's verify in turn (a ``StackState``: one state per layer)."""
+    for layer, layer_state in zip(layers.children(), state.layers, strict=True):
+        x = verify(layer, x, layer_state)
+    return x
+
+
+def stack_rollback(layers: nn.Module, state: Any, accepted: int) -> None:
+    for layer, layer_state in zip(layers.children(), state.layers, strict=True):
+        rollback(layer, layer_state, accepted)
+
+
+def stack_packed(layers: nn.Module, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    for layer in layers.children():
+        x = packed(layer, x, lengths)
+    return x
 
 
 def prefill(model: nn.Module, context: torch.Tensor, capacity: int) -> Any:

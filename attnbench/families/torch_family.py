@@ -44,10 +44,11 @@ def torch_dtype(name: str) -> torch.dtype:
 def make_input(case: Case, device: str, dtype: torch.dtype) -> torch.Tensor:
     """The tensor one call of the case's model takes: activations (B, T, d_model) in the case's dtype, or, where the
     family takes tokens (scope model), int64 token ids (B, T), uniform over the vocabulary (they need, and get, no
-    gradient)."""
+    gradient). Packed lengths come end to end in one row: (1, Σ lengths, …)."""
+    shape = (1, sum(case.packing)) if case.packing else (case.batch, case.seq_len)  # packed: end to end, one row
     if family_of(case).takes_tokens(case):
-        return torch.randint(0, int(family_of(case).option(case, "vocab")), (case.batch, case.seq_len), device=device)
-    return torch.randn(case.batch, case.seq_len, case.d_model, device=device, dtype=dtype)
+        return torch.randint(0, int(family_of(case).option(case, "vocab")), shape, device=device)
+    return torch.randn(*shape, case.d_model, device=device, dtype=dtype)
 
 
 def make_decode_inputs(case: Case, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,8 +23,10 @@ __all__ = ["THREAD_ENV_PREFIXES", "TIMING_THREAD_ENV", "timing_env", "user_threa
 # Prefixes of the variables that steer the CPU thread pools torch uses (OpenMP, Intel's and LLVM's runtimes, MKL,
 # oneDNN): ``Environment.thread_env``.
 THREAD_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "DNNL_", "ONEDNN_")
-# What a CPU timing process gets by default.
-TIMING_THREAD_ENV: Mapping[str, str] = {"OMP_WAIT_POLICY": "ACTIVE"}
+# What a CPU timing process gets by default. Not OMP_WAIT_POLICY=ACTIVE: on a machine with any other load a spinning
+# thread holds its core while the thread it waits for is descheduled, and a two-thread LSTM step went from 0.15 ms
+# to 300 ms (results/stability-cpu.md). libgomp's own default (spin about 3 ms, then sleep) stays.
+TIMING_THREAD_ENV: Mapping[str, str] = {}
 
 
 def user_thread_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

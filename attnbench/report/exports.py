@@ -142,7 +142,7 @@ def bmf_document(results: Sequence[Result]) -> dict[str, dict[str, dict[str, flo
         assert m is not None
         s = m.summary
         measures = {BMF_LATENCY: _metric(s.median * 1e9, s.ci_low * 1e9, s.ci_high * 1e9)}
-        tokens = r.case.tokens
+        tokens = r.tokens_per_call
         if s.median > 0:
             bounded = math.isfinite(s.ci_low) and math.isfinite(s.ci_high) and s.ci_low > 0
             low, high = (tokens / s.ci_high, tokens / s.ci_low) if bounded else (None, None)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from attnbench.core.text import md_code, md_text
+from attnbench.report.capacity_md import capacity_markdown
 from attnbench.report.cells import (
     BELOW_ROOFLINE,
     BELOW_ROOFLINE_NOTE,
@@ -90,6 +91,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.scaling:
             lines += ["", SCALING_LEGEND, ""] + [f"- {md_text(line.text)}" for line in table.scaling]
+    lines += capacity_markdown(results)
     lines += _checks(run, results)
     failed = [r for r in results if not r.ok]
     if failed:

@@ -18,6 +18,7 @@ from attnbench.analysis.scaling import (
     Curve,
     CurveGroup,
     ScalingLine,
+    asked,
     good_evidence,
     group_crossover_lines,
     group_curves,
@@ -85,20 +86,22 @@ class PivotTable:
 
 def _speedups(group: CurveGroup, baseline_model: str | None) -> tuple[list[tuple[str, dict[int, Cell]]], bool]:
     """Cells with their speed-up against the first baseline row of the same batch (like with like)."""
-    base_for_batch: dict[int | None, Curve] = {}
+    # Like with like: the same batch, and the same serving question (prefill chunk, drafts) where one is asked.
+    base_for_batch: dict[tuple[int | None, tuple[tuple[str, int], ...]], Curve] = {}
     for curve in group.curves:
         if baseline_model and curve.model == baseline_model:
-            base_for_batch.setdefault(curve.batch, curve)
+            base_for_batch.setdefault((curve.batch, asked(curve)), curve)
     rows = []
     for curve in group.curves:
-        ref = base_for_batch.get(curve.batch)
+        ref = base_for_batch.get((curve.batch, asked(curve)))
         base = ref.results if ref is not None and ref is not curve else {}
         cells: dict[int, Cell] = {}
         for n, r in curve.results.items():
             b = base.get(n)
             speedup = None
             if b is not None and good_evidence(b) and good_evidence(r):
-                speedup = b.median_s / r.median_s
+                # Per token: the same as per call but where each found its own batch (a capacity row).
+                speedup = (b.median_s / b.tokens_per_call) / (r.median_s / r.tokens_per_call)
             cells[n] = Cell(r, speedup, b if speedup is not None else None)
         rows.append((curve.label, cells))
     return rows, bool(base_for_batch)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.text import safe_text
 from attnbench.core.units import format_bytes, format_rate, format_seconds
+from attnbench.report.capacity_plots import capacity_plots
 from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.plot_style import device_name, line_style, plain_texts, slug
 from attnbench.report.roofline import roofline_plots
@@ -33,7 +34,7 @@ from attnbench.results.records import Result, Run
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-Metric = Literal["latency", "memory", "throughput", "speedup", "roofline"]
+Metric = Literal["latency", "memory", "throughput", "speedup", "roofline", "capacity"]
 METRICS: tuple[Metric, ...] = ("latency", "memory", "throughput", "speedup")
 
 INSTALL_HINT = "pip install matplotlib"
@@ -120,7 +121,7 @@ def _point(metric: Metric, n: int, cell: Cell, decode: bool = False) -> Point | 
     if metric == "latency":
         return Point(n, s.median, _finite(s.ci_low), _finite(s.ci_high), noisy=cell.noisy)
     if metric == "throughput":
-        tokens = r.case.tokens
+        tokens = r.tokens_per_call
         low = tokens / s.ci_high if math.isfinite(s.ci_high) and s.ci_high > 0 else None
         high = tokens / s.ci_low if math.isfinite(s.ci_low) and s.ci_low > 0 else None
         return Point(n, tokens / s.median, low, high, noisy=cell.noisy)
@@ -559,8 +560,8 @@ def _colour_indices(tables: Sequence[PivotTable]) -> dict[str, int]:
 
 
 def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None = None) -> list[Plot]:
-    """Every plot of a run: for each pivot table, latency, memory, throughput and (with a baseline) speed-up; and a
-    roofline per kind of device and dtype.
+    """Every plot of a run: for each pivot table, latency, memory, throughput and (with a baseline) speed-up; a
+    roofline per kind of device and dtype; and a capacity figure per table of capacity rows.
     A plot with nothing to draw (no case timed) is left out. Raises ``PlotsUnavailable`` without matplotlib."""
     notice = missing_matplotlib()
     if notice is not None:
@@ -584,6 +585,9 @@ def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None
     # A roofline per kind of device and dtype, over every table's rows (issue 27).
     for roof in roofline_plots(run, results, colours):
         plots.append(Plot("roofline", roof.group, roof.filename, roof.title, roof.png))
+    # Capacity under the memory budget, and its tokens/s, against n (issue 41).
+    for figure in capacity_plots(run, results, colours):
+        plots.append(Plot("capacity", figure.group, figure.filename, figure.title, figure.png))
     return plots
 
 

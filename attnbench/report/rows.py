@@ -18,7 +18,7 @@ from attnbench.analysis.efficiency import (
     pct_of_peak_bw,
     prediction_for,
 )
-from attnbench.core.cases import Case
+from attnbench.core.cases import Case, packing_text
 from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.families.catalogue import case_column_values, kind_of, known
@@ -132,6 +132,21 @@ COLUMNS: tuple[str, ...] = (
     "predicted_ms",
     "predicted_bound",
     "measured_over_predicted",
+    # Issue 41, the serving questions: each mode's parameters (empty where the row has none), the packed lengths, the
+    # batch a capacity row found under its budget and the bytes each sequence adds, a verify's parts and how its
+    # layers roll back, and the padded batch a packed row is held against (tokens_per_s is the packed call's).
+    "prefill_chunk",
+    "draft",
+    "accept",
+    "packing",
+    "memory_budget_bytes",
+    "capacity_batch",
+    "bytes_per_sequence",
+    "verify_ms",
+    "rollback_ms",
+    "rollback_method",
+    "padded_ms",
+    "padded_tokens_per_s",
     # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
     # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
     *(spec.name for spec, _ in FAMILY_COLUMNS),
@@ -158,6 +173,7 @@ _INTEGER_COLUMNS = frozenset(
         "state_bytes",
         "state_mem_bytes",
         "bytes_moved",
+        *("prefill_chunk", "draft", "accept", "memory_budget_bytes", "capacity_batch", "bytes_per_sequence"),
     }
 )
 _BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound", "contended"})
@@ -166,6 +182,7 @@ _TEXT_COLUMNS = frozenset(
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "state_mem_method"),
         *("contention", "kind", "source", "bytes_formula", "peak_bw_source", "cache", "predicted_bound"),
+        *("packing", "rollback_method"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -188,11 +205,12 @@ for _column in COLUMNS:
 # their meaning from their declaration (``families.extras``), every other column from here.
 COLUMN_MEANINGS: dict[str, str] = {
     "model": "the model's name (a built-in, a plugin's, or a config's own factory entry)",
-    "mode": "forward, train (forward + backward), backward, or decode (one new token after seq_len of context)",
+    "mode": "forward, train (forward + backward), backward, decode (one new token after seq_len of context), or a "
+    "serving question: capacity, prefill, verify",
     "dtype": "the dtype the maths ran in",
     "device": "the device the case ran on: cpu, cuda:N",
-    "batch": "sequences per call",
-    "seq_len": "tokens per sequence; for decode, the context length n",
+    "batch": "sequences per call (capacity: 1, the batch found is capacity_batch; packed: how many sequences)",
+    "seq_len": "tokens per sequence; for decode, capacity and verify the context length n; packed: the longest",
     "d_model": "model width",
     "heads": "attention heads (empty for a recurrent model)",
     "layers": "stacked layers or blocks",
@@ -208,7 +226,8 @@ COLUMN_MEANINGS: dict[str, str] = {
     "min_ms": "fastest sample",
     "samples": "timed samples the statistics rest on",
     "converged": "the median's CI met timing.target_ci within the budget",
-    "tokens_per_s": "batch × seq_len ÷ median (batch ÷ median for decode)",
+    "tokens_per_s": "batch × seq_len ÷ median (batch ÷ median for decode, capacity_batch ÷ median for capacity, "
+    "batch × draft ÷ median for verify, the packed lengths' sum ÷ median for a packed row)",
     "peak_mem_mib": "peak memory above the post-setup baseline (CUDA allocator, or resident set on a CPU)",
     "calls_per_sample": "calls grouped into one sample so the clock's resolution does not matter",
     "warmup_calls": "untimed calls before sampling (the audit's moved samples included)",
@@ -271,6 +290,20 @@ COLUMN_MEANINGS: dict[str, str] = {
     "predicted_bound": "which ceiling sets predicted_ms: compute or memory",
     "measured_over_predicted": "median_ms ÷ predicted_ms: 1 at the roofline, above it slower; below 1 faster than the "
     "model allows (a count or a peak is wrong, or the data stayed in cache)",
+    "prefill_chunk": "mode prefill: tokens per chunk the prompt was fed in (0 = the whole prompt at once)",
+    "draft": "mode verify: draft tokens one call checks after the context",
+    "accept": "mode verify: draft tokens kept, the state rolled back to the context and those",
+    "packing": "the lengths of the sequences packed end to end, '+'-joined (batch: how many, seq_len: the longest)",
+    "memory_budget_bytes": "mode capacity: the memory budget the batch was held to",
+    "capacity_batch": "mode capacity: the largest batch whose decode step at context seq_len fits the budget "
+    "(tokens_per_s is capacity_batch ÷ median: the aggregate decode throughput at capacity)",
+    "bytes_per_sequence": "mode capacity: the memory one more sequence adds (its state and its share of the step)",
+    "verify_ms": "mode verify: the verify call alone (median; median_ms is verify + rollback)",
+    "rollback_ms": "mode verify: the rollback alone (median)",
+    "rollback_method": "mode verify: how the layers roll back: truncate (a KV cache), checkpoint (per-token states "
+    "kept), replay (a copy restored, the accepted tokens run again)",
+    "padded_ms": "packed lengths: the same sequences padded to the longest as one batch, one call (median)",
+    "padded_tokens_per_s": "packed lengths: useful tokens per second of the padded call (tokens_per_s: the packed one)",
 }
 
 
@@ -367,6 +400,7 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     if prediction is not None:
         row["predicted_ms"], row["predicted_bound"] = to_ms(prediction.seconds), prediction.bound
         row["measured_over_predicted"] = measured_over_predicted(result, prediction)
+    row.update(serving_columns(result))
     row["kind"] = kind_of(case) if known(case) else None
     row["source"] = case.user.source if case.user is not None else "built-in"
     compile_s = result.extra.get("compile_s")
@@ -381,6 +415,22 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row.update(telemetry_source=t.source, telemetry_samples=t.samples, telemetry_reliable=t.reliable)
         row["telemetry_note"] = telemetry_note(t)
     return {column: row.get(column) for column in COLUMNS}
+
+
+def serving_columns(result: Result) -> dict[str, Any]:
+    """The serving questions' columns of one row (issue 41): empty where the row asked none."""
+    case, extra = result.case, result.extra
+    row: dict[str, Any] = {name: value for name, value in case.serving if name in COLUMN_TYPES}
+    row["packing"] = packing_text(case.packing) if case.packing else None
+    for name in ("memory_budget_bytes", "capacity_batch", "bytes_per_sequence", "rollback_method"):
+        row[name] = extra.get(name)
+    if row["memory_budget_bytes"] is None and case.param("memory_budget"):  # a row that never measured: as asked
+        row["memory_budget_bytes"] = case.param("memory_budget")
+    for name in ("verify", "rollback", "padded"):
+        seconds = extra.get(f"{name}_s")
+        row[f"{name}_ms"] = to_ms(seconds) if isinstance(seconds, float) else None
+    row["padded_tokens_per_s"] = extra.get("padded_tokens_per_s")
+    return row
 
 
 def telemetry_note(t: TelemetrySummary) -> str:

@@ -24,6 +24,11 @@ Schema history (``SCHEMA_VERSION``):
       any config model name and whose options are its own); model ``mamba2``; ``flops_formula`` ``counted-v1``
       (FLOPs counted by torch's FlopCounterMode over one call). ``extra``'s keys are declared with their types in
       ``results.extras``: a declared key of the wrong type is refused, an undeclared one kept as stored.
+      Issue 41: modes ``capacity``, ``prefill`` and ``verify``; a case may carry ``serving`` ({name: integer}: the
+      mode's parameters, ``core.cases.SERVING_PARAMS``) and ``packing`` (the packed lengths of a forward or train
+      case); ``extra`` may carry ``capacity_batch``, ``bytes_per_sequence``, ``memory_budget_bytes``,
+      ``weight_bytes``, ``capacity_method``, ``capacity_capped``, ``prefill_chunks``, ``verify_s``, ``rollback_s``,
+      ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -39,13 +44,19 @@ from attnbench.core.cases import (
     KINDS,
     MAX_BATCH,
     MAX_D_MODEL,
+    MAX_DRAFT,
     MAX_HEADS,
     MAX_LAYERS,
+    MAX_MEMORY_BUDGET,
+    MAX_PACKED,
     MAX_PATTERN,
     MAX_SEQ_LEN,
     MODES,
+    PACKING_MODES,
     RESOLVED_DEVICE,
+    SERVING_PARAMS,
     SIDES,
+    STATEFUL_MODES,
     Case,
     TimingPolicy,
 )
@@ -156,10 +167,17 @@ class Result:
         return _count(self.extra.get("state_mem_bytes"))
 
     @property
+    def tokens_per_call(self) -> int:
+        """Tokens one timed call produces: the case's (``Case.tokens``), or for a capacity row one per sequence of
+        the batch it found (``capacity_batch``)."""
+        found = _count(self.extra.get("capacity_batch")) if self.case.mode == "capacity" else None
+        return found if found is not None else self.case.tokens
+
+    @property
     def tokens_per_s(self) -> float | None:
         if self.measurement is None or self.measurement.median_s <= 0:
             return None
-        return self.case.tokens / self.measurement.median_s
+        return self.tokens_per_call / self.measurement.median_s
 
     def to_dict(self, *, include_raw: bool = False) -> dict[str, Any]:
         """``include_raw`` keeps the raw telemetry samples (for a worker's pipe); results.jsonl leaves them to
@@ -235,11 +253,19 @@ _CASE_CAPS = {
 }
 
 _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
+_CASE_OPTIONAL = ("options", "user", "hybrid", "serving", "packing")
+# The bounds of each serving parameter a stored case may carry (accept is held to its draft besides).
+_SERVING_BOUNDS = {
+    "memory_budget": (0, MAX_MEMORY_BUDGET),
+    "prefill_chunk": (0, MAX_SEQ_LEN),
+    "draft": (1, MAX_DRAFT),
+    "accept": (0, MAX_DRAFT),
+}
 
 
 def _case_from_dict(data: object) -> Case:
     """``Case.from_dict`` after checking every field against the catalogue, so a bad row never reaches it."""
-    c = fields.record(data, "", _CASE_REQUIRED, ("options", "user", "hybrid"))
+    c = fields.record(data, "", _CASE_REQUIRED, _CASE_OPTIONAL)
     if "user" in c:
         return _user_case(c)
     if "hybrid" in c:
@@ -259,7 +285,7 @@ def _case_from_dict(data: object) -> Case:
     case = Case.from_dict(c)
     # A case its family cannot describe (key/value heads that do not divide the heads) was not written by a sweep,
     # and its numbers would not be safe to compute with.
-    problem = cannot_build(case) if case.mode != "decode" or case.causal else None
+    problem = cannot_build(case) if case.mode not in STATEFUL_MODES or case.causal else None
     if problem is not None and problem.option is not None:
         raise fields.expected(fields.path("options", problem.option), problem.message, case.given(problem.option))
     return case
@@ -274,6 +300,31 @@ def _check_sizes(c: Mapping[str, Any]) -> None:
         if name != "heads" or c[name] is not None:
             fields.integer(c[name], name, maximum=cap)
     fields.flag(c["causal"], "causal")
+    _serving(c)
+
+
+def _serving(c: Mapping[str, Any]) -> None:
+    """A serving mode's parameters, exactly those of its mode and within their bounds; packed lengths only on a
+    forward or train case, whose batch says how many and whose seq_len the longest."""
+    mode = c["mode"]
+    names = SERVING_PARAMS.get(mode, ())
+    serving = fields.record(c.get("serving", {}), "serving", names if "serving" in c else (), ())
+    if "serving" in c and not names:
+        raise fields.expected("serving", f"no serving parameters (mode {mode} takes none)", c["serving"])
+    for name, value in serving.items():
+        low, high = _SERVING_BOUNDS[name]
+        fields.integer(value, fields.path("serving", name), minimum=low, maximum=high)
+    if serving.get("accept", 0) > serving.get("draft", 0):
+        raise fields.expected("serving.accept", f"at most draft ({serving['draft']})", serving["accept"])
+    if "packing" not in c:
+        return
+    if mode not in PACKING_MODES:
+        raise fields.expected("packing", f"no packed lengths (mode {mode} takes none)", c["packing"])
+    lengths = fields.items(c["packing"], "packing", lambda v, k: fields.integer(v, k, maximum=MAX_SEQ_LEN))
+    if not 1 <= len(lengths) <= MAX_PACKED or len(lengths) != c["batch"] or max(lengths) != c["seq_len"]:
+        raise fields.expected(
+            "packing", f"1 to {MAX_PACKED} lengths, as many as batch and the longest seq_len", c["packing"]
+        )
 
 
 def _hybrid(c: Mapping[str, Any]) -> None:

@@ -176,6 +176,15 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
             "case_timeout_s applies only with isolation (--isolate); in-process cases are bounded by "
             "timing.max_case_s alone"
         )
+    if (
+        not device.startswith("cuda")
+        and "capacity" in experiment.axes.modes
+        and not experiment.resolved.get("memory_budget")
+    ):
+        raise AttnbenchError(
+            f"mode capacity on {device} needs memory_budget: only a GPU has free memory to default to",
+            hint="add memory_budget (e.g. 4GiB) to the config, or run it on a GPU",
+        )
     # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
     kept = tuple(r for r in stored.results if r.ok or not request.retry_failed) if stored else ()
     done = {r.case.key for r in kept}

@@ -45,7 +45,7 @@ from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
-from attnbench.timing.adaptive import TOO_SLOW, measure
+from attnbench.timing.adaptive import TOO_SLOW, Clock, measure
 from attnbench.timing.clocks import CpuClock, CudaClock, clock_for, cpu_flusher
 from attnbench.timing.compiled import (
     CompileWatch,
@@ -63,6 +63,7 @@ from attnbench.timing.failures import describe, is_oom
 from attnbench.timing.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels, profile_refusal
 from attnbench.timing.process_warmup import warm_process
 from attnbench.timing.profiling import TRACES, nvtx_range, trace_name, trace_refusal, write_trace
+from attnbench.timing.serving import Instruments, measure_serving, serves
 from attnbench.timing.torch_state import KeptTorchState
 
 
@@ -182,6 +183,13 @@ class TorchExecutor:
         return None
 
     def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
+        if serves(case):  # capacity, prefill, verify, packed lengths: set up and timed by timing.serving
+            clock = self._clock(self.policy.cache_for(case.mode))
+            tools = Instruments(
+                self.device, clock, self.policy, self.seed, self._timed_with_telemetry, self._peak_memory,
+                self._host_memory,
+            )  # fmt: skip
+            return measure_serving(case, tools, on_timed)
         mode = compile_mode(torch_family(case).compile_option(case))
         compiling = mode is not None or torch_family(case).compiled(case)
         if compiling:
@@ -334,11 +342,17 @@ class TorchExecutor:
         return self._clocks[cache]
 
     def _timed_with_telemetry(
-        self, step: Callable[[], object], case: Case, extra: dict[str, str | int | float | bool | None]
+        self,
+        step: Callable[[], object],
+        case: Case,
+        extra: dict[str, str | int | float | bool | None],
+        clock: Clock | None = None,
     ) -> tuple[Measurement, TelemetrySummary | None, Contention | None]:
         """Time ``step`` inside the telemetry window (warm-up included, and counted in the calls), watched for
-        contention over the same calls, in the cache state the policy gives its mode (the row says which). A failure
-        of the telemetry itself costs the row its telemetry, never its measurement."""
+        contention over the same calls, in the cache state the policy gives its mode (the row says which); on
+        ``clock`` where given (one that puts a serving call's state back between calls, around this cache state's
+        clock), else the cache state's own. A failure of the telemetry itself costs the row its telemetry, never its
+        measurement."""
         cache = self.policy.cache_for(case.mode)
         extra["cache"] = cache
         policy = replace(self.policy, cache=cache)
@@ -348,7 +362,7 @@ class TorchExecutor:
             with open_telemetry(str(self.device), self.telemetry, self.telemetry_interval_s) as sampler, watch:
                 measurement = measure(
                     step,
-                    self._clock(cache),
+                    clock or self._clock(cache),
                     policy,
                     inject_slowdown=self.inject_slowdown,
                     on_sampling=sampler.mark_sampling,

@@ -152,6 +152,16 @@ def _key_table(obj: Mapping[str, Any], prefix: str, defs: Mapping[str, Any]) -> 
     return [*rows, ""]
 
 
+def _nested(obj: Mapping[str, Any], prefix: str, defs: Mapping[str, Any]) -> list[str]:
+    """The mappings inside a section's keys (``packing.lognormal``), each a table of its own, to any depth."""
+    lines: list[str] = []
+    for name, node in obj["properties"].items():
+        for inner in _objects_in(node, defs):
+            lines += [f"### `{prefix}{name}`", "", _cell(inner.get("description", "")), ""]
+            lines += [*_key_table(inner, f"{prefix}{name}.", defs), *_nested(inner, f"{prefix}{name}.", defs)]
+    return lines
+
+
 def config_page(schema: Mapping[str, Any] | None = None) -> str:
     """Every key of a config, from the JSON Schema: the top level, then each mapping a key holds, then the options
     of each model under ``model_options``."""
@@ -182,6 +192,7 @@ def config_page(schema: Mapping[str, Any] | None = None) -> str:
             prefix = f"{name}[]." if listed and name == "models" else f"{name}."
             heading = "A model you bring (an entry of `models`)" if name == "models" else f"`{name}`"
             lines += [f"## {heading}", "", _cell(obj.get("description", "")), "", *_key_table(obj, prefix, defs)]
+            lines += _nested(obj, prefix, defs)
     options = schema["properties"].get("model_options", {})
     lines += [
         "## `model_options`",

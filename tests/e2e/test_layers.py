@@ -39,7 +39,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 # The modules of ``families`` that are torch's (``families/__init__.py`` lists them): only the measuring rooms, the
 # families' own torch modules and the CLI may import them; the rest of ``families`` is torch-free.
-FAMILY_TORCH = ("torch_family", "states", "blocks", "positional", "registry", "layers")
+FAMILY_TORCH = ("torch_family", "states", "blocks", "positional", "registry", "serving", "layers")
 TORCH_ROOMS = _MEASURING | {"families"}
 # Heavy or room-specific third-party packages, and the only rooms that may import them.
 THIRD_PARTY: dict[str, frozenset[str]] = {

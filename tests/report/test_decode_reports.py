@@ -43,12 +43,16 @@ def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> Non
     state = COLUMNS.index("state_bytes")
     assert COLUMNS[state : state + 3] == ("state_bytes", "state_mem_bytes", "state_mem_method")
     # Columns are only ever appended: the bandwidth columns came after kind and source, the cache and the roofline's
-    # prediction after them, the families' columns last.
-    generic = COLUMNS[: COLUMNS.index("measured_over_predicted") + 1]
+    # prediction after them, the serving questions' after those (issue 41), the families' columns last.
+    generic = COLUMNS[: COLUMNS.index("padded_tokens_per_s") + 1]
     assert COLUMNS[len(generic) :] == tuple(spec.name for spec, _ in family_columns())
     assert {"heads_kv", "window", "rnn_path", "sdpa_kernel"} <= set(COLUMNS[len(generic) :])
-    assert generic[-4:] == ("cache", "predicted_ms", "predicted_bound", "measured_over_predicted")
-    assert generic[-14:-4] == (
+    serving = generic[generic.index("measured_over_predicted") + 1 :]
+    assert serving[:4] == ("prefill_chunk", "draft", "accept", "packing")
+    assert {"capacity_batch", "bytes_per_sequence", "padded_tokens_per_s"} <= set(serving)
+    roofline = generic[: -len(serving)]
+    assert roofline[-4:] == ("cache", "predicted_ms", "predicted_bound", "measured_over_predicted")
+    assert roofline[-14:-4] == (
         "contended",
         "contention",
         "kind",

@@ -16,13 +16,24 @@ fills slots 0…n−1 is the layer's, the same for every core: K and V are proje
 context's own attention runs through SDPA's causal kernel (the same function as every core's, in O(n) memory,
 so vanilla's n×n scores never limit the context a decode step is timed at; a window needs its band as an explicit
 mask there). A windowed core's cache is a ring of W slots (``KVCache``), so its step reads min(n + 1, W) keys.
+
+The serving questions (``attnbench.families.serving``) append to the cache: a prompt's next chunk, or a verify's k
+draft tokens, is written after the n positions it holds, and its T queries attend to all n + T, causal within the
+chunk (query i sees keys up to n + i: the causal mask aligned bottom-right). That attention is the core's own
+(``chunk``) when the call is timed (``own_core``, which the family's call context sets), so a prefill row times the
+model's kernel; the decode set-up's untimed prefill stays on SDPA, so an explicit core's n² scores never limit a
+decode context. flex has no chunk (it compiles per exact shape: the family refuses its serving questions). A verify
+rolls back by truncating the cache to n + r (``rollback_method`` truncate). Packed lengths run the projections on
+the packed tokens and the core over each sequence alone (flash-attn's varlen kernel does them in one call).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from functools import partial
 from typing import Any, Protocol
 
@@ -30,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from attnbench.core.cases import Case
 from attnbench.families.attention.spec import FAMILY
@@ -38,7 +50,7 @@ from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, fr
 from attnbench.families.catalogue import family_of
 from attnbench.families.positional import Rotary
 from attnbench.families.shared import kv_heads
-from attnbench.families.states import KVCache, LayerStack, Layout
+from attnbench.families.states import KVCache, LayerStack, Layout, spans
 from attnbench.families.torch_family import torch_dtype
 
 # SDPA's enable_gqa (torch 2.5+): K/V with fewer heads than Q, read in place. Older torch repeats them.
@@ -130,11 +142,14 @@ def gqa_path(model: str, heads: int, heads_kv: int) -> str | None:
 
 
 class DecodingCore(Protocol):
-    """What a core needs to decode: one query's attention over a KV cache, the new key and value written in."""
+    """What a core needs to decode: one query's attention over a KV cache, the new key and value written in; and a
+    chunk's queries attending to the cache they were appended to (the serving questions)."""
 
     cache_layout: Layout
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+    def chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
 class VanillaCore(nn.Module):
@@ -163,6 +178,17 @@ class VanillaCore(nn.Module):
         scores = (q @ keys.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, 1, min(n + 1, W))
         return scores.softmax(dim=-1) @ values  # (B, H, 1, D)
 
+    def chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """T queries, the last T of the S keys' positions, written out: query i sees keys j ≤ S − T + i."""
+        length, keys = q.shape[-2], k.shape[-2]
+        if length == keys:
+            return self(q, k, v)
+        heads = q.shape[1]
+        k, v = repeat_kv(k, heads), repeat_kv(v, heads)
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, T, S)
+        keep = torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(keys - length)
+        return scores.masked_fill(~keep, float("-inf")).softmax(dim=-1) @ v  # (B, H, T, D)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         heads, seq_len, head_dim = q.shape[1], q.shape[-2], q.shape[-1]
         k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # (B, H, T, D): the textbook form has a K/V per head
@@ -175,6 +201,19 @@ class VanillaCore(nn.Module):
 
 # The backends ``pinned_backend`` has set torch's (process-wide) SDPA flags to, innermost last; empty outside it.
 _PINNED: list[SDPBackend] = []
+# Whether a prefill attends with the core's own kernel (a timed call: the family's call context sets it) rather than
+# SDPA's dispatch (the decode set-up's untimed prefill, whose context an explicit core's n² scores could not hold).
+OWN_CORE: ContextVar[bool] = ContextVar("own_core", default=False)
+
+
+@contextlib.contextmanager
+def own_core() -> Iterator[None]:
+    """Prefills inside attend with the model's own core (module notes)."""
+    token = OWN_CORE.set(True)
+    try:
+        yield
+    finally:
+        OWN_CORE.reset(token)
 
 
 class SdpaCore(nn.Module):
@@ -216,6 +255,19 @@ class SdpaCore(nn.Module):
         cache.check_room()
         cache.write(k, v, n)
         return self._attend(q, cache.keys(n + 1), cache.values(n + 1), is_causal=False)
+
+    def chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """T queries, the last T of the S keys' positions: SDPA's causal mask aligned bottom-right (``CausalBias``,
+        which flash and the efficient kernel take as such), on the core's backend."""
+        if q.shape[-2] == k.shape[-2]:
+            return self(q, k, v)
+        heads = q.shape[1]
+        k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # CausalBias's kernels take no enable_gqa
+        bias = causal_lower_right(q.shape[-2], k.shape[-2])
+        if self.backend is None or (_PINNED and _PINNED[-1] == self.backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        with sdpa_kernel(self.backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, mask: torch.Tensor | None = None
@@ -271,6 +323,14 @@ def pinned_backend(model: nn.Module) -> Iterator[None]:
             _PINNED.pop()
 
 
+@contextlib.contextmanager
+def timed_call(model: nn.Module) -> Iterator[None]:
+    """What every timed call of an attention model runs inside: its forced SDPA backend, set once rather than per
+    layer (``pinned_backend``), and a prefill on the core's own kernel (``own_core``)."""
+    with pinned_backend(model), own_core():
+        yield
+
+
 def reduced_precision_math(*, apply: bool = True) -> bool | None:
     """Let SDPA's math backend compute fp16/bf16 inputs in their own dtype (``apply``); True, or None where this
     torch has no such switch.
@@ -316,6 +376,34 @@ class FlashAttnCore(nn.Module):
         package = importlib.import_module("flash_attn")
         self._func: Any = package.flash_attn_func
         self._kvcache: Any = getattr(package, "flash_attn_with_kvcache", None)  # older releases lack it
+        self._varlen: Any = getattr(package, "flash_attn_varlen_func", None)
+
+    def chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """T queries, the last T of the S keys' positions: flash-attn aligns its causal mask bottom-right (2.1+)."""
+        if q.shape[-2] == k.shape[-2]:
+            return self(q, k, v)
+        out = self._func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return out.transpose(1, 2)
+
+    def varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """Packed sequences in one call of ``flash_attn_varlen_func``: q (1, H, T, D), k and v (1, H_kv, T, D), each
+        sequence attending to itself alone (its ``cu_seqlens``)."""
+        if self._varlen is None:
+            raise NotImplementedError("this flash_attn release has no flash_attn_varlen_func")
+        starts = [0, *itertools.accumulate(lengths)]
+        cu = torch.tensor(starts, dtype=torch.int32, device=q.device)
+        out = self._varlen(
+            q[0].transpose(0, 1),  # (T, H, D)
+            k[0].transpose(0, 1),
+            v[0].transpose(0, 1),
+            cu,
+            cu,
+            max(lengths),
+            max(lengths),
+            causal=self.causal,
+            window_size=self._window_size,
+        )
+        return out.transpose(0, 1)[None]  # (T, H, D) -> (1, H, T, D)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # GQA is native: k and v keep their H_kv heads (nheads_k in the package's words).
@@ -407,6 +495,11 @@ class FlexCore(nn.Module):
         keys, values = cache.keys(n + 1), cache.values(n + 1)
         return self._flex(q, keys, values, enable_gqa=keys.shape[1] != q.shape[1])
 
+    def chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.shape[-2] == k.shape[-2]:
+            return self(q, k, v)
+        raise NotImplementedError("flex compiles per exact shape: a chunk attending to a cache is not implemented")
+
 
 class SelfAttention(nn.Module):
     """One multi-head self-attention layer around a parameter-free core; the FFN and norms are the block's
@@ -441,9 +534,13 @@ class SelfAttention(nn.Module):
 
     def _heads(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, T, D), k and v (B, H_kv, T, D): views of one fused projection, rotated for positions position…"""
-        batch, seq_len, _ = x.shape
+        return self._split(self.qkv(x), position)
+
+    def _split(self, qkv: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_heads`` of the projection ``qkv`` (B, T, (H + 2·H_kv)·D)."""
+        batch, seq_len, _ = qkv.shape
         d, kv = self.head_dim, self.heads_kv * self.head_dim
-        q, k, v = self.qkv(x).split([self.heads * d, kv, kv], dim=-1)  # views, no copy
+        q, k, v = qkv.split([self.heads * d, kv, kv], dim=-1)  # views, no copy
         q = q.view(batch, seq_len, self.heads, d).transpose(1, 2)  # (B, H, T, D)
         k = k.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)  # (B, H_kv, T, D)
         v = v.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)
@@ -475,11 +572,18 @@ class SelfAttention(nn.Module):
         )
 
     def prefill(self, x: torch.Tensor, state: KVCache, *, output: bool = True) -> torch.Tensor | None:
-        """K and V of the n context tokens into the cache; the context's causal attention only if ``output``."""
-        q, k, v = self._heads(x, 0)
-        state.fill(k, v)
+        """K and V of the T tokens ``x`` into the cache after the n it holds; their causal attention to all n + T
+        only if ``output``: the core's own (``chunk``) in a timed call or after a first chunk, else SDPA's."""
+        start = state.length
+        q, k, v = self._heads(x, start)
+        state.append(k, v)
         if not output:
             return None
+        if start or OWN_CORE.get():
+            core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a chunk
+            end = start + x.shape[1]
+            keys, values = (k, v) if not start else (state.keys(end), state.values(end))
+            return self._merge(core.chunk(q, keys, values))
         window = int(getattr(self.core, "window", 0))
         if not window:
             return self._merge(sdpa(q, k, v, is_causal=True))
@@ -493,6 +597,33 @@ class SelfAttention(nn.Module):
         q, k, v = self._heads(x, state.length)
         core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a step
         return self._merge(core.step(q, k, v, state))
+
+    rollback_method = "truncate"
+
+    def verify(self, x: torch.Tensor, state: KVCache) -> torch.Tensor:
+        """k draft tokens appended to the cache in one call, each attending to the context and the drafts before
+        it (the chunk path); the cache remembers where they start."""
+        state.saved = state.length
+        out = self.prefill(x, state, output=True)
+        assert out is not None  # output=True
+        return out
+
+    def rollback(self, state: KVCache, accepted: int) -> None:
+        """The cache truncated to the context and the first ``accepted`` drafts."""
+        if state.saved is None:
+            raise ValueError("rollback() needs a verify first")
+        state.truncate(state.saved + accepted)
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """(1, T, d_model) of packed sequences: the projections on every token at once, each sequence's attention
+        to itself alone (positions from 0): flash-attn's varlen kernel in one call, else the core per sequence."""
+        qkv = self.qkv(x)  # (1, T, (H + 2·H_kv)·D)
+        pieces = [self._split(qkv[:, start:end], 0) for start, end in spans(lengths)]  # each rotated from 0
+        varlen = getattr(self.core, "varlen", None)
+        if varlen is not None:
+            q, k, v = (torch.cat(parts, dim=2) for parts in zip(*pieces, strict=True))
+            return self._merge(varlen(q, k, v, lengths))
+        return self._merge(torch.cat([self.core(q, k, v) for q, k, v in pieces], dim=2))  # (1, H, T, D)
 
 
 class AttentionStack(LayerStack):
@@ -625,7 +756,7 @@ class AttentionTorch(NetworkFamily):
         return {"sdpa_math_reduced_precision": reduced_precision_math(apply=False)}
 
     def call_context(self, case: Case, model: nn.Module) -> contextlib.AbstractContextManager[object]:
-        return pinned_backend(model)  # a forced SDPA backend, set once around every call, not per layer
+        return timed_call(model)
 
 
 # SDPBackend is a pybind11 enum: SDPBackend(99) does not raise, so map the int back through its members.

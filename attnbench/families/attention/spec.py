@@ -151,6 +151,30 @@ class AttentionFamily(Family):
         opt = self.values(case)
         return shared.heads_cannot_build(case, opt) or shared.network_cannot_build(case, opt)
 
+    def serving_problem(self, case: Case) -> Problem | None:
+        """flex compiles for exact shapes, which every serving question varies; a window's ring of W slots holds
+        neither what a rollback restores nor the keys a chunk of queries straddling it would need."""
+        if case.model == "flex":
+            return Problem(
+                "flex compiles its kernel for each exact shape (dynamic=False), and the serving questions run many "
+                "(a capacity search's batches, a cache that grows chunk by chunk, packed lengths)",
+                hint="ask them of an SDPA core (sdpa-flash, sdpa) or of vanilla",
+            )
+        window = self.window(case)
+        if window and case.mode == "verify":
+            return Problem(
+                f"a window's ring cache keeps the last {window} positions, so a rollback would need slots the draft "
+                "tokens overwrote",
+                hint="verify attention over the whole sequence (window 0)",
+            )
+        chunk = case.param("prefill_chunk")
+        if window and case.mode == "prefill" and 0 < chunk < case.seq_len:
+            return Problem(
+                f"a window's ring cache keeps the last {window} positions; a chunk attending to it is not implemented",
+                hint="prefill a windowed model in one pass (prefill_chunk 0)",
+            )
+        return super().serving_problem(case)
+
     def canonical(self, spec: ModelSpec, options: Options, heads: int) -> Options:
         return shared.without_full_heads_kv(options, heads)
 

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 from attnbench.core.cases import Case
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.deltanet.spec import FAMILY, FORMS, GATED, PLAIN
-from attnbench.families.states import LayerStack
+from attnbench.families.states import ConstantState, LayerStack
 from attnbench.families.torch_family import package_problem
 
 KERNELS = ("torch", "fla")
@@ -189,7 +189,7 @@ FLA_KERNELS = {
 
 
 # ---------------------------------------------------------------------------------------------------- state
-class DeltaState:
+class DeltaState(ConstantState):
     """One layer's decode state: the inputs the next token's mixing needs (the conv's last inputs, RWKV-7's previous
     token) and the matrix memory; and the buffers a step computes the next ones into (not part of ``tensors``)."""
 
@@ -221,6 +221,9 @@ class DeltaState:
 class DecodingLayer(nn.Module):
     """The decode protocol of a layer whose ``mix`` maps (input, inputs before, memory) to (output, inputs after,
     memory after) in a given form."""
+
+    # A verify runs the drafts as decode steps, keeping the state after each (attnbench.families.serving).
+    rollback_method = "checkpoint"
 
     form: str
 

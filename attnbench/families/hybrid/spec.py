@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from attnbench.core.cases import Case, HybridModel
+from attnbench.core.cases import STATEFUL_MODES, Case, HybridModel
 from attnbench.families import shared
 from attnbench.families.base import (
     ExtraValue,
@@ -100,7 +100,7 @@ class HybridFamily(Family):
         causal = case.causal if spec.kind == "attention" else True
         heads = case.heads if spec.heads else None
         return Case(model, case.mode, case.dtype, case.device, case.batch, case.seq_len, case.d_model, heads, 1,
-                    causal, tuple(sorted(options.items())))  # fmt: skip
+                    causal, tuple(sorted(options.items())), serving=case.serving, packing=case.packing)  # fmt: skip
 
     def members(self, case: Case) -> list[Case]:
         """Every block's case, in order."""
@@ -138,11 +138,19 @@ class HybridFamily(Family):
 
     def _member_problem(self, member: Case) -> Problem | None:
         family = self.resolve(member)
-        if member.mode == "decode":
+        if member.mode in STATEFUL_MODES:
             problem = family.decode_problem(member)
             if problem is not None:
                 return problem
         return family.cannot_build(member)
+
+    def serving_problem(self, case: Case) -> Problem | None:
+        """A serving question is asked of every block: a member that cannot answer it is the stack's reason."""
+        for member in self.distinct(case):
+            problem = self.resolve(member).serving_problem(member)
+            if problem is not None:
+                return Problem(f"{case.model}'s member {member.model}: {problem.message}", None, problem.hint)
+        return super().serving_problem(case)
 
     def decode_problem(self, case: Case) -> Problem | None:
         for member in self.distinct(case):

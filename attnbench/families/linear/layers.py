@@ -54,6 +54,7 @@ from attnbench.families.attention.layers import SelfAttention, attention_network
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily
 from attnbench.families.linear.spec import FAMILY
+from attnbench.families.states import ConstantState, checkpoint_rollback, checkpoint_verify
 from attnbench.families.torch_family import package_problem
 
 Form = Literal["recurrent", "parallel", "chunked"]
@@ -290,7 +291,7 @@ class LinearCore(nn.Module):
         return f"form={self.form}, feature={self.feature}, decay={self.decay}, chunk={self.chunk}, kernel={self.kernel}"
 
 
-class LinearState:
+class LinearState(ConstantState):
     """S (B, H_kv, D, D) and z (B, H_kv, D) of one layer after n tokens, in the accumulation dtype, with the buffers
     a step writes S_(n+1), z_(n+1) into (kept beside, not counted: ``tensors`` is the state a decoder carries)."""
 
@@ -323,9 +324,18 @@ class LinearState:
 
 class LinearAttention(SelfAttention):
     """A linear-attention layer: the same fused projections as ``SelfAttention`` (so the same parameter count for
-    the same heads and heads_kv) around a ``LinearCore``, and decoding as a recurrence with a constant-size state."""
+    the same heads and heads_kv) around a ``LinearCore``, and decoding as a recurrence with a constant-size state
+    (a verify checkpoints it per draft token: ``attnbench.families.serving``; packed lengths run the core over each
+    sequence alone, from a zero state)."""
 
     core: LinearCore
+    rollback_method = "checkpoint"
+
+    def verify(self, x: Tensor, state: LinearState) -> Tensor:  # type: ignore[override]
+        return checkpoint_verify(self, x, state)
+
+    def rollback(self, state: LinearState, accepted: int) -> None:  # type: ignore[override]
+        checkpoint_rollback(state, accepted)
 
     def init_state(self, batch: int, capacity: int) -> LinearState:  # type: ignore[override]
         """S and z at zero; ``capacity`` does not matter: the state has the same size after any number of tokens."""

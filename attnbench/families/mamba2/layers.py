@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from attnbench.core.cases import Case
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.mamba2.spec import FAMILY
-from attnbench.families.states import LayerStack
+from attnbench.families.states import ConstantState, LayerStack
 from attnbench.families.torch_family import package_problem
 
 FORMS = ("chunked", "recurrent")
@@ -128,7 +128,7 @@ def mamba_ssm_scan() -> Any:
     return importlib.import_module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
 
 
-class Mamba2State:
+class Mamba2State(ConstantState):
     """One layer's decode state, and the buffers a step computes the next one into (not part of ``tensors``)."""
 
     def __init__(self, conv: Tensor, ssm: Tensor) -> None:
@@ -157,6 +157,9 @@ class Mamba2State:
 
 class Mamba2(nn.Module):
     """One Mamba-2 layer, (B, T, d_model) -> (B, T, d_model) (module notes)."""
+
+    # A verify runs the drafts as decode steps, keeping the state after each (attnbench.families.serving).
+    rollback_method = "checkpoint"
 
     def __init__(
         self,

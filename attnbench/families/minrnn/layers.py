@@ -83,6 +83,9 @@ class MinRNN(nn.Module):
     The gate projections are one fused Linear(inputs, gates · hidden) applied to the whole sequence at once.
     """
 
+    # A verify runs the drafts as decode steps, keeping h after each (attnbench.families.serving).
+    rollback_method = "checkpoint"
+
     def __init__(self, cell: MinCell, inputs: int, hidden: int, *, scan: Scan, device: str, dtype: torch.dtype) -> None:
         super().__init__()
         if cell not in ("mingru", "minlstm"):

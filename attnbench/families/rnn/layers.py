@@ -14,6 +14,7 @@ here at d_model 256, against ~0.1 ms for the cell), which would time the library
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -23,7 +24,7 @@ from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.rnn.spec import FAMILY
-from attnbench.families.states import RecurrentState
+from attnbench.families.states import RecurrentState, spans
 from attnbench.families.torch_family import make_input, rng_untouched, torch_dtype
 
 Cell = Literal["lstm", "gru"]
@@ -35,7 +36,13 @@ class Recurrent(nn.Module):
     Bidirectional: each direction gets d_model/2 hidden units, so the concatenated output is still d_model
     wide and the next layer (and the caller) sees the same width as the unidirectional model. ``hidden`` (per
     direction) overrides that; the output is then directions × hidden wide.
+
+    A verify copies (h, c) and runs the drafts through the fused whole-sequence kernel, which keeps no state per
+    token; its rollback copies them back and runs the accepted drafts again (``rollback_method`` replay). Packed
+    lengths go in as torch's ``PackedSequence``: cuDNN's and oneDNN's varlen path, each sequence from the zero state.
     """
+
+    rollback_method = "replay"
 
     def __init__(
         self,
@@ -70,6 +77,13 @@ class Recurrent(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(x)  # (B, T, directions · hidden); the final state is not needed
         return out
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """(1, T, inputs) of packed sequences -> (1, T, directions · hidden), through a ``PackedSequence``."""
+        pieces = [x[0, start:end] for start, end in spans(lengths)]
+        out, _ = self.rnn(nn.utils.rnn.pack_sequence(pieces, enforce_sorted=False))
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)  # (N, longest, width), in the given order
+        return torch.cat([padded[i, :length] for i, length in enumerate(lengths)])[None]
 
     def init_state(self, batch: int, capacity: int) -> RecurrentState:
         """h (and c) of every layer, (layers, B, hidden), zero: the state before the first token. ``capacity``

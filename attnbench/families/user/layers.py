@@ -4,7 +4,8 @@
 A factory that cannot be imported or raises, or a module on the wrong device or mostly in another dtype (a few
 parameters or buffers in float32 are a bf16 model's own business), or one that changes the
 shape of its input, is an ``error`` row naming the model, its factory and what was wrong; a module without the
-decode protocol asked to decode is an ``unsupported`` row. None of it stops the sweep: every other row is kept.
+decode protocol asked to decode, or without the protocol a serving question needs (``Verifiable``, ``Packable``), is
+an ``unsupported`` row. None of it stops the sweep: every other row is kept.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnbench.core.cases import Case
-from attnbench.families.plugins import ModelRequest
+from attnbench.core.cases import STATEFUL_MODES, Case
+from attnbench.families.plugins import ModelRequest, Packable, Verifiable
 from attnbench.families.states import Decodable
 from attnbench.families.torch_family import TorchFamily, Unsupported, one_line, torch_dtype
 
@@ -52,6 +53,7 @@ def request(case: Case, device: str, dtype: torch.dtype) -> ModelRequest:
         layers=case.layers,
         causal=case.causal,
         options=dict(case.options),
+        packing=case.packing,
     )
 
 
@@ -87,10 +89,20 @@ class UserTorch(TorchFamily):
         problem = dtype_problem(module, dtype)
         if problem is not None:
             raise UserModelError(f"{where}: {problem} (the case's dtype {case.dtype})")
-        if case.mode == "decode" and not isinstance(module, Decodable):
+        if case.mode in STATEFUL_MODES and not isinstance(module, Decodable):
             raise Unsupported(
                 f"{case.model}: {type(module).__name__} has no decode protocol (init_state, prefill and step; "
-                "see attnbench.plugin), so it cannot be timed one token at a time"
+                f"see attnbench.plugin), so mode {case.mode} cannot carry its state"
+            )
+        if case.mode == "verify" and not isinstance(module, Verifiable):
+            raise Unsupported(
+                f"{case.model}: {type(module).__name__} is not Verifiable (verify and rollback; see "
+                "attnbench.plugin), so it cannot check draft tokens and roll back to the accepted ones"
+            )
+        if case.packing and not isinstance(module, Packable):
+            raise Unsupported(
+                f"{case.model}: {type(module).__name__} is not Packable (packed; see attnbench.plugin), so it "
+                "cannot run sequences packed end to end"
             )
         return module
 

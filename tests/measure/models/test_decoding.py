@@ -143,14 +143,17 @@ def test_a_recurrent_context_may_be_prefilled_in_chunks(model: str, scan: str) -
         torch.testing.assert_close(decoder.step(token, chunked), decoder.step(token, whole), atol=1e-10, rtol=1e-10)
 
 
-def test_an_attention_prefill_is_one_pass() -> None:
+def test_an_attention_prefill_appends_to_its_cache_and_fill_stays_one_pass() -> None:
+    """A second prefill appends (a prompt's next chunk, issue 41); the cache's ``fill`` still refuses a second pass."""
     case = decode_case("sdpa", n=8)
     module = build_model(case, "cpu", torch.float64)
     context, _ = make_decode_inputs(case, "cpu", torch.float64)
     with torch.inference_mode():
         state = prefill(module, context, 20)
+        decodable(module).prefill(context, state, output=False)
+        assert all(layer.length == 16 for layer in state.layers)
         with pytest.raises(ValueError, match="one pass"):
-            decodable(module).prefill(context, state, output=False)
+            state.layers[0].fill(context[:, :, :4], context[:, :, :4])
 
 
 @pytest.mark.parametrize("scope", ["core", "block", "model"])

@@ -1,0 +1,86 @@
+"""The capacity plot of a run (``mode: capacity``, issue 41): per model, against the context n, the batch whose decode
+step fits the memory budget (left) and the tokens per second that batch decodes together (right), with where a
+recurrent model's tokens/s cross attention's marked in its colour (dotted and "?": indicative, every length noisy).
+One figure per capacity table (``analysis.capacity``). Pure rendering: PNG bytes from stored rows, matplotlib's Agg
+canvas, no pyplot.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from attnbench.analysis.capacity import CapacityTable, capacity_tables
+from attnbench.core.units import format_bytes
+from attnbench.report.plot_style import device_name, line_style, slug
+from attnbench.results.records import Result, Run
+
+
+@dataclass(frozen=True)
+class CapacityPlot:
+    """One drawn capacity figure: its title and file name, and the PNG."""
+
+    group: str
+    filename: str
+    title: str
+    png: bytes
+
+
+def capacity_plots(run: Run, results: Sequence[Result], colours: dict[str, int]) -> list[CapacityPlot]:
+    """One figure per capacity table with a point to draw; ``colours`` maps row labels to colour indices (the run's
+    other plots'), and a label not in it is added."""
+    plots = []
+    for table in capacity_tables(results):
+        if not any(p.batch is not None for c in table.curves for p in c.points):
+            continue
+        png = _draw(run, table, colours)
+        plots.append(CapacityPlot(table.title, f"capacity-{slug(table.title)}.png", table.title, png))
+    return plots
+
+
+def _draw(run: Run, table: CapacityTable, colours: dict[str, int]) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11.0, 4.6), dpi=120)
+    FigureCanvasAgg(fig)
+    batch_ax, rate_ax = fig.subplots(1, 2)
+    for curve in table.curves:
+        if curve.label not in colours:
+            colours[curve.label] = len(colours)
+        colour, marker, style = line_style(colours[curve.label])
+        drawn = [p for p in curve.points if p.batch is not None and p.tokens_per_s is not None]
+        if not drawn:
+            continue
+        ns = [p.n for p in drawn]
+        batch_ax.plot(ns, [p.batch for p in drawn], color=colour, marker=marker, linestyle=style, label=curve.label)
+        rate_ax.plot(ns, [p.tokens_per_s for p in drawn], color=colour, marker=marker, linestyle=style)
+        for ax, values in ((batch_ax, [p.batch for p in drawn]), (rate_ax, [p.tokens_per_s for p in drawn])):
+            noisy = [(p.n, v) for p, v in zip(drawn, values, strict=True) if not p.good]
+            if noisy:  # the tables' "~": an open marker
+                ax.scatter(
+                    *zip(*noisy, strict=True), s=46, marker=marker, facecolors="white", edgecolors=colour, zorder=3
+                )
+    for x, indicative, label in table.crossing_points():  # in the colour of the curve that overtakes attention
+        colour = line_style(colours[label])[0] if label in colours else "0.4"
+        rate_ax.axvline(x, color=colour, linestyle=":" if indicative else "--", linewidth=1.0, alpha=0.8)
+        rate_ax.annotate(
+            f"{label} n ≈ {x:.0f}" + ("?" if indicative else ""), (x, 0.02), xycoords=("data", "axes fraction"),
+            fontsize=6, rotation=90, va="bottom", ha="right", color=colour,
+        )  # fmt: skip
+    for ax, label in ((batch_ax, "sequences at capacity"), (rate_ax, "tokens/s at capacity (all sequences)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length n (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="major", alpha=0.3)
+    budget = "" if table.budget_bytes is None else f" under {format_bytes(table.budget_bytes)}"
+    batch_ax.set_title(f"largest batch{budget}", fontsize=10)
+    rate_ax.set_title("aggregate decode throughput at that batch", fontsize=10)
+    batch_ax.legend(fontsize=8, loc="best")
+    fig.suptitle(f"{table.title}\n{device_name(run)}", fontsize=10)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()

@@ -1,0 +1,223 @@
+"""The largest batch whose decode step fits a memory budget (``mode: capacity``, issue 41).
+
+The budget holds the weights, the state of B sequences at context n (a KV cache of n + 1 positions, or a recurrent
+state of one size whatever n) and the working memory of one decode step at batch B. The batch is found from memory
+measured, never from a formula, each try allocating the state, making it stand in for n tokens (``fill_to``; a real
+prefill where the state cannot) and running one step:
+
+- on a GPU by real allocation: the caching allocator capped at the budget (``set_per_process_memory_fraction``,
+  put back afterwards), batches doubled from 1 until one runs out of memory (caught), then bisected between the last
+  that ran and the first that did not. ``bytes_per_sequence`` is the peak's growth between the two largest that ran.
+- on a CPU, whose allocator has no cap to run into: the peak resident memory of the same work (``RssPeak``) at
+  batches 1, 2, then ×8 until one holds an eighth of the budget; the last two give a line (fixed bytes + bytes per
+  sequence × B), solved for the budget; then runs at the batch found confirm it: one that does not fit runs a second
+  time (a first run at a new batch may also pay for memory a kernel keeps, its workspace), then the batch is lowered
+  in proportion and by ``CONFIRM_MARGIN``; one that fits with more than ``CAPACITY_SLACK`` of the budget to spare is
+  raised in proportion (the line, fitted where the allocator's fixed costs still weigh, can overstate a sequence's
+  bytes); at most ``CONFIRMS`` batches, the largest that fitted kept. ``bytes_per_sequence`` is the growth from the
+  largest fitted point to the batch found.
+
+A CPU reading is as clean as the allocator lets it be: glibc serves a buffer under its mmap threshold (at most
+32 MiB) from a heap whose history (freed, not yet reused) shows in the peak, by up to one such buffer; at budgets
+where a step's buffers are larger (a recurrence's gates at a batch of many thousands) each is mapped and unmapped
+whole, and the search repeats itself to within a few percent.
+
+The weights count at their tensors' bytes (parameters and buffers), held before any try. A GPU's default budget
+(``memory_budget`` 0) is its free memory, plus what this process already holds, less ``margin_bytes``; a CPU has
+none (the config must give one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnbench.core.cases import Case
+from attnbench.core.units import format_bytes
+from attnbench.families.registry import make_input
+from attnbench.families.serving import chunks
+from attnbench.families.states import decodable, fill_state, tensor_bytes
+from attnbench.host.memory import RssPeak
+from attnbench.timing.failures import is_oom
+
+# The largest batch a search tries: far beyond a step anyone would time, short of one that would take hours on a CPU.
+MAX_CAPACITY = 2**21
+CONFIRMS = 4  # runs at the batch found (raised or lowered) before the search settles or gives up
+CONFIRM_MARGIN = 0.01  # what a confirmation moves the batch by beyond the proportion it measured, towards fitting
+CAPACITY_SLACK = 0.03  # a confirmed batch that uses this much of the budget or more is the one found
+_GROWTH = 8  # a CPU search's factor between batches
+# The feeding of a real prefill, where a state cannot stand in for n tokens: chunks this long.
+_PREFILL_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a search found: the batch, the bytes each sequence adds, the budget it was held to and how."""
+
+    batch: int
+    bytes_per_sequence: int
+    budget_bytes: int
+    weight_bytes: int
+    method: str  # "rss-fit" (CPU), "cuda-oom-search" (GPU)
+    capped: bool = False  # the batch reached MAX_CAPACITY: the budget would hold more
+
+
+def margin_bytes(total: int) -> int:
+    """What a GPU's default budget leaves free: 5 % of the device's memory, at least 1 GiB (the CUDA context, other
+    processes' growth, the allocator's fragmentation)."""
+    return max(2**30, total // 20)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def stand_in(model: nn.Module, case: Case, batch: int, device: torch.device, dtype: torch.dtype) -> Any:
+    """The state of ``batch`` sequences holding n tokens: standing in (``Fillable``), or prefilled for real."""
+    decoder = decodable(model)
+    state = decoder.init_state(batch, case.seq_len + 1)
+    if not fill_state(state, case.seq_len):
+        for start, end in chunks(case.seq_len, _PREFILL_CHUNK):
+            context = make_input(replace(case, mode="decode", batch=batch, seq_len=end - start), str(device), dtype)
+            decoder.prefill(context, state, output=False)
+    return state
+
+
+def one_step(model: nn.Module, case: Case, batch: int, device: torch.device, dtype: torch.dtype) -> int:
+    """What a try runs: the state of ``batch`` sequences at n, and one decode step against it; the bytes the state
+    and the token hold (what the try's peak is at least)."""
+    state = stand_in(model, case, batch, device, dtype)
+    token = make_input(replace(case, mode="decode", batch=batch, seq_len=1, serving=()), str(device), dtype)
+    decodable(model).step(token, state)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return tensor_bytes(state) + token.numel() * token.element_size()
+
+
+def find_capacity(
+    model: nn.Module, case: Case, budget: int, device: torch.device, dtype: torch.dtype, rss: RssPeak | None
+) -> Capacity:
+    """The largest batch whose step fits ``budget`` bytes (0: the device's default). MemoryError where not one
+    sequence fits; ValueError where no budget can be measured here."""
+
+    def run(batch: int) -> int:
+        return one_step(model, case, batch, device, dtype)
+
+    weights = weight_bytes(model)
+    if device.type == "cuda":
+        return _on_gpu(run, budget, weights, device)
+    if not budget:
+        raise ValueError("mode capacity on a CPU needs memory_budget: a CPU has no free memory to default to")
+    if rss is None:
+        raise ValueError("mode capacity on a CPU measures peak resident memory, which this process cannot read")
+    return _on_cpu(run, budget, weights, rss)
+
+
+def _none_fits(budget: int, weights: int, one: int | None) -> MemoryError:
+    held = f"one sequence's state and step take {format_bytes(one)} more" if one is not None else "one does not fit"
+    return MemoryError(
+        f"not one sequence fits the memory budget of {format_bytes(budget)}: the weights take "
+        f"{format_bytes(weights)} and {held}"
+    )
+
+
+def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) -> Capacity:
+    room = budget - weights
+
+    def peak(batch: int) -> int:
+        """The try's resident growth, and never less than the state it held: pages a long-lived process kept
+        resident from earlier work (freed, not handed back) would hide that much from the reading."""
+        rss.start()
+        held = run(batch)
+        return max(rss.peak_bytes(), held)
+
+    points = [(1, peak(1))]
+    if room <= 0 or points[0][1] > room:
+        raise _none_fits(budget, weights, points[0][1])
+    batch = 2
+    while batch <= MAX_CAPACITY:
+        points.append((batch, peak(batch)))
+        if points[-1][1] >= room / _GROWTH:
+            break
+        batch *= _GROWTH
+    (b1, m1), (b2, m2) = points[-2:]
+    slope = max(1, math.ceil((m2 - m1) / (b2 - b1)))
+    found = max(1, min(MAX_CAPACITY, (room - (m2 - slope * b2)) // slope))
+    best, best_held = 0, 0
+    for _ in range(CONFIRMS):
+        held = peak(found)
+        if held > room:  # once more before lowering: a first run at a batch may also pay for a kernel's workspace
+            held = min(held, peak(found))
+        if held <= room:
+            best, best_held = max((best, best_held), (found, held))
+            # Within CAPACITY_SLACK of the budget, or at the search's largest: found. Else the line, fitted where
+            # the allocator's fixed costs still weigh, overstated a sequence's bytes: step up by what is left.
+            if held >= room * (1 - CAPACITY_SLACK) or found >= MAX_CAPACITY:
+                break
+            step = min(MAX_CAPACITY, int(found * room / held * (1 - CONFIRM_MARGIN)))
+        else:
+            if found == 1:
+                raise _none_fits(budget, weights, held)
+            # Lowered in proportion, and by a margin besides: an overshoot is page-rounding and allocator slack that
+            # a proportional cut alone would meet again.
+            step = max(1, min(found - 1, int(found * room / held * (1 - CONFIRM_MARGIN))))
+        if step <= best or step == found:
+            break
+        found = step
+    if not best:
+        raise RuntimeError(
+            f"the capacity search did not settle: {found} sequences still took {format_bytes(held)} of the "
+            f"{format_bytes(room)} the weights leave of the budget after {CONFIRMS} tries"
+        )
+    # What one more sequence adds at scale: from the largest growth point to the batch found.
+    per_sequence = max(1, (best_held - m2) // (best - b2)) if best > b2 else slope
+    return Capacity(best, per_sequence, budget, weights, "rss-fit", capped=best >= MAX_CAPACITY)
+
+
+def _on_gpu(run: Callable[[int], int], budget: int, weights: int, device: torch.device) -> Capacity:
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(device).total_memory
+    if not budget:
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free + torch.cuda.memory_reserved(device) - margin_bytes(total)
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    before = float(getter(device)) if getter is not None else 1.0
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    base = torch.cuda.memory_allocated(device)
+    peaks: dict[int, int] = {}
+
+    def fits(batch: int) -> bool:
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            run(batch)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            return False
+        finally:
+            torch.cuda.empty_cache()
+        peaks[batch] = torch.cuda.max_memory_allocated(device) - base
+        return True
+
+    try:
+        good, bad = 0, 1
+        while bad <= MAX_CAPACITY and fits(bad):
+            good, bad = bad, bad * 2
+        if not good:
+            raise _none_fits(budget, weights, None)
+        while bad - good > 1 and good < MAX_CAPACITY:
+            middle = (good + bad) // 2
+            good, bad = (middle, bad) if fits(middle) else (good, middle)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, device)
+        torch.cuda.empty_cache()
+    smaller = max((b for b in peaks if b < good), default=None)
+    per_sequence = peaks[good] // good if smaller is None else (peaks[good] - peaks[smaller]) // (good - smaller)
+    return Capacity(good, max(per_sequence, 1), budget, weights, "cuda-oom-search", capped=good >= MAX_CAPACITY)

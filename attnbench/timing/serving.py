@@ -1,0 +1,361 @@
+"""The serving questions, timed: one case of ``mode: capacity``, ``prefill`` or ``verify``, or of packed lengths.
+
+Everything but the timed call happens outside the timing, as in ``torch_executor``, and a call that changes what the
+next one would find is put back before it, untimed (``PreparedClock``):
+
+- ``prefill``: the prompt (n tokens per sequence) made once and the state allocated once for n positions. A timed call
+  is the prompt in chunks of ``prefill_chunk`` (0: one piece), each with its output, into an empty state: emptied
+  (``Resettable``), or allocated anew, before each call. Every chunk computes its output, as the one pass does: only
+  the last token's is needed for the first new token, but skipping the others' would let a chunked prefill of a
+  one-layer model leave out attention a one-pass prefill computes (a deeper stack needs them for its next layer).
+- ``verify``: the context of n prefilled for real (in chunks where the family carries its state across them) and the
+  k draft tokens made. A timed call is the verify and the rollback to n + r; before each, a rollback to n (r = 0)
+  undoes the last. Then each part is timed alone (the other done, untimed, between its calls): their medians are
+  ``verify_s`` and ``rollback_s``.
+- ``capacity``: the largest batch B whose decode step at context n fits the memory budget (``timing.capacity``), then
+  the step timed at B, against a state standing in for n tokens (``Fillable``: a real prefill of B × n tokens could
+  take hours, and a step's cost depends on the sizes it reads, not the values).
+- packed lengths (``forward``, ``train``): the packed call timed; then the same sequences padded to the longest as one
+  batch, the whole-sequence call timed the same way (``padded_s``) and the useful tokens per second it reaches
+  (``padded_tokens_per_s``), beside the row's own ``tokens_per_s``.
+
+FLOPs are the useful work of what the call answers: a prefill's the whole-sequence forward's over n tokens; a packed
+call's each sequence's alone; a capacity step's the decode step's at the batch found. A verify has no formula yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from attnbench.core.cases import SERVING_PARAMS, Case, TimingPolicy
+from attnbench.families.catalogue import family_of
+from attnbench.families.flops import analytic, count_flops, executed_flops
+from attnbench.families.registry import (
+    build_model,
+    call_context,
+    make_input,
+    parameter_count,
+    row_extras,
+    torch_dtype,
+)
+from attnbench.families.serving import chunks
+from attnbench.families.state_bytes import state_bytes
+from attnbench.families.states import decodable, packed, reset_state, rollback, tensor_bytes, verify
+from attnbench.families.torch_family import Unsupported
+from attnbench.host.memory import RssPeak
+from attnbench.results.contention import Contention
+from attnbench.results.measurement import Measurement
+from attnbench.results.records import Memory, Result
+from attnbench.results.telemetry import TelemetrySummary
+from attnbench.timing.adaptive import TOO_SLOW, Clock, measure
+from attnbench.timing.capacity import find_capacity, stand_in
+
+Extra = dict[str, str | int | float | bool | None]
+# A decode context fed for real (a verify's) comes in chunks of this many tokens where the family carries its state.
+PREFILL_CHUNK = 4096
+Timing = tuple[Measurement, TelemetrySummary | None, Contention | None]
+Timed = Callable[[Callable[[], object], Case, Extra, Clock], Timing]
+
+
+def serves(case: Case) -> bool:
+    """Whether ``case`` asks a serving question (this module times it) rather than a plain call."""
+    return case.mode in SERVING_PARAMS or bool(case.packing)
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """What the executor lends: its device, clock, policy and seed, its timing inside the telemetry window
+    (``timed``), its peak-memory call (``peak``) and, on a CPU, its resident-memory meter."""
+
+    device: torch.device
+    clock: Clock
+    policy: TimingPolicy
+    seed: int
+    timed: Timed
+    peak: Callable[[Callable[[], object]], Memory]
+    rss: RssPeak | None
+
+
+class PreparedClock:
+    """A clock that runs ``prepare`` before every timed call, untimed: a call that changes what the next one would
+    find (a prefill fills its state, a verify moves it on) is put back first, so that every call is the same."""
+
+    def __init__(self, clock: Clock, prepare: Callable[[], object]) -> None:
+        self.clock, self.prepare = clock, prepare
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def time(self, fn: Callable[[], object], calls_per_sample: int, samples: int) -> list[float]:
+        out = []
+        for _ in range(samples):
+            total = 0.0
+            for _ in range(calls_per_sample):
+                self.prepare()
+                total += self.clock.time(fn, 1, 1)[0]
+            out.append(total / calls_per_sample)
+        return out
+
+
+class Setup(Protocol):
+    """A serving case set up: the case as timed (capacity: at the batch found), the timed call, the call whose peak
+    memory is read (its preparation included), what is timed after (``parts``), and the row's extras."""
+
+    case: Case
+    extra: Extra
+
+    def prepare(self) -> None: ...
+
+    def step(self) -> object: ...
+
+    def parts(self, clock: Clock, policy: TimingPolicy) -> Extra: ...
+
+
+def _median(fn: Callable[[], object], clock: Clock, policy: TimingPolicy) -> float:
+    """The median of ``fn`` timed alone, on half the case's budget (a part of the row, not a row)."""
+    return measure(fn, clock, replace(policy, max_case_s=policy.max_case_s / 2)).median_s
+
+
+class PrefillSetup:
+    """A prompt of n tokens, and the state it is prefilled into, chunk by chunk (module notes)."""
+
+    def __init__(self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype) -> None:
+        self.case, self.decoder = case, decodable(model)
+        self.prompt = make_input(case, str(device), dtype)  # (B, n, d) or (B, n) ids
+        self.state = self.decoder.init_state(case.batch, case.seq_len)
+        self.pieces = chunks(case.seq_len, case.param("prefill_chunk"))
+        self.extra: Extra = {"prefill_chunks": len(self.pieces), "state_bytes": tensor_bytes(self.state)}
+
+    def prepare(self) -> None:
+        if not reset_state(self.state):  # a user's state without reset(): a new one, untimed
+            self.state = self.decoder.init_state(self.case.batch, self.case.seq_len)
+
+    def step(self) -> object:
+        out = None
+        for start, end in self.pieces:
+            out = self.decoder.prefill(self.prompt[:, start:end], self.state, output=True)
+        return out
+
+    def parts(self, clock: Clock, policy: TimingPolicy) -> Extra:
+        return {}
+
+
+class VerifySetup:
+    """A context of n, prefilled for real, and k draft tokens to verify against it (module notes)."""
+
+    def __init__(self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype) -> None:
+        self.case, self.model, self.decoder = case, model, decodable(model)
+        self.draft, self.accept = case.param("draft"), case.param("accept")
+        self.drafts = make_input(replace(case, seq_len=self.draft), str(device), dtype)
+        self.state = self.decoder.init_state(case.batch, case.span)
+        chunk = PREFILL_CHUNK if family_of(case).prefill_carries(case) else 0
+        for start, end in chunks(case.seq_len, chunk):
+            context = make_input(replace(case, seq_len=end - start), str(device), dtype)
+            self.decoder.prefill(context, self.state, output=False)
+        self.pending = False  # a verify has moved the state past n
+        self.extra: Extra = {"rollback_method": _rollback_methods(model)}
+
+    def verify(self) -> object:
+        out = verify(self.model, self.drafts, self.state)
+        self.pending = True
+        return out
+
+    def rollback(self) -> None:
+        rollback(self.model, self.state, self.accept)
+
+    def prepare(self) -> None:
+        """Back to the context of n: the last verify rolled back with nothing accepted."""
+        if self.pending:
+            rollback(self.model, self.state, 0)
+
+    def step(self) -> object:
+        out = self.verify()
+        self.rollback()
+        return out
+
+    def _verified(self) -> None:
+        self.prepare()
+        self.verify()
+
+    def parts(self, clock: Clock, policy: TimingPolicy) -> Extra:
+        verify_s = _median(self.verify, PreparedClock(clock, self.prepare), policy)
+        rollback_s = _median(self.rollback, PreparedClock(clock, self._verified), policy)
+        self.prepare()
+        return {"verify_s": verify_s, "rollback_s": rollback_s}
+
+
+def _rollback_methods(model: nn.Module) -> str:
+    """How the model's layers roll back, as the row records it: each method once, in the order met."""
+    methods = [getattr(m, "rollback_method", None) for m in model.modules()]
+    found = list(dict.fromkeys(m for m in methods if isinstance(m, str)))
+    return "+".join(found) if found else "verifiable"  # a user's model: its own rollback
+
+
+class CapacitySetup:
+    """The batch that fits the budget, found; the state of that many sequences at n and a token to step."""
+
+    def __init__(
+        self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype, rss: RssPeak | None
+    ) -> None:
+        self.decoder = decodable(model)
+        found = find_capacity(model, case, case.param("memory_budget"), device, dtype, rss)
+        batch = found.batch
+        self.case = replace(case, batch=batch)  # what the timed step runs (telemetry's tokens per call)
+        self.state: Any = stand_in(model, case, batch, device, dtype)  # a decoder's state: what init_state made
+        self.token = make_input(replace(case, mode="decode", batch=batch, seq_len=1, serving=()), str(device), dtype)
+        self.extra: Extra = {
+            "capacity_batch": batch,
+            "bytes_per_sequence": found.bytes_per_sequence,
+            "memory_budget_bytes": found.budget_bytes,
+            "weight_bytes": found.weight_bytes,
+            "capacity_method": found.method,
+            "capacity_capped": found.capped,
+            "state_bytes": tensor_bytes(self.state),
+        }
+
+    def prepare(self) -> None:
+        """Nothing: a step leaves the state at n."""
+
+    def step(self) -> object:
+        return self.decoder.step(self.token, self.state)
+
+    def parts(self, clock: Clock, policy: TimingPolicy) -> Extra:
+        return {}
+
+
+class PackedSetup:
+    """The sequences packed end to end, and the same padded to the longest as one batch (module notes)."""
+
+    def __init__(self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype) -> None:
+        self.case, self.model, self.lengths = case, model, case.packing
+        self.x = make_input(case, str(device), dtype)  # (1, T, d) or (1, T) ids
+        padded = replace(case, packing=(), batch=len(case.packing), seq_len=max(case.packing))
+        self.padded = make_input(padded, str(device), dtype)
+        self.train = case.mode == "train"
+        if self.train:
+            model.train()
+            for x in (self.x, self.padded):
+                if x.is_floating_point():  # as a layer inside a network: backward computes dX too
+                    x.requires_grad_(True)
+            with torch.no_grad():
+                self.grad = torch.randn_like(packed(model, self.x, self.lengths))
+                self.padded_grad = torch.randn_like(model(self.padded))
+        else:
+            model.eval()
+        self.extra: Extra = {}
+
+    def prepare(self) -> None:
+        """Nothing: a call leaves nothing behind (a train call clears the gradients it made)."""
+
+    def _clear(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        self.x.grad = self.padded.grad = None
+
+    def step(self) -> object:
+        out = packed(self.model, self.x, self.lengths)
+        if not self.train:
+            return out
+        self._clear()
+        out.backward(self.grad)
+        return None
+
+    def padded_step(self) -> object:
+        out = self.model(self.padded)
+        if not self.train:
+            return out
+        self._clear()
+        out.backward(self.padded_grad)
+        return None
+
+    def parts(self, clock: Clock, policy: TimingPolicy) -> Extra:
+        padded_s = _median(self.padded_step, clock, policy)
+        self._clear()
+        return {"padded_s": padded_s, "padded_tokens_per_s": sum(self.lengths) / padded_s if padded_s > 0 else None}
+
+
+def _setup(
+    case: Case, model: nn.Module, device: torch.device, dtype: torch.dtype, rss: RssPeak | None
+) -> PrefillSetup | VerifySetup | CapacitySetup | PackedSetup:
+    if case.packing:
+        return PackedSetup(model, case, device, dtype)
+    model.eval()
+    with torch.inference_mode():
+        if case.mode == "prefill":
+            return PrefillSetup(model, case, device, dtype)
+        if case.mode == "verify":
+            return VerifySetup(model, case, device, dtype)
+        return CapacitySetup(model, case, device, dtype, rss)
+
+
+def _work(case: Case, setup: Setup, extra: Extra) -> None:
+    """The useful FLOPs of what the call answers (module notes), where the family has a formula."""
+    if not analytic(case) or case.mode == "verify":
+        return
+    if case.packing:
+        parts = [replace(case, packing=(), batch=1, seq_len=length) for length in case.packing]
+    elif case.mode == "prefill":
+        parts = [replace(case, mode="forward", serving=())]
+    else:
+        parts = [replace(setup.case, mode="decode", serving=())]
+    kernel = extra.get("sdpa_kernel")
+    counts = [count_flops(part) for part in parts]
+    extra["flops"], extra["flops_formula"] = sum(c.flops for c in counts), counts[0].formula
+    extra["executed_flops"] = sum(executed_flops(p, kernel if isinstance(kernel, str) else None) for p in parts)
+
+
+def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result], None] | None = None) -> Result:
+    """Build, set up and time ``case``'s serving question; its row."""
+    if tools.policy.cuda_graph and tools.device.type == "cuda":
+        return Result(case, "unsupported", "cuda_graph replays one fixed call; the serving questions time eager calls")
+    torch.manual_seed(tools.seed)
+    dtype = torch_dtype(case.dtype)
+    try:
+        model = build_model(case, str(tools.device), dtype)
+    except Unsupported as exc:  # said while building: a user's model without the protocol the question needs
+        return Result(case, "unsupported", str(exc))
+    extra: Extra = {"torch_threads": torch.get_num_threads(), **row_extras(case, str(tools.device))}
+    try:
+        setup = _setup(case, model, tools.device, dtype, tools.rss)
+    except ValueError as exc:  # no budget to measure against here: the question cannot be asked
+        if case.mode != "capacity":
+            raise
+        return Result(case, "unsupported", str(exc))
+    grad = contextlib.nullcontext if case.mode == "train" else torch.inference_mode
+    clock = PreparedClock(tools.clock, setup.prepare)
+    with grad(), call_context(case, model):
+        if tools.device.type == "cuda":
+            torch.cuda.synchronize(tools.device)
+        measurement, telemetry, contention = tools.timed(setup.step, setup.case, extra, clock)
+        extra.update(setup.parts(tools.clock, tools.policy))
+
+        def eager() -> object:
+            setup.prepare()
+            return setup.step()
+
+        memory = tools.peak(eager)
+    extra.update(setup.extra)
+    _work(case, setup, extra)
+    if case.mode == "capacity":
+        held = state_bytes(replace(setup.case, mode="decode", serving=()))
+        extra["state_bytes"] = held if held is not None else extra.get("state_bytes")
+    slow = measurement.stop_reason == "too_slow_for_budget"
+    result = Result(
+        case,
+        "too_slow_for_budget" if slow else "ok",
+        reason=next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "") if slow else "",
+        measurement=measurement,
+        memory=memory,
+        parameters=parameter_count(model),
+        extra=dict(extra),
+        telemetry=telemetry,
+        contention=contention,
+    )
+    if on_timed is not None:
+        on_timed(result)
+    return result

@@ -1,0 +1,219 @@
+"""The serving questions through the executor (issue 41): each call made the same call again by an untimed
+preparation, the parts a row records, a capacity found from measured memory, and the questions a model cannot
+answer as ``unsupported`` rows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+import torch
+
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.timing.capacity import MAX_CAPACITY, _on_cpu
+from attnbench.timing.executor import ExecutorSettings
+from attnbench.timing.serving import PreparedClock
+from attnbench.timing.torch_executor import TorchExecutor
+from tests.support import tiny_case
+
+QUICK = TimingPolicy(min_samples=5, min_time_s=0.01, max_case_s=0.5, warmup_max_s=0.05, target_ci=0.05)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[TorchExecutor]:
+    threads = torch.get_num_threads()
+    yield TorchExecutor(ExecutorSettings("cpu", QUICK, threads=1, telemetry="off"))
+    torch.set_num_threads(threads)
+
+
+def serving(model: str, mode: str, n: int = 64, **params: int) -> Case:
+    case = tiny_case(model, seq_len=n, d_model=32, heads=4, causal=True)
+    return replace(case, mode=mode, serving=tuple(sorted(params.items())))  # type: ignore[arg-type]
+
+
+class CountingClock:
+    """A fake clock: each timed call takes one second; it says how many calls it timed."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def now(self) -> float:
+        return float(self.calls)
+
+    def time(self, fn: Callable[[], object], calls_per_sample: int, samples: int) -> list[float]:
+        for _ in range(calls_per_sample * samples):
+            fn()
+            self.calls += 1
+        return [1.0] * samples
+
+
+def test_a_prepared_clock_puts_the_state_back_before_every_call_untimed() -> None:
+    log: list[str] = []
+    clock = PreparedClock(CountingClock(), lambda: log.append("prepare"))
+    assert clock.time(lambda: log.append("call"), 2, 3) == [1.0, 1.0, 1.0]
+    assert log == ["prepare", "call"] * 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["lstm", "sdpa-flash"])
+def test_each_question_is_a_row_with_its_parts(executor: TorchExecutor, model: str) -> None:
+    prefill = executor.run(serving(model, "prefill", prefill_chunk=16))
+    assert prefill.status == "ok", prefill.reason
+    assert prefill.extra["prefill_chunks"] == 4 and isinstance(prefill.extra["flops"], int)
+    verify = executor.run(serving(model, "verify", draft=4, accept=2))
+    assert verify.status == "ok", verify.reason
+    assert {"verify_s", "rollback_s"} <= set(verify.extra)
+    assert verify.extra["rollback_method"] == ("replay" if model == "lstm" else "truncate")
+    packed = executor.run(
+        replace(tiny_case(model, d_model=32, heads=4, causal=True), batch=3, seq_len=12, packing=(3, 12, 5))
+    )
+    assert packed.status == "ok", packed.reason
+    assert packed.tokens_per_s == pytest.approx(20 / packed.median_s)
+    assert packed.extra["padded_tokens_per_s"] == pytest.approx(20 / packed.extra["padded_s"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mamba2", "linear-attn", "gated-deltanet", "rwkv7"])
+@pytest.mark.parametrize("mode", ["prefill", "verify", "train"])
+def test_the_other_families_answer_too(executor: TorchExecutor, model: str, mode: str) -> None:
+    if mode == "train":
+        case = replace(
+            tiny_case(model, mode="train", d_model=32, heads=4, causal=True), batch=2, seq_len=9, packing=(9, 4)
+        )
+    else:
+        case = serving(model, mode, **({"prefill_chunk": 16} if mode == "prefill" else {"draft": 3, "accept": 3}))
+    result = executor.run(case)
+    assert result.status == "ok", result.reason
+
+
+@pytest.mark.slow
+def test_a_capacity_holds_a_recurrence_at_any_n_and_shrinks_attentions_with_it(executor: TorchExecutor) -> None:
+    """The issue's check at a budget a test can afford: the LSTM's batch the same at n = 64 and 1024 (within 10 %),
+    attention's at 1024 at most a fifth of its batch at 64. d_model 16 keeps the steps cheap; 128 MiB keeps the
+    step's largest buffers above glibc's 32 MiB mmap threshold, whose heap below it lends a process's history to
+    the reading."""
+    found = {}
+    for model in ("lstm", "sdpa-flash"):
+        for n in (64, 1024):
+            case = replace(serving(model, "capacity", n, memory_budget=128 * 2**20), d_model=16)
+            result = executor.run(replace(case, batch=1))
+            # The search is the point here; a step at that batch may not fit a test's timing budget on a busy machine.
+            assert result.status in ("ok", "too_slow_for_budget"), result.reason
+            assert result.extra["memory_budget_bytes"] == 128 * 2**20 and result.extra["capacity_method"] == "rss-fit"
+            found[model, n] = result.extra["capacity_batch"]
+            if result.ok:
+                assert result.tokens_per_s == pytest.approx(found[model, n] / result.median_s)
+    assert abs(found["lstm", 1024] - found["lstm", 64]) <= 0.1 * found["lstm", 64]
+    assert found["sdpa-flash", 1024] <= found["sdpa-flash", 64] / 5
+
+
+def test_a_budget_not_one_sequence_fits_is_an_oom_row_and_a_cpu_without_one_unsupported(
+    executor: TorchExecutor,
+) -> None:
+    tight = executor.run(serving("sdpa-flash", "capacity", 4096, memory_budget=64 * 2**10))
+    assert tight.status == "oom" and "not one sequence fits" in tight.reason
+    none = executor.run(serving("lstm", "capacity", 64, memory_budget=0))
+    assert none.status == "unsupported" and "memory_budget" in none.reason
+
+
+class FakeRss:
+    """A resident-memory meter over a made-up law of bytes against batch (what ``run`` last ran)."""
+
+    def __init__(self, law: Callable[[int], int]) -> None:
+        self.law, self.batch, self.tries = law, 0, []
+
+    def run(self, batch: int, held: int = 0) -> int:
+        self.batch = batch
+        self.tries.append(batch)
+        return held
+
+    def start(self) -> None:
+        self.batch = 0
+
+    def peak_bytes(self) -> int:
+        return self.law(self.batch)
+
+
+def test_a_cpu_search_solves_the_fitted_line_and_confirms_it() -> None:
+    meter = FakeRss(lambda b: 1000 + 300 * b)
+    found = _on_cpu(meter.run, 1_000_000 + 5_000, 5_000, meter)  # type: ignore[arg-type]
+    assert found.batch == (1_000_000 - 1000) // 300 and found.bytes_per_sequence == 300
+    assert meter.tries[:3] == [1, 2, 16] and meter.tries[-1] == found.batch  # the last run confirms it
+
+
+def test_a_confirmation_that_does_not_fit_lowers_the_batch() -> None:
+    # Linear where it is fitted, steeper near the budget: the line overshoots and the confirmation says so.
+    meter = FakeRss(lambda b: 100 * b + (b - 5000) ** 2 // 50 * (b > 5000))
+    found = _on_cpu(meter.run, 1_000_000, 0, meter)  # type: ignore[arg-type]
+    assert meter.law(found.batch) <= 1_000_000 < 100 * 10_000 + 5000**2 // 50
+    assert len([b for b in meter.tries if b > 2]) > 2  # a confirmation failed and a lower batch was tried
+
+
+def test_a_line_fitted_where_fixed_costs_weigh_is_corrected_upwards() -> None:
+    """Bytes that grow slower than the batch (the allocator's fixed costs amortised): the line through the small
+    batches overstates a sequence's bytes, the first confirmation fits with room to spare, and the batch is raised."""
+
+    def law(b: int) -> int:
+        return 300 * b + 20_000 * math.isqrt(b)
+
+    meter = FakeRss(law)
+    room = 10_000_000
+    found = _on_cpu(meter.run, room, 0, meter)  # type: ignore[arg-type]
+    largest = max(b for b in range(1, room // 300) if law(b) <= room)
+    assert law(found.batch) <= room and found.batch >= 0.97 * largest
+    assert 300 <= found.bytes_per_sequence < 400  # the growth at scale, not the small batches' slope
+
+
+def test_a_reading_of_pages_kept_resident_never_makes_a_state_fit() -> None:
+    """A long-lived process may hold freed pages resident, so the work reads no growth at all: the state's own bytes,
+    which the try knows, are the floor (it failed before: the search found the largest batch it tries)."""
+    meter = FakeRss(lambda b: 0)
+    found = _on_cpu(lambda b: meter.run(b, 1000 * b), 1_000_000, 0, meter)  # type: ignore[arg-type]
+    assert found.batch == 1000 and not found.capped
+    with pytest.raises(MemoryError, match="not one sequence fits"):
+        _on_cpu(lambda b: meter.run(b, 2_000_000 * b), 1_000_000, 0, meter)  # type: ignore[arg-type]
+
+
+def test_a_search_stops_at_its_largest_batch_and_says_so() -> None:
+    meter = FakeRss(lambda b: 1 + b // 1000)
+    found = _on_cpu(meter.run, 2**40, 0, meter)  # type: ignore[arg-type]
+    assert found.batch == MAX_CAPACITY and found.capped
+
+
+@cuda
+def test_a_gpu_search_finds_the_batch_by_running_out_of_memory() -> None:
+    executor = TorchExecutor(ExecutorSettings("cuda", QUICK, telemetry="off"))
+    case = replace(serving("sdpa-flash", "capacity", 4096, memory_budget=2 * 2**30), device="cuda")
+    result = executor.run(replace(case, batch=1))
+    assert result.status == "ok", result.reason
+    assert result.extra["capacity_method"] == "cuda-oom-search"
+    held = result.extra["capacity_batch"] * result.extra["bytes_per_sequence"]
+    assert held <= 2 * 2**30
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    assert getter is None or getter(0) == 1.0  # the allocator's cap put back
+
+
+def test_every_chunk_of_a_timed_prefill_computes_its_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the one pass does: a chunked prefill that skipped its earlier chunks' outputs would leave out attention a
+    one-pass prefill computes (the whole last layer's, in a one-layer model)."""
+    from attnbench.families.registry import build_model
+    from attnbench.timing.serving import PrefillSetup
+
+    case = serving("sdpa-flash", "prefill", 16, prefill_chunk=4)
+    model = build_model(case, "cpu", torch.float32)
+    with torch.inference_mode():
+        setup = PrefillSetup(model, case, torch.device("cpu"), torch.float32)
+        asked: list[bool] = []
+        real = setup.decoder.prefill
+
+        def spy(x: torch.Tensor, state: object, *, output: bool = True) -> torch.Tensor | None:
+            asked.append(output)
+            return real(x, state, output=output)
+
+        monkeypatch.setattr(setup.decoder, "prefill", spy)
+        setup.prepare()
+        setup.step()
+    assert asked == [True] * 4

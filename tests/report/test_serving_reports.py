@@ -1,0 +1,103 @@
+"""The serving questions in every output, on a real committed CPU run (``tests/data/runs/tiny-serving-cpu``: lstm and
+sdpa-flash, d_model 16, asked capacity under 32 MiB, prefill in chunks of 0 and 8, verify of 2 drafts keeping 0 or 2,
+and 3 packed lengths): summary.csv's serving columns, the capacity table and plot, and report, claims, compare,
+history and publish reading them like any other row."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.analysis.capacity import capacity_tables
+from attnbench.analysis.compare import Policy, compare_paths
+from attnbench.cli import app
+from attnbench.report.markdown import render_markdown
+from attnbench.report.plots import missing_matplotlib, render_plots
+from attnbench.report.rows import render_csv
+from attnbench.results.store import StoredRun, load_run
+from tests.support import DATA
+
+SERVING_FIXTURE = DATA / "runs" / "tiny-serving-cpu"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def stored() -> StoredRun:
+    return load_run(SERVING_FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def rows(stored: StoredRun) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
+
+
+def test_the_fixture_asks_every_question_of_both_sides(stored: StoredRun) -> None:
+    assert all(r.ok for r in stored.results)
+    assert {(r.case.model, r.case.mode) for r in stored.results} == {
+        (m, mode) for m in ("lstm", "sdpa-flash") for mode in ("capacity", "prefill", "verify", "forward")
+    }
+
+
+def test_summary_csv_says_each_rows_question_and_answer(stored: StoredRun, rows: list[dict[str, str]]) -> None:
+    for r, row in zip(stored.results, rows, strict=True):
+        mode = r.case.mode
+        assert (row["prefill_chunk"] != "") == (mode == "prefill")
+        assert (row["draft"] != "" and row["accept"] != "") == (mode == "verify")
+        assert (row["capacity_batch"] != "") == (row["bytes_per_sequence"] != "") == (mode == "capacity")
+        assert (
+            (row["verify_ms"] != "")
+            == (row["rollback_ms"] != "")
+            == (row["rollback_method"] != "")
+            == (mode == "verify")
+        )
+        assert (row["packing"] == "9+16+3") == (row["padded_tokens_per_s"] != "") == (mode == "forward")
+        if mode == "capacity":
+            batch = int(row["capacity_batch"])
+            assert int(row["memory_budget_bytes"]) == 32 * 2**20
+            assert float(row["tokens_per_s"]) == pytest.approx(batch / r.median_s, rel=1e-5)
+            assert batch * int(row["bytes_per_sequence"]) <= 32 * 2**20
+        if mode == "forward":
+            assert float(row["tokens_per_s"]) == pytest.approx(28 / r.median_s, rel=1e-5)  # the useful tokens
+
+
+def test_the_capacity_table_keeps_the_recurrence_and_shrinks_attention(stored: StoredRun) -> None:
+    (table,) = capacity_tables(stored.results)
+    batches = {c.model: [p.batch or 0 for p in c.points] for c in table.curves}
+    assert max(batches["lstm"]) <= 1.1 * min(batches["lstm"])  # its state does not grow with n
+    assert batches["sdpa-flash"][-1] <= batches["sdpa-flash"][0] / 5  # a KV cache 16× longer
+    page = render_markdown(stored.run, stored.results)
+    assert "## capacity · float32 · cpu · d_model 16 · layers 1 · budget 32 MiB" in page
+    assert "serves more tokens/s under the memory budget than" in page
+
+
+@pytest.mark.skipif(missing_matplotlib() is not None, reason="matplotlib is not installed")
+@pytest.mark.slow
+def test_the_plots_include_one_capacity_figure(stored: StoredRun) -> None:
+    plots = [p for p in render_plots(stored.run, stored.results) if p.metric == "capacity"]
+    assert len(plots) == 1 and plots[0].filename.startswith("capacity-") and plots[0].png[:4] == b"\x89PNG"
+
+
+def test_compare_judges_the_serving_rows_by_their_medians() -> None:
+    comparison = compare_paths(SERVING_FIXTURE, SERVING_FIXTURE, Policy())
+    assert len(comparison.cases) == 32
+    assert {c.verdict for c in comparison.cases} <= {"same", "noisy"}  # a run against itself: nothing moved
+
+
+@pytest.mark.slow
+def test_every_reader_takes_a_serving_run(tmp_path: Path) -> None:
+    for fmt in ("md", "csv", "json", "gab", "bmf", "html"):
+        out = runner.invoke(app, ["report", str(SERVING_FIXTURE), "-f", fmt, "-o", str(tmp_path / f"r.{fmt}")])
+        assert out.exit_code == 0, out.output
+    claims = runner.invoke(app, ["claims", str(SERVING_FIXTURE), "-f", "json"])
+    assert claims.exit_code == 0, claims.output
+    assert json.loads(claims.output)["claims"]  # the article's claims, none of them about a serving row
+    for command in (["compare", str(SERVING_FIXTURE), str(SERVING_FIXTURE)], ["history", str(SERVING_FIXTURE)]):
+        out = runner.invoke(app, command)
+        assert out.exit_code == 0, out.output
+    site = runner.invoke(app, ["publish", str(SERVING_FIXTURE), "-o", str(tmp_path / "site")])
+    assert site.exit_code == 0, site.output
