@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnbench.core.cases import Case, TimingPolicy
+from attnbench.sweeps.isolated_executor import IsolatedExecutor
 from attnbench.timing.capacity import MAX_CAPACITY, _on_cpu
 from attnbench.timing.executor import ExecutorSettings
 from attnbench.timing.serving import PreparedClock
@@ -90,12 +91,13 @@ def test_the_other_families_answer_too(executor: TorchExecutor, model: str, mode
 
 
 @pytest.mark.slow
-def test_a_capacity_holds_a_recurrence_at_any_n_and_shrinks_attentions_with_it(executor: TorchExecutor) -> None:
+def test_a_capacity_holds_a_recurrence_at_any_n_and_shrinks_attentions_with_it() -> None:
     """The issue's check at a budget a test can afford: the LSTM's batch the same at n = 64 and 1024 (within 10 %),
     attention's at 1024 at most a fifth of its batch at 64. d_model 16 keeps the steps cheap; 128 MiB keeps the
     step's largest buffers above glibc's 32 MiB mmap threshold, whose heap below it lends a process's history to
-    the reading."""
+    the reading. In a fresh worker, as a sweep with isolate: a test process's history is whatever ran before it."""
     found = {}
+    executor = IsolatedExecutor(ExecutorSettings("cpu", QUICK, threads=1, telemetry="off"))
     for model in ("lstm", "sdpa-flash"):
         for n in (64, 1024):
             case = replace(serving(model, "capacity", n, memory_budget=128 * 2**20), d_model=16)
@@ -106,6 +108,7 @@ def test_a_capacity_holds_a_recurrence_at_any_n_and_shrinks_attentions_with_it(e
             found[model, n] = result.extra["capacity_batch"]
             if result.ok:
                 assert result.tokens_per_s == pytest.approx(found[model, n] / result.median_s)
+    executor.close()
     assert abs(found["lstm", 1024] - found["lstm", 64]) <= 0.1 * found["lstm", 64]
     assert found["sdpa-flash", 1024] <= found["sdpa-flash", 64] / 5
 

@@ -10,7 +10,7 @@ import multiprocessing.connection
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from attnbench.sweeps import isolated_executor as isolation
@@ -43,13 +43,18 @@ def sticky_cuda(
     the same illegal-memory-access error, as after a real one (the seam: torch.cuda's functions)."""
     import torch
 
-    def sticky(*args: object, **kwargs: object) -> Any:
-        raise RuntimeError(STICKY)
+    def sticky() -> Callable[..., Any]:
+        # One function per name: dynamo's trace rules map each torch function object to one rule, and refuse an
+        # object met under two names with different ones (synchronize and empty_cache have different rules).
+        def raises(*args: object, **kwargs: object) -> Any:
+            raise RuntimeError(STICKY)
+
+        return raises
 
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.is_initialized = lambda: True  # type: ignore[assignment]
     for name in ("synchronize", "empty_cache", "get_rng_state"):
-        setattr(torch.cuda, name, sticky)
+        setattr(torch.cuda, name, sticky())
     # The worker touches its device before saying it is ready: a fresh context works, so that touch succeeds.
     zeros = torch.zeros
     torch.zeros = lambda *a, device=None, **k: zeros(*a, **k)  # type: ignore[assignment]
