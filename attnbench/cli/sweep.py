@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import os
 import signal
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -42,7 +40,7 @@ if TYPE_CHECKING:
 
     from attnbench.results.contention import Contention
     from attnbench.results.store import StoredRun
-    from attnbench.sweeps.runner import Sweep, SweepPlan, SweepRequest
+    from attnbench.sweeps.runner import Sweep, SweepPlan
 
 
 @handles_errors
@@ -182,7 +180,6 @@ def sweep(
             # raised inside one ended the process in std::terminate ("terminate called after throwing an instance
             # of 'pybind11::error_already_set'"). So it is imported disarmed; a signal that came meanwhile is acted on
             # the moment arming begins below.
-            _set_timing_env(request)
             importlib.import_module("torch")
             with interrupts.arming():  # the rest of start-up (the environment, the folder) is abandoned at once
                 run = stack.enter_context(open_sweep(request, on_busy=_waiting(quiet)))
@@ -370,18 +367,3 @@ def _write_summaries(folder: Path, *, plots: bool) -> tuple[StoredRun, list[Path
     if notice is not None:
         stderr.print(notice, markup=False)
     return stored, paths, None
-
-
-def _set_timing_env(request: SweepRequest) -> None:
-    """An in-process CPU sweep times in this process: its thread pool waits as a timing process's does
-    (``host.threads``), set before torch loads. A sweep in workers leaves this process as it is: it waits on them."""
-    if "torch" in sys.modules:
-        return  # too late for the thread pool to read it (a sweep run from Python, a test): leave it be
-    from dataclasses import replace
-
-    from attnbench.host.threads import timing_env
-    from attnbench.sweeps.runner import plan_sweep
-
-    plan = plan_sweep(replace(request, dry_run=True))  # torch-free: the device and the executor it will use
-    if not plan.isolate:
-        os.environ.update(timing_env(plan.device, plan.experiment.threads))

@@ -21,7 +21,6 @@ from attnbench.host.sensors.identity import cuda_identity
 from attnbench.host.sensors.nvml import load_nvml, nvml_handle_for
 from attnbench.host.sensors.session import IdentityLookup, NvmlLoader
 from attnbench.host.sensors.settings import read_settings
-from attnbench.host.threads import user_thread_env
 from attnbench.results.environment import CodeIdentity, Environment
 
 
@@ -134,9 +133,15 @@ def _cudnn_compile(torch: Any) -> str | None:
         return None
 
 
+# Prefixes of the variables that steer the CPU thread pools torch uses (OpenMP, Intel's and LLVM's runtimes, MKL,
+# oneDNN): ``Environment.thread_env``.
+THREAD_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "DNNL_", "ONEDNN_")
+
+
 def thread_env(environ: Mapping[str, str] | None = None) -> str:
     """The thread-pool variables set in ``environ`` (this process's by default), sorted, as ``KEY=value`` words."""
-    return " ".join(f"{k}={v}" for k, v in sorted(user_thread_env(environ).items()))
+    found = os.environ if environ is None else environ
+    return " ".join(f"{k}={v}" for k, v in sorted(found.items()) if k.startswith(THREAD_ENV_PREFIXES))
 
 
 def installed_packages() -> dict[str, str]:
@@ -149,10 +154,8 @@ def installed_packages() -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def collect_environment(device: str = "cpu", timing_env: Mapping[str, str] | None = None) -> Environment:
-    """Read the machine and software stack. ``device`` is a resolved device string ("cpu", "cuda:0");
-    ``timing_env``: the variables the processes that time the cases start with beyond this one's (isolated
-    workers': ``host.threads.timing_env``), recorded with this process's in ``thread_env``."""
+def collect_environment(device: str = "cpu") -> Environment:
+    """Read the machine and software stack. ``device`` is a resolved device string ("cpu", "cuda:0")."""
     try:
         import psutil
 
@@ -208,6 +211,6 @@ def collect_environment(device: str = "cpu", timing_env: Mapping[str, str] | Non
         device=device,
         device_type=device.split(":", 1)[0],
         git_commit=_git_commit(),
-        thread_env=thread_env({**os.environ, **(timing_env or {})}),
+        thread_env=thread_env(),
         **gpu,
     )

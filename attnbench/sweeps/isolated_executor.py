@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.core.cases import Case
-from attnbench.host.threads import timing_env
 from attnbench.results.records import Result
 from attnbench.timing.executor import ExecutorSettings, detach_cupti_after_profiling
 
@@ -132,9 +131,7 @@ class IsolatedExecutor:
         """``worker_main`` is what the spawned process runs: ``_worker``, or a stand-in speaking the same pipe
         protocol (the process boundary is the seam tests use)."""
         self.settings = settings
-        # Set in each worker before torch is imported: how its thread pool waits on a CPU (``host.threads``), the
-        # caller's own (CUDA_VISIBLE_DEVICES for a pool's worker).
-        self.env = {**timing_env(settings.device, settings.threads), **(env or {})}
+        self.env = dict(env or {})  # set in each worker before torch is imported (CUDA_VISIBLE_DEVICES)
         self.timeout_s = settings.timeout_s
         self._worker_main = worker_main
         self._context = mp.get_context("spawn")

@@ -28,7 +28,6 @@ from attnbench.core.shards import Shard
 from attnbench.host.busy import logical_cores, wait_for_idle
 from attnbench.host.devices import device_slug, guess_device, resolve_device, threads_handed_back
 from attnbench.host.inventory import code_identity, collect_environment
-from attnbench.host.threads import timing_env
 from attnbench.results.calibration import Calibration, load_cached
 from attnbench.results.contention import Contention
 from attnbench.results.environment import Environment
@@ -447,10 +446,8 @@ def _holds_a_run(folder: Path) -> bool:
 
 
 def _environment(plan: SweepPlan) -> Environment:
-    """What the run was measured in (torch imported here, when nothing imported it yet), with the thread-pool
-    variables its isolated workers start with."""
-    workers = timing_env(plan.device, plan.experiment.threads) if plan.isolate else {}
-    return collect_environment(plan.device, workers)
+    """What the run was measured in (torch imported here, when nothing imported it yet)."""
+    return collect_environment(plan.device)
 
 
 def _cached_calibration(environment: Environment) -> tuple[Calibration | None, str]:
