@@ -60,8 +60,14 @@ def _one_line(text: str) -> str:
 def md_text(text: str) -> str:
     """Stored text (a model name, a label, a reason) as plain text in GitHub-flavoured markdown: every character
     that would make it a tag, a link or a code span backslash-escaped, and its line breaks spaces, so that it stays
-    in the paragraph, list item or table row it was put in. A table cell escapes ``|`` itself, after this."""
+    in the paragraph, list item or table row it was put in. A table cell is ``md_cell``."""
     return _MARKDOWN.sub(lambda m: "\\" + m.group(), _one_line(text))
+
+
+def md_cell(text: str) -> str:
+    """Stored text as plain text in a markdown table cell: ``md_text``, and its ``|`` escaped so that it cannot
+    split the row."""
+    return md_text(text).replace("|", "\\|")
 
 
 def md_code(text: str) -> str:

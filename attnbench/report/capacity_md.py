@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from attnbench.analysis.capacity import CapacityPoint, CapacityTable, capacity_tables
-from attnbench.core.text import md_text
+from attnbench.core.text import md_cell, md_text
 from attnbench.core.units import format_bytes, format_rate
 from attnbench.report.pivot import STATUS_TEXT
 from attnbench.results.records import Result
@@ -37,18 +37,13 @@ def bytes_text(point: CapacityPoint | None) -> str:
     return format_bytes(point.bytes_per_sequence)
 
 
-def _cell(label: str) -> str:
-    """A model's name (a stored run or a plugin may make it anything) as plain text in a table cell."""
-    return md_text(label).replace("|", "\\|")
-
-
 def table_lines(table: CapacityTable) -> list[str]:
     """One table's markdown: batch · tokens/s, the bytes per sequence, the crossovers."""
     headers = ["model", *(f"n={n}" for n in table.seq_lens)]
-    rows = [[_cell(c.label), *(point_text(next((p for p in c.points if p.n == n), None)) for n in table.seq_lens)]
+    rows = [[md_cell(c.label), *(point_text(next((p for p in c.points if p.n == n), None)) for n in table.seq_lens)]
             for c in table.curves]  # fmt: skip
     per_sequence = [
-        [_cell(c.label), *(bytes_text(next((p for p in c.points if p.n == n), None)) for n in table.seq_lens)]
+        [md_cell(c.label), *(bytes_text(next((p for p in c.points if p.n == n), None)) for n in table.seq_lens)]
         for c in table.curves
     ]
     lines = ["", f"## {md_text(table.title)}", "", LEGEND, ""]

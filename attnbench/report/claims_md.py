@@ -11,7 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from attnbench.claims import VERDICTS, ClaimResult, ClaimsReport, Verdict
-from attnbench.core.text import md_code, md_text
+from attnbench.core.text import md_cell, md_code, md_text
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -37,12 +37,6 @@ def totals(report: ClaimsReport) -> str:
     return " · ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
 
 
-def _cell(text: str) -> str:
-    # Model names and the run's figures are in it (md_text: no tag, link or code span of their own); a pipe ends
-    # a markdown cell and a newline ends the row: neither may appear raw inside one.
-    return md_text(text).replace("|", "\\|")
-
-
 def render_claims_markdown(report: ClaimsReport) -> str:
     lines = [
         f"# The article's claims against run {md_code(report.run_id)}",
@@ -57,7 +51,7 @@ def render_claims_markdown(report: ClaimsReport) -> str:
     for c in report.claims:
         verdict = f"**{verdict_text(c)}**"
         cells = (c.claim_id, c.claim, c.article_figure, c.measured, verdict, c.why)
-        lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+        lines.append("| " + " | ".join(md_cell(x) for x in cells) + " |")
     if report.notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in report.notes]
     used = [c for c in report.claims if c.evidence_cases]
@@ -65,7 +59,7 @@ def render_claims_markdown(report: ClaimsReport) -> str:
         lines += ["", "<details><summary>Cases each row used</summary>", ""]
         for c in used:
             keys = ", ".join(md_code(key) for key in c.evidence_cases)
-            lines.append(f"- **{c.claim_id}** {_cell(c.claim)}: {keys}")
+            lines.append(f"- **{c.claim_id}** {md_cell(c.claim)}: {keys}")
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,7 @@ from tabulate import tabulate
 
 from attnbench.analysis.compare import VERDICTS, CaseComparison, Comparison, Side, Verdict
 from attnbench.analysis.gates import MetricVerdict
-from attnbench.core.text import md_code, md_text
+from attnbench.core.text import md_cell, md_code, md_text
 from attnbench.core.units import (
     format_bandwidth,
     format_bytes,
@@ -180,7 +180,7 @@ def gate_lines(comparison: Comparison) -> list[str]:
     lines = ["", "### Other metrics", "", *(f"- {line}" for line in gate_counts(comparison))]
     shown = [g for g in comparison.gates if g.verdict != "same"]
     if shown:
-        rows = [[_escape(cell) for cell in gate_row(g)] for g in shown]
+        rows = [[md_cell(cell) for cell in gate_row(g)] for g in shown]
         lines += ["", tabulate(rows, headers=GATE_HEADERS, tablefmt="github", disable_numparse=True)]
     return lines
 
@@ -247,13 +247,8 @@ def method_text(comparison: Comparison) -> str:
 def _table(cases: Sequence[CaseComparison]) -> str:
     rows = [row(c) for c in cases]
     return tabulate(
-        [[_escape(cell) for cell in r] for r in rows], headers=HEADERS, tablefmt="github", disable_numparse=True
+        [[md_cell(cell) for cell in r] for r in rows], headers=HEADERS, tablefmt="github", disable_numparse=True
     )
-
-
-def _escape(text: str) -> str:
-    """Stored text (a case's label, a note, a warning) as plain markdown that also fits a table cell."""
-    return md_text(text).replace("|", "\\|")
 
 
 def _code(text: str) -> str:
@@ -282,7 +277,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
     ]
     if comparison.allowed:
         allowed = "; ".join(m.describe() for m in comparison.allowed)
-        lines += ["", f"**Compared despite differences** (`--allow-mismatch`): {_escape(allowed)}."]
+        lines += ["", f"**Compared despite differences** (`--allow-mismatch`): {md_cell(allowed)}."]
     lines += ["", method_text(comparison)]
     lines += gate_lines(comparison)
     for verdict in SECTIONS:
@@ -294,7 +289,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
             lines += [f"- {md_code(case_text(c))}" for c in cases]
             continue
         lines.append(_table(cases))
-        notes = [f"- {md_code(case_text(c))}: {_escape(c.note)}" for c in cases if c.note]
+        notes = [f"- {md_code(case_text(c))}: {md_cell(c.note)}" for c in cases if c.note]
         if notes:
             lines += ["", *notes]
     lines += [
@@ -302,7 +297,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
         f"<details><summary>All {len(comparison.cases)} cases</summary>",
         "",
         tabulate(
-            [[_escape(cell) for cell in [row(c)[0], c.verdict_text, *row(c)[1:]]] for c in comparison.cases],
+            [[md_cell(cell) for cell in [row(c)[0], c.verdict_text, *row(c)[1:]]] for c in comparison.cases],
             headers=(HEADERS[0], "verdict", *HEADERS[1:]),
             tablefmt="github",
             disable_numparse=True,
@@ -311,7 +306,7 @@ def render_compare_markdown(comparison: Comparison) -> str:
         "</details>",
     ]
     if comparison.warnings:
-        lines += ["", "Warnings:", ""] + [f"- {_escape(w)}" for w in comparison.warnings]
+        lines += ["", "Warnings:", ""] + [f"- {md_cell(w)}" for w in comparison.warnings]
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, Metric, Point, run_name
 from attnbench.analysis.steps import MIN_RUNS_PER_LEVEL, Step
-from attnbench.core.text import csv_cell, md_text
+from attnbench.core.text import csv_cell, md_cell, md_text
 from attnbench.core.units import (
     format_bandwidth,
     format_bytes,
@@ -185,7 +185,7 @@ def _shift_rows(history: History, last: int | None = None) -> list[list[str]]:
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(md_text(cell).replace("|", "\\|") for cell in cells) + " |"
+        return "| " + " | ".join(md_cell(cell) for cell in cells) + " |"
 
     return [line(header), line(["---"] * len(header)), *(line(r) for r in rows)]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from attnbench.core.text import md_code, md_text
+from attnbench.core.text import md_cell, md_code, md_text
 from attnbench.report.capacity_md import capacity_markdown
 from attnbench.report.cells import (
     BELOW_ROOFLINE,
@@ -27,11 +27,6 @@ from attnbench.report.cells import (
 )
 from attnbench.report.pivot import pivot_tables
 from attnbench.results.records import Result, Run
-
-
-def _cell(label: str) -> str:
-    """A row's label (its model's name, which a stored run or a plugin may make anything) in a table cell."""
-    return md_text(label).replace("|", "\\|")
 
 
 def _checks(run: Run, results: Sequence[Result]) -> list[str]:
@@ -75,7 +70,9 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         lines += ["", f"## {md_text(table.title)}", ""]
         if table.baseline or table.decode:
             lines += [time_legend(table, md_code(table.baseline or "")), ""]
-        time_rows = [[_cell(label), *(time_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows]
+        time_rows = [
+            [md_cell(label), *(time_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows
+        ]
         lines.append(tabulate(time_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.crossovers:
             lines += ["", CROSSOVER_LEGEND, ""] + [f"- {md_text(line)}" for line in table.crossovers]
@@ -86,7 +83,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
             lines += ["", "Peak memory of one call above the post-setup baseline (MiB):", ""]
             cell_text = memory_text
         memory_rows = [
-            [_cell(label), *(cell_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows
+            [md_cell(label), *(cell_text(cells.get(n)) for n in table.seq_lens)] for label, cells in table.rows
         ]
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.scaling:

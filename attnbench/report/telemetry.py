@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from attnbench.core.text import md_text
+from attnbench.core.text import md_cell, md_text
 from attnbench.core.units import to_mib
 from attnbench.report.rows import telemetry_note
 from attnbench.results.records import Result
@@ -111,6 +111,6 @@ def telemetry_table(results: Sequence[Result]) -> TelemetryTable:
 def render_telemetry_markdown(results: Sequence[Result]) -> str:
     table = telemetry_table(results)
     # Labels and notes are a stored run's text: no tag, link or code span of their own, no pipe that ends a cell.
-    rows = [[md_text(cell).replace("|", "\\|") for cell in row] for row in table.rows]
+    rows = [[md_cell(cell) for cell in row] for row in table.rows]
     text = tabulate(rows, headers=table.headers, tablefmt="github", disable_numparse=True)
     return f"# Telemetry per case\n\n{INTRO}\n\n{text}\n\n{md_text(table.footer())}\n"
