@@ -128,7 +128,8 @@ def _point(metric: Metric, n: int, cell: Cell, decode: bool = False) -> Point | 
     if metric == "memory":
         peak = r.memory.peak_bytes if r.memory is not None else None
         return None if peak is None else Point(n, float(peak))
-    # speedup: a conservative interval, the baseline's CI bounds over this cell's opposite bounds.
+    # speedup: a conservative interval, the baseline's CI bounds over this cell's opposite bounds, per token as the
+    # speed-up is (rows of one table may call with different token counts: a capacity row's batch is its own).
     if cell.speedup is None:
         return None
     low = high = None
@@ -136,7 +137,8 @@ def _point(metric: Metric, n: int, cell: Cell, decode: bool = False) -> Point | 
     if base is not None and base.measurement is not None:
         b = base.measurement.summary
         if all(math.isfinite(x) and x > 0 for x in (b.ci_low, b.ci_high, s.ci_low, s.ci_high)):
-            low, high = b.ci_low / s.ci_high, b.ci_high / s.ci_low
+            per_token = r.tokens_per_call / base.tokens_per_call
+            low, high = per_token * b.ci_low / s.ci_high, per_token * b.ci_high / s.ci_low
     noisy = cell.noisy or (base is not None and Cell(base, None).noisy)
     return Point(n, cell.speedup, low, high, noisy=noisy)
 
@@ -340,7 +342,7 @@ def _plot_lines(ax: Axes, lines: Sequence[Series], colours: dict[str, int]) -> t
             # A lone point with an interval gets no band from fill_between: it gets an error bar instead.
             alone = bounded[i] and not (i > 0 and bounded[i - 1]) and not (i + 1 < len(bounded) and bounded[i + 1])
             if alone and p.value is not None and p.low is not None and p.high is not None:
-                err = [[p.value - p.low], [p.high - p.value]]
+                err = [[max(0.0, p.value - p.low)], [max(0.0, p.high - p.value)]]
                 ax.errorbar([p.n], [p.value], yerr=err, color=colour, capsize=3, linewidth=1, zorder=2)
     return banded, noisy
 

@@ -17,7 +17,8 @@ from attnbench.analysis.capacity import capacity_tables
 from attnbench.analysis.compare import Policy, compare_paths
 from attnbench.cli import app
 from attnbench.report.markdown import render_markdown
-from attnbench.report.plots import missing_matplotlib, render_plots
+from attnbench.report.pivot import pivot_tables
+from attnbench.report.plots import missing_matplotlib, render_plots, series
 from attnbench.report.rows import render_csv
 from attnbench.results.store import StoredRun, load_run
 from tests.support import DATA
@@ -80,6 +81,18 @@ def test_the_capacity_table_keeps_the_recurrence_and_shrinks_attention(stored: S
 def test_the_plots_include_one_capacity_figure(stored: StoredRun) -> None:
     plots = [p for p in render_plots(stored.run, stored.results) if p.metric == "capacity"]
     assert len(plots) == 1 and plots[0].filename.startswith("capacity-") and plots[0].png[:4] == b"\x89PNG"
+
+
+def test_a_speed_up_interval_is_per_token_as_the_speed_up_is(stored: StoredRun) -> None:
+    """Capacity rows call with batches of their own (lstm's ~16× attention's at n = 64 here): the speed-up is per
+    token, so its interval must be too, or it misses the point it belongs to (a lone one's error bar went negative
+    and matplotlib refused every plot of the run)."""
+    (capacity,) = [t for t in pivot_tables(stored.results) if t.mode == "capacity"]
+    points = [p for s in series(capacity, "speedup") for p in s.values if p.value is not None]
+    assert points
+    for p in points:
+        assert p.low is not None and p.high is not None
+        assert p.low <= p.value <= p.high
 
 
 def test_compare_judges_the_serving_rows_by_their_medians() -> None:
