@@ -9,17 +9,19 @@ happen to equal a name and mean something else are listed in ``ALLOWED`` with th
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from attnbench.families import shared
 from attnbench.families.catalogue import MODEL_NAMES, MODELS
 from tests.e2e.test_layers import FAMILY_TORCH
-from tests.support import ROOT
+from tests.support import QUICK_TIMING, ROOT
 
 PACKAGE = ROOT / "attnbench"
 # The options every network family shares (families/shared.py): the words of a network, not of one family.
@@ -131,3 +133,57 @@ def test_the_families_torch_free_half_imports_no_torch() -> None:
     run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_a_family_copied_and_renamed_is_found_listed_and_measured_with_nothing_else_changed(tmp_path: Path) -> None:
+    """ARCHITECTURE §7's promise, tried as a newcomer would: copy one family's folder, rename it, and the catalogue,
+    ``attnbench models``, validation and a sweep know the new model, with not one file outside the folder edited."""
+    tree = tmp_path / "tree"
+    shutil.copytree(PACKAGE, tree / "attnbench", ignore=shutil.ignore_patterns("__pycache__"))
+    source, folder = tree / "attnbench" / "families" / "rwkv7", tree / "attnbench" / "families" / "scratch7"
+    shutil.copytree(source, folder)
+    for path in folder.glob("*.py"):
+        text = path.read_text()
+        text = text.replace('"rwkv7"', '"scratch7"').replace("families.rwkv7.", "families.scratch7.")
+        path.write_text(text.replace('f"rwkv7-{form}"', 'f"scratch7-{form}"'))
+    config = tmp_path / "scratch.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "scratch",
+                "device": "cpu",
+                "threads": 1,
+                "models": ["scratch7", "rwkv7"],
+                "modes": ["forward", "decode"],
+                "grid": {"batch": [1], "seq_len": [16]},
+                "d_model": 32,
+                "heads": 2,
+                "causal": True,
+                "timing": dict(QUICK_TIMING),
+            }
+        )
+    )
+    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def attnbench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "attnbench", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+
+    listed = attnbench("models", "-f", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert "scratch7" in listed.stdout
+    assert attnbench("validate", str(config)).returncode == 0
+    swept = attnbench("sweep", str(config), "--out", str(tmp_path / "out"), "-q", "--no-plots")
+    assert swept.returncode == 0, swept.stderr
+    rows = [json.loads(line) for line in next((tmp_path / "out").iterdir()).joinpath("results.jsonl").open()]
+    status = {(r["case"]["model"], r["case"]["mode"]): r["status"] for r in rows}
+    assert status == {(m, mode): "ok" for m in ("scratch7", "rwkv7") for mode in ("forward", "decode")}
+    flops = {r["case"]["model"]: r["extra"]["flops"] for r in rows if r["case"]["mode"] == "forward"}
+    assert flops["scratch7"] == flops["rwkv7"] > 0  # the same layer, counted by the copied formulas
