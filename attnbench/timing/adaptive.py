@@ -18,6 +18,7 @@ from attnbench.core.cases import TimingPolicy
 from attnbench.core.stats import median_ci_ranks, summarize
 from attnbench.core.units import format_seconds
 from attnbench.results.measurement import MODIFIED_Z_CUT, NOISY_IQR_REL, Measurement, StopReason
+from attnbench.results.records import Status
 
 
 class Clock(Protocol):
@@ -60,6 +61,13 @@ def _busy_wait(fn: Callable[[], object], seconds: float) -> Callable[[], object]
 
 TOO_SLOW = "too slow for the budget"  # how the warning that makes a row too_slow_for_budget begins
 RUN_ONCE = "run once (sweep --run-once): one call timed after the warm-up, for a profiler; no CI, not for compare"
+
+
+def row_status(measurement: Measurement) -> tuple[Status, str]:
+    """A timed row's status and its reason: too_slow_for_budget with the warning that says why, else ok."""
+    if measurement.stop_reason == "too_slow_for_budget":
+        return "too_slow_for_budget", next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "")
+    return "ok", ""
 
 
 def _too_slow(sample_s: float, policy: TimingPolicy, left_s: float, *, taken: int | None = None) -> str:

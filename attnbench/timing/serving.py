@@ -53,7 +53,7 @@ from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
-from attnbench.timing.adaptive import TOO_SLOW, Clock, measure
+from attnbench.timing.adaptive import Clock, measure, row_status
 from attnbench.timing.capacity import find_capacity, stand_in
 
 Extra = dict[str, str | int | float | bool | None]
@@ -344,11 +344,11 @@ def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result],
     if case.mode == "capacity":
         held = state_bytes(replace(setup.case, mode="decode", serving=()))
         extra["state_bytes"] = held if held is not None else extra.get("state_bytes")
-    slow = measurement.stop_reason == "too_slow_for_budget"
+    status, reason = row_status(measurement)
     result = Result(
         case,
-        "too_slow_for_budget" if slow else "ok",
-        reason=next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "") if slow else "",
+        status,
+        reason=reason,
         measurement=measurement,
         memory=memory,
         parameters=parameter_count(model),

@@ -45,7 +45,7 @@ from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
-from attnbench.timing.adaptive import TOO_SLOW, Clock, measure
+from attnbench.timing.adaptive import Clock, measure, row_status
 from attnbench.timing.clocks import CpuClock, CudaClock, clock_for, cpu_flusher
 from attnbench.timing.compiled import (
     CompileWatch,
@@ -263,11 +263,11 @@ class TorchExecutor:
             traffic = bytes_moved(case, parameters, state if isinstance(state, int) else None)
             if traffic is not None:
                 extra["bytes_moved"], extra["bytes_formula"] = traffic
-            slow = measurement.stop_reason == "too_slow_for_budget"
+            status, reason = row_status(measurement)
             result = Result(
                 case,
-                "too_slow_for_budget" if slow else "ok",
-                reason=next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "") if slow else "",
+                status,
+                reason=reason,
                 measurement=measurement,
                 memory=memory,
                 parameters=parameters,
