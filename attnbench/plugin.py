@@ -6,6 +6,9 @@
 - The decode protocol a module may also implement, to run in ``mode: decode``: ``Decodable`` (``init_state``,
   ``prefill``, ``step``) and its ``DecodeState`` (``tensors``, ``advance``; ``drop_scratch`` too where the state
   holds buffers only a step needs: ``DropsScratch``).
+- The serving protocols (API 3), each optional: ``Verifiable`` (``verify``, ``rollback``) for ``mode: verify``,
+  ``Packable`` (``packed``) for packed lengths, and a state that is ``Resettable`` (emptied before a timed prefill)
+  or ``Fillable`` (made to stand in for n tokens in ``mode: capacity``).
 
 Torch-free: a plugin's spec module imports this and stays light.
 """
@@ -18,9 +21,13 @@ from attnbench.families.plugins import (
     Decodable,
     DecodeState,
     DropsScratch,
+    Fillable,
     ModelPlugin,
     ModelRequest,
     Option,
+    Packable,
+    Resettable,
+    Verifiable,
 )
 
 __all__ = [
@@ -29,7 +36,11 @@ __all__ = [
     "Decodable",
     "DecodeState",
     "DropsScratch",
+    "Fillable",
     "ModelPlugin",
     "ModelRequest",
     "Option",
+    "Packable",
+    "Resettable",
+    "Verifiable",
 ]

@@ -169,3 +169,19 @@ def test_the_decode_protocol_is_typed_in_the_plugin_interface() -> None:
 
     assert not isinstance(Plain(), DropsScratch)
     drop_scratch(Plain())  # optional: nothing to drop, nothing raised
+
+
+def test_the_serving_protocols_are_in_the_plugin_interface() -> None:
+    """API 3's optional protocols are importable where a plugin author looks, and built-ins satisfy them."""
+    import torch
+
+    import attnbench.plugin as plugin
+    from attnbench.families import plugins
+    from attnbench.families.registry import build_model
+    from tests.support import tiny_case
+
+    assert set(plugin.__all__) == set(plugins.__all__) - {"plugin_options", "plugin_problem"}
+    model = build_model(tiny_case("sdpa-flash", causal=True), "cpu", torch.float32)
+    assert isinstance(model, plugin.Verifiable) and isinstance(model, plugin.Packable)
+    state = model.init_state(1, 8)
+    assert isinstance(state, plugin.Resettable) and isinstance(state, plugin.Fillable)
