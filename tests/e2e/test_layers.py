@@ -265,6 +265,17 @@ def test_no_room_holds_more_than_a_quarter_of_the_package() -> None:
     assert max(lines.values()) <= 0.25 * total, {k: f"{v / total:.0%}" for k, v in sorted(lines.items())}
 
 
+def test_no_two_modules_of_the_measuring_rooms_share_a_name() -> None:
+    """ARCHITECTURE §2: what measure/ was before the rooms had decode, decoding and decode_state, and selfcheck four
+    times over; a name in the measuring rooms now says which module it is."""
+    found: dict[str, list[str]] = {}
+    for room_name in sorted(_MEASURING):
+        for path in (PACKAGE / room_name).rglob("*.py"):
+            if path.stem != "__init__":
+                found.setdefault(path.stem, []).append(module_name(path, PACKAGE))
+    assert {name: where for name, where in found.items() if len(where) > 1} == {}
+
+
 @pytest.mark.slow
 def test_a_circle_through_a_type_checking_import_is_caught(planted: Path) -> None:
     stats = planted / "core" / "stats.py"
