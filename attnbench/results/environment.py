@@ -82,10 +82,10 @@ class Environment:
     gpu_mig: bool | None = None  # True: the device is a MIG slice, not the whole GPU (no vendor peaks apply)
     gpu_mig_pending: bool | None = None
     gpu_settings_note: str = ""  # the settings that could not be read, and why
-    # The variables that decide how torch's CPU threads wait and bind ("OMP_WAIT_POLICY=ACTIVE", space-separated;
-    # empty: none set). They are what a CPU row's speed can hinge on: oneDNN's RNN syncs its threads every step, and
-    # with two threads and libgomp's passive wait an LSTM ran 2.5-3x slower in 6-25 % of processes on a 2-vCPU EPYC
-    # (results/README.md, issue 30). Recorded, not part of the fingerprint: a user sets them on purpose.
+    # The variables set for torch's CPU thread pools ("OMP_WAIT_POLICY=ACTIVE", space-separated; empty: none set):
+    # oneDNN's RNN syncs its threads every step, so how they wait and bind can change a CPU row's speed (PASSIVE made
+    # a two-thread LSTM 8x slower on a 2-vCPU EPYC; results/README.md, issues 30 and 38). Recorded, not part of the
+    # fingerprint: a user sets them on purpose.
     thread_env: str = ""
     # The kernel packages the families name that are installed here, distribution → version (``families.catalogue
     # .packages``: flash-attn, flash-linear-attention, mamba-ssm). Replaces the ``flash_attn`` field of earlier
