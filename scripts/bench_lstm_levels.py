@@ -26,8 +26,6 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 # One LSTM forward timed in a fresh interpreter: warm-up, then either one median (mode "once") or the median of each
 # 2 s window until the time is up (mode "windows").
 PROBE = """

@@ -13,8 +13,8 @@ a quiet machine (the load average is recorded before each round).
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import statistics
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,8 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attnbench.core.stats import student_t_975  # noqa: E402
-from attnbench.instrument.noise import NOISE_POLICY, reference_cases  # noqa: E402
+from attnbench.instrument.noise import NOISE_POLICY, noise_floor, reference_cases  # noqa: E402
 from attnbench.sweeps.isolated_executor import IsolatedExecutor  # noqa: E402
 from attnbench.timing.executor import ExecutorSettings  # noqa: E402
 
@@ -53,13 +52,11 @@ def one_process(env: Mapping[str, str], threads: int | None) -> list[float]:
 
 
 def floor(medians: list[list[float]]) -> float:
-    """compare's floor from per-process medians of each case (``instrument.noise.noise_floor``)."""
-    import math
-
-    by_case = list(zip(*medians, strict=True))
-    df = sum(len(m) - 1 for m in by_case)
-    ss = sum(sum((math.log(x) - statistics.fmean(math.log(y) for y in m)) ** 2 for x in m) for m in by_case)
-    return math.expm1(student_t_975(df) * math.sqrt(2) * math.sqrt(ss / df))
+    """compare's floor from per-process medians of each case, as ``calibrate`` pools them (``noise_floor``); a
+    process whose case did not time (NaN) is left out of that case. Unlike ``calibrate`` no busy round is retaken:
+    the load before each process is in the report instead."""
+    by_case = [[x for x in m if math.isfinite(x)] for m in zip(*medians, strict=True)]
+    return noise_floor(by_case)[0]
 
 
 def main() -> None:

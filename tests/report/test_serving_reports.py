@@ -84,7 +84,7 @@ def test_the_plots_include_one_capacity_figure(stored: StoredRun) -> None:
 
 
 def test_a_speed_up_interval_is_per_token_as_the_speed_up_is(stored: StoredRun) -> None:
-    """Capacity rows call with batches of their own (lstm's ~16× attention's at n = 64 here): the speed-up is per
+    """Capacity rows call with batches of their own (lstm's ~12× attention's at n = 64 here): the speed-up is per
     token, so its interval must be too, or it misses the point it belongs to (a lone one's error bar went negative
     and matplotlib refused every plot of the run)."""
     (capacity,) = [t for t in pivot_tables(stored.results) if t.mode == "capacity"]
