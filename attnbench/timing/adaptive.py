@@ -12,13 +12,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
-from attnbench.core.cases import TimingPolicy
+from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.stats import median_ci_ranks, summarize
 from attnbench.core.units import format_seconds
 from attnbench.results.measurement import MODIFIED_Z_CUT, NOISY_IQR_REL, Measurement, StopReason
-from attnbench.results.records import Status
+from attnbench.results.records import Result
 
 
 class Clock(Protocol):
@@ -63,11 +63,13 @@ TOO_SLOW = "too slow for the budget"  # how the warning that makes a row too_slo
 RUN_ONCE = "run once (sweep --run-once): one call timed after the warm-up, for a profiler; no CI, not for compare"
 
 
-def row_status(measurement: Measurement) -> tuple[Status, str]:
-    """A timed row's status and its reason: too_slow_for_budget with the warning that says why, else ok."""
+def timed_row(case: Case, measurement: Measurement, **fields: Any) -> Result:
+    """The row of a case that was timed: too_slow_for_budget with the warning that says why, else ok; ``fields``
+    are the rest of the ``Result`` (memory, parameters, extra, telemetry, contention)."""
     if measurement.stop_reason == "too_slow_for_budget":
-        return "too_slow_for_budget", next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "")
-    return "ok", ""
+        reason = next((w for w in measurement.warnings if w.startswith(TOO_SLOW)), "")
+        return Result(case, "too_slow_for_budget", reason=reason, measurement=measurement, **fields)
+    return Result(case, "ok", measurement=measurement, **fields)
 
 
 def _too_slow(sample_s: float, policy: TimingPolicy, left_s: float, *, taken: int | None = None) -> str:

@@ -53,7 +53,7 @@ from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
-from attnbench.timing.adaptive import Clock, measure, row_status
+from attnbench.timing.adaptive import Clock, measure, timed_row
 from attnbench.timing.capacity import find_capacity, stand_in
 
 Extra = dict[str, str | int | float | bool | None]
@@ -344,12 +344,9 @@ def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result],
     if case.mode == "capacity":
         held = state_bytes(replace(setup.case, mode="decode", serving=()))
         extra["state_bytes"] = held if held is not None else extra.get("state_bytes")
-    status, reason = row_status(measurement)
-    result = Result(
+    result = timed_row(
         case,
-        status,
-        reason=reason,
-        measurement=measurement,
+        measurement,
         memory=memory,
         parameters=parameter_count(model),
         extra=dict(extra),

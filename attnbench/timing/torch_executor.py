@@ -45,7 +45,7 @@ from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
-from attnbench.timing.adaptive import Clock, measure, row_status
+from attnbench.timing.adaptive import Clock, measure, timed_row
 from attnbench.timing.clocks import CpuClock, CudaClock, clock_for, cpu_flusher
 from attnbench.timing.compiled import (
     CompileWatch,
@@ -263,12 +263,9 @@ class TorchExecutor:
             traffic = bytes_moved(case, parameters, state if isinstance(state, int) else None)
             if traffic is not None:
                 extra["bytes_moved"], extra["bytes_formula"] = traffic
-            status, reason = row_status(measurement)
-            result = Result(
+            result = timed_row(
                 case,
-                status,
-                reason=reason,
-                measurement=measurement,
+                measurement,
                 memory=memory,
                 parameters=parameters,
                 extra=dict(extra),
