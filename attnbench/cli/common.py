@@ -166,7 +166,12 @@ FormatOpt = Annotated[
 ]
 ThreadsOpt = Annotated[
     int | None,
-    typer.Option("--threads", min=1, help="torch threads (match a sweep's 'threads').", show_default="torch's"),
+    typer.Option(
+        "--threads",
+        min=1,
+        help="torch threads (match a sweep's 'threads').",
+        show_default="a sweep's: on a CPU every CPU but one",
+    ),
 ]
 
 

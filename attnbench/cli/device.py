@@ -81,13 +81,13 @@ def calibrate(
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) and the between-process noise once
     per machine, and show them beside the vendor's peaks."""
     from attnbench.analysis.efficiency import vendor_for
-    from attnbench.host.devices import resolve_device, use_threads
+    from attnbench.host.devices import resolve_device, resolve_threads, use_threads
     from attnbench.host.inventory import collect_environment
     from attnbench.instrument.ceilings import calibrate as measure_ceilings
     from attnbench.results.calibration import cache_path, load_cached, save
 
     resolved = resolve_device(device or "auto")
-    use_threads(threads)
+    use_threads(resolve_threads(threads, resolved))  # the count a sweep here runs with
     environment = collect_environment(resolved)
     device_type = environment.device_type
     wanted = _dtypes(dtype, device_type)
@@ -102,7 +102,7 @@ def calibrate(
             wanted = tuple(dict.fromkeys([*wanted, *(m.dtype for m in cached.matmul), *cached.skipped]))
         stderr.print(
             f"calibrating {resolved} ({environment.gpu_name or environment.cpu_model}, torch {environment.torch}, "
-            f"{environment.torch_threads} threads): {', '.join(wanted)} matmul, then copy bandwidth",
+            f"{plural(environment.torch_threads or 0, 'thread')}): {', '.join(wanted)} matmul, then copy bandwidth",
             markup=False,
         )
         calibration = measure_ceilings(
@@ -237,7 +237,7 @@ def selfcheck(
     lasts, and it stays inconclusive. Exit 1 on a failure, 5 when some op is inconclusive and none failed, else 0."""
     from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
     from attnbench.core.units import format_duration
-    from attnbench.host.devices import resolve_device, use_threads
+    from attnbench.host.devices import resolve_device, resolve_threads, use_threads
     from attnbench.instrument.agreement import (
         MAX_ROUNDS_FACTOR,
         QUICK_ROUNDS,
@@ -250,7 +250,7 @@ def selfcheck(
     from attnbench.report.selfcheck_md import render_markdown, selfcheck_dict, table_rows
 
     resolved = resolve_device(device or "auto")
-    use_threads(threads)
+    use_threads(resolve_threads(threads, resolved))  # the count a sweep here runs with
     least = rounds or (QUICK_ROUNDS if quick else ROUNDS)
     most = max(least, max_rounds or MAX_ROUNDS_FACTOR * least)
     count = len(ops_for(resolved.split(":")[0], quick=quick))
@@ -281,9 +281,9 @@ def selfcheck(
     header, rows = table_rows(report)
     table = Table(
         title=(
-            f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, {timings.threads} "
-            f"threads, {plural(timings.rounds, 'paired round')}; ratio = attnbench / reference (median of "
-            "per-round ratios)"
+            f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, "
+            f"{plural(timings.threads, 'thread')}, {plural(timings.rounds, 'paired round')}; "
+            "ratio = attnbench / reference (median of per-round ratios)"
         ),
         title_justify="left",
     )

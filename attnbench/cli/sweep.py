@@ -32,7 +32,7 @@ from attnbench.cli.progress import SweepDisplay
 from attnbench.cli.signals import Interrupts
 from attnbench.core.cases import CacheState, Case
 from attnbench.core.errors import EXIT_CASE_FAILED, AttnbenchError, ResultsError, StorageError
-from attnbench.core.units import format_duration
+from attnbench.core.units import format_duration, plural
 from attnbench.results.records import FAILED, Result
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ def sweep(
             stdout.print(
                 f"attnbench: {what} on {_where(plan.device, plan.devices)} "
                 f"({environment.gpu_name or environment.cpu_model}, "
-                f"torch {environment.torch}, {environment.torch_threads} threads"
+                f"torch {environment.torch}, {_threads(plan, environment.torch_threads)}"
                 f"{', each case in a worker process' if plan.isolate else ''}) → {run.folder}",
                 markup=False,
                 highlight=False,
@@ -367,3 +367,13 @@ def _write_summaries(folder: Path, *, plots: bool) -> tuple[StoredRun, list[Path
     if notice is not None:
         stderr.print(notice, markup=False)
     return stored, paths, None
+
+
+def _threads(plan: SweepPlan, threads: int | None) -> str:
+    """The thread count, and when the default left a CPU free, that it did (a config's `threads` takes it back)."""
+    from attnbench.host.busy import logical_cores
+
+    said = plural(threads or 0, "thread")
+    if plan.experiment.threads is None and plan.threads is not None and plan.threads < logical_cores():
+        said += f", 1 of {logical_cores()} CPUs left free"
+    return said

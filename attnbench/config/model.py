@@ -323,7 +323,8 @@ class _Config(_Strict):
     causal: Flags | None = None
     """Causal attention mask (true) or full attention (false); a unidirectional RNN is causal by construction."""
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
-    """torch CPU threads; null = torch's default (one per core)."""
+    """torch CPU threads; null = on a CPU every CPU the process may use but one (left to the harness and the OS:
+    a thread on every vCPU made fresh processes disagree by up to 2×), on a GPU torch's default."""
     cache: CacheState | None = None
     """cold: flush the last-level cache (a GPU's L2, a CPU's L3) before every timed call, outside the timed region,
     so each call reads its weights and state from memory; warm: back-to-back calls find them cached. null = each

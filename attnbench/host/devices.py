@@ -55,6 +55,33 @@ def device_slug(device: str) -> str:
     return device.replace(":", "")
 
 
+# The variables a person sets to choose the thread count themselves; attnbench's default then stays out of the way.
+THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def resolve_threads(threads: int | None, device: str, *, cpus: int | None = None) -> int | None:
+    """The CPU thread count cases run with: ``threads`` when the config or ``--threads`` gives one, else on a CPU
+    every CPU this process may use but one, where torch would take them all (None: torch's default).
+
+    Why one is left free: a thread on every CPU shares each of them with everything else that runs — the sweep's
+    telemetry sampler, the OS, the hypervisor placing a VM's vCPUs — and an OpenMP kernel that meets a barrier every
+    step (an LSTM's 256 steps) waits each time on its slowest thread. On a 2-vCPU VM a two-thread LSTM read at levels
+    up to 2× apart from one fresh process to the next, and within one process from one 2 s window to the next, where
+    one thread held 6.5–7.3 ms (results/lstm-levels-cpu.md); calibrate's floor and compare's A/A and power tables
+    at both counts are in results/README.md. On a GPU the host threads only launch kernels, and torch's default
+    stays. ``cpus`` stands in for the affinity count (tests)."""
+    if threads is not None or not device.startswith("cpu"):
+        return threads
+    if any(os.environ.get(name) for name in THREAD_COUNT_VARIABLES):
+        return None  # the person chose through the environment: torch reads it
+    from attnbench.host.busy import logical_cores
+
+    usable = logical_cores() if cpus is None else cpus
+    import torch
+
+    return usable - 1 if usable > 1 and torch.get_num_threads() >= usable else None
+
+
 def use_threads(threads: int | None) -> None:
     """Set torch's intra-op thread count (None: leave torch's default). Before collecting an environment, so that
     it records the count the measurements run with."""

@@ -38,7 +38,7 @@ def device_name(run: Run) -> str:
         return safe_text(str(env["gpu_name"]), lines=False)
     name = safe_text(str(env.get("cpu_model") or env.get("device") or "?"), lines=False)
     threads = env.get("torch_threads")
-    return f"{name} (CPU, {threads} threads)" if threads else f"{name} (CPU)"
+    return f"{name} (CPU, {threads} thread{'' if threads == 1 else 's'})" if threads else f"{name} (CPU)"
 
 
 def line_style(index: int) -> tuple[str, str, str]:

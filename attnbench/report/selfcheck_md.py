@@ -42,7 +42,7 @@ def render_markdown(report: SelfcheckReport) -> str:
     lines = [
         f"# attnbench selfcheck — {timings.device} ({timings.device_name})",
         "",
-        f"torch {timings.torch}, {timings.threads} threads, {rounds} per op. Each cell is "
+        f"torch {timings.torch}, {plural(timings.threads, 'thread')}, {rounds} per op. Each cell is "
         "the median of the per-round medians; a ratio is attnbench / reference, the median of the per-round "
         f"ratios (min–max over rounds). Gate: ops whose attnbench median is ≥ {format_seconds(GATE_MIN_S)} pass "
         f"when the 95 % interval of the ratio over rounds lies within {gates}, fail when it lies beyond, and are "

@@ -26,7 +26,7 @@ from attnbench.core.cases import Case
 from attnbench.core.errors import AttnbenchError, ConfigError, DeviceError, ResultsError
 from attnbench.core.shards import Shard
 from attnbench.host.busy import logical_cores, wait_for_idle
-from attnbench.host.devices import device_slug, guess_device, resolve_device, threads_handed_back
+from attnbench.host.devices import device_slug, guess_device, resolve_device, resolve_threads, threads_handed_back
 from attnbench.host.inventory import code_identity, collect_environment
 from attnbench.results.calibration import Calibration, load_cached
 from attnbench.results.contention import Contention
@@ -96,6 +96,7 @@ class SweepPlan:
     shard: Shard | None = None  # cases and todo are this slice's (a resumed shard keeps its own)
     devices: tuple[str, ...] = ()  # a worker per device (--devices); empty: one executor on ``device``
     device_basis: str = ""  # a dry run tells "auto" without torch: what its answer rests on
+    threads: int | None = None  # the config's, else on a CPU attnbench's default (resolve_threads); dry run: config's
 
     @property
     def budget_s(self) -> float:
@@ -113,7 +114,7 @@ class SweepPlan:
             device=self.device,
             timing=e.timing,
             seed=e.seed,
-            threads=e.threads,
+            threads=self.threads,
             timeout_s=e.timeout_s,
             telemetry=e.telemetry,
             telemetry_interval_s=e.interval_for(self.device),
@@ -195,9 +196,33 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     devices = pool.devices if pool is not None else ()
     warnings += pool.warnings if pool is not None else ()
     device_basis = basis[-1] if basis else ""  # the device's own, after the builtin config's choice
+    # A dry run resolves no threads: the rule asks torch, which a dry run does not import. A resumed run keeps the
+    # count it was started with (a run from before the rule, or from a machine whose CPUs changed, still resumes).
+    threads = experiment.threads
+    if stored is not None and threads is None:
+        threads = _stored_threads(stored)
+    elif not request.dry_run:
+        threads = resolve_threads(threads, device)
     return SweepPlan(
-        request, experiment, device, cases, todo, stored, kept, isolate, tuple(warnings), shard, devices, device_basis
+        request,
+        experiment,
+        device,
+        cases,
+        todo,
+        stored,
+        kept,
+        isolate,
+        tuple(warnings),
+        shard,
+        devices,
+        device_basis,
+        threads,
     )
+
+
+def _stored_threads(stored: StoredRun) -> int | None:
+    found = stored.run.environment.get("torch_threads")
+    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
 
 
 def _pool_devices(request: SweepRequest) -> DeviceSet | None:
@@ -380,7 +405,7 @@ def open_sweep(
             lock = RunLock(Path(request.resume)).acquire()
         plan = plan_sweep(request)
         # Before the environment records the thread count; handed back when the sweep ends.
-        handed_back.enter_context(threads_handed_back(plan.experiment.threads))
+        handed_back.enter_context(threads_handed_back(plan.threads))
         environment = _environment(plan)
         warnings = list(plan.warnings)
         # Before anything is written: is the machine already busy? (≤ 1 s, or up to --wait-idle for quiet)

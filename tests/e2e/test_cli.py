@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -398,3 +399,24 @@ def test_no_plots_writes_the_summaries_and_no_plots(tmp_path: Path) -> None:
     drawn = runner.invoke(app, ["report", str(folder), "--plots"])
     assert drawn.exit_code == 0, drawn.output
     assert any((folder / "plots").glob("*.png"))
+
+
+@pytest.mark.slow
+def test_a_cpu_sweep_without_threads_runs_on_every_cpu_but_one_in_its_workers_too(tmp_path: Path) -> None:
+    import torch
+
+    from attnbench.host.devices import THREAD_COUNT_VARIABLES, resolve_threads
+
+    expected = resolve_threads(None, "cpu")
+    if expected is None or any(os.environ.get(name) for name in THREAD_COUNT_VARIABLES):
+        pytest.skip(f"torch runs {torch.get_num_threads()} threads on {os.cpu_count()} CPUs here: nothing is left free")
+    config = tmp_path / "c.yaml"
+    config.write_text(tiny_config(models=["lstm"], threads=None, isolate=True, grid={"batch": [1], "seq_len": [8]}))
+    result = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 0, result.output
+    (folder,) = (tmp_path / "out").iterdir()
+    assert json.loads((folder / "run.json").read_text())["environment"]["torch_threads"] == expected
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    assert [row["extra"]["torch_threads"] for row in rows] == [expected]  # the isolated worker ran with it
+    shown = runner.invoke(app, ["env", "--device", "cpu", "-f", "json"])
+    assert json.loads(shown.output)["environment"]["torch_threads"] == expected

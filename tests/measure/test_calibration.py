@@ -514,10 +514,18 @@ def test_calibrate_cli_quick_on_cpu(private_cache: Path) -> None:
     assert not private_cache.exists() or not list(private_cache.iterdir())
 
 
-def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
+def default_fingerprint() -> str:
+    """The fingerprint ``attnbench calibrate --device cpu`` looks its cache up by: the environment at the thread
+    count a sweep here runs with by default (``resolve_threads``)."""
+    from attnbench.host.devices import resolve_threads, threads_handed_back
     from attnbench.host.inventory import collect_environment
 
-    fingerprint = collect_environment("cpu").fingerprint()
+    with threads_handed_back(resolve_threads(None, "cpu")):
+        return collect_environment("cpu").fingerprint()
+
+
+def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
+    fingerprint = default_fingerprint()
     save(calibration(fingerprint, skipped={"float16": "skipped in this test"}))
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--noise-processes", "0"])
     assert result.exit_code == 0, result.output

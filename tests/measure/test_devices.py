@@ -68,3 +68,37 @@ def test_an_explicit_cuda_request_is_kept_and_a_likely_refusal_said(
 
 def test_the_guess_agrees_with_torch_here() -> None:
     assert guess_device("auto").device == resolve_device("auto")
+
+
+# ------------------------------------------------------------------------- the thread count a sweep runs with
+@pytest.fixture
+def torch_threads() -> object:
+    import torch
+
+    found = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(found)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "torch_default", "expected"),
+    [(2, 2, 1), (8, 8, 7), (64, 64, 63), (128, 64, None), (1, 1, None), (4, 2, None)],
+)
+def test_a_cpu_leaves_one_cpu_free_only_where_torch_would_take_them_all(
+    cpus: int, torch_default: int, expected: int | None, torch_threads: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in devices.THREAD_COUNT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    torch_threads.set_num_threads(torch_default)  # type: ignore[attr-defined]
+    assert devices.resolve_threads(None, "cpu", cpus=cpus) == expected
+
+
+def test_a_given_count_a_gpu_and_the_environments_choice_are_kept(
+    torch_threads: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch_threads.set_num_threads(4)  # type: ignore[attr-defined]
+    assert devices.resolve_threads(3, "cpu", cpus=4) == 3
+    assert devices.resolve_threads(4, "cpu", cpus=4) == 4
+    assert devices.resolve_threads(None, "cuda:0", cpus=4) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert devices.resolve_threads(None, "cpu", cpus=4) is None
