@@ -231,6 +231,68 @@ def ratio_verdict(lo: float, hi: float, threshold: float) -> Verdict:
     return "noisy"
 
 
+# The false-discovery rate ``control_discoveries`` holds each direction to: a case's 95 % interval alone calls a
+# change at one-sided 2.5 %, so a comparison of one case reads as before, and a comparison of many can call a false
+# regression no more often than a comparison of one.
+DISCOVERY_RATE = (1 - CONFIDENCE) / 2
+
+_Z = statistics.NormalDist()
+
+
+def change_p(c: CaseComparison, direction: Literal["regressed", "improved"]) -> float | None:
+    """One-sided p of "the change lies beyond the threshold in ``direction``", from the case's interval read as
+    normal on the log scale (its half-width on that side is the 95 % quantile times the standard error): 2.5 %
+    exactly where the interval's end touches the threshold, so ``ratio_verdict`` and this agree at one case. None
+    for a case without a timed interval (a status, a new or missing case, a contended one)."""
+    if (
+        c.contended
+        or c.ratio is None
+        or c.ci_low is None
+        or c.ci_high is None
+        or c.evidence not in ("processes", "samples")
+    ):
+        return None
+    z975 = _Z.inv_cdf(1 - DISCOVERY_RATE)
+    if direction == "regressed":
+        beyond, half = math.log(c.ratio) - math.log1p(c.threshold), math.log(c.ratio / c.ci_low)
+    else:
+        beyond, half = math.log1p(-min(c.threshold, 0.999)) - math.log(c.ratio), math.log(c.ci_high / c.ratio)
+    if half <= 0:
+        return 0.0 if beyond > 0 else 1.0
+    return 1 - _Z.cdf(z975 * beyond / half)
+
+
+def control_discoveries(cases: Sequence[CaseComparison]) -> tuple[CaseComparison, ...]:
+    """The cases, with a regression or improvement that does not survive the Benjamini–Hochberg procedure over
+    every timed case of the comparison (at ``DISCOVERY_RATE`` per direction) turned ``noisy``, saying why.
+
+    Why: each case's interval misses at 2.5 % a side, so a comparison of eight cases of unchanged code fails one
+    time in six, and one of eighty almost always (an A/A series on a 2-vCPU VM: 1 of 160 cases in 20 pairs, with
+    one pair failing for it). Benjamini–Hochberg holds the share of false calls among the calls to the rate; under
+    no change at all that is the chance of any false call, so it does not grow with the number of cases. When
+    many cases move together (a slowdown of everything) each needs only its own 2.5 %, so the power to catch it
+    stays; a lone case needs p ≤ 2.5 % / k. It only ever takes a call away."""
+    out = list(cases)
+    for direction in ("regressed", "improved"):
+        tested = [(p, i) for i, c in enumerate(cases) if (p := change_p(c, direction)) is not None]
+        k = len(tested)
+        ranked = sorted(tested)
+        kept = 0
+        for rank, (p, _) in enumerate(ranked, 1):
+            if p <= DISCOVERY_RATE * rank / k:
+                kept = rank
+        survivors = {i for _, i in ranked[:kept]}
+        for p, i in tested:
+            c = out[i]
+            if c.verdict == direction and i not in survivors:
+                note = (
+                    f"{direction} at its own 95 % interval (p = {p:.3f}), but not among the changes that hold across "
+                    f"the {k} cases compared (false discoveries held to {DISCOVERY_RATE:.1%}, Benjamini–Hochberg)"
+                )
+                out[i] = replace(c, verdict="noisy", note="; ".join(part for part in (c.note, note) if part))
+    return tuple(out)
+
+
 def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:
     """The verdict for one case key from its rows on each side (one row per run; either side may be empty).
 

@@ -26,6 +26,11 @@ runs is ``improved``, a case that newly ends error/timeout/crashed is ``regresse
 (``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
 and says which side — unless a side is a folder of runs with enough uncontended ones to judge on without them.
 
+A comparison asks this of every case at once, so a timed regression or improvement must also survive the
+Benjamini–Hochberg procedure over all the timed cases, at 2.5 % per direction (``case_compare.control_discoveries``):
+under no change the chance of any false call then stays at 2.5 % however many cases there are, and a change of many
+cases keeps each case's own 2.5 %. A call that does not survive is ``noisy``, its note says why.
+
 Thresholds may also name ``peak_mem``, ``tokens_per_s`` and ``gbps``: ``compare_sides`` judges them by the same
 rule on each metric's interval (``analysis.gates``) and adds them to the comparison, where a regression fails it
 too, so every caller (the CLI, ``attnbench.api.compare``, a script) gets the same verdict.
@@ -62,6 +67,7 @@ from attnbench.analysis.case_compare import (
     Verdict,
     bootstrap_ratio_ci,
     compare_case,
+    control_discoveries,
     pooled_log_sd,
     process_medians,
     process_ratio_ci,
@@ -328,8 +334,8 @@ class Overall:
 
     It is judged as asv judges a change (``overall_rule``): regressed when the interval excludes no change and the
     estimate is beyond the threshold, not only when the whole interval is. A case's verdict demands the whole
-    interval beyond the threshold because a comparison asks it of every case at once (eighty cases at 2.5 % each
-    would raise two false alarms a comparison); this is one question per comparison, so unchanged code still
+    interval beyond the threshold (and the false-discovery control across the cases) because a comparison asks it
+    of every case at once; this is one question per comparison, so unchanged code still
     fails it at most 2.5 % of the time, while a change of twice the threshold no longer needs an interval narrower
     than the gap between change and threshold: where runs spread 6 % (a 2-vCPU VM, results/README.md "Honest on
     a busy machine"), ten runs a side catch a 10 % change nine times in ten, where the whole-interval rule needs
@@ -600,7 +606,7 @@ def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
     policy = resolve_floor(policy, base, current)
     base_rows, current_rows = base.rows(), current.rows()
     keys = list(base_rows) + [k for k in current_rows if k not in base_rows]
-    cases = tuple(compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys)
+    cases = control_discoveries([compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys])
     warnings = _side_warnings(base, "base") + _side_warnings(current, "current")
     overall = overall_verdict(base, current, cases, policy.thresholds.default)
     gates = gate_metrics(cases, base_rows, current_rows, policy.thresholds) if policy.thresholds.gated else ()
