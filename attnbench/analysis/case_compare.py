@@ -236,59 +236,82 @@ def ratio_verdict(lo: float, hi: float, threshold: float) -> Verdict:
 # regression no more often than a comparison of one.
 DISCOVERY_RATE = (1 - CONFIDENCE) / 2
 
-_Z = statistics.NormalDist()
+Direction = Literal["above", "below"]
+
+
+def beyond_p(
+    ratio: float, lo: float, hi: float, threshold: float, direction: Direction, df: int | None = None
+) -> float:
+    """One-sided p of "the ratio lies above 1 + threshold" (or below 1 − threshold), from its 95 % interval [lo, hi]
+    read on the log scale: a normal one (the bootstrap widened by the floor) when ``df`` is None, else a Student t
+    one on ``df`` degrees of freedom (per-process medians, ``process_ratio_ci``). It is 2.5 % where the interval's
+    end touches the threshold, so ``ratio_verdict`` and this agree at one case. A zero-width interval (a peak read
+    once a side) is certain either way."""
+    if direction == "above":
+        beyond, half = math.log(ratio) - math.log1p(threshold), math.log(ratio / lo)
+    else:
+        beyond, half = math.log1p(-min(threshold, 0.999)) - math.log(ratio), math.log(hi / ratio)
+    if half <= 0:
+        return 0.0 if beyond > 0 else 1.0
+    if df is None:
+        normal = statistics.NormalDist()
+        return 1 - normal.cdf(normal.inv_cdf(1 - DISCOVERY_RATE) * beyond / half)
+    from scipy.stats import t  # a dependency of ruptures (analysis.steps); only folders of runs come here
+
+    return float(t.sf(student_t_975(df) * beyond / half, df))
 
 
 def change_p(c: CaseComparison, direction: Literal["regressed", "improved"]) -> float | None:
-    """One-sided p of "the change lies beyond the threshold in ``direction``", from the case's interval read as
-    normal on the log scale (its half-width on that side is the 95 % quantile times the standard error): 2.5 %
-    exactly where the interval's end touches the threshold, so ``ratio_verdict`` and this agree at one case. None
-    for a case without a timed interval (a status, a new or missing case, a contended one)."""
-    if (
-        c.contended
-        or c.ratio is None
-        or c.ci_low is None
-        or c.ci_high is None
-        or c.evidence not in ("processes", "samples")
-    ):
+    """``beyond_p`` of a case's timed interval in ``direction`` (slower is "above"); None for a case without one (a
+    status, a new or missing case, a contended one)."""
+    if c.contended or c.ratio is None or c.ci_low is None or c.ci_high is None:
         return None
-    z975 = _Z.inv_cdf(1 - DISCOVERY_RATE)
-    if direction == "regressed":
-        beyond, half = math.log(c.ratio) - math.log1p(c.threshold), math.log(c.ratio / c.ci_low)
-    else:
-        beyond, half = math.log1p(-min(c.threshold, 0.999)) - math.log(c.ratio), math.log(c.ci_high / c.ratio)
-    if half <= 0:
-        return 0.0 if beyond > 0 else 1.0
-    return 1 - _Z.cdf(z975 * beyond / half)
+    if c.evidence not in ("processes", "samples"):
+        return None
+    df = c.base_n + c.current_n - 2 if c.evidence == "processes" else None
+    side: Direction = "above" if direction == "regressed" else "below"
+    return beyond_p(c.ratio, c.ci_low, c.ci_high, c.threshold, side, df)
+
+
+def discoveries(ps: Sequence[float]) -> set[int]:
+    """The indices of ``ps`` that the Benjamini–Hochberg step-up keeps at ``DISCOVERY_RATE``: every p up to the
+    largest rank i whose p is at most the rate × i / k."""
+    ranked = sorted(range(len(ps)), key=lambda i: ps[i])
+    kept = 0
+    for rank, i in enumerate(ranked, 1):
+        if ps[i] <= DISCOVERY_RATE * rank / len(ps):
+            kept = rank
+    return set(ranked[:kept])
+
+
+def held_note(direction: str, p: float, k: int) -> str:
+    """Why a call did not survive the control (``control_discoveries``, the metric gates' own)."""
+    return (
+        f"{direction} at its own 95 % interval (p = {p:.2g}), but not among the changes that hold across the {k} "
+        f"compared (false discoveries held to {DISCOVERY_RATE:.1%}, Benjamini–Hochberg)"
+    )
 
 
 def control_discoveries(cases: Sequence[CaseComparison]) -> tuple[CaseComparison, ...]:
     """The cases, with a regression or improvement that does not survive the Benjamini–Hochberg procedure over
-    every timed case of the comparison (at ``DISCOVERY_RATE`` per direction) turned ``noisy``, saying why.
+    every case with a timed interval (``change_p``; at ``DISCOVERY_RATE`` per direction) turned ``noisy``, saying
+    why.
 
     Why: each case's interval misses at 2.5 % a side, so a comparison of eight cases of unchanged code fails one
     time in six, and one of eighty almost always (an A/A series on a 2-vCPU VM: 1 of 160 cases in 20 pairs, with
     one pair failing for it). Benjamini–Hochberg holds the share of false calls among the calls to the rate; under
-    no change at all that is the chance of any false call, so it does not grow with the number of cases. When
-    many cases move together (a slowdown of everything) each needs only its own 2.5 %, so the power to catch it
-    stays; a lone case needs p ≤ 2.5 % / k. It only ever takes a call away."""
+    no change at all that is the chance of any false call (for independent cases, or cases that move together), so
+    it does not grow with the number of cases. When many cases move together (a slowdown of everything) each needs
+    only its own 2.5 %, so the power to catch it stays; a lone case needs p ≤ 2.5 % / k. It only ever takes a call
+    away."""
     out = list(cases)
     for direction in ("regressed", "improved"):
-        tested = [(p, i) for i, c in enumerate(cases) if (p := change_p(c, direction)) is not None]
-        k = len(tested)
-        ranked = sorted(tested)
-        kept = 0
-        for rank, (p, _) in enumerate(ranked, 1):
-            if p <= DISCOVERY_RATE * rank / k:
-                kept = rank
-        survivors = {i for _, i in ranked[:kept]}
-        for p, i in tested:
+        tested = [(i, p) for i, c in enumerate(cases) if (p := change_p(c, direction)) is not None]
+        kept = discoveries([p for _, p in tested])
+        for n, (i, p) in enumerate(tested):
             c = out[i]
-            if c.verdict == direction and i not in survivors:
-                note = (
-                    f"{direction} at its own 95 % interval (p = {p:.3f}), but not among the changes that hold across "
-                    f"the {k} cases compared (false discoveries held to {DISCOVERY_RATE:.1%}, Benjamini–Hochberg)"
-                )
+            if c.verdict == direction and n not in kept:
+                note = held_note(direction, p, len(tested))
                 out[i] = replace(c, verdict="noisy", note="; ".join(part for part in (c.note, note) if part))
     return tuple(out)
 

@@ -74,7 +74,7 @@ from attnbench.analysis.case_compare import (
     ratio_verdict,
     runs_for_interval,
 )
-from attnbench.analysis.gates import MetricVerdict, gate_metrics
+from attnbench.analysis.gates import MetricVerdict, control_gates, gate_metrics
 from attnbench.core.errors import (
     EXIT_CASE_FAILED,
     EXIT_NO_BASELINE,
@@ -606,10 +606,12 @@ def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
     policy = resolve_floor(policy, base, current)
     base_rows, current_rows = base.rows(), current.rows()
     keys = list(base_rows) + [k for k in current_rows if k not in base_rows]
-    cases = control_discoveries([compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys])
+    judged = [compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys]
+    cases = control_discoveries(judged)
     warnings = _side_warnings(base, "base") + _side_warnings(current, "current")
     overall = overall_verdict(base, current, cases, policy.thresholds.default)
-    gates = gate_metrics(cases, base_rows, current_rows, policy.thresholds) if policy.thresholds.gated else ()
+    gated = policy.thresholds.gated
+    gates = control_gates(gate_metrics(judged, base_rows, current_rows, policy.thresholds)) if gated else ()
     comparison = Comparison(base, current, policy, cases, allowed, tuple(warnings), overall, gates)
     return replace(
         comparison, warnings=(*comparison.warnings, *_floor_warning(comparison), *_window_warning(comparison))

@@ -20,9 +20,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from attnbench.analysis.case_compare import CaseComparison, Verdict, process_ratio_ci
+from attnbench.analysis.case_compare import (
+    CaseComparison,
+    Verdict,
+    beyond_p,
+    discoveries,
+    held_note,
+    process_ratio_ci,
+)
 from attnbench.analysis.thresholds import GateMetric, Thresholds
 from attnbench.core.cases import Case
 from attnbench.results.records import Result
@@ -45,6 +52,8 @@ class MetricVerdict:
     base: float | None = None  # the side's value: a peak in bytes, or a rate per second
     current: float | None = None
     note: str = ""
+    df: int | None = None  # the interval's degrees of freedom when it is a Student t one (processes), else normal
+    contended: bool = False  # its verdict is noisy for contention, whatever the interval: no p for the control
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -92,7 +101,10 @@ def _rate(c: CaseComparison, base: Sequence[Result], metric: GateMetric, thresho
         return MetricVerdict(metric, c.key, c.case, "noisy", threshold, ratio, None, None, base_rate, current_rate, why)
     lo, hi = 1 / c.ci_high, 1 / c.ci_low
     verdict = "noisy" if c.contended else judge(lo, hi, threshold, higher_is_worse=False)
-    return MetricVerdict(metric, c.key, c.case, verdict, threshold, ratio, lo, hi, base_rate, current_rate, c.note)
+    df = c.base_n + c.current_n - 2 if c.evidence == "processes" else None
+    return MetricVerdict(
+        metric, c.key, c.case, verdict, threshold, ratio, lo, hi, base_rate, current_rate, c.note, df, bool(c.contended)
+    )
 
 
 def _peaks(rows: Sequence[Result]) -> list[float]:
@@ -105,12 +117,16 @@ def _memory(
     pb, pc = _peaks(base), _peaks(current)
     if not pb or not pc:  # a side that recorded no peak (a device without a memory reading)
         return None
+    df = None
     if len(pb) + len(pc) >= 3:
         ratio, lo, hi = process_ratio_ci(pb, pc)
+        df = len(pb) + len(pc) - 2
     else:
         ratio = lo = hi = pc[0] / pb[0]
     verdict = judge(lo, hi, threshold, higher_is_worse=True)
-    return MetricVerdict("peak_mem", c.key, c.case, verdict, threshold, ratio, lo, hi, _geomean(pb), _geomean(pc))
+    return MetricVerdict(
+        "peak_mem", c.key, c.case, verdict, threshold, ratio, lo, hi, _geomean(pb), _geomean(pc), df=df
+    )
 
 
 def _geomean(values: Sequence[float]) -> float:
@@ -135,3 +151,30 @@ def gate_metrics(
             if judged is not None:
                 out.append(judged)
     return tuple(out)
+
+
+def control_gates(verdicts: Sequence[MetricVerdict]) -> tuple[MetricVerdict, ...]:
+    """Each metric's calls held to the false-discovery rate across its cases, as ``control_discoveries`` holds the
+    median's: a regression or improvement that the Benjamini–Hochberg step-up over the metric's cases with an
+    interval does not keep turns ``noisy``, saying why. Rates come from the cases' intervals before the median's own
+    control, so each gate is judged once, at its own threshold."""
+    out = list(verdicts)
+    for metric in dict.fromkeys(v.metric for v in verdicts):
+        for direction in ("regressed", "improved"):
+            tested = [
+                (i, p) for i, v in enumerate(verdicts) if v.metric == metric and (p := _p(v, direction)) is not None
+            ]
+            kept = discoveries([p for _, p in tested])
+            for n, (i, p) in enumerate(tested):
+                v = out[i]
+                if v.verdict == direction and n not in kept:
+                    note = "; ".join(part for part in (v.note, held_note(direction, p, len(tested))) if part)
+                    out[i] = replace(v, verdict="noisy", note=note)
+    return tuple(out)
+
+
+def _p(v: MetricVerdict, direction: str) -> float | None:
+    if v.contended or v.ratio is None or v.ci_low is None or v.ci_high is None:
+        return None
+    worse = HIGHER_IS_WORSE[v.metric] == (direction == "regressed")
+    return beyond_p(v.ratio, v.ci_low, v.ci_high, v.threshold, "above" if worse else "below", v.df)

@@ -4,9 +4,11 @@ caught case by case."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import replace
+from pathlib import Path
 from statistics import NormalDist
 
 import pytest
@@ -110,3 +112,72 @@ def test_compare_applies_it(monkeypatch: pytest.MonkeyPatch) -> None:
     judged = compare.compare_paths(BASE, CURRENT, Policy(noise_floor=MEASURED))
     assert seen == [len(judged.cases)] and len(judged.cases) > 8
     assert judged.regressed  # the fixture's 25 % slowdown and its OOM still fail it
+
+
+def processes(ratio: float, half: float, n: int = 2, key: str = "k") -> CaseComparison:
+    """A case timed in ``n`` processes a side: a Student t interval on 2n − 2 degrees of freedom."""
+    lo, hi = ratio * math.exp(-half), ratio * math.exp(half)
+    verdict = ratio_verdict(lo, hi, 0.05)
+    return CaseComparison(key, case(), verdict, "processes", 0.05, "ok", "ok", 1.0, ratio, ratio, lo, hi, n, n)
+
+
+def test_a_student_t_interval_gives_a_student_t_p() -> None:
+    from scipy.stats import t
+
+    from attnbench.core.stats import student_t_975
+
+    c = processes(1.05 * math.exp(0.1395), 0.1)  # 1.395 half-widths beyond the threshold, two processes a side
+    assert c.verdict == "regressed"
+    assert change_p(c, "regressed") == pytest.approx(t.sf(student_t_975(2) * 1.395, 2))  # ≈ 0.013, not normal's
+    assert change_p(processes(1.05 * math.exp(0.1), 0.1), "regressed") == pytest.approx(DISCOVERY_RATE, rel=0.01)
+    others = [processes(1.0, 0.1, key=f"c{i}") for i in range(7)]
+    assert control_discoveries([c, *others])[0].verdict == "noisy"  # 0.013 > 2.5 % / 8
+
+
+def test_edges_zero_width_no_cases_and_a_threshold_of_everything() -> None:
+    assert control_discoveries([]) == ()
+    fixed = replace(timed(1.3, 0.1), ci_low=1.3, ci_high=1.3)  # a peak read once a side: certain
+    assert change_p(fixed, "regressed") == 0.0 and change_p(fixed, "improved") == 1.0
+    assert change_p(timed(0.01, 0.1, threshold=1.0), "improved") == 1.0  # nothing is 100 % faster
+
+
+def test_a_gates_calls_are_held_per_metric() -> None:
+    from attnbench.analysis.gates import MetricVerdict, control_gates, judge
+
+    def rate(ratio: float, key: str) -> MetricVerdict:  # tokens/s, lower is worse, a normal interval ±0.128
+        lo, hi = ratio * math.exp(-0.128), ratio * math.exp(0.128)
+        verdict = judge(lo, hi, 0.05, higher_is_worse=False)
+        return MetricVerdict("tokens_per_s", key, case(), verdict, 0.05, ratio, lo, hi)
+
+    def peak(ratio: float, key: str) -> MetricVerdict:  # one reading a side: no spread
+        verdict = judge(ratio, ratio, 0.1, higher_is_worse=True)
+        return MetricVerdict("peak_mem", key, case(), verdict, 0.1, ratio, ratio, ratio)
+
+    gates = [rate(1 / 1.21, "lone"), *(rate(1.0, f"r{i}") for i in range(7)), peak(1.5, "lone"), peak(1.0, "p1")]
+    assert [g.verdict for g in gates].count("regressed") == 2
+    held = control_gates(gates)
+    assert held[0].verdict == "noisy" and held[8].verdict == "regressed"  # the rate's lone call goes, the peak stays
+    assert held[1:8] == tuple(gates[1:8])
+
+
+@pytest.mark.parametrize(("factor", "exit_code"), [(1.21, 0), (1.6, 1)])
+def test_compare_exits_on_a_lone_case_only_when_it_holds(tmp_path: Path, factor: float, exit_code: int) -> None:
+    """Issue 38's A/A pair end to end: one case of the fixture's ten timed ones 21 % slower at a ±13.3 % floor is
+    within what ten cases of unchanged code produce (exit 0); 60 % slower is not (exit 1)."""
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+    from tests.analysis.test_compare import BASE, derive
+
+    run, rows = derive.read_run(BASE)
+    slowed = [derive.scaled(r, factor) if derive.ident(r) == ("lstm", "forward", 64) else r for r in rows]
+    current = derive.write_run(tmp_path / "current", derive.with_run(run, "current", "c" * 40), slowed)
+    out = CliRunner().invoke(app, ["compare", str(BASE), str(current), "--noise-floor", "13.3%", "-f", "json"])
+    assert out.exit_code == exit_code, out.output
+    (lstm,) = [
+        c
+        for c in json.loads(out.stdout)["cases"]
+        if c["key"].startswith("model=lstm|mode=forward") and "|seq_len=64|" in c["key"]
+    ]
+    assert lstm["ratio"] == pytest.approx(factor, rel=0.01)
+    assert lstm["verdict"] == ("noisy" if exit_code == 0 else "regressed")
