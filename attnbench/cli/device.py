@@ -81,65 +81,69 @@ def calibrate(
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) and the between-process noise once
     per machine, and show them beside the vendor's peaks."""
     from attnbench.analysis.efficiency import vendor_for
-    from attnbench.host.devices import resolve_device, resolve_threads, use_threads
+    from attnbench.host.devices import resolve_device, resolve_threads, threads_handed_back
     from attnbench.host.inventory import collect_environment
     from attnbench.instrument.ceilings import calibrate as measure_ceilings
     from attnbench.results.calibration import cache_path, load_cached, save
 
     resolved = resolve_device(device or "auto")
-    use_threads(resolve_threads(threads, resolved))  # the count a sweep here runs with
-    environment = collect_environment(resolved)
-    device_type = environment.device_type
-    wanted = _dtypes(dtype, device_type)
-    fingerprint = environment.fingerprint()
-    cached = None if (refresh or quick) else load_cached(fingerprint)
-    if cached is not None and all(d in {m.dtype for m in cached.matmul} | set(cached.skipped) for d in wanted):
-        calibration = cached
-        origin = f"cached calibration of {cached.created_utc} ({cache_path(fingerprint)}); --refresh measures again"
-    else:
-        if cached is not None:
-            # The cache is one file per machine: measure what it already holds too, or saving would drop it.
-            wanted = tuple(dict.fromkeys([*wanted, *(m.dtype for m in cached.matmul), *cached.skipped]))
-        stderr.print(
-            f"calibrating {resolved} ({environment.gpu_name or environment.cpu_model}, torch {environment.torch}, "
-            f"{plural(environment.torch_threads or 0, 'thread')}): {', '.join(wanted)} matmul, then copy bandwidth",
-            markup=False,
-        )
-        calibration = measure_ceilings(
-            resolved, wanted, environment, quick=quick, progress=lambda line: stderr.print(f"  {line}", markup=False)
-        )
-        if cached is not None:  # the noise is the machine's, not a dtype's: a cache that gains a dtype keeps it
-            calibration = replace(calibration, noise=cached.noise)
-        if calibration.quick:
-            origin = "measured now (--quick on a CPU: reduced sizes, not cached, not used by sweeps)"
+    with threads_handed_back(resolve_threads(threads, resolved)):  # the count a sweep here runs with
+        environment = collect_environment(resolved)
+        device_type = environment.device_type
+        wanted = _dtypes(dtype, device_type)
+        fingerprint = environment.fingerprint()
+        cached = None if (refresh or quick) else load_cached(fingerprint)
+        if cached is not None and all(d in {m.dtype for m in cached.matmul} | set(cached.skipped) for d in wanted):
+            calibration = cached
+            origin = f"cached calibration of {cached.created_utc} ({cache_path(fingerprint)}); --refresh measures again"
         else:
-            origin = f"measured now; cached in {save(calibration)} for sweeps on this machine"
-    if calibration.noise is None and noise_processes >= 2 and not quick:
-        calibration = _with_noise(calibration, resolved, environment.torch_threads, noise_processes)
-        origin += f"; noise floor measured now, cached in {save(calibration)}"
-    vendor, why_none = vendor_for(environment.to_dict())
-    if format == "json":
-        from attnbench.analysis.efficiency import vendor_line
+            if cached is not None:
+                # The cache is one file per machine: measure what it already holds too, or saving would drop it.
+                wanted = tuple(dict.fromkeys([*wanted, *(m.dtype for m in cached.matmul), *cached.skipped]))
+            stderr.print(
+                f"calibrating {resolved} ({environment.gpu_name or environment.cpu_model}, torch {environment.torch}, "
+                f"{plural(environment.torch_threads or 0, 'thread')}): {', '.join(wanted)} matmul, then copy bandwidth",
+                markup=False,
+            )
+            calibration = measure_ceilings(
+                resolved,
+                wanted,
+                environment,
+                quick=quick,
+                progress=lambda line: stderr.print(f"  {line}", markup=False),
+            )
+            if cached is not None:  # the noise is the machine's, not a dtype's: a cache that gains a dtype keeps it
+                calibration = replace(calibration, noise=cached.noise)
+            if calibration.quick:
+                origin = "measured now (--quick on a CPU: reduced sizes, not cached, not used by sweeps)"
+            else:
+                origin = f"measured now; cached in {save(calibration)} for sweeps on this machine"
+        if calibration.noise is None and noise_processes >= 2 and not quick:
+            calibration = _with_noise(calibration, resolved, environment.torch_threads, noise_processes)
+            origin += f"; noise floor measured now, cached in {save(calibration)}"
+        vendor, why_none = vendor_for(environment.to_dict())
+        if format == "json":
+            from attnbench.analysis.efficiency import vendor_line
 
-        # The calibration as the cache and run.json store it (SI units), the vendor's figures, and where it came from.
-        print_json(
-            {
-                "schema": "attnbench.calibrate/1",
-                "calibration": calibration.to_dict(),
-                "vendor": None
-                if vendor is None
-                else {
-                    "name": vendor.name,
-                    "flops_per_s": dict(vendor.flops_per_s),
-                    "bandwidth_bytes_per_s": vendor.bandwidth_bytes_per_s,
-                    "source": vendor.source,
-                },
-                "vendor_note": vendor_line(calibration.device_name, vendor, device_type, why_none),
-                "origin": origin,
-            }
-        )
-        return
-    _print_calibration(calibration, vendor, device_type, origin, why_none)
+            # The calibration as the cache and run.json store it (SI units), the vendor's figures, and its origin.
+            print_json(
+                {
+                    "schema": "attnbench.calibrate/1",
+                    "calibration": calibration.to_dict(),
+                    "vendor": None
+                    if vendor is None
+                    else {
+                        "name": vendor.name,
+                        "flops_per_s": dict(vendor.flops_per_s),
+                        "bandwidth_bytes_per_s": vendor.bandwidth_bytes_per_s,
+                        "source": vendor.source,
+                    },
+                    "vendor_note": vendor_line(calibration.device_name, vendor, device_type, why_none),
+                    "origin": origin,
+                }
+            )
+            return
+        _print_calibration(calibration, vendor, device_type, origin, why_none)
 
 
 def _with_noise(calibration: Calibration, device: str, threads: int | None, processes: int) -> Calibration:
@@ -237,7 +241,7 @@ def selfcheck(
     lasts, and it stays inconclusive. Exit 1 on a failure, 5 when some op is inconclusive and none failed, else 0."""
     from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
     from attnbench.core.units import format_duration
-    from attnbench.host.devices import resolve_device, resolve_threads, use_threads
+    from attnbench.host.devices import resolve_device, resolve_threads, threads_handed_back
     from attnbench.instrument.agreement import (
         MAX_ROUNDS_FACTOR,
         QUICK_ROUNDS,
@@ -250,58 +254,58 @@ def selfcheck(
     from attnbench.report.selfcheck_md import render_markdown, selfcheck_dict, table_rows
 
     resolved = resolve_device(device or "auto")
-    use_threads(resolve_threads(threads, resolved))  # the count a sweep here runs with
-    least = rounds or (QUICK_ROUNDS if quick else ROUNDS)
-    most = max(least, max_rounds or MAX_ROUNDS_FACTOR * least)
-    count = len(ops_for(resolved.split(":")[0], quick=quick))
-    stderr.print(
-        f"selfcheck: {count} ops on {resolved}, {least} paired rounds each (up to {most} while undecided), "
-        f"within a {format_duration(budget_s)} budget (--budget-s)",
-        markup=False,
-    )
-    # The budget is the whole command's: start-up (torch's import, a few seconds) and the table at the end count too.
-    spent_s = process_age_s()
-    timings = run_selfcheck(
-        resolved,
-        quick=quick,
-        rounds=rounds,
-        progress=lambda line: stderr.print(f"selfcheck {line}", markup=False),
-        decided=decided,
-        max_rounds=max_rounds,
-        budget_s=max(1.0, budget_s - spent_s - RENDER_S),
-    )
-    if timings.elapsed_s is not None:  # say the budget the user gave and the whole command's time against it
-        timings = replace(timings, budget_s=budget_s, elapsed_s=spent_s + timings.elapsed_s)
-    report = judge(timings)
-    if format == "json":
-        print_json(selfcheck_dict(report), output)
-        if report.exit_code:
-            raise typer.Exit(report.exit_code)
-        return
-    header, rows = table_rows(report)
-    table = Table(
-        title=(
-            f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, "
-            f"{plural(timings.threads, 'thread')}, {plural(timings.rounds, 'paired round')}; "
-            "ratio = attnbench / reference (median of per-round ratios)"
-        ),
-        title_justify="left",
-    )
-    for column in header:
-        table.add_column(escape(column))
-    for row in rows:
-        table.add_row(*(escape(cell) for cell in row))
-    stdout.print(table)
-    noise = noise_note(report)
-    for note in [*timings.notes, *([noise] if noise else [])]:
-        stdout.print(f"note: {note}", markup=False)
-    if timings.elapsed_s is not None:
-        stdout.print(
-            f"took {format_duration(timings.elapsed_s)} of its {format_duration(budget_s)} budget",
+    with threads_handed_back(resolve_threads(threads, resolved)):  # the count a sweep here runs with
+        least = rounds or (QUICK_ROUNDS if quick else ROUNDS)
+        most = max(least, max_rounds or MAX_ROUNDS_FACTOR * least)
+        count = len(ops_for(resolved.split(":")[0], quick=quick))
+        stderr.print(
+            f"selfcheck: {count} ops on {resolved}, {least} paired rounds each (up to {most} while undecided), "
+            f"within a {format_duration(budget_s)} budget (--budget-s)",
             markup=False,
         )
-    stdout.print(summary_line(report), markup=False)
-    if output is not None:
-        write_or_print(render_markdown(report), output)
-    if report.exit_code:
-        raise typer.Exit(report.exit_code)
+        # The budget is the whole command's: start-up (torch's import, seconds) and the table at the end count too.
+        spent_s = process_age_s()
+        timings = run_selfcheck(
+            resolved,
+            quick=quick,
+            rounds=rounds,
+            progress=lambda line: stderr.print(f"selfcheck {line}", markup=False),
+            decided=decided,
+            max_rounds=max_rounds,
+            budget_s=max(1.0, budget_s - spent_s - RENDER_S),
+        )
+        if timings.elapsed_s is not None:  # say the budget the user gave and the whole command's time against it
+            timings = replace(timings, budget_s=budget_s, elapsed_s=spent_s + timings.elapsed_s)
+        report = judge(timings)
+        if format == "json":
+            print_json(selfcheck_dict(report), output)
+            if report.exit_code:
+                raise typer.Exit(report.exit_code)
+            return
+        header, rows = table_rows(report)
+        table = Table(
+            title=(
+                f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, "
+                f"{plural(timings.threads, 'thread')}, {plural(timings.rounds, 'paired round')}; "
+                "ratio = attnbench / reference (median of per-round ratios)"
+            ),
+            title_justify="left",
+        )
+        for column in header:
+            table.add_column(escape(column))
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        stdout.print(table)
+        noise = noise_note(report)
+        for note in [*timings.notes, *([noise] if noise else [])]:
+            stdout.print(f"note: {note}", markup=False)
+        if timings.elapsed_s is not None:
+            stdout.print(
+                f"took {format_duration(timings.elapsed_s)} of its {format_duration(budget_s)} budget",
+                markup=False,
+            )
+        stdout.print(summary_line(report), markup=False)
+        if output is not None:
+            write_or_print(render_markdown(report), output)
+        if report.exit_code:
+            raise typer.Exit(report.exit_code)

@@ -253,13 +253,13 @@ def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict
 def env(device: DeviceOpt = None, format: FormatOpt = "table") -> None:
     """Print the environment a run here would record."""
     from attnbench.host.busy import busy_now, logical_cores
-    from attnbench.host.devices import resolve_device, resolve_threads, use_threads
+    from attnbench.host.devices import resolve_device, resolve_threads, threads_handed_back
     from attnbench.host.inventory import collect_environment
     from attnbench.host.sensors import telemetry_status
 
     resolved = resolve_device(device or "auto")
-    use_threads(resolve_threads(None, resolved))  # the count a sweep with the default `threads` runs with
-    environment = collect_environment(resolved)
+    with threads_handed_back(resolve_threads(None, resolved)):  # the count a sweep with the default runs with
+        environment = collect_environment(resolved)
     # What a sweep started now would share the machine with (the same check a sweep makes before its first case).
     now = busy_now(resolved, environment.torch_threads or logical_cores())
     if format == "json":

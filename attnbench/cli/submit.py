@@ -65,7 +65,8 @@ def submit(
     ] = None,
     overrides: SetOpt = None,
     cpus_per_task: Annotated[
-        int | None, typer.Option("--cpus-per-task", min=1, help="CPUs per task.", show_default="config's threads")
+        int | None,
+        typer.Option("--cpus-per-task", min=1, help="CPUs per task.", show_default="the config's threads, when set"),
     ] = None,
     mem_gb: Annotated[
         float | None, typer.Option("--mem-gb", min=0.1, help="Memory per task.", show_default=False)

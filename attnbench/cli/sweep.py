@@ -374,6 +374,7 @@ def _threads(plan: SweepPlan, threads: int | None) -> str:
     from attnbench.host.busy import logical_cores
 
     said = plural(threads or 0, "thread")
-    if plan.experiment.threads is None and plan.threads is not None and plan.threads < logical_cores():
+    left_free = plan.threads is not None and plan.threads == logical_cores() - 1
+    if plan.stored is None and plan.experiment.threads is None and left_free:
         said += f", 1 of {logical_cores()} CPUs left free"
     return said

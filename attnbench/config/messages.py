@@ -104,7 +104,7 @@ _ALLOWED = {
     "d_model": f"a positive integer, at most {caps.MAX_D_MODEL} (the cap)",
     "heads": f"a positive integer, at most {caps.MAX_HEADS} (the cap)",
     "layers": f"a positive integer, at most {caps.MAX_LAYERS} (the cap)",
-    "threads": f"a positive integer, at most {caps.MAX_THREADS}, or null for torch's default",
+    "threads": f"a positive integer, at most {caps.MAX_THREADS}, or null (a CPU: every CPU but one; a GPU: torch's)",
     "seed": "an integer from 0 to 2**63 - 1",
     "target_ci": "a fraction strictly between 0 and 1 (0.01 = stop at ±1 %)",
     "warmup_settle": "a fraction strictly between 0 and 1",

@@ -418,5 +418,7 @@ def test_a_cpu_sweep_without_threads_runs_on_every_cpu_but_one_in_its_workers_to
     assert json.loads((folder / "run.json").read_text())["environment"]["torch_threads"] == expected
     rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
     assert [row["extra"]["torch_threads"] for row in rows] == [expected]  # the isolated worker ran with it
+    before = torch.get_num_threads()
     shown = runner.invoke(app, ["env", "--device", "cpu", "-f", "json"])
     assert json.loads(shown.output)["environment"]["torch_threads"] == expected
+    assert torch.get_num_threads() == before  # env (like calibrate and selfcheck) hands the caller's count back
