@@ -75,7 +75,7 @@ def calibrate(
             help="Fresh processes to time the reference cases in for the between-process noise (compare's noise "
             "floor); 0 skips it.",
         ),
-    ] = 5,
+    ] = 8,  # noise.DEFAULT_PROCESSES (imported lazily: the option is read before torch is)
     format: FormatOpt = "table",
 ) -> None:
     """Measure the device's ceilings (matmul FLOP/s per dtype, copy bandwidth) and the between-process noise once

@@ -645,3 +645,12 @@ def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.Mo
     # The noise measured with the first dtype is kept when the cache gains a dtype, and not measured again.
     cached = load_cached(next(iter(tmp_path.iterdir())).name.removeprefix("calibration-").removesuffix(".json"))
     assert cached is not None and cached.noise == noise
+
+
+def test_the_commands_default_noise_processes_is_the_measurements() -> None:
+    import inspect
+
+    from attnbench.cli.device import calibrate
+    from attnbench.instrument.noise import DEFAULT_PROCESSES
+
+    assert inspect.signature(calibrate).parameters["noise_processes"].default == DEFAULT_PROCESSES == 8
