@@ -9,9 +9,9 @@ import hashlib
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from attnbench.analysis.thresholds import Thresholds
 from attnbench.core.cases import Case
@@ -292,6 +292,38 @@ def held_note(direction: str, p: float, k: int) -> str:
     )
 
 
+class Call(Protocol):
+    """What the control takes a call from: a frozen dataclass with a verdict and a note (a case, a metric's gate)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def verdict(self) -> Verdict: ...
+
+    @property
+    def note(self) -> str: ...
+
+
+C = TypeVar("C", bound=Call)
+
+
+def withdraw_unheld(
+    calls: Sequence[C], p_of: Callable[[C, Literal["regressed", "improved"]], float | None]
+) -> tuple[C, ...]:
+    """``calls`` with each regression or improvement that the Benjamini–Hochberg step-up over every call with a p
+    (``p_of``; at ``DISCOVERY_RATE`` per direction) does not keep turned ``noisy``, its note saying why."""
+    out = list(calls)
+    for direction in ("regressed", "improved"):
+        tested = [(i, p) for i, call in enumerate(calls) if (p := p_of(call, direction)) is not None]
+        kept = discoveries([p for _, p in tested])
+        for n, (i, p) in enumerate(tested):
+            call = out[i]
+            if call.verdict == direction and n not in kept:
+                note = "; ".join(part for part in (call.note, held_note(direction, p, len(tested))) if part)
+                out[i] = replace(call, verdict="noisy", note=note)
+    return tuple(out)
+
+
 def control_discoveries(cases: Sequence[CaseComparison]) -> tuple[CaseComparison, ...]:
     """The cases, with a regression or improvement that does not survive the Benjamini–Hochberg procedure over
     every case with a timed interval (``change_p``; at ``DISCOVERY_RATE`` per direction) turned ``noisy``, saying
@@ -304,16 +336,7 @@ def control_discoveries(cases: Sequence[CaseComparison]) -> tuple[CaseComparison
     it does not grow with the number of cases. When many cases move together (a slowdown of everything) each needs
     only its own 2.5 %, so the power to catch it stays; a lone case needs p ≤ 2.5 % / k. It only ever takes a call
     away."""
-    out = list(cases)
-    for direction in ("regressed", "improved"):
-        tested = [(i, p) for i, c in enumerate(cases) if (p := change_p(c, direction)) is not None]
-        kept = discoveries([p for _, p in tested])
-        for n, (i, p) in enumerate(tested):
-            c = out[i]
-            if c.verdict == direction and n not in kept:
-                note = held_note(direction, p, len(tested))
-                out[i] = replace(c, verdict="noisy", note="; ".join(part for part in (c.note, note) if part))
-    return tuple(out)
+    return withdraw_unheld(cases, change_p)
 
 
 def compare_case(key: str, base: Sequence[Result], current: Sequence[Result], policy: Policy) -> CaseComparison:

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Literal
 
 from attnbench.analysis.case_compare import (
     CaseComparison,
     Verdict,
     beyond_p,
-    discoveries,
-    held_note,
     process_ratio_ci,
+    withdraw_unheld,
 )
 from attnbench.analysis.thresholds import GateMetric, Thresholds
 from attnbench.core.cases import Case
@@ -155,25 +155,17 @@ def gate_metrics(
 
 def control_gates(verdicts: Sequence[MetricVerdict]) -> tuple[MetricVerdict, ...]:
     """Each metric's calls held to the false-discovery rate across its cases, as ``control_discoveries`` holds the
-    median's: a regression or improvement that the Benjamini–Hochberg step-up over the metric's cases with an
-    interval does not keep turns ``noisy``, saying why. Rates come from the cases' intervals before the median's own
-    control, so each gate is judged once, at its own threshold."""
+    median's (``withdraw_unheld``). Rates come from the cases' intervals before the median's own control, so each
+    gate is judged once, at its own threshold."""
     out = list(verdicts)
     for metric in dict.fromkeys(v.metric for v in verdicts):
-        for direction in ("regressed", "improved"):
-            tested = [
-                (i, p) for i, v in enumerate(verdicts) if v.metric == metric and (p := _p(v, direction)) is not None
-            ]
-            kept = discoveries([p for _, p in tested])
-            for n, (i, p) in enumerate(tested):
-                v = out[i]
-                if v.verdict == direction and n not in kept:
-                    note = "; ".join(part for part in (v.note, held_note(direction, p, len(tested))) if part)
-                    out[i] = replace(v, verdict="noisy", note=note)
+        mine = [i for i, v in enumerate(verdicts) if v.metric == metric]
+        for i, held in zip(mine, withdraw_unheld([verdicts[i] for i in mine], _p), strict=True):
+            out[i] = held
     return tuple(out)
 
 
-def _p(v: MetricVerdict, direction: str) -> float | None:
+def _p(v: MetricVerdict, direction: Literal["regressed", "improved"]) -> float | None:
     if v.contended or v.ratio is None or v.ci_low is None or v.ci_high is None:
         return None
     worse = HIGHER_IS_WORSE[v.metric] == (direction == "regressed")
