@@ -22,12 +22,13 @@ from typing import Any, Protocol
 
 from attnbench.config.experiment import Experiment, load_experiment, load_experiment_text, resolved_text
 from attnbench.config.messages import OVERRIDE
-from attnbench.core.cases import Case
+from attnbench.core.cases import MAX_THREADS, Case
 from attnbench.core.errors import AttnbenchError, ConfigError, DeviceError, ResultsError
 from attnbench.core.shards import Shard
 from attnbench.host.busy import logical_cores, wait_for_idle
 from attnbench.host.devices import device_slug, guess_device, resolve_device, resolve_threads, threads_handed_back
 from attnbench.host.inventory import code_identity, collect_environment
+from attnbench.results import fields
 from attnbench.results.calibration import Calibration, load_cached
 from attnbench.results.contention import Contention
 from attnbench.results.environment import Environment
@@ -221,8 +222,17 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
 
 
 def _stored_threads(stored: StoredRun) -> int | None:
+    """The thread count a resumed run was started with, checked as a config's ``threads`` is (a run.json edited to
+    10**12 threads must be an error line, not torch's overflow)."""
     found = stored.run.environment.get("torch_threads")
-    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
+    if found is None:
+        return None
+    try:
+        return fields.integer(found, "environment.torch_threads", maximum=MAX_THREADS)
+    except fields.FieldError as exc:
+        raise ResultsError(
+            f"{stored.folder}/run.json: {exc}", hint="this run cannot be resumed; start a new sweep"
+        ) from None
 
 
 def _pool_devices(request: SweepRequest) -> DeviceSet | None:

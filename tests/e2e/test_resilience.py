@@ -206,6 +206,26 @@ def test_resume_refuses_another_environment(finished_run: Path) -> None:
     assert out.exit_code == 2 and "torch: '1.0.0' then" in out.output
 
 
+@pytest.mark.parametrize("threads", [10**12, 0, "2", True])
+def test_resume_refuses_a_stored_thread_count_no_config_allows(
+    tmp_path: Path, fake_executors: FakeExecutors, threads: object
+) -> None:
+    """A run started with the default count resumes at the count it recorded; one edited past what a config may
+    ask is an error line (exit 2), not torch's overflow."""
+    config = tmp_path / "r.yaml"
+    config.write_text(CONFIG.replace("threads: 1\n", "threads: null\n"))
+    out = runner.invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"), "--no-plots"])
+    assert out.exit_code == 0, out.output
+    (folder,) = (tmp_path / "out").iterdir()
+    run = json.loads((folder / "run.json").read_text())
+    run["environment"]["torch_threads"] = threads
+    (folder / "run.json").write_text(json.dumps(run))
+    out = runner.invoke(app, ["sweep", "--resume", str(folder)])
+    assert out.exit_code == ResultsError.exit_code, out.output
+    assert "environment.torch_threads" in out.output  # the key, and no traceback
+    assert out.exception is None or isinstance(out.exception, SystemExit)
+
+
 def test_retry_failed_reruns_only_failed_rows_once(finished_run: Path, fake_executors: FakeExecutors) -> None:
     path = finished_run / "results.jsonl"
     lines = path.read_text().splitlines(keepends=True)
