@@ -33,9 +33,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "analysis": frozenset({"core", "families", "results", "analysis"}),
     "claims": frozenset({"core", "families", "results", "analysis", "claims"}),
     "report": frozenset({"core", "families", "results", "analysis", "claims", "report"}),
-    "cli": _BELOW_MEASURING | _MEASURING | {"analysis", "claims", "report", "cli"},
+    # The commands' work as library calls: everything the CLI may use but the CLI.
+    "workflows": _BELOW_MEASURING | _MEASURING | {"analysis", "claims", "report", "workflows"},
+    "cli": _BELOW_MEASURING | _MEASURING | {"analysis", "claims", "report", "workflows", "cli"},
     # attnbench/__init__.py and __main__.py
-    "": frozenset({"core", "families", "config", "results", "analysis", "claims", "report", "cli"}),
+    "": frozenset({"core", "families", "config", "results", "analysis", "claims", "report", "workflows", "cli"}),
 }
 # The modules of ``families`` that are torch's (``families/__init__.py`` lists them): only the measuring rooms, the
 # families' own torch modules and the CLI may import them; the rest of ``families`` is torch-free.
