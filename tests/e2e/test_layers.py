@@ -258,6 +258,21 @@ def test_a_planted_torch_import_in_a_spec_is_caught(planted: Path) -> None:
     assert len(problems) == 2 and all(p.startswith("attnbench.families.rnn.spec:") for p in problems)
 
 
+def test_every_command_is_thin() -> None:
+    """ARCHITECTURE §2: a command parses its options, calls the library and renders; its body (from the docstring
+    on, past the typer signature) fits in 60 lines, and the work it does is a library call (``workflows``, …)."""
+    long: dict[str, int] = {}
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Name) and d.id == "handles_errors" for d in node.decorator_list
+            ):
+                body = (node.end_lineno or node.lineno) - node.body[0].lineno + 1
+                if body > 60:
+                    long[f"{path.name}:{node.name}"] = body
+    assert long == {}
+
+
 def test_no_room_holds_more_than_a_quarter_of_the_package() -> None:
     lines: dict[str, int] = {}
     for path in PACKAGE.rglob("*.py"):
