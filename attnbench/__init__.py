@@ -6,6 +6,8 @@ The command line is ``attnbench`` (``attnbench --help``). From Python, stored ru
     runs = ab.load_runs(["results/runs/base", "results/runs/head"])
     table = ab.frame(runs).pivot_table(index="model", columns="seq_len", values="median_ms")
 
+and one case is timed as a sweep times it (torch needed): ``row = ab.measure("lstm", seq_len=256, device="cpu")``.
+
 ``__all__`` is the public API; breaking it needs a line in CHANGELOG.md. Importing this package stays cheap
 (the CLI starts here): the API's modules, and pandas with them, are imported on first use.
 """
@@ -37,6 +39,7 @@ __all__ = [
     "history",
     "load_run",
     "load_runs",
+    "measure",
     "samples_frame",
 ]
 
@@ -53,6 +56,7 @@ _HOMES = {
     "history": "attnbench.api",
     "load_run": "attnbench.api",
     "load_runs": "attnbench.api",
+    "measure": "attnbench.workflows.measure",
     "samples_frame": "attnbench.api",
 }
 
@@ -62,6 +66,7 @@ if TYPE_CHECKING:
     from attnbench.core.cases import Case
     from attnbench.results.records import Result, Run
     from attnbench.results.store import StoredRun
+    from attnbench.workflows.measure import measure
 
 
 def __getattr__(name: str) -> Any:

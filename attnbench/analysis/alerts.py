@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from attnbench.analysis.history import HIGHER_IS_BETTER, History, Metric
+from attnbench.analysis.history import HIGHER_IS_BETTER, History, Metric, build_history
 from attnbench.analysis.steps import Step
 from attnbench.core.cases import Case
 from attnbench.results.store import StoredRun
@@ -118,6 +119,24 @@ def without_newest(runs: Sequence[StoredRun], history: History) -> list[StoredRu
     """``runs`` less the newest run of ``history`` (the last in its order): the history an alert compares with."""
     newest = newest_run(history).run.run_id
     return [stored for stored in runs if stored.run.run_id != newest]
+
+
+def alert_steps(
+    runs: Sequence[StoredRun],
+    history: History,
+    *,
+    patterns: Sequence[str] = (),
+    min_change: float = 0.0,
+    repo: Path | None = None,
+) -> list[StepEvent]:
+    """What ``history --fail-on-step`` and ``--alert`` raise: the steps that made things worse which the newest run
+    confirmed, i.e. those of ``history`` (built from ``runs`` with ``patterns``, ``min_change`` and ``repo``) that the
+    history of the same runs less the newest, built the same way, did not report."""
+    earlier = without_newest(runs, history)
+    before = None
+    if earlier:
+        before = build_history(earlier, metric=history.metric, patterns=patterns, min_change=min_change, repo=repo)
+    return [e for e in new_steps(history, before) if e.worse]
 
 
 def representative_case(history: History, event: StepEvent) -> Case | None:

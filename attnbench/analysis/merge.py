@@ -21,7 +21,7 @@ its inputs.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,6 @@ from attnbench.results.store import RUN_FILE, StoredRun, load_run
 # What must match before rows may share a run: what compare holds hard, and the code that measured (as resume).
 CODE_KEYS: tuple[str, ...] = ("attnbench", "git_commit")
 MERGE_KEYS: tuple[str, ...] = (*HARD_KEYS, *CODE_KEYS)
-
-Expected = Callable[[Run], Sequence[Case] | None]  # every case of a run's config; None when it cannot tell
 
 _LISTED = 5  # cases, conflicts and folders named one by one in a message before "and N more"
 
@@ -311,18 +309,29 @@ def _order(stored: StoredRun) -> tuple[int, str, str]:
     return (min(s.index for s in shards) if shards else -1, stored.run.created_utc, stored.run.run_id)
 
 
-def plan_merge(
-    paths: Sequence[Path],
-    out: Path,
-    *,
-    expected: Expected,
-    partial: bool = False,
-    allow_mismatch: Iterable[str] = (),
-    command: Sequence[str] = (),
-) -> MergePlan:
-    """Read the inputs (run folders, or folders of them), check that they make one run, and decide the merged
-    run written to ``out``. ``expected`` expands a run's stored config into its cases, to find what is missing.
-    Raises ``ResultsError`` (exit 2), ``NotComparableError`` (exit 3) or ``IncompleteMergeError`` (exit 2)."""
+@dataclass(frozen=True)
+class MergeInputs:
+    """The runs a merge reads, checked to make one run (``read_inputs``): what ``plan_merge`` decides from."""
+
+    runs: tuple[StoredRun, ...]  # in shard order
+    skipped: tuple[str, ...]  # folders left out (--partial): each a located error
+    shards: int | None
+    allowed: tuple[Mismatch, ...]
+    kept: Mapping[str, tuple[Result, StoredRun]]  # one row per case key, with the run it came from
+    duplicates: int
+    partial: bool  # --partial: merge what is there and say what is not
+
+    @property
+    def config(self) -> Run:
+        """The run whose stored config every input shares: it says which cases the merged run should hold."""
+        return self.runs[0].run
+
+
+def read_inputs(
+    paths: Sequence[Path], out: Path, *, partial: bool = False, allow_mismatch: Iterable[str] = ()
+) -> MergeInputs:
+    """Read the inputs (run folders, or folders of them) and check that they make one run written to ``out``.
+    Raises ``ResultsError`` (exit 2) or ``NotComparableError`` (exit 3)."""
     folders = run_folders(paths, exclude=out.resolve())
     runs, skipped = _load(folders, partial)
     runs.sort(key=_order)
@@ -331,9 +340,24 @@ def plan_merge(
     shards = _check_split(runs)
     allowed = check_environments(runs, allow_mismatch)
     kept, duplicates = _rows(runs)
+    return MergeInputs(tuple(runs), tuple(skipped), shards, allowed, kept, duplicates, partial)
+
+
+def plan_merge(
+    inputs: MergeInputs,
+    out: Path,
+    *,
+    expected: Sequence[Case] | None,
+    command: Sequence[str] = (),
+) -> MergePlan:
+    """Decide the merged run written to ``out``. ``expected`` is every case of the inputs' stored config (None when
+    it could not be expanded), to find what is missing. Raises ``IncompleteMergeError`` (exit 2) when something is
+    and the inputs were not read ``partial``."""
+    runs, kept, shards = list(inputs.runs), dict(inputs.kept), inputs.shards
+    skipped, allowed, duplicates = list(inputs.skipped), inputs.allowed, inputs.duplicates
     warnings = [w for stored in runs for w in stored.warnings]
 
-    cases = expected(runs[0].run)
+    cases = expected
     if cases is None:
         warnings.append("the stored config could not be expanded into its cases: missing cases are not checked")
         order, missing = list(kept), []
@@ -347,7 +371,7 @@ def plan_merge(
     seen = {s.index for stored in runs for s in _shards_of(stored)}
     holding = {shard_of(c.key, shards) for c in cases or ()} if shards is not None else set()
     missing_shards = tuple(sorted(holding - seen))
-    if not partial and (missing or missing_shards):
+    if not inputs.partial and (missing or missing_shards):
         gaps = describe_missing(missing, missing_shards, shards, runs)
         raise IncompleteMergeError(
             f"{len(missing)} of {len(cases or ())} cases have no row: " + "; ".join(gaps),

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -26,6 +26,9 @@ from typer.core import TyperCommand, TyperGroup
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.text import safe_text
+
+if TYPE_CHECKING:
+    from attnbench.report.formats import Format
 
 
 class _Sanitized:
@@ -59,6 +62,7 @@ stderr = SafeConsole(stderr=True, highlight=False, soft_wrap=True, width=_PIPE_W
 state = {"debug": False, "interrupt_said": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
+V = TypeVar("V")
 
 
 # ------------------------------------------------------------------------------------------- the command classes
@@ -285,3 +289,26 @@ def print_warnings(warnings: Iterable[str]) -> None:
 def print_wrote(paths: Iterable[Path]) -> None:
     for path in paths:
         stdout.print(f"wrote {path}", markup=False, highlight=False)
+
+
+def emit(fmt: Format[V], value: V, output: str | None, *, reads: Iterable[Path] = ()) -> None:
+    """``value`` in the format ``fmt`` (one of ``report.formats``' registries) where ``-o`` says: a terminal's
+    table when there is one and no file is named, a binary file its renderer writes (``-o FILE`` required, never
+    inside ``reads``), or text through ``write_or_print``. The format's note, if any, goes to stderr first."""
+    fmt = fmt.for_output(output)
+    note = fmt.note(value) if fmt.note is not None else None
+    if note is not None:
+        stderr.print(f"note: {note}", markup=False)
+    to_terminal = output in (None, "-")
+    if to_terminal and fmt.terminal is not None:
+        stdout.print(fmt.terminal(value))
+    elif fmt.file is not None:
+        if output is None or to_terminal:
+            raise AttnbenchError(
+                f"--format {fmt.name} writes a file, not a terminal", hint=f"name it: -o FILE.{fmt.name}"
+            )
+        refuse_input_as_output(Path(output), list(reads))
+        fmt.file(value, Path(output))
+        stderr.print(f"wrote {output}", markup=False)
+    elif fmt.text is not None:
+        write_or_print(fmt.text(value), output, reads=reads)

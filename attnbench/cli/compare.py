@@ -5,7 +5,6 @@ Exit codes: 0 no regression, 1 a regression, 2 bad input, 3 refused (runs not co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -14,11 +13,10 @@ import typer
 from attnbench.cli.common import (
     LATEST_HELP,
     OutputOpt,
+    emit,
     handles_errors,
     one_run,
     print_warnings,
-    stdout,
-    write_or_print,
 )
 from attnbench.core.errors import AttnbenchError, ConfigError
 
@@ -116,7 +114,7 @@ def compare(
     """
     from attnbench.analysis.compare import Policy, compare_paths
     from attnbench.analysis.thresholds import Thresholds, parse_fraction, with_fail_on
-    from attnbench.report.compare_md import compare_table, render_compare_markdown
+    from attnbench.report.formats import COMPARE_FORMATS
 
     if exit_noisy is not None and not 1 <= exit_noisy <= 255:
         raise AttnbenchError(
@@ -131,12 +129,7 @@ def compare(
     )
     comparison = compare_paths(base, current, policy)
     reads = [stored.folder for side in (comparison.base, comparison.current) for stored in side.runs]
-    if format == "table" and output in (None, "-"):
-        stdout.print(compare_table(comparison))
-    elif format == "json":
-        write_or_print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False) + "\n", output, reads=reads)
-    else:  # md, or a table written to a file (the markdown one, as with `report`)
-        write_or_print(render_compare_markdown(comparison), output, reads=reads)
+    emit(COMPARE_FORMATS[format], comparison, output, reads=reads)
     # Warnings after the result, on stderr: they are data about the runs, not part of the verdict table.
     print_warnings(comparison.warnings)
     if comparison.regressed:

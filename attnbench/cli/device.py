@@ -27,8 +27,10 @@ from attnbench.core.peaks import PEAK_DTYPES
 from attnbench.core.units import format_percent, plural
 
 if TYPE_CHECKING:
+    from attnbench.analysis.selfcheck import SelfcheckReport
     from attnbench.core.peaks import VendorPeak
     from attnbench.results.calibration import Calibration
+    from attnbench.results.selfcheck import SelfcheckTimings
 
 DtypeOpt = Annotated[
     list[str] | None,
@@ -123,27 +125,33 @@ def calibrate(
             origin += f"; noise floor measured now, cached in {save(calibration)}"
         vendor, why_none = vendor_for(environment.to_dict())
         if format == "json":
-            from attnbench.analysis.efficiency import vendor_line
-
-            # The calibration as the cache and run.json store it (SI units), the vendor's figures, and its origin.
-            print_json(
-                {
-                    "schema": "attnbench.calibrate/1",
-                    "calibration": calibration.to_dict(),
-                    "vendor": None
-                    if vendor is None
-                    else {
-                        "name": vendor.name,
-                        "flops_per_s": dict(vendor.flops_per_s),
-                        "bandwidth_bytes_per_s": vendor.bandwidth_bytes_per_s,
-                        "source": vendor.source,
-                    },
-                    "vendor_note": vendor_line(calibration.device_name, vendor, device_type, why_none),
-                    "origin": origin,
-                }
-            )
+            _print_calibration_json(calibration, vendor, device_type, origin, why_none)
             return
         _print_calibration(calibration, vendor, device_type, origin, why_none)
+
+
+def _print_calibration_json(
+    calibration: Calibration, vendor: VendorPeak | None, device_type: str, origin: str, why_none: str
+) -> None:
+    """The calibration as the cache and run.json store it (SI units), the vendor's figures, and its origin."""
+    from attnbench.analysis.efficiency import vendor_line
+
+    print_json(
+        {
+            "schema": "attnbench.calibrate/1",
+            "calibration": calibration.to_dict(),
+            "vendor": None
+            if vendor is None
+            else {
+                "name": vendor.name,
+                "flops_per_s": dict(vendor.flops_per_s),
+                "bandwidth_bytes_per_s": vendor.bandwidth_bytes_per_s,
+                "source": vendor.source,
+            },
+            "vendor_note": vendor_line(calibration.device_name, vendor, device_type, why_none),
+            "origin": origin,
+        }
+    )
 
 
 def _with_noise(calibration: Calibration, device: str, threads: int | None, processes: int) -> Calibration:
@@ -239,7 +247,7 @@ def selfcheck(
     interleaved, within a time budget. An op of ≥ 100 µs (attnbench's time) fails when the 95 % interval of its
     ratio lies beyond ±5 % (±3 % against do_bench), passes when inside; otherwise rounds are added while the budget
     lasts, and it stays inconclusive. Exit 1 on a failure, 5 when some op is inconclusive and none failed, else 0."""
-    from attnbench.analysis.selfcheck import decided, judge, noise_note, summary_line
+    from attnbench.analysis.selfcheck import decided, judge
     from attnbench.core.units import format_duration
     from attnbench.host.devices import resolve_device, resolve_threads, threads_handed_back
     from attnbench.instrument.agreement import (
@@ -251,7 +259,7 @@ def selfcheck(
         process_age_s,
         run_selfcheck,
     )
-    from attnbench.report.selfcheck_md import render_markdown, selfcheck_dict, table_rows
+    from attnbench.report.selfcheck_md import selfcheck_dict
 
     resolved = resolve_device(device or "auto")
     with threads_handed_back(resolve_threads(threads, resolved)):  # the count a sweep here runs with
@@ -279,33 +287,41 @@ def selfcheck(
         report = judge(timings)
         if format == "json":
             print_json(selfcheck_dict(report), output)
-            if report.exit_code:
-                raise typer.Exit(report.exit_code)
-            return
-        header, rows = table_rows(report)
-        table = Table(
-            title=(
-                f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, "
-                f"{plural(timings.threads, 'thread')}, {plural(timings.rounds, 'paired round')}; "
-                "ratio = attnbench / reference (median of per-round ratios)"
-            ),
-            title_justify="left",
-        )
-        for column in header:
-            table.add_column(escape(column))
-        for row in rows:
-            table.add_row(*(escape(cell) for cell in row))
-        stdout.print(table)
-        noise = noise_note(report)
-        for note in [*timings.notes, *([noise] if noise else [])]:
-            stdout.print(f"note: {note}", markup=False)
-        if timings.elapsed_s is not None:
-            stdout.print(
-                f"took {format_duration(timings.elapsed_s)} of its {format_duration(budget_s)} budget",
-                markup=False,
-            )
-        stdout.print(summary_line(report), markup=False)
-        if output is not None:
-            write_or_print(render_markdown(report), output)
+        else:
+            _print_selfcheck(report, timings, budget_s, output)
         if report.exit_code:
             raise typer.Exit(report.exit_code)
+
+
+def _print_selfcheck(report: SelfcheckReport, timings: SelfcheckTimings, budget_s: float, output: str | None) -> None:
+    """The verdicts as a table, the notes, the time taken against the budget and the summary line; the markdown
+    table to ``output`` as well when given."""
+    from attnbench.analysis.selfcheck import noise_note, summary_line
+    from attnbench.core.units import format_duration
+    from attnbench.report.selfcheck_md import render_markdown, table_rows
+
+    header, rows = table_rows(report)
+    table = Table(
+        title=(
+            f"selfcheck on {timings.device} ({timings.device_name}), torch {timings.torch}, "
+            f"{plural(timings.threads, 'thread')}, {plural(timings.rounds, 'paired round')}; "
+            "ratio = attnbench / reference (median of per-round ratios)"
+        ),
+        title_justify="left",
+    )
+    for column in header:
+        table.add_column(escape(column))
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    stdout.print(table)
+    noise = noise_note(report)
+    for note in [*timings.notes, *([noise] if noise else [])]:
+        stdout.print(f"note: {note}", markup=False)
+    if timings.elapsed_s is not None:
+        stdout.print(
+            f"took {format_duration(timings.elapsed_s)} of its {format_duration(budget_s)} budget",
+            markup=False,
+        )
+    stdout.print(summary_line(report), markup=False)
+    if output is not None:
+        write_or_print(render_markdown(report), output)

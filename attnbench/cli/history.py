@@ -7,6 +7,7 @@ Exit codes: 0, 1 with ``--fail-on-step`` when the newest run confirmed a step th
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -15,6 +16,7 @@ import typer
 from attnbench.cli.common import (
     LATEST_HELP,
     OutputOpt,
+    emit,
     handles_errors,
     print_warnings,
     refuse_input_as_output,
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from attnbench.analysis.alerts import StepEvent
     from attnbench.analysis.history import History
     from attnbench.report.alerts_md import Where
+    from attnbench.report.history_plots import HistoryPlot
 
 RunsArg = Annotated[
     list[Path],
@@ -94,12 +97,7 @@ def history(
     segments, never mixed."""
     from attnbench.analysis.history import build_history
     from attnbench.analysis.thresholds import parse_fraction
-    from attnbench.report.history_md import (
-        history_tables,
-        render_history_csv,
-        render_history_html,
-        render_history_markdown,
-    )
+    from attnbench.report.formats import HISTORY_FORMATS, HistoryView
     from attnbench.results.store import load_runs
 
     stored, warnings = load_runs(runs, skip_bad=skip_bad)
@@ -108,30 +106,9 @@ def history(
         check_alert_path(alert, reads)  # before anything is written: an alert replaces or removes only an alert
     change = 0.0 if min_change is None else parse_fraction(min_change, "--min-change")
     result = build_history(stored, metric=metric, patterns=tuple(case or ()), min_change=change, repo=repo)
-    pictures = []
-    if plots is not None or format == "html":
-        from attnbench.report.history_plots import render_history_plots
-        from attnbench.report.plots import PlotsUnavailable, write_plots
-
-        try:
-            pictures = render_history_plots(result)
-        except PlotsUnavailable as exc:
-            stderr.print(f"note: {exc.message} ({exc.hint})", markup=False)
-        if plots is not None:
-            for path in write_plots(pictures, plots):
-                stderr.print(f"wrote {path}", markup=False)
-    if format == "table" and output in (None, "-"):
-        stdout.print(history_tables(result))
-    elif format == "csv":
-        write_or_print(render_history_csv(result), output, reads=reads)
-    elif format == "json":
-        from attnbench.report.history_json import render_history_json
-
-        write_or_print(render_history_json(result), output, reads=reads)
-    elif format == "html":
-        write_or_print(render_history_html(result, [(p.filename, p.png) for p in pictures]), output, reads=reads)
-    else:  # md, or a table written to a file (the markdown one, as with `report`)
-        write_or_print(render_history_markdown(result), output, reads=reads)
+    fmt = HISTORY_FORMATS[format]
+    pictures = _pictures(result, plots) if plots is not None or fmt.figures else []
+    emit(fmt, HistoryView(result, [(p.filename, p.png) for p in pictures]), output, reads=reads)
     print_warnings([*warnings, *result.warnings])
     # Where to look for a step's commit runs git and reads the run's config: once per step, though --bisect and the
     # alert both name it.
@@ -151,26 +128,51 @@ def history(
         # With -f json stdout is one JSON document a script parses, so the hint goes to stderr beside the warnings.
         (stderr if format == "json" else stdout).print(render_bisect(worse, [look(e) for e in worse]), markup=False)
     if fail_on_step or alert is not None:
-        from attnbench.analysis.alerts import new_steps, without_newest
+        from attnbench.analysis.alerts import alert_steps
 
-        before_runs = without_newest(stored, result)
-        before = None
-        if before_runs:
-            before = build_history(before_runs, metric=metric, patterns=tuple(case or ()), min_change=change, repo=repo)
-        fresh = [e for e in new_steps(result, before) if e.worse]
-        if fresh:
-            from attnbench.report.alerts_md import render_alert
+        fresh = alert_steps(stored, result, patterns=tuple(case or ()), min_change=change, repo=repo)
+        _raise_alert(result, fresh, look, alert, fail_on_step, reads)
 
-            text = render_alert(result, fresh, [look(e) for e in fresh])
-            if alert is not None:
-                write_or_print(text, str(alert), reads=reads)
-            else:
-                stderr.print(text, markup=False)
-            if fail_on_step:
-                stderr.print(f"alert: the newest run confirmed {len(fresh)} new step(s) that made things worse")
-                raise typer.Exit(EXIT_CASE_FAILED)
-        elif alert is not None and alert.exists():
-            alert.unlink()  # an alert of an earlier history must not be posted again (check_alert_path: ours)
+
+def _pictures(result: History, folder: Path | None) -> list[HistoryPlot]:
+    """One panel per case, written as PNGs into ``folder`` when it is given; none (with a note) without matplotlib."""
+    from attnbench.report.history_plots import render_history_plots
+    from attnbench.report.plots import PlotsUnavailable, write_plots
+
+    pictures: list[HistoryPlot] = []
+    try:
+        pictures = render_history_plots(result)
+    except PlotsUnavailable as exc:
+        stderr.print(f"note: {exc.message} ({exc.hint})", markup=False)
+    if folder is not None:
+        for path in write_plots(pictures, folder):
+            stderr.print(f"wrote {path}", markup=False)
+    return pictures
+
+
+def _raise_alert(
+    result: History,
+    fresh: list[StepEvent],
+    look: Callable[[StepEvent], Where],
+    alert: Path | None,
+    fail_on_step: bool,
+    reads: list[Path],
+) -> None:
+    """The alert for the new steps that made things worse: written to ``--alert`` (or stderr), exit 1 with
+    ``--fail-on-step``; without one, an alert file of an earlier history is removed."""
+    if fresh:
+        from attnbench.report.alerts_md import render_alert
+
+        text = render_alert(result, fresh, [look(e) for e in fresh])
+        if alert is not None:
+            write_or_print(text, str(alert), reads=reads)
+        else:
+            stderr.print(text, markup=False)
+        if fail_on_step:
+            stderr.print(f"alert: the newest run confirmed {len(fresh)} new step(s) that made things worse")
+            raise typer.Exit(EXIT_CASE_FAILED)
+    elif alert is not None and alert.exists():
+        alert.unlink()  # an alert of an earlier history must not be posted again (check_alert_path: ours)
 
 
 ALERT_HINT = (

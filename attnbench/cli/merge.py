@@ -7,7 +7,6 @@ input), 3 the environments are not comparable (unless --allow-mismatch).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,9 +22,6 @@ from attnbench.cli.common import (
     runs_alias,
     stdout,
 )
-from attnbench.core.cases import Case
-from attnbench.core.errors import ConfigError
-from attnbench.results.records import Run
 
 if TYPE_CHECKING:
     from attnbench.analysis.merge import MergePlan
@@ -65,54 +61,17 @@ def merge(
     unless --allow-mismatch) and, without --partial, an incomplete set. Never writes to its inputs; merging the
     same inputs again gives the same folder.
     """
+    from attnbench.workflows import merge as merging
+
     draw_plots = plots_wanted(plots)
-    plan, paths, problem = merge_runs(
-        runs, output, partial=partial, allow_mismatch=allow_mismatch or (), plots=draw_plots
-    )
+    plan = merging.plan(runs, output, partial=partial, allow_mismatch=allow_mismatch or (), command=tuple(sys.argv))
+    print_warnings(plan.warnings)
+    merged = merging.write(plan, output, plots=draw_plots)
     if not quiet:
         stdout.print(merge_summary(plan, output), markup=False, highlight=False)
-    print_wrote(paths)
-    if problem is not None:
-        print_warnings([problem])
-
-
-def config_cases(run: Run) -> list[Case] | None:
-    """Every case of a stored run's config (on its kind of device), or None when the config no longer reads."""
-    from attnbench.config.experiment import stored_experiment
-
-    try:
-        experiment = stored_experiment(run.config, run.config_source)
-    except ConfigError:
-        return None
-    return experiment.cases(str(run.environment.get("device") or "cpu"))
-
-
-def merge_runs(
-    paths: Sequence[Path], output: Path, *, partial: bool, allow_mismatch: Sequence[str] = (), plots: bool = True
-) -> tuple[MergePlan, list[Path], str | None]:
-    """Plan the merge, build the folder beside ``output``, render its summaries and put it in place. Returns the
-    plan, the paths written (under ``output``) and the one line to show when plots could not be drawn."""
-    from attnbench.analysis.merge import plan_merge
-    from attnbench.report.run_files import write_run_files
-    from attnbench.results.merged import discard, publish, staging_folder, write_run_folder
-
-    plan = plan_merge(
-        paths, output, expected=config_cases, partial=partial, allow_mismatch=allow_mismatch, command=tuple(sys.argv)
-    )
-    print_warnings(plan.warnings)
-    staging = staging_folder(output)
-    discard(staging)  # left by an earlier merge of this process id that was killed
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        write_run_folder(staging, plan.run, plan.results, plan.telemetry)
-        _, written, problem = write_run_files(staging, plots=plots)
-        publish(staging, output)
-    except BaseException:
-        discard(staging)
-        raise
-    names = [staging / name for name in ("run.json", "results.jsonl", "telemetry.jsonl")]
-    moved = [output / p.relative_to(staging) for p in [*names, *written] if (output / p.relative_to(staging)).exists()]
-    return plan, moved, problem
+    print_wrote(merged.paths)
+    if merged.problem is not None:
+        print_warnings([merged.problem])
 
 
 def merge_summary(plan: MergePlan, output: Path) -> str:

@@ -5,23 +5,17 @@ Needs no torch: every renderer reads the run folder alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from attnbench.cli.common import (
-    OutputOpt,
-    RunArg,
-    handles_errors,
-    print_warnings,
-    refuse_input_as_output,
-    stderr,
-    stdout,
-    write_or_print,
-)
+from attnbench.cli.common import OutputOpt, RunArg, emit, handles_errors, print_warnings, stderr
 from attnbench.core.errors import AttnbenchError
+
+if TYPE_CHECKING:
+    from attnbench.report.formats import RunView
 
 ReportFormat = Literal["table", "csv", "md", "json", "html", "samples", "gab", "bmf", "parquet"]
 
@@ -52,11 +46,7 @@ def report(
     ] = None,
 ) -> None:
     """Render a stored run: table, CSV, markdown, JSON, HTML, raw samples or dashboard JSON (needs no torch)."""
-    from attnbench.report.exports import left_out, render_bmf, render_gab
-    from attnbench.report.jsonfmt import render_json
-    from attnbench.report.markdown import render_markdown
-    from attnbench.report.plots import Plot
-    from attnbench.report.rows import render_csv
+    from attnbench.report.formats import REPORT_FORMATS, TELEMETRY_FORMATS, RunView
     from attnbench.results.store import load_run
 
     stored = load_run(run)
@@ -66,71 +56,28 @@ def report(
             f"--baseline: no model {baseline!r} in this run", hint=f"the run's models: {', '.join(models)}"
         )
     print_warnings(stored.warnings)
-    figures: list[Plot] = []
-    notice: str | None = None
-    if plots or plots_dir is not None or (format == "html" and not telemetry):
-        from attnbench.report.plots import plots_or_notice, write_plots
-
-        figures, notice = plots_or_notice(stored.run, stored.results, baseline)
-        if notice is not None:
-            stderr.print(f"note: {notice}", markup=False)
-        elif plots or plots_dir is not None:
-            for path in write_plots(figures, plots_dir or stored.folder / "plots", in_run=plots_dir is None):
-                stderr.print(f"wrote {path}", markup=False)
-    if telemetry:
-        if format not in ("table", "md"):
-            raise AttnbenchError(
-                f"--telemetry renders a table (-f table) or markdown (-f md), not {format}",
-                hint="the raw samples are in telemetry.jsonl; per-case figures are in the csv",
-            )
-        if format == "table" and output in (None, "-"):
-            from attnbench.report.terminal import telemetry_renderable
-
-            stdout.print(telemetry_renderable(stored.results))
-            return
-        from attnbench.report.telemetry import render_telemetry_markdown
-
-        write_or_print(render_telemetry_markdown(stored.results), output, reads=[stored.folder])
-        return
-    if format == "table" and output in (None, "-"):
-        from attnbench.report.terminal import comparison_tables
-
-        stdout.print(comparison_tables(stored.results, baseline, memory=True, run=stored.run))
-        return
-    if format in ("gab", "bmf") and left_out(stored.results):
-        stderr.print(
-            f"note: {left_out(stored.results)} cases without a timing are not in the {format} export", markup=False
+    view = RunView(stored, baseline)
+    if plots or plots_dir is not None or (REPORT_FORMATS[format].figures and not telemetry):
+        view = _with_plots(view, plots or plots_dir is not None, plots_dir)
+    if telemetry and format not in TELEMETRY_FORMATS:
+        raise AttnbenchError(
+            f"--telemetry renders a table (-f table) or markdown (-f md), not {format}",
+            hint="the raw samples are in telemetry.jsonl; per-case figures are in the csv",
         )
-    suffix = Path(output).suffix.lower() if output not in (None, "-") else ""
-    if format == "parquet" or (format == "samples" and suffix == ".parquet"):
-        from attnbench.report.frames import frame, write_parquet, write_samples_parquet
+    chosen = TELEMETRY_FORMATS[format] if telemetry else REPORT_FORMATS[format]
+    emit(chosen, view, output, reads=[stored.folder])
 
-        if output in (None, "-"):
-            raise AttnbenchError("--format parquet writes a file, not a terminal", hint="name it: -o FILE.parquet")
-        assert output is not None
-        refuse_input_as_output(Path(output), [stored.folder])
-        if format == "parquet":
-            write_parquet(frame([stored]), Path(output), instead="-f csv for the same columns as text")
-        else:
-            write_samples_parquet(stored.run, stored.results, Path(output))
-        stderr.print(f"wrote {output}", markup=False)
-        return
-    if format == "samples":
-        from attnbench.report.samples import render_samples_csv, render_samples_jsonl
-    renderers: dict[str, Callable[[], str]] = {
-        "csv": lambda: render_csv(stored.results, stored.run),
-        "md": lambda: render_markdown(stored.run, stored.results, baseline),
-        "table": lambda: render_markdown(stored.run, stored.results, baseline),
-        "json": lambda: render_json(stored.run, stored.results),
-        "gab": lambda: render_gab(stored.results),
-        "bmf": lambda: render_bmf(stored.results),
-    }
-    if format == "html":
-        from attnbench.report.html import render_html
 
-        renderers["html"] = lambda: render_html(stored.run, stored.results, baseline, figures, notice or "")
-    if format == "samples":
-        renderers["samples"] = lambda: (render_samples_csv if suffix == ".csv" else render_samples_jsonl)(
-            stored.run, stored.results
-        )
-    write_or_print(renderers[format](), output, reads=[stored.folder])
+def _with_plots(view: RunView, write: bool, plots_dir: Path | None) -> RunView:
+    """``view`` with the run's plots drawn (for an HTML page), written as PNGs when ``write`` (``--plots``,
+    ``--plots-dir``); when they cannot be drawn, the notice that says why, shown as a note."""
+    from attnbench.report.plots import plots_or_notice, write_plots
+
+    stored = view.stored
+    figures, notice = plots_or_notice(stored.run, stored.results, view.baseline)
+    if notice is not None:
+        stderr.print(f"note: {notice}", markup=False)
+    elif write:
+        for path in write_plots(figures, plots_dir or stored.folder / "plots", in_run=plots_dir is None):
+            stderr.print(f"wrote {path}", markup=False)
+    return replace(view, figures=tuple(figures), notice=notice or "")

@@ -9,6 +9,7 @@ while waiting (the jobs go on).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -170,8 +171,9 @@ def _ids(tasks: list[Task]) -> str:
 
 
 def _wait_and_merge(submission: Submission, tasks: list[Task], t0: float, *, plots: bool) -> int:
-    from attnbench.cli.merge import merge_runs, merge_summary
+    from attnbench.cli.merge import merge_summary
     from attnbench.cluster.jobarray import wait
+    from attnbench.workflows import merge as merging
 
     try:
         outcomes = wait(submission, tasks, _say) if tasks else []
@@ -185,17 +187,19 @@ def _wait_and_merge(submission: Submission, tasks: list[Task], t0: float, *, plo
     waited = time.monotonic() - t0
     output = Path(submission.output)
     try:
-        plan, paths, problem = merge_runs([submission.shard_folder], output, partial=True, plots=plots)
+        plan = merging.plan([submission.shard_folder], output, partial=True, command=tuple(sys.argv))
     except ResultsError as exc:
         if "holds no run" not in exc.message:
             raise
         stderr.print(f"nothing to merge: no shard wrote a run folder ({exc.message})", markup=False)
         return _verdict(outcomes, None, submission)
+    print_warnings(plan.warnings)
+    written = merging.write(plan, output, plots=plots)
     merged = time.monotonic() - t0
     stdout.print(merge_summary(plan, output), markup=False, highlight=False)
-    if problem is not None:
-        print_warnings([problem])
-    for path in paths:
+    if written.problem is not None:
+        print_warnings([written.problem])
+    for path in written.paths:
         stdout.print(f"wrote {path}", markup=False, highlight=False)
     _say(f"timing: submit → all tasks ended {waited:.1f} s, submit → merged {merged:.1f} s")
     return _verdict(outcomes, plan.complete and not any(r.status in FAILED for r in plan.results), submission)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from attnbench.results.contention import Contention
     from attnbench.results.store import StoredRun
-    from attnbench.sweeps.runner import Sweep, SweepPlan
+    from attnbench.sweeps.runner import Sweep, SweepPlan, SweepRequest
 
 
 @handles_errors
@@ -139,7 +139,7 @@ def sweep(
     """Run an experiment into a new run folder, results/runs/<run_id>/ by default (run.json, results.jsonl,
     summary.csv, summary.md, plots/)."""
     from attnbench.core.shards import parse_shard
-    from attnbench.sweeps.runner import SweepRequest, open_sweep, plan_sweep
+    from attnbench.sweeps.runner import SweepRequest, plan_sweep
 
     draw_plots = plots_wanted(plots)
     if retry_failed and resume is None:
@@ -175,49 +175,63 @@ def sweep(
         return
     interrupts = Interrupts()
     with interrupts.installed(), ExitStack() as stack:
-        try:
-            # torch's import runs C++ module initialisers that cannot carry a Python exception through: a Ctrl-C
-            # raised inside one ended the process in std::terminate ("terminate called after throwing an instance
-            # of 'pybind11::error_already_set'"). So it is imported disarmed; a signal that came meanwhile is acted on
-            # the moment arming begins below.
-            importlib.import_module("torch")
-            with interrupts.arming():  # the rest of start-up (the environment, the folder) is abandoned at once
-                run = stack.enter_context(open_sweep(request, on_busy=_waiting(quiet)))
-        except BaseException as exc:
-            # A signal came while starting: whatever it surfaced as (an extension being imported may turn the
-            # KeyboardInterrupt into an error of its own), it is an interrupt. open_sweep removed the folder it may
-            # have made: nothing is left behind.
-            if interrupts.signal is None and not caused_by_interrupt(exc):
-                raise
-            raise interrupted(interrupts.signal or signal.SIGINT, "stopped before the first case") from None
-        if interrupts.signal is not None:
-            # The signal came while starting, and an import swallowed it (torch imports numpy inside a try, which
-            # can leave a half-imported module behind): measure and render nothing in this interpreter.
-            run.stop_before_start()
-            raise interrupted(
-                interrupts.signal, f"stopped before the first case; resume with: attnbench sweep --resume {run.folder}"
-            )
-        plan, environment = run.plan, run.environment
+        run = _start(request, interrupts, stack, quiet)
         print_warnings(run.warnings)
         if not quiet:
-            what = (
-                f"resuming {run.folder}: {len(plan.todo)} of {len(plan.cases)} cases left"
-                if plan.stored
-                else f"{len(plan.todo)} cases from {plan.experiment.source}"
-            )
-            if plan.shard is not None:
-                what += f", shard {plan.shard}"
-            stdout.print(
-                f"attnbench: {what} on {_where(plan.device, plan.devices)} "
-                f"({environment.gpu_name or environment.cpu_model}, "
-                f"torch {environment.torch}, {_threads(plan, environment.torch_threads)}"
-                f"{', each case in a worker process' if plan.isolate else ''}) → {run.folder}",
-                markup=False,
-                highlight=False,
-            )
+            _announce(run)
         code = _run_and_render(run, quiet, interrupts, plots=draw_plots)
     if code:
         raise typer.Exit(code)
+
+
+def _start(request: SweepRequest, interrupts: Interrupts, stack: ExitStack, quiet: bool) -> Sweep:
+    """Import torch, then open the sweep (the environment, the folder) inside ``stack``; a signal on the way is an
+    interrupt that leaves nothing behind."""
+    from attnbench.sweeps.runner import open_sweep
+
+    try:
+        # torch's import runs C++ module initialisers that cannot carry a Python exception through: a Ctrl-C
+        # raised inside one ended the process in std::terminate ("terminate called after throwing an instance
+        # of 'pybind11::error_already_set'"). So it is imported disarmed; a signal that came meanwhile is acted on
+        # the moment arming begins below.
+        importlib.import_module("torch")
+        with interrupts.arming():  # the rest of start-up (the environment, the folder) is abandoned at once
+            run = stack.enter_context(open_sweep(request, on_busy=_waiting(quiet)))
+    except BaseException as exc:
+        # A signal came while starting: whatever it surfaced as (an extension being imported may turn the
+        # KeyboardInterrupt into an error of its own), it is an interrupt. open_sweep removed the folder it may
+        # have made: nothing is left behind.
+        if interrupts.signal is None and not caused_by_interrupt(exc):
+            raise
+        raise interrupted(interrupts.signal or signal.SIGINT, "stopped before the first case") from None
+    if interrupts.signal is not None:
+        # The signal came while starting, and an import swallowed it (torch imports numpy inside a try, which
+        # can leave a half-imported module behind): measure and render nothing in this interpreter.
+        run.stop_before_start()
+        raise interrupted(
+            interrupts.signal, f"stopped before the first case; resume with: attnbench sweep --resume {run.folder}"
+        )
+    return run
+
+
+def _announce(run: Sweep) -> None:
+    """The line that says what this sweep measures, where, and into which folder."""
+    plan, environment = run.plan, run.environment
+    what = (
+        f"resuming {run.folder}: {len(plan.todo)} of {len(plan.cases)} cases left"
+        if plan.stored
+        else f"{len(plan.todo)} cases from {plan.experiment.source}"
+    )
+    if plan.shard is not None:
+        what += f", shard {plan.shard}"
+    stdout.print(
+        f"attnbench: {what} on {_where(plan.device, plan.devices)} "
+        f"({environment.gpu_name or environment.cpu_model}, "
+        f"torch {environment.torch}, {_threads(plan, environment.torch_threads)}"
+        f"{', each case in a worker process' if plan.isolate else ''}) → {run.folder}",
+        markup=False,
+        highlight=False,
+    )
 
 
 def _waiting(quiet: bool) -> Callable[[Contention, float], None]:

@@ -149,6 +149,8 @@ def find_module(dotted: str) -> str | None:
     for i in range(len(parts)):
         name = ".".join(parts[: i + 1])
         module = sys.modules.get(name)
+        if module is not None and module.__spec__ is None and i == len(parts) - 1:
+            return None  # imported already, with no finder behind it (a script's or a notebook's __main__)
         if module is not None:
             spec = module.__spec__
         elif search is None:

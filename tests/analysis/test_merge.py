@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.analysis.merge import plan_merge
 from attnbench.cli import app
-from attnbench.cli.merge import config_cases
 from attnbench.core.shards import Shard
 from attnbench.results.store import load_run
 from attnbench.sweeps.events import QuietListener
 from attnbench.sweeps.runner import SweepRequest, open_sweep
+from attnbench.workflows.merge import plan as plan_merge
 from tests.support import mentions, tiny_config
 
 runner = CliRunner()
@@ -76,7 +75,7 @@ def merge(*args: str | Path) -> Any:
 
 @pytest.mark.slow
 def test_a_merge_of_every_shard_is_the_unsharded_run(runs: dict[str, Any], tmp_path: Path) -> None:
-    plan = plan_merge(runs["shards"], tmp_path / "m", expected=config_cases)
+    plan = plan_merge(runs["shards"], tmp_path / "m")
     whole = load_run(runs["whole"])
     # The same cases, in the same (the config's) order as the run swept in one place.
     assert [r.case.key for r in plan.results] == [r.case.key for r in whole.results]
@@ -123,7 +122,7 @@ def test_merging_again_gives_the_same_folder(runs: dict[str, Any], tmp_path: Pat
     assert again.exit_code == 0, again.output
     assert {name: (out / name).read_bytes() for name in files} == first
     # An earlier merge given beside its own shards adds nothing: identical rows are kept once.
-    plan = plan_merge([out, *runs["shards"]], tmp_path / "other", expected=config_cases)
+    plan = plan_merge([out, *runs["shards"]], tmp_path / "other")
     assert plan.duplicates == 12 and len(plan.results) == 12 and len(plan.run.merged_from) == 3
 
 
