@@ -568,6 +568,8 @@ def _timing_from_dict(data: object) -> TimingPolicy:
         if name == "cache":  # null: each mode's default (a run written before that existed says "warm")
             if value is not None:
                 fields.choice(value, name, ("warm", "cold"), "cache policy")
+        elif name == "flush":  # left out: a run from before the read flush, which zeroed (the default)
+            fields.choice(value, name, ("zero", "read"), "flush")
         elif isinstance(default, bool):
             fields.flag(value, name)
         elif isinstance(default, int):
