@@ -636,6 +636,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 @cuda
 @pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # Triton compiles fla's chunk kernels (a dozen per rule) on a cold cache
 @pytest.mark.parametrize("model", MODELS)
 def test_the_real_fla_kernel_runs_and_agrees_with_the_torch_form(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     module, name = FLA_MODULES[model]
@@ -667,6 +668,7 @@ def test_the_real_fla_kernel_runs_and_agrees_with_the_torch_form(model: str, mon
 
 @cuda
 @pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # the probe runs fla's forward and backward: Triton compiles them, cold
 @pytest.mark.parametrize("model", MODELS)
 def test_a_sweep_case_with_kernel_fla_probes_on_the_gpu(model: str) -> None:
     pytest.importorskip(FLA_MODULES[model][0], reason="the fla package (flash-linear-attention) is not installed")
