@@ -46,18 +46,18 @@ esac
 # in seconds): the first torch import (CUDA 13 loads GBs of libraries) belongs to env, whose budget absorbs it.
 # calibrate runs before the claims sweep, so the sweep's rows are held to this GPU's measured ceilings.
 STEPS=(
-  setup:15:2
-  env:30:17
-  calibrate:30:19
-  claims-sweep:65:35
+  setup:15:5
+  env:32:21
+  calibrate:30:20
+  claims-sweep:60:34
   claims-pack:5:1
   claims-report:8:2
-  selfcheck:25:14
-  flash-sweep:35:20
+  selfcheck:30:19
+  flash-sweep:42:28
   flash-pack:5:1
   gpu-tests:40:12
-  gpu-compile-tests:45:12
-  telemetry-overhead:20:12
+  gpu-compile-tests:32:10
+  telemetry-overhead:25:14
 )
 KILL_GRACE_S=3
 TOTAL_LIMIT_S=360
@@ -218,9 +218,9 @@ PYTHON
 }
 
 # The article's claims: every claim's cases at batch 1 and three lengths, each model at one scope, and the three
-# 110 M-parameter presets at one length (claim 3); on the CPU, the same at toy sizes, one decode length and bert-base
-# alone (a preset cannot shrink: lstm-110m's and mingru-110m's rows took 6 of the CPU sweep's 10 s, and take the same
-# path as bert-base's). Decode and the presets run first (order): a sweep cut by its budget loses the grid's longest
+# 110 M-parameter presets at one length (claim 3); on the CPU, the same at toy sizes, one grid and one decode length
+# and bert-base alone (a preset cannot shrink: lstm-110m's and mingru-110m's rows took 6 of the CPU sweep's 10 s, and
+# take the same path as bert-base's; a second grid length added a third to a loaded CPU's 35-50 s). Decode and the presets run first (order): a sweep cut by its budget loses the grid's longest
 # lengths, not claim 1's decode rows or claim 3.
 # minGRU runs its parallel scan only: the sequential one launches tens of thousands of kernels at n = 2k-8k.
 claims_sweep() {
@@ -233,7 +233,7 @@ claims_sweep() {
       --set 'decode.seq_len=[2048,16384,131072]' --set timing.max_case_s=0.3 --set timing.min_time_s=0.1
   else
     "$PY" -m attnbench sweep configs/claims-cpu.yaml --device cpu --out "$WORK/claims" -q \
-      --set 'order=[decode,presets]' --set 'grid.seq_len=[16,64]' --set d_model=32 --set heads=2 \
+      --set 'order=[decode,presets]' --set 'grid.seq_len=[16]' --set d_model=32 --set heads=2 \
       --set 'presets.names=[bert-base]' --set 'presets.seq_len=[8]' --set 'presets.modes=[forward]' \
       --set 'decode.seq_len=[64]' \
       --set 'model_options.mingru={scan: parallel}' \
@@ -327,9 +327,11 @@ selfcheck() {
 # imports (the suite itself collects them all). GPU_CHECK_TEST_FILES replaces the files (a test of the check).
 gpu_test_files() {
   local files
-  files=${GPU_CHECK_TEST_FILES:-$(grep -rlE 'mark\.gpu' tests --include='*.py' | sort)}
+  # A mark at a line's start (a decorator, a pytestmark entry), not one quoted in a test's text.
+  files=${GPU_CHECK_TEST_FILES:-$(grep -rlE '^[[:space:]]*@?pytest\.mark\.gpu\b' tests --include='*.py' | sort)}
   if [ "$MODE" = cpu ] && [ -z "${GPU_CHECK_TEST_FILES:-}" ]; then
-    [ "$1" = only ] && files=$(grep -lE 'mark\.compiles' $files | sort)
+    # shellcheck disable=SC2086  # one word per file
+    [ "$1" = only ] && files=$(grep -lE '^[[:space:]]*@pytest\.mark\.compiles\b' $files | sort)
     files=$(echo "$files" | head -n 1)
   fi
   echo "$files"

@@ -12,6 +12,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -674,3 +675,7 @@ def test_a_sweep_case_with_kernel_fla_probes_on_the_gpu(model: str) -> None:
     pytest.importorskip(FLA_MODULES[model][0], reason="the fla package (flash-linear-attention) is not installed")
     c = Case(model, "train", "bfloat16", "cuda", 2, 128, 256, 4, 1, True, (("kernel", "fla"),))
     assert probe(c, "cuda") is None
+    assert torch_family(c).extras(c, "cuda").get("fla_version")  # the installed fla, recorded in the row
+    fp32 = replace(c, dtype="float32")  # refused up front exactly where the installed kernel asserts it away
+    refuses = dn.fla_refuses_float32(dn.fla_function(*FLA_MODULES[model]))
+    assert (torch_family(fp32).unavailable(fp32, "cuda") is not None) == refuses
