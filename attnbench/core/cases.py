@@ -347,6 +347,8 @@ class TimingPolicy:
         # (results.records reads a missing key as 0: those runs had none).
         if not self.process_warmup_s:
             del data["process_warmup_s"]
+        if self.flush == "zero":  # likewise: every run from before the read flush zeroed, and reads back unchanged
+            del data["flush"]
         return data
 
     @classmethod

@@ -97,7 +97,10 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("capacity_method", str, "", "how the capacity was found: rss-fit (CPU), cuda-oom-search (GPU)"),
     ExtraSpec("capacity_capped", bool, "", "mode capacity: the search stopped at its largest batch; more would fit"),
     ExtraSpec(
-        "capacity_capped_by", str, "", "mode capacity: what bounded the batch: memory, kernel (its launch grid), search"
+        "capacity_capped_by",
+        str,
+        "",
+        "mode capacity: what bounded the batch: memory, kernel-grid (a launch limit), search",
     ),
     ExtraSpec(
         "capacity_excluded_bytes", int, "bytes", "mode capacity: held by the sweep (the cold flush), outside the budget"

@@ -29,8 +29,8 @@ Schema history (``SCHEMA_VERSION``):
       case); ``extra`` may carry ``capacity_batch``, ``bytes_per_sequence``, ``memory_budget_bytes``,
       ``weight_bytes``, ``capacity_method``, ``capacity_capped``, ``prefill_chunks``, ``verify_s``, ``rollback_s``,
       ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``.
-      Issue 48: run.json ``timing.flush`` (``zero`` or ``read``; absent: ``zero``, as every earlier run flushed);
-      ``extra`` may carry ``capacity_capped_by`` (memory, kernel, search), ``capacity_excluded_bytes`` and
+      Issue 48: run.json ``timing.flush`` (written when ``read``; absent: ``zero``, as every earlier run);
+      ``extra`` may carry ``capacity_capped_by`` (memory, kernel-grid, search), ``capacity_excluded_bytes`` and
       ``fla_version``.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.

@@ -66,7 +66,7 @@ class Capacity:
     weight_bytes: int
     method: str  # "rss-fit" (CPU), "cuda-oom-search" (GPU)
     capped: bool = False  # the batch reached the search's ceiling: the budget would hold more
-    # What stopped the search: "memory" (the budget), "kernel" (the largest batch its kernels launch,
+    # What stopped the search: "memory" (the budget), "kernel-grid" (the largest batch its kernels launch,
     # ``LaunchLimit``) or "search" (MAX_CAPACITY).
     capped_by: str = "memory"
     # Bytes the process held at the search's start beyond the weights (the cold flush's buffer, which lives for the
@@ -134,7 +134,7 @@ def find_capacity(
             raise ValueError("mode capacity on a CPU measures peak resident memory, which this process cannot read")
         found = _on_cpu(run, budget, weights, rss, ceiling)
     if found.capped and limit is not None and ceiling == limit.batch:
-        return replace(found, capped_by="kernel")  # what its kernels can launch, not the memory, bounded the batch
+        return replace(found, capped_by="kernel-grid")  # what its kernels can launch, not memory, bounded the batch
     return found
 
 

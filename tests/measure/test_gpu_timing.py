@@ -128,6 +128,7 @@ def test_the_flush_zeroes_or_only_reads_its_buffer_as_timing_flush_says() -> Non
     assert int(read.buffer.min()) == int(read.buffer.max()) == 3  # nothing written
     assert int(read._sink) == 3 * 1024  # and every element was read into the one scalar it writes
     assert TimingPolicy().flush == "zero" and TimingPolicy.from_dict({}).flush == "zero"  # old runs zeroed
+    assert "flush" not in TimingPolicy().to_dict()  # so a run from before reads back unchanged
     assert TimingPolicy.from_dict(TimingPolicy(flush="read").to_dict()).flush == "read"
 
 

@@ -273,7 +273,7 @@ def test_a_capacity_stopped_by_its_kernel_is_recorded_as_capped_by_the_kernel(
     assert result.status in ("ok", "too_slow_for_budget"), result.reason
     assert asked == ["cpu"]
     assert result.extra["capacity_batch"] == 3 and result.extra["capacity_capped"] is True
-    assert result.extra["capacity_capped_by"] == "kernel"
+    assert result.extra["capacity_capped_by"] == "kernel-grid"
 
 
 def test_a_gpu_budget_leaves_what_the_sweep_holds_outside() -> None:
@@ -295,9 +295,11 @@ def test_a_gpu_budget_leaves_what_the_sweep_holds_outside() -> None:
 @cuda
 def test_on_a_gpu_attention_capacity_stops_at_the_kernels_grid_and_the_flush_is_outside_the_budget() -> None:
     executor = TorchExecutor(ExecutorSettings("cuda", QUICK, telemetry="off"))
-    case = replace(serving("sdpa-flash", "capacity", 16, memory_budget=2**30), device="cuda", heads=16, d_model=64)
+    case = replace(
+        serving("sdpa-flash", "capacity", 16, memory_budget=2**30), device="cuda", heads=16, d_model=128
+    )  # head_dim 8: flash takes it
     result = executor.run(replace(case, dtype="bfloat16"))
     assert result.status == "ok", result.reason
-    assert result.extra["capacity_batch"] == 65_535 // 16 and result.extra["capacity_capped_by"] == "kernel"
+    assert result.extra["capacity_batch"] == 65_535 // 16 and result.extra["capacity_capped_by"] == "kernel-grid"
     assert result.extra["capacity_excluded_bytes"] >= 256 * 2**20  # capacity is cold: the flush's buffer, outside
     executor.close()
