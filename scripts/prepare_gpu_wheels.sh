@@ -4,10 +4,11 @@
 #
 #   scripts/prepare_gpu_wheels.sh [WHEEL_DIR]      (default: ../shared/wheels-py312, beside the checkout)
 #
-# The GPU image already has torch, triton, typer, rich, pandas, tabulate, pyyaml, psutil, nvidia-ml-py, matplotlib,
-# pytest, hypothesis and sortedcontainers; it lacks pydantic. So .whl/ gets pydantic and exactly the packages it
-# needs (read from each wheel's Requires-Dist), nothing else: a carried copy of a package the image has would
-# shadow the image's own. Nothing is downloaded.
+# The GPU image already has torch, triton, einops, typer, rich, pandas, tabulate, pyyaml, psutil, nvidia-ml-py,
+# matplotlib, numpy, scipy, pytest, pytest-xdist, hypothesis and sortedcontainers (/work/.library/device/KINDS.md);
+# it lacks pydantic, and flash-linear-attention (kernel: fla). So .whl/ gets pydantic, fla-core where the folder has
+# it, and exactly the packages they need that the image lacks (read from each wheel's Requires-Dist), nothing else:
+# a carried copy of a package the image has would shadow the image's own. Nothing is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SOURCE=${1:-../shared/wheels-py312}
@@ -20,7 +21,7 @@ fi
 rm -rf .whl
 mkdir -p .whl
 "$PY" - "$SOURCE" .whl << 'EOF'
-"""Copy pydantic's wheel and those of its dependencies, transitively, from argv[1] to argv[2]."""
+"""Copy pydantic's wheel, fla-core's if there, and their dependencies', transitively, from argv[1] to argv[2]."""
 
 import re
 import shutil
@@ -42,13 +43,15 @@ for wheel in sorted(source.glob("*.whl")):
         headers = Parser().parsestr(archive.read(metadata).decode())
     needs = [r for r in headers.get_all("Requires-Dist") or [] if "extra ==" not in r]
     wheels[canonical(headers["Name"])] = (wheel, [canonical(re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0]) for r in needs])
-wanted, todo = set(), ["pydantic"]
+# What the GPU image has of what fla-core needs (its CUDA extra's torch and triton, and einops): never carried.
+IMAGE = {"torch", "triton", "einops"}
+wanted, todo = set(), ["pydantic", *(["fla-core"] if "fla-core" in wheels else [])]
 while todo:
     name = todo.pop()
-    if name in wanted:
+    if name in wanted or name in IMAGE:
         continue
     if name not in wheels:
-        sys.exit(f"error: {source} has no wheel for {name}, which pydantic needs")
+        sys.exit(f"error: {source} has no wheel for {name}, which pydantic or fla-core needs")
     wanted.add(name)
     todo += wheels[name][1]
 for name in sorted(wanted):
@@ -56,5 +59,5 @@ for name in sorted(wanted):
     print(f"{wheels[name][0].name}")
 left = sorted(set(wheels) - wanted)
 if left:
-    print(f"not carried (not needed by pydantic): {', '.join(left)}")
+    print(f"not carried (not needed by pydantic or fla-core): {', '.join(left)}")
 EOF

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+STARTED = time.perf_counter()  # before torch's import, which --budget-s counts too
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # scripts run from a checkout; the fake pynvml lives in its tests/
 
@@ -74,7 +75,14 @@ def main() -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="0.3 s per measurement, short warm-ups, a 0.5 s sampler window: plumbing only",
+        help="one case at n and d_model 64, 0.3 s per measurement, short warm-ups, a 0.5 s sampler window: plumbing",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="fit the whole run in this many seconds: each measurement and the sampler's window sized from it "
+        f"(after {RESERVED_S:g} s for torch's import, CUDA's start and the first profile)",
     )
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
@@ -82,10 +90,17 @@ def main() -> int:
         parser.error("--nvml fake times CPU cases; on a GPU the real NVML is used")
     interval = args.interval or default_interval_s(args.device if args.nvml == "real" else "cuda")
     policy = TimingPolicy(target_ci=0.01, min_samples=20, min_time_s=0.5, max_case_s=1.5, warmup_max_s=0.3)
+    window_s = 2.0
     if args.quick:
         policy = TimingPolicy(
             target_ci=0.05, min_samples=5, min_time_s=0.05, max_case_s=0.3, warmup_max_s=0.1, process_warmup_s=0.05
         )
+        window_s = 0.5
+    if args.budget_s is not None:
+        plan = budgeted(args.budget_s, 2 * len(CUDA_CASES if cuda else CPU_CASES) * args.rounds)
+        if plan is None:
+            parser.error(f"--budget-s {args.budget_s:g} leaves nothing for the measurements after {RESERVED_S:g} s")
+        policy, window_s = plan
     level = "full" if cuda or args.nvml == "fake" else "basic"
     off = TorchExecutor(ExecutorSettings(args.device, policy, telemetry="off"))
     on = TorchExecutor(ExecutorSettings(args.device, policy, telemetry=level, telemetry_interval_s=interval))
@@ -94,7 +109,6 @@ def main() -> int:
         torch_executor.open_telemetry = partial(_either, real=torch_executor.open_telemetry, fake=fake_nvml_telemetry())
     what = "GPU path on a fake pynvml, CPU cases" if args.nvml == "fake" else args.device
     opener = fake_nvml_telemetry() if args.nvml == "fake" else _real_telemetry
-    window_s = 0.5 if args.quick else 2.0
     sampler_ms = sampler_cpu_ms_per_s(partial(opener, args.device), level, interval, window_s)
     rounds = plural(args.rounds, "round")
     print(f"## Telemetry overhead ({what}, level {level}, interval {interval * 1e3:g} ms, {rounds})\n")
@@ -104,8 +118,13 @@ def main() -> int:
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     overall, overall_fastest = [], []
-    for template in CUDA_CASES if cuda else CPU_CASES:
+    cases = CUDA_CASES if cuda else CPU_CASES
+    if args.quick:  # plumbing only: one case (SDPA's, the cheapest to build and run), at small shapes
+        cases = cases[1:2]
+    for template in cases:
         case = replace(template, device=args.device)
+        if args.quick:
+            case = replace(case, seq_len=min(case.seq_len, 64), d_model=min(case.d_model, 64))
         ratios, fastest, offs, ons, samples = [], [], [], [], []
         skipped = ""
         for i in range(args.rounds):
@@ -143,7 +162,36 @@ def main() -> int:
         f"\nThe sampler thread itself: {sampler_ms:.2f} ms of CPU time per second of window (an idle {window_s:g} s "
         "window; CPU time, so other load on the machine does not inflate it).\n"
     )
+    if args.budget_s is not None:
+        print(f"Ran in {time.perf_counter() - STARTED:.1f} s of its {args.budget_s:g} s budget (--budget-s).\n")
     return 0
+
+
+# What a run spends outside its measurements, at most (seen: torch's import with CUDA 13's libraries ~3 s, CUDA's
+# context ~1 s, CUPTI's first profile ~1-2 s, two executors' process warm-ups) and the sampler window's opening.
+RESERVED_S = 8.0
+# Each measurement's own overhead beyond its max_case_s: building the model, the profiled call, telemetry's edges.
+PER_MEASUREMENT_S = 0.25
+
+
+def budgeted(budget_s: float, measurements: int) -> tuple[TimingPolicy, float] | None:
+    """The policy and sampler window that fit ``measurements`` timed cases and the window in ``budget_s`` seconds
+    (``RESERVED_S`` of it set aside): each case's ``max_case_s`` (its warm-up inside it) from what is left, capped at
+    the full run's 1.5 s; the window a tenth of the budget, 0.5-2 s. None where nothing is left."""
+    window_s = min(2.0, max(0.5, budget_s / 10))
+    left = budget_s - RESERVED_S - window_s - measurements * PER_MEASUREMENT_S
+    if left <= 0 or measurements < 1:
+        return None
+    case_s = min(1.5, left / measurements)
+    policy = TimingPolicy(
+        target_ci=0.01,
+        min_samples=5,
+        min_time_s=case_s / 3,
+        max_case_s=case_s,
+        warmup_max_s=case_s / 5,
+        process_warmup_s=min(0.5, case_s / 5),
+    )
+    return policy, window_s
 
 
 def sampler_cpu_ms_per_s(opener: Callable[..., Any], level: Any, interval_s: float, window_s: float = 2.0) -> float:

@@ -40,10 +40,15 @@ def compile_heavy(item: Any) -> bool:
     return "flex" in item.nodeid or item.get_closest_marker("compiles") is not None
 
 
-def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """The compile-heavy tests last, so a time-limited run (scripts/gpu_check.sh's gpu-tests step) reaches every
-    other test before them."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[Any]) -> None:
+    """The compile-heavy tests last, so a time-limited run reaches every other test before them; with
+    ATTNBENCH_COMPILE_HEAVY=none only the others, =only only them (scripts/gpu_check.sh gives each a step)."""
     items.sort(key=compile_heavy)  # stable: the rest keep their order
+    which = os.environ.get("ATTNBENCH_COMPILE_HEAVY", "")
+    if which in ("none", "only"):
+        keep = [item for item in items if compile_heavy(item) == (which == "only")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
 
 def time_limit_s(item: Any) -> float:

@@ -26,6 +26,7 @@ from attnbench.core.cases import (
     MAX_THREADS,
     MAX_TOKENS,
     CacheState,
+    FlushKind,
     TimingPolicy,
 )
 from attnbench.families.catalogue import PRESET_CORE_DEFAULT, option_axes
@@ -233,6 +234,9 @@ class TimingModel(_Strict):
     call, warm does not; null = each mode's default."""
     cuda_graph: bool = _POLICY.cuda_graph
     """GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost."""
+    flush: FlushKind = _POLICY.flush
+    """GPU only, cache cold: zero overwrites the flush buffer (triton's do_bench), read reduces it without writing,
+    so no dirty lines are written back during the timed call."""
     process_warmup_s: Annotated[float, Field(ge=0, le=60)] = _POLICY.process_warmup_s
     """Before the first case of each process, this many seconds of a mixed parallel workload, so the first case does
     not pay for thread pools, clock ramp-up and first-use initialisation; 0 = none."""

@@ -277,6 +277,7 @@ class Case:
 
 
 CacheState = Literal["warm", "cold"]
+FlushKind = Literal["zero", "read"]  # how a GPU's cold flush evicts L2 (TimingPolicy.flush)
 # The cache state each mode is timed in unless the config says (``cache``). A decode step's state and weights at the
 # sizes a sweep decodes fit in a last-level cache (an H200's L2 is 50 MB; flashinfer#4468, TileGym#118), so timed
 # back to back a warm step reads them faster than memory allows, which no decoder serving other layers and requests
@@ -328,6 +329,9 @@ class TimingPolicy:
     cache: CacheState | None = None
     # GPU only: replay forward passes from a captured CUDA graph, which removes per-kernel launch cost.
     cuda_graph: bool = False
+    # GPU only, cache cold: how the flush evicts L2, overwriting its buffer (zero: triton's do_bench) or reading it
+    # (read: no dirty lines left to write back during the timed call). ``timing.gpu_timing.DeviceFlush``.
+    flush: FlushKind = "zero"
     # Before the first case of each process: this long of a mixed, parallel workload (``measure.process_warmup``),
     # so the first case does not pay for the thread pool's start, the autograd engine's, clock ramp-up and
     # first-use initialisation that every later case finds done. 0 = none.
@@ -343,6 +347,8 @@ class TimingPolicy:
         # (results.records reads a missing key as 0: those runs had none).
         if not self.process_warmup_s:
             del data["process_warmup_s"]
+        if self.flush == "zero":  # likewise: every run from before the read flush zeroed, and reads back unchanged
+            del data["flush"]
         return data
 
     @classmethod

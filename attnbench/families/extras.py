@@ -96,6 +96,15 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("weight_bytes", int, "bytes", "mode capacity: the model's parameters and buffers, inside the budget"),
     ExtraSpec("capacity_method", str, "", "how the capacity was found: rss-fit (CPU), cuda-oom-search (GPU)"),
     ExtraSpec("capacity_capped", bool, "", "mode capacity: the search stopped at its largest batch; more would fit"),
+    ExtraSpec(
+        "capacity_capped_by",
+        str,
+        "",
+        "mode capacity: what bounded the batch: memory, kernel-grid (a launch limit), search",
+    ),
+    ExtraSpec(
+        "capacity_excluded_bytes", int, "bytes", "mode capacity: held by the sweep (the cold flush), outside the budget"
+    ),
     ExtraSpec("prefill_chunks", int, "", "mode prefill: the pieces the prompt was fed in"),
     ExtraSpec("verify_s", float, "s", "mode verify: the verify call alone, median"),
     ExtraSpec("rollback_s", float, "s", "mode verify: the rollback alone, median"),

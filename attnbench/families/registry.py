@@ -25,6 +25,7 @@ from attnbench.families.states import decodable, prefill
 from attnbench.families.torch_family import (
     PROBE_BATCH,
     PROBE_SEQ_LEN,
+    LaunchLimit,
     TorchFamily,
     make_decode_inputs,
     make_input,
@@ -93,6 +94,12 @@ def call_context(case: Case, model: nn.Module) -> contextlib.AbstractContextMana
 def row_extras(case: Case, device: str) -> dict[str, ExtraValue]:
     """What the row records of the implementation ``case`` runs on here (the family's declared extras)."""
     return torch_family(case).extras(case, device)
+
+
+def launch_limit(case: Case, device_type: str) -> LaunchLimit | None:
+    """The largest batch ``case``'s kernels launch on ``device_type`` whatever the memory, and why (the family's
+    ``launch_limit``); None where nothing but memory bounds it."""
+    return torch_family(case).launch_limit(case, device_type)
 
 
 def probe(case: Case, device: str) -> str | None:

@@ -11,7 +11,7 @@ import contextlib
 import importlib
 import re
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -70,6 +70,14 @@ class Unsupported(Exception):
     the executor records an ``unsupported`` row with this reason."""
 
 
+@dataclass(frozen=True)
+class LaunchLimit:
+    """The largest batch a case's kernels can launch whatever the memory (a grid axis's cap), and why."""
+
+    batch: int
+    reason: str
+
+
 class TorchFamily:
     """Defaults for a family with nothing to say beyond building its modules."""
 
@@ -116,6 +124,12 @@ class TorchFamily:
     def compiled(self, case: Case) -> bool:
         """Whether the model is compiled by construction, whatever its ``compile`` option (flex)."""
         return False
+
+    def launch_limit(self, case: Case, device_type: str) -> LaunchLimit | None:
+        """The largest batch ``case``'s decode step can launch on ``device_type``, memory aside (a kernel that
+        puts the batch on a capped grid axis fails past it with a launch error, not an OOM), or None: no such cap.
+        A capacity search stops there and records the row as capped by the kernel."""
+        return None
 
     def compile_option(self, case: Case) -> str:
         """The torch.compile mode ``case`` asks for (its ``compile`` option), or ``none``: eager."""

@@ -29,6 +29,9 @@ Schema history (``SCHEMA_VERSION``):
       case); ``extra`` may carry ``capacity_batch``, ``bytes_per_sequence``, ``memory_budget_bytes``,
       ``weight_bytes``, ``capacity_method``, ``capacity_capped``, ``prefill_chunks``, ``verify_s``, ``rollback_s``,
       ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``.
+      Issue 48: run.json ``timing.flush`` (written when ``read``; absent: ``zero``, as every earlier run);
+      ``extra`` may carry ``capacity_capped_by`` (memory, kernel-grid, search), ``capacity_excluded_bytes`` and
+      ``fla_version``.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -568,6 +571,8 @@ def _timing_from_dict(data: object) -> TimingPolicy:
         if name == "cache":  # null: each mode's default (a run written before that existed says "warm")
             if value is not None:
                 fields.choice(value, name, ("warm", "cold"), "cache policy")
+        elif name == "flush":  # left out: a run from before the read flush, which zeroed (the default)
+            fields.choice(value, name, ("zero", "read"), "flush")
         elif isinstance(default, bool):
             fields.flag(value, name)
         elif isinstance(default, int):

@@ -42,6 +42,7 @@ from attnbench.core.units import format_bytes
 from attnbench.families.registry import make_input
 from attnbench.families.serving import chunks
 from attnbench.families.states import decodable, fill_state, tensor_bytes
+from attnbench.families.torch_family import LaunchLimit
 from attnbench.host.memory import RssPeak
 from attnbench.timing.failures import is_oom
 
@@ -64,7 +65,13 @@ class Capacity:
     budget_bytes: int
     weight_bytes: int
     method: str  # "rss-fit" (CPU), "cuda-oom-search" (GPU)
-    capped: bool = False  # the batch reached MAX_CAPACITY: the budget would hold more
+    capped: bool = False  # the batch reached the search's ceiling: the budget would hold more
+    # What stopped the search: "memory" (the budget), "kernel-grid" (the largest batch its kernels launch,
+    # ``LaunchLimit``) or "search" (MAX_CAPACITY).
+    capped_by: str = "memory"
+    # Bytes the process held at the search's start beyond the weights (the cold flush's buffer, which lives for the
+    # worker): outside the budget, so that a GPU's capacity and a CPU's answer the same question.
+    excluded_bytes: int = 0
 
 
 def margin_bytes(total: int) -> int:
@@ -101,22 +108,61 @@ def one_step(model: nn.Module, case: Case, batch: int, device: torch.device, dty
 
 
 def find_capacity(
-    model: nn.Module, case: Case, budget: int, device: torch.device, dtype: torch.dtype, rss: RssPeak | None
+    model: nn.Module,
+    case: Case,
+    budget: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    rss: RssPeak | None,
+    limit: LaunchLimit | None = None,
 ) -> Capacity:
-    """The largest batch whose step fits ``budget`` bytes (0: the device's default). MemoryError where not one
-    sequence fits; ValueError where no budget can be measured here."""
+    """The largest batch whose step fits ``budget`` bytes (0: the device's default), and ``limit`` (the largest its
+    kernels launch) at most. MemoryError where not one sequence fits; ValueError where no budget can be measured
+    here."""
 
     def run(batch: int) -> int:
         return one_step(model, case, batch, device, dtype)
 
     weights = weight_bytes(model)
+    ceiling = MAX_CAPACITY if limit is None else max(1, min(MAX_CAPACITY, limit.batch))
     if device.type == "cuda":
-        return _on_gpu(run, budget, weights, device)
+        found = _on_gpu(run, budget, weights, device, ceiling)
+    else:
+        if not budget:
+            raise ValueError("mode capacity on a CPU needs memory_budget: a CPU has no free memory to default to")
+        if rss is None:
+            raise ValueError("mode capacity on a CPU measures peak resident memory, which this process cannot read")
+        found = _on_cpu(run, budget, weights, rss, ceiling)
+    if found.capped and limit is not None and ceiling == limit.batch:
+        return replace(found, capped_by="kernel-grid")  # what its kernels can launch, not memory, bounded the batch
+    return found
+
+
+def search_batches(fits: Callable[[int], bool], ceiling: int) -> int:
+    """The largest batch up to ``ceiling`` that ``fits`` (0: not even one): doubled from 1 until one does not fit
+    or the next would pass the ceiling, then bisected below the first that did not (or the ceiling). No batch above
+    the ceiling is tried: past a kernel's launch limit a try fails for another reason than memory."""
+    good, bad = 0, 1
+    while bad <= ceiling and fits(bad):
+        good, bad = bad, bad * 2
+    if not good:
+        return 0
+    bad = min(bad, ceiling + 1)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
+def gpu_budget(budget: int, *, free: int, reserved: int, allocated: int, weights: int, total: int) -> tuple[int, int]:
+    """The budget the search holds the model to (``budget``, or 0: the free memory, plus what this process holds,
+    less ``margin_bytes`` and what the sweep keeps) and the bytes outside it: what the process had allocated
+    beyond the weights (the cold flush's buffer, ≥ 256 MiB). The allocator's cap is set at their sum, since
+    ``set_per_process_memory_fraction`` caps everything the process holds."""
+    excluded = max(0, allocated - weights)
     if not budget:
-        raise ValueError("mode capacity on a CPU needs memory_budget: a CPU has no free memory to default to")
-    if rss is None:
-        raise ValueError("mode capacity on a CPU measures peak resident memory, which this process cannot read")
-    return _on_cpu(run, budget, weights, rss)
+        budget = free + reserved - margin_bytes(total) - excluded
+    return budget, excluded
 
 
 def _none_fits(budget: int, weights: int, one: int | None) -> MemoryError:
@@ -127,7 +173,9 @@ def _none_fits(budget: int, weights: int, one: int | None) -> MemoryError:
     )
 
 
-def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) -> Capacity:
+def _on_cpu(
+    run: Callable[[int], int], budget: int, weights: int, rss: RssPeak, ceiling: int = MAX_CAPACITY
+) -> Capacity:
     room = budget - weights
 
     def peak(batch: int) -> int:
@@ -141,14 +189,14 @@ def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) 
     if room <= 0 or points[0][1] > room:
         raise _none_fits(budget, weights, points[0][1])
     batch = 2
-    while batch <= MAX_CAPACITY:
+    while batch <= ceiling:
         points.append((batch, peak(batch)))
         if points[-1][1] >= room / _GROWTH:
             break
         batch *= _GROWTH
     (b1, m1), (b2, m2) = points[-2:]
     slope = max(1, math.ceil((m2 - m1) / (b2 - b1)))
-    found = max(1, min(MAX_CAPACITY, (room - (m2 - slope * b2)) // slope))
+    found = max(1, min(ceiling, (room - (m2 - slope * b2)) // slope))
     best, best_held = 0, 0
     for _ in range(CONFIRMS):
         held = peak(found)
@@ -158,9 +206,9 @@ def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) 
             best, best_held = max((best, best_held), (found, held))
             # Within CAPACITY_SLACK of the budget, or at the search's largest: found. Else the line, fitted where
             # the allocator's fixed costs still weigh, overstated a sequence's bytes: step up by what is left.
-            if held >= room * (1 - CAPACITY_SLACK) or found >= MAX_CAPACITY:
+            if held >= room * (1 - CAPACITY_SLACK) or found >= ceiling:
                 break
-            step = min(MAX_CAPACITY, int(found * room / held * (1 - CONFIRM_MARGIN)))
+            step = min(ceiling, int(found * room / held * (1 - CONFIRM_MARGIN)))
         else:
             if found == 1:
                 raise _none_fits(budget, weights, held)
@@ -177,19 +225,27 @@ def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) 
         )
     # What one more sequence adds at scale: from the largest growth point to the batch found.
     per_sequence = max(1, (best_held - m2) // (best - b2)) if best > b2 else slope
-    return Capacity(best, per_sequence, budget, weights, "rss-fit", capped=best >= MAX_CAPACITY)
+    return _capped(Capacity(best, per_sequence, budget, weights, "rss-fit"), ceiling)
 
 
-def _on_gpu(run: Callable[[int], int], budget: int, weights: int, device: torch.device) -> Capacity:
+def _on_gpu(
+    run: Callable[[int], int], budget: int, weights: int, device: torch.device, ceiling: int = MAX_CAPACITY
+) -> Capacity:
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory
-    if not budget:
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = free + torch.cuda.memory_reserved(device) - margin_bytes(total)
+    free, _ = torch.cuda.mem_get_info(device)
+    budget, excluded = gpu_budget(
+        budget,
+        free=free,
+        reserved=torch.cuda.memory_reserved(device),
+        allocated=torch.cuda.memory_allocated(device),
+        weights=weights,
+        total=total,
+    )
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     before = float(getter(device)) if getter is not None else 1.0
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (budget + excluded) / total), device)
     base = torch.cuda.memory_allocated(device)
     peaks: dict[int, int] = {}
 
@@ -207,17 +263,18 @@ def _on_gpu(run: Callable[[int], int], budget: int, weights: int, device: torch.
         return True
 
     try:
-        good, bad = 0, 1
-        while bad <= MAX_CAPACITY and fits(bad):
-            good, bad = bad, bad * 2
+        good = search_batches(fits, ceiling)
         if not good:
             raise _none_fits(budget, weights, None)
-        while bad - good > 1 and good < MAX_CAPACITY:
-            middle = (good + bad) // 2
-            good, bad = (middle, bad) if fits(middle) else (good, middle)
     finally:
         torch.cuda.set_per_process_memory_fraction(before, device)
         torch.cuda.empty_cache()
     smaller = max((b for b in peaks if b < good), default=None)
     per_sequence = peaks[good] // good if smaller is None else (peaks[good] - peaks[smaller]) // (good - smaller)
-    return Capacity(good, max(per_sequence, 1), budget, weights, "cuda-oom-search", capped=good >= MAX_CAPACITY)
+    found = Capacity(good, max(per_sequence, 1), budget, weights, "cuda-oom-search", excluded_bytes=excluded)
+    return _capped(found, ceiling)
+
+
+def _capped(found: Capacity, ceiling: int) -> Capacity:
+    """``found``, marked capped by the search where it reached the ceiling: the budget would hold more."""
+    return replace(found, capped=True, capped_by="search") if found.batch >= ceiling else found

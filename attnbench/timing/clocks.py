@@ -39,29 +39,49 @@ class CpuClock:
             out.append((time.perf_counter() - t0) / calls_per_sample)
         return out
 
+    def time_each(self, fn: Callable[[], object], prepare: Callable[[], object], calls: int) -> list[float]:
+        """Each of ``calls`` calls timed alone, ``prepare`` (then the flush) run before it, untimed."""
+        out: list[float] = []
+        for _ in range(calls):
+            prepare()
+            out += self.time(fn, 1, 1)
+        return out
+
 
 class CudaClock:
     """CUDA events around each group of calls on ``device``'s current stream."""
 
     def __init__(self, device: torch.device, flush: Callable[[], object] | None = None) -> None:
         self.device = device
-        # Run before each sample's start event, and waited for: the flush is never timed, and the host cannot
-        # queue the call behind it, so launch gaps show as they do in a warm sample (cold never reads faster).
+        # Enqueued before each sample's start event, never waited for (as triton's do_bench): the start event fires
+        # when the flush's kernel ends, with the call already queued behind it, so a cold sample times the call and
+        # not the host's launch of its first kernel nor the Python before it (a host sync there left the GPU idle).
         self.flush = flush
 
     def now(self) -> float:
         return time.perf_counter()
 
     def time(self, fn: Callable[[], object], calls_per_sample: int, samples: int) -> list[float]:
+        return self._events(fn, None, calls_per_sample, samples)
+
+    def time_each(self, fn: Callable[[], object], prepare: Callable[[], object], calls: int) -> list[float]:
+        """Each of ``calls`` calls timed alone, ``prepare`` (then the flush) enqueued before its start event,
+        untimed: one synchronise for them all, so no host wait stands between what is put back and the call."""
+        return self._events(fn, prepare, 1, calls)
+
+    def _events(
+        self, fn: Callable[[], object], prepare: Callable[[], object] | None, calls_per_sample: int, samples: int
+    ) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
         with torch.cuda.device(self.device):
             # Drain earlier work so the first event does not absorb it.
             torch.cuda.synchronize()
             for start, end in zip(starts, ends, strict=True):
+                if prepare is not None:
+                    prepare()
                 if self.flush is not None:
-                    self.flush()
-                    torch.cuda.synchronize()
+                    self.flush()  # queued, not waited for: the start event below waits for it on the stream
                 start.record()
                 for _ in range(calls_per_sample):
                     fn()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.core.cases import FlushKind
 from attnbench.core.units import MIB, format_seconds
 from attnbench.timing.executor import detach_cupti_after_profiling
 
@@ -40,16 +41,28 @@ def flush_bytes(l2_bytes: int) -> int:
     return max(FLUSH_L2_MULTIPLE * max(l2_bytes, 0), FLUSH_MIN_BYTES)
 
 
-def l2_flusher(device: torch.device) -> Callable[[], None]:
-    """A function that overwrites ``flush_bytes`` of device memory with a memset (int32: a byte-wise zero_ runs
-    ~3× slower, triton PR 840), evicting every line the timed call could find in L2."""
-    size = flush_bytes(int(torch.cuda.get_device_properties(device).L2_cache_size))
-    buffer = torch.empty(size // 4, dtype=torch.int32, device=device)
+class DeviceFlush:
+    """Evicts what the timed call could find in L2 by touching ``size_bytes`` of device memory, one of two ways
+    (``timing.flush``): ``zero`` overwrites the buffer (a memset, int32: a byte-wise zero_ runs ~3× slower, triton
+    PR 840; triton's do_bench does this), leaving up to an L2 of dirty lines that are written back while the timed call
+    runs; ``read`` reduces it to one scalar, so L2 holds only clean lines and the call pays no write-back. Which one
+    puts a cold decode nearer its roofline is to be measured on the first GPU (docs/explanation/methodology.md)."""
 
-    def flush() -> None:
-        buffer.zero_()
+    def __init__(self, size_bytes: int, device: torch.device, kind: FlushKind = "zero") -> None:
+        self.kind = kind
+        self.buffer = torch.zeros(max(size_bytes // 4, 1), dtype=torch.int32, device=device)
+        self._sink = torch.zeros((), dtype=torch.int64, device=device)  # the read's one written value
 
-    return flush
+    def __call__(self) -> None:
+        if self.kind == "read":
+            torch.sum(self.buffer, 0, out=self._sink)
+        else:
+            self.buffer.zero_()
+
+
+def l2_flusher(device: torch.device, kind: FlushKind = "zero") -> DeviceFlush:
+    """The cold-cache flush of ``device``: ``flush_bytes`` of its L2, zeroed or read (``DeviceFlush``)."""
+    return DeviceFlush(flush_bytes(int(torch.cuda.get_device_properties(device).L2_cache_size)), device, kind)
 
 
 def graphed(step: Callable[[], object], device: torch.device) -> Callable[[], object]:

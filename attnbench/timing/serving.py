@@ -39,6 +39,7 @@ from attnbench.families.flops import analytic, count_flops, executed_flops
 from attnbench.families.registry import (
     build_model,
     call_context,
+    launch_limit,
     make_input,
     parameter_count,
     row_extras,
@@ -55,6 +56,7 @@ from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
 from attnbench.timing.adaptive import Clock, measure, timed_row
 from attnbench.timing.capacity import find_capacity, stand_in
+from attnbench.timing.clocks import CpuClock, CudaClock
 
 Extra = dict[str, str | int | float | bool | None]
 # A decode context fed for real (a verify's) comes in chunks of this many tokens where the family carries its state.
@@ -93,14 +95,17 @@ class PreparedClock:
         return self.clock.now()
 
     def time(self, fn: Callable[[], object], calls_per_sample: int, samples: int) -> list[float]:
-        out = []
-        for _ in range(samples):
-            total = 0.0
-            for _ in range(calls_per_sample):
+        calls = calls_per_sample * samples
+        if isinstance(self.clock, CpuClock | CudaClock):
+            # Every call timed alone, the preparation (and a cold flush) queued before its start event: on a GPU one
+            # synchronise for the block, not one per call (which put the host's launch latency in each sample).
+            each = self.clock.time_each(fn, self.prepare, calls)
+        else:  # a clock without per-call events: one call at a time through its own time()
+            each = []
+            for _ in range(calls):
                 self.prepare()
-                total += self.clock.time(fn, 1, 1)[0]
-            out.append(total / calls_per_sample)
-        return out
+                each += self.clock.time(fn, 1, 1)
+        return [sum(each[i : i + calls_per_sample]) / calls_per_sample for i in range(0, calls, calls_per_sample)]
 
 
 class Setup(Protocol):
@@ -204,7 +209,8 @@ class CapacitySetup:
         self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype, rss: RssPeak | None
     ) -> None:
         self.decoder = decodable(model)
-        found = find_capacity(model, case, case.param("memory_budget"), device, dtype, rss)
+        limit = launch_limit(case, device.type)  # a kernel's grid cap, which no budget can pass (the family knows)
+        found = find_capacity(model, case, case.param("memory_budget"), device, dtype, rss, limit)
         batch = found.batch
         self.case = replace(case, batch=batch)  # what the timed step runs (telemetry's tokens per call)
         self.state: Any = stand_in(model, case, batch, device, dtype)  # a decoder's state: what init_state made
@@ -216,6 +222,8 @@ class CapacitySetup:
             "weight_bytes": found.weight_bytes,
             "capacity_method": found.method,
             "capacity_capped": found.capped,
+            "capacity_capped_by": found.capped_by,
+            "capacity_excluded_bytes": found.excluded_bytes,
             "state_bytes": tensor_bytes(self.state),
         }
 

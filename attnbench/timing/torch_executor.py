@@ -334,7 +334,7 @@ class TorchExecutor:
         sample is one call then), the GPU's L2 (4× its size, ≥ 256 MiB) or the CPU's (a read and write of twice
         its size), made on the first cold case and kept."""
         if cache not in self._clocks:
-            flush = l2_flusher(self.device) if self.device.type == "cuda" else cpu_flusher()
+            flush = l2_flusher(self.device, self.policy.flush) if self.device.type == "cuda" else cpu_flusher()
             self._clocks[cache] = clock_for(self.device, flush=flush)
         return self._clocks[cache]
 

@@ -82,17 +82,89 @@ def cuda_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_a_cold_sample_waits_for_its_flush_before_the_start_event(cuda_calls: list[str]) -> None:
+def test_a_cold_sample_queues_its_flush_before_the_start_event_with_no_host_wait(cuda_calls: list[str]) -> None:
     from attnbench.timing.clocks import CudaClock
 
     clock = CudaClock(torch.device("cuda:0"), flush=lambda: cuda_calls.append("flush"))
     clock.time(lambda: cuda_calls.append("call"), 1, 2)
-    # Before, the flush was only queued: the host launched the call behind it and its launch gaps went untimed.
-    assert cuda_calls == ["synchronize"] + ["flush", "synchronize", "record", "call", "record"] * 2 + ["synchronize"]
+    # As triton's do_bench: the start event fires when the flush ends, the call already queued behind it. A
+    # synchronise between them (issue 48, item 5) left the GPU idle, and every cold sample held the host's launch.
+    assert cuda_calls == ["synchronize"] + ["flush", "record", "call", "record"] * 2 + ["synchronize"]
     cuda_calls.clear()
     CudaClock(torch.device("cuda:0")).time(lambda: cuda_calls.append("call"), 2, 2)  # warm: no flush, no waits
     sample = ["record", "call", "call", "record"]
     assert cuda_calls == ["synchronize", *sample, *sample, "synchronize"]
+
+
+def test_serving_calls_are_timed_in_one_block_their_preparation_queued_before_each_start(
+    cuda_calls: list[str],
+) -> None:
+    """A serving call (prefill, verify, capacity's step) is put back before each timed call: that preparation and
+    the cold flush are queued before the call's start event, and the block synchronises once, not once per call."""
+    from attnbench.timing.clocks import CudaClock
+    from attnbench.timing.serving import PreparedClock
+
+    clock = PreparedClock(
+        CudaClock(torch.device("cuda:0"), flush=lambda: cuda_calls.append("flush")),
+        lambda: cuda_calls.append("prepare"),
+    )
+    per_sample = clock.time(lambda: cuda_calls.append("call"), 2, 2)
+    one = ["prepare", "flush", "record", "call", "record"]
+    assert cuda_calls == ["synchronize", *one * 4, "synchronize"]
+    assert len(per_sample) == 2 and all(t > 0 for t in per_sample)
+
+
+def test_the_flush_zeroes_or_only_reads_its_buffer_as_timing_flush_says() -> None:
+    """The flush itself is device-agnostic torch: here on CPU tensors; which one runs is the policy's setting."""
+    from attnbench.timing.gpu_timing import DeviceFlush
+
+    zero = DeviceFlush(4096, torch.device("cpu"), "zero")
+    zero.buffer.fill_(3)
+    zero()
+    assert int(zero.buffer.abs().sum()) == 0  # overwritten: every line dirtied
+    read = DeviceFlush(4096, torch.device("cpu"), "read")
+    read.buffer.fill_(3)
+    read()
+    assert int(read.buffer.min()) == int(read.buffer.max()) == 3  # nothing written
+    assert int(read._sink) == 3 * 1024  # and every element was read into the one scalar it writes
+    assert TimingPolicy().flush == "zero" and TimingPolicy.from_dict({}).flush == "zero"  # old runs zeroed
+    assert "flush" not in TimingPolicy().to_dict()  # so a run from before reads back unchanged
+    assert TimingPolicy.from_dict(TimingPolicy(flush="read").to_dict()).flush == "read"
+
+
+def test_timing_flush_reaches_the_executor_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnbench.timing.torch_executor as executor_module
+    from attnbench.timing.torch_executor import TorchExecutor
+
+    made: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        executor_module, "l2_flusher", lambda device, kind: made.append((device.type, kind)) or (lambda: None)
+    )
+    # Only what _clock reads: building a whole executor (its process warm-up probes) is not what is tested.
+    ex = object.__new__(TorchExecutor)
+    ex.device, ex.policy, ex._clocks = torch.device("cuda", 0), replace(TimingPolicy(), flush="read"), {}
+    ex._clock("cold")
+    assert made == [("cuda", "read")]
+
+
+@pytest.mark.gpu
+@CUDA
+def test_on_a_gpu_a_cold_block_synchronises_twice_and_the_read_flush_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from attnbench.timing.clocks import CudaClock
+    from attnbench.timing.gpu_timing import l2_flusher
+
+    device = torch.device("cuda", 0)
+    flush = l2_flusher(device, "read")
+    flush.buffer.fill_(7)
+    flushes, syncs = [], []
+    real_sync = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1) or real_sync(*a))
+    x = torch.randn(256, 256, device=device)
+    samples = CudaClock(device, flush=lambda: flushes.append(1) or flush()).time(lambda: x @ x, 1, 5)
+    assert len(flushes) == 5 and len(syncs) == 2 and all(t > 0 for t in samples)
+    assert int(flush.buffer.min()) == int(flush.buffer.max()) == 7
 
 
 # ---------------------------------------------------------------- the profiled call (issue 12, item 7)

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from attnbench.core.cases import Case, TimingPolicy
+from attnbench.families.torch_family import LaunchLimit
 from attnbench.sweeps.isolated_executor import IsolatedExecutor
-from attnbench.timing.capacity import MAX_CAPACITY, _on_cpu
+from attnbench.timing.capacity import MAX_CAPACITY, _on_cpu, gpu_budget, margin_bytes, search_batches
 from attnbench.timing.executor import ExecutorSettings
 from attnbench.timing.serving import PreparedClock
 from attnbench.timing.torch_executor import TorchExecutor
@@ -105,6 +106,7 @@ def test_a_capacity_holds_a_recurrence_at_any_n_and_shrinks_attentions_with_it()
             # The search is the point here; a step at that batch may not fit a test's timing budget on a busy machine.
             assert result.status in ("ok", "too_slow_for_budget"), result.reason
             assert result.extra["memory_budget_bytes"] == 128 * 2**20 and result.extra["capacity_method"] == "rss-fit"
+            assert result.extra["capacity_capped_by"] == "memory"  # no launch limit on a CPU
             found[model, n] = result.extra["capacity_batch"]
             if result.ok:
                 assert result.tokens_per_s == pytest.approx(found[model, n] / result.median_s)
@@ -220,3 +222,84 @@ def test_every_chunk_of_a_timed_prefill_computes_its_output(monkeypatch: pytest.
         setup.prepare()
         setup.step()
     assert asked == [True] * 4
+
+
+# ---------------------------------------------------------------- issue 48: what bounds a capacity, what it holds
+
+
+def test_a_search_never_tries_a_batch_past_its_ceiling() -> None:
+    """Past a kernel's launch limit a try fails with a launch error, not an OOM: no batch above it is tried."""
+    tried: list[int] = []
+
+    def fits(memory: int) -> Callable[[int], bool]:
+        return lambda batch: tried.append(batch) or batch <= memory
+
+    assert search_batches(fits(10**9), 4095) == 4095 and max(tried) == 4095
+    tried.clear()
+    assert search_batches(fits(3000), 4095) == 3000 and max(tried) <= 4095  # memory first: bisected below
+    assert search_batches(fits(0), 4095) == 0
+
+
+def test_the_attention_kernels_that_put_the_batch_on_a_grid_axis_are_bounded_by_it() -> None:
+    """SDPA's flash, efficient and cuDNN kernels and flash-attn's decode kernel: batch × heads ≤ 65,535 on CUDA
+    (pytorch#146704); the math path, a CPU and a recurrence have no such bound. A hybrid takes its members'."""
+    from attnbench.families.registry import launch_limit
+
+    for model in ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flash-attn"):
+        limit = launch_limit(replace(serving(model, "capacity"), heads=16), "cuda")
+        assert limit is not None and limit.batch == 65_535 // 16, model
+        assert launch_limit(serving(model, "capacity"), "cpu") is None
+    for model in ("sdpa-math", "vanilla", "lstm", "mamba2"):
+        assert launch_limit(serving(model, "capacity"), "cuda") is None, model
+
+
+@pytest.mark.slow
+def test_a_capacity_stopped_by_its_kernel_is_recorded_as_capped_by_the_kernel(
+    executor: TorchExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search stops at the family's launch limit and the row says the kernel, not memory, bounded it (here a
+    CPU run under a limit of 3, as the attention family's on CUDA; before, the search ran into the launch error)."""
+    import attnbench.timing.serving as serving_module
+
+    asked: list[str] = []
+
+    def limit(case: Case, device_type: str) -> LaunchLimit:
+        asked.append(device_type)
+        return LaunchLimit(3, "a grid axis")
+
+    monkeypatch.setattr(serving_module, "launch_limit", limit)
+    result = executor.run(serving("lstm", "capacity", 16, memory_budget=8 * 2**20))
+    # The search is the point; the step's timing may not fit a test's budget on a busy machine (a cold flush each).
+    assert result.status in ("ok", "too_slow_for_budget"), result.reason
+    assert asked == ["cpu"]
+    assert result.extra["capacity_batch"] == 3 and result.extra["capacity_capped"] is True
+    assert result.extra["capacity_capped_by"] == "kernel-grid"
+
+
+def test_a_gpu_budget_leaves_what_the_sweep_holds_outside() -> None:
+    """The cold flush's buffer (≥ 256 MiB, alive for the worker) was a quarter of a 1 GiB budget: now it is held
+    outside the budget (the allocator's cap raised by it) and recorded; a default budget is what is left besides."""
+    mib, gib = 2**20, 2**30
+    budget, excluded = gpu_budget(
+        gib, free=70 * gib, reserved=300 * mib, allocated=256 * mib + 10 * mib, weights=10 * mib, total=80 * gib
+    )
+    assert (budget, excluded) == (gib, 256 * mib)
+    default, excluded = gpu_budget(
+        0, free=70 * gib, reserved=300 * mib, allocated=266 * mib, weights=10 * mib, total=80 * gib
+    )
+    assert excluded == 256 * mib and default == 70 * gib + 300 * mib - margin_bytes(80 * gib) - 256 * mib
+    assert gpu_budget(gib, free=gib, reserved=0, allocated=5, weights=10, total=80 * gib) == (gib, 0)
+
+
+@pytest.mark.gpu
+@cuda
+def test_on_a_gpu_attention_capacity_stops_at_the_kernels_grid_and_the_flush_is_outside_the_budget() -> None:
+    executor = TorchExecutor(ExecutorSettings("cuda", QUICK, telemetry="off"))
+    case = replace(
+        serving("sdpa-flash", "capacity", 16, memory_budget=2**30), device="cuda", heads=16, d_model=128
+    )  # head_dim 8: flash takes it
+    result = executor.run(replace(case, dtype="bfloat16"))
+    assert result.status == "ok", result.reason
+    assert result.extra["capacity_batch"] == 65_535 // 16 and result.extra["capacity_capped_by"] == "kernel-grid"
+    assert result.extra["capacity_excluded_bytes"] >= 256 * 2**20  # capacity is cold: the flush's buffer, outside
+    executor.close()

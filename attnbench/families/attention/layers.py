@@ -51,7 +51,7 @@ from attnbench.families.catalogue import family_of
 from attnbench.families.positional import Rotary
 from attnbench.families.shared import kv_heads
 from attnbench.families.states import KVCache, LayerStack, Layout, spans
-from attnbench.families.torch_family import torch_dtype
+from attnbench.families.torch_family import LaunchLimit, torch_dtype
 
 # SDPA's enable_gqa (torch 2.5+): K/V with fewer heads than Q, read in place. Older torch repeats them.
 SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -377,6 +377,9 @@ class FlashAttnCore(nn.Module):
         self._func: Any = package.flash_attn_func
         self._kvcache: Any = getattr(package, "flash_attn_with_kvcache", None)  # older releases lack it
         self._varlen: Any = getattr(package, "flash_attn_varlen_func", None)
+        # Each packing's cu_seqlens, made by its first call (a warm-up's, untimed) and reused: torch.tensor from a
+        # Python list is a pageable host-to-device copy, a synchronisation inside every timed call.
+        self._cu_seqlens: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
 
     def chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """T queries, the last T of the S keys' positions: flash-attn aligns its causal mask bottom-right (2.1+)."""
@@ -390,8 +393,7 @@ class FlashAttnCore(nn.Module):
         sequence attending to itself alone (its ``cu_seqlens``)."""
         if self._varlen is None:
             raise NotImplementedError("this flash_attn release has no flash_attn_varlen_func")
-        starts = [0, *itertools.accumulate(lengths)]
-        cu = torch.tensor(starts, dtype=torch.int32, device=q.device)
+        cu = self.cu_seqlens(lengths, q.device)
         out = self._varlen(
             q[0].transpose(0, 1),  # (T, H, D)
             k[0].transpose(0, 1),
@@ -404,6 +406,14 @@ class FlashAttnCore(nn.Module):
             window_size=self._window_size,
         )
         return out.transpose(0, 1)[None]  # (T, H, D) -> (1, H, T, D)
+
+    def cu_seqlens(self, lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+        """The packing's sequence starts and end (int32, on ``device``), built once per packing."""
+        key = (tuple(lengths), device)
+        if key not in self._cu_seqlens:
+            starts = [0, *itertools.accumulate(lengths)]
+            self._cu_seqlens[key] = torch.tensor(starts, dtype=torch.int32, device=device)
+        return self._cu_seqlens[key]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # GQA is native: k and v keep their H_kv heads (nheads_k in the package's words).
@@ -649,6 +659,12 @@ _DEVICE_NOTES = {
 }
 # dtypes a model supports at all, where narrower than catalogue.DTYPES (flash_attn_func: fp16/bf16 only).
 _DTYPE_LIMITS = {"flash-attn": ("float16", "bfloat16")}
+# CUDA caps a grid's y and z axes at 65,535 blocks, and these kernels put the batch (times the heads, in flash-attn's
+# split-KV decode) on one: SDPA's flash, efficient and cuDNN kernels (pytorch#146704, #142228, #181235), which plain
+# `sdpa` dispatches to, and flash_attn_with_kvcache. Past it a launch fails ("invalid configuration argument"), not
+# an allocation, so a capacity search must stop there. Bounded on batch × heads, the tightest of those layouts.
+GRID_AXIS_MAX = 65_535
+_GRID_BOUND = frozenset({"sdpa", *FORCED_BACKENDS.keys() - {"sdpa-math"}, "flash-attn"})
 
 
 def _forced_core(model: str, causal: bool, window: int) -> nn.Module:
@@ -748,6 +764,15 @@ class AttentionTorch(NetworkFamily):
 
     def compiled(self, case: Case) -> bool:
         return case.model == "flex"  # flex is compiled by construction
+
+    def launch_limit(self, case: Case, device_type: str) -> LaunchLimit | None:
+        if device_type != "cuda" or case.model not in _GRID_BOUND:
+            return None
+        heads = case.heads or 1
+        return LaunchLimit(
+            max(1, GRID_AXIS_MAX // heads),
+            f"{self.label(case.model)} puts batch × heads ({heads}) on a CUDA grid axis of at most {GRID_AXIS_MAX}",
+        )
 
     def prepare_process(self) -> None:
         reduced_precision_math()  # a bf16 row computes in bf16, sdpa-math included (README: "Precision")

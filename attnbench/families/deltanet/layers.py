@@ -40,7 +40,10 @@ Ported from the tested scratch reference of issue 39 (deltarules.py).
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import inspect
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.cases import Case
+from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.deltanet.spec import FAMILY, FORMS, GATED, PLAIN
 from attnbench.families.states import ConstantState, LayerStack
@@ -179,6 +183,48 @@ def delta_rule_chunked(
 def fla_function(module: str, name: str) -> Any:
     """One of flash-linear-attention's kernels (ImportError where the package is missing)."""
     return getattr(importlib.import_module(module), name)
+
+
+# How an fla kernel refuses float32 in its body (fla 0.6's chunk_delta_rule; chunk_gated_delta_rule in some releases).
+_REFUSES_FLOAT32 = re.compile(r"assert\s+q\.dtype\s*!=\s*torch\.float32")
+# The distributions fla comes in: the kernels alone, or with its layers and models.
+_FLA_DISTRIBUTIONS = ("fla-core", "flash-linear-attention")
+
+
+def fla_refuses_float32(kernel: Any) -> bool:
+    """Whether the installed ``kernel`` asserts that its inputs are not float32, read from its source (under fla's
+    dispatch and torch.compiler.disable wrappers): refused up front, a float32 row is ``unsupported``, where the
+    assert would make it an ``error``. Unreadable source counts as a refusal: an unsupported row, not a crash."""
+    try:
+        source = inspect.getsource(inspect.unwrap(kernel))
+    except (OSError, TypeError):
+        return True
+    return _REFUSES_FLOAT32.search(source) is not None
+
+
+def fla_layout(kernel: Any) -> dict[str, Any]:
+    """``head_first=False`` where the installed ``kernel`` names the parameter (a release whose default is head-first
+    would read our (B, T, H, D) as (B, H, T, D), silently); nothing where it does not (fla 0.6 raises on a
+    head_first passed through its ``**kwargs``)."""
+    return {"head_first": False} if "head_first" in inspect.signature(kernel).parameters else {}
+
+
+def fla_version() -> str | None:
+    """The installed flash-linear-attention's version (from its distribution's metadata, without importing it)."""
+    for name in _FLA_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def fla_extras(case: Case, kernel: str) -> dict[str, ExtraValue]:
+    """What a ``kernel: fla`` row records of the fla that ran: its version."""
+    if kernel != "fla":
+        return {}
+    version = fla_version()
+    return {"fla_version": version} if version is not None else {}
 
 
 # fla's chunked kernel for each model: module, function.
@@ -375,6 +421,7 @@ class DeltaNet(DecodingLayer):
             scale=self.d_k**-0.5,
             initial_state=memory,
             output_final_state=final,
+            **fla_layout(kernel),
         )
         if state is None:  # a forward keeps no state
             state = q.new_empty(0)
@@ -400,13 +447,18 @@ def _options(case: Case) -> dict[str, Any]:
     return {"gated": case.model == GATED} | {name: FAMILY.option(case, name) for name in names}
 
 
-def kernel_problem(case: Case, device_type: str) -> str | None:
-    """Why ``kernel: fla`` cannot run ``case`` here (found before building), or None."""
+def kernel_problem(case: Case, device_type: str, kernel: tuple[str, str]) -> str | None:
+    """Why ``kernel: fla`` cannot run ``case`` here (found before building), or None: no CUDA, no fla, or an installed
+    ``kernel`` (module, function) that refuses the case's dtype (``fla_refuses_float32``)."""
     what = f"{case.model} kernel fla"
     if device_type != "cuda":
         return f"{what}: flash-linear-attention's kernels are Triton, CUDA only"
-    if case.model == PLAIN and case.dtype in ("float32", "float64"):
-        return f"{what}: chunk_delta_rule takes float16 and bfloat16 only (it asserts q.dtype != float32)"
+    problem = package_problem(what, kernel[0])
+    if problem is not None:
+        return problem
+    if case.dtype in ("float32", "float64") and fla_refuses_float32(fla_function(*kernel)):
+        version = fla_version() or "installed"
+        return f"{what}: fla {version}'s {kernel[1]} takes float16 and bfloat16 only (it asserts q.dtype != float32)"
     return None
 
 
@@ -427,9 +479,10 @@ class DeltaNetTorch(NetworkFamily):
         """Why the fused kernel (``kernel: fla``) cannot run here, found before building."""
         if FAMILY.option(case, "kernel") != "fla":
             return None
-        return kernel_problem(case, device_type) or package_problem(
-            f"{case.model} kernel fla", FLA_KERNELS[case.model][0]
-        )
+        return kernel_problem(case, device_type, FLA_KERNELS[case.model])
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        return fla_extras(case, str(FAMILY.option(case, "kernel")))
 
 
 TORCH = DeltaNetTorch()

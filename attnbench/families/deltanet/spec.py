@@ -45,11 +45,14 @@ from collections.abc import Callable
 
 from attnbench.core.cases import Case
 from attnbench.families import shared
-from attnbench.families.base import Family, ModelSpec, OptionSpec, Package, Parts, Problem, ValueOf
+from attnbench.families.base import ExtraSpec, Family, ModelSpec, OptionSpec, Package, Parts, Problem, ValueOf
 
 FORMS: tuple[str, ...] = ("chunked", "recurrent")
 GATED, PLAIN = "gated-deltanet", "deltanet"
 FLA = Package("flash-linear-attention", "fla")
+# Which fla ran a kernel-fla row: its guards (float32, the layout) are read from the installed kernel, which changes
+# between releases.
+FLA_VERSION = ExtraSpec("fla_version", str, "", "kernel fla: the version of the flash-linear-attention that ran")
 
 
 # ---------------------------------------------------------------------------------------------------- shared options
@@ -193,6 +196,7 @@ class DeltaNetFamily(Family):
     # A decode step is one step of the recurrence, whatever form (and kernel) filled the state.
     decode_inert = frozenset({"form", "chunk", "kernel"})
     packages = (FLA,)
+    extras = (FLA_VERSION,)
     # claim_role: none. Trained by its chunked (parallel) form it is neither the RNN the article's claims are about
     # nor its attention: compared in its own right, as Mamba-2 is.
 

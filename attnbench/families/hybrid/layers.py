@@ -17,8 +17,8 @@ from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, Stack, front, network
 from attnbench.families.catalogue import HYBRID, spec_of
-from attnbench.families.registry import build_model, call_context, row_extras, torch_family
-from attnbench.families.torch_family import package_problem
+from attnbench.families.registry import build_model, call_context, launch_limit, row_extras, torch_family
+from attnbench.families.torch_family import LaunchLimit, package_problem
 
 
 class HybridTorch(NetworkFamily):
@@ -55,6 +55,11 @@ class HybridTorch(NetworkFamily):
 
     def compiled(self, case: Case) -> bool:
         return any(torch_family(m).compiled(m) for m in HYBRID.distinct(case))
+
+    def launch_limit(self, case: Case, device_type: str) -> LaunchLimit | None:
+        """The tightest of its members' caps: every block runs at the stack's batch."""
+        limits = [limit for m in HYBRID.distinct(case) if (limit := launch_limit(m, device_type)) is not None]
+        return min(limits, key=lambda limit: limit.batch, default=None)
 
     def call_context(self, case: Case, model: nn.Module) -> contextlib.AbstractContextManager[object]:
         """Every member family's context around the whole stack (a forced SDPA backend pins for all of it)."""

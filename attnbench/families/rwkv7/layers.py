@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.cases import Case
+from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.deltanet.layers import (
     KERNELS,
@@ -51,6 +52,7 @@ from attnbench.families.deltanet.layers import (
     as_chunks,
     chunk_blocks,
     core_dtype,
+    fla_extras,
     fla_function,
     kernel_problem,
     outer,
@@ -61,7 +63,6 @@ from attnbench.families.deltanet.layers import (
 from attnbench.families.deltanet.spec import FORMS
 from attnbench.families.rwkv7.spec import FAMILY, default_ranks
 from attnbench.families.states import LayerStack
-from attnbench.families.torch_family import package_problem
 
 # fla's decay bound: log w = −e^{−1/2}·σ(·) ∈ (−0.607, 0).
 DECAY_SCALE = math.exp(-0.5)
@@ -265,7 +266,7 @@ class RWKV7(DecodingLayer):
         dtype, a = −κ̂, b = κ̂ ⊙ a, scale 1, the decay's bound declared where the kernel takes it."""
         kernel = fla_function(*FLA_KERNEL)
         accepted = inspect.signature(kernel).parameters
-        extra = {"safe_gate": True, "lower_bound": -DECAY_SCALE, "chunk_size": 64}
+        extra = {"safe_gate": True, "lower_bound": -DECAY_SCALE, "chunk_size": 64, "head_first": False}
         r, w, k, v, a_dplr, b_dplr = (t.transpose(1, 2).to(dtype) for t in (r, w, k, v, -kk, kk * a))
         y, state = kernel(
             r,
@@ -319,7 +320,10 @@ class RWKV7Torch(NetworkFamily):
         """Why the fused kernel (``kernel: fla``) cannot run here, found before building."""
         if FAMILY.option(case, "kernel") != "fla":
             return None
-        return kernel_problem(case, device_type) or package_problem("rwkv7 kernel fla", FLA_KERNEL[0])
+        return kernel_problem(case, device_type, FLA_KERNEL)
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        return fla_extras(case, str(FAMILY.option(case, "kernel")))
 
 
 TORCH = RWKV7Torch()

@@ -46,6 +46,7 @@ from attnbench.families import shared
 from attnbench.families.base import Family, ModelSpec, OptionSpec, Parts, Problem, ValueOf
 from attnbench.families.deltanet.spec import (
     FLA,
+    FLA_VERSION,
     NETWORK,
     chunk_option,
     chunked,
@@ -101,6 +102,7 @@ class RWKV7Family(Family):
     # A decode step is one step of the recurrence, whatever form (and kernel) filled the state.
     decode_inert = frozenset({"form", "chunk", "kernel"})
     packages = (FLA,)
+    extras = (FLA_VERSION,)
     # claim_role: none, as Mamba-2 and DeltaNet: trained by its chunked form, compared in its own right.
 
     def no_effect(self, model: str, name: str, value_of: ValueOf) -> Problem | None:

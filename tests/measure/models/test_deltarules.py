@@ -5,9 +5,14 @@ really routes through flash-linear-attention's functions."""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import importlib.util
+import inspect
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -483,10 +488,83 @@ def test_the_kernel_is_an_unsupported_row_where_it_cannot_run(model: str) -> Non
     reason = probe(case(model, kernel="fla"), "cpu")
     assert reason is not None and reason.startswith(f"{model} kernel fla:") and "CUDA only" in reason
     fp32 = torch_family(case(model, kernel="fla")).unavailable(case(model, kernel="fla"), "cuda")
-    if model == "deltanet":  # chunk_delta_rule asserts its inputs are not float32: refused before building
-        assert fp32 is not None and "float32" in fp32
-    else:  # the others run float32 where fla is installed
-        assert fp32 is None or fp32.startswith(f"{model} kernel fla: package fla")
+    if importlib.util.find_spec("fla") is None:  # without fla the package is the reason, whatever the dtype
+        assert fp32 is not None and fp32.startswith(f"{model} kernel fla: package fla")
+
+
+def refusing_kernel(q, k, v, *rest, scale=None, initial_state=None, output_final_state=False, **kwargs):  # type: ignore[no-untyped-def]
+    """fla 0.6's chunk_delta_rule's guard, as some releases also put it in chunk_gated_delta_rule."""
+    assert q.dtype != torch.float32, "ChunkDeltaRuleFunction does not support float32. Please use bfloat16."
+    return q, None
+
+
+def accepting_kernel(q, k, v, *rest, scale=None, initial_state=None, output_final_state=False, **kwargs):  # type: ignore[no-untyped-def]
+    return q, None
+
+
+def installed(monkeypatch: pytest.MonkeyPatch, model: str, kernel: Callable[..., Any]) -> None:
+    """``kernel`` as the installed fla's function for ``model``, under a wrapper as fla's dispatch puts one."""
+    module, name = FLA_MODULES[model]
+    package = types.ModuleType(module)
+    setattr(package, name, functools.wraps(kernel)(lambda *a, **kw: kernel(*a, **kw)))
+    monkeypatch.setitem(sys.modules, module, package)
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_float32_is_refused_where_the_installed_kernel_asserts_it_away(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48, item 9: read from the installed function, so an fla whose chunk_gated_delta_rule asserts
+    q.dtype != float32 gives an unsupported row, not an error; one that takes float32 runs it."""
+    fp32, bf16 = case(model, kernel="fla"), case(model, dtype="bfloat16", kernel="fla")
+    installed(monkeypatch, model, refusing_kernel)
+    reason = torch_family(fp32).unavailable(fp32, "cuda")
+    assert reason is not None and reason.startswith(f"{model} kernel fla:") and "float32" in reason
+    assert torch_family(bf16).unavailable(bf16, "cuda") is None
+    installed(monkeypatch, model, accepting_kernel)
+    assert torch_family(fp32).unavailable(fp32, "cuda") is None
+
+
+@pytest.mark.parametrize("named", [True, False])
+@pytest.mark.parametrize("model", MODELS)
+def test_head_first_false_is_passed_where_the_installed_kernel_names_it(
+    model: str, named: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release whose kernel takes ``head_first`` (default True in some) gets False: ours are (B, T, H, D). One that
+    only has ``**kwargs`` gets nothing (fla 0.6 raises on head_first passed there)."""
+    calls: list[dict[str, Any]] = []
+    inner = fake_kernel(model, calls)
+    seen: list[Any] = []
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.pop("head_first", "absent"))
+        return inner(*args, **kwargs)
+
+    params = list(inspect.signature(inner).parameters.values())
+    if named:
+        params.append(inspect.Parameter("head_first", inspect.Parameter.KEYWORD_ONLY, default=True))
+    kernel.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    module, name = FLA_MODULES[model]
+    package = types.ModuleType(module)
+    setattr(package, name, kernel)
+    monkeypatch.setitem(sys.modules, module, package)
+    with torch.no_grad():
+        layer(model, kernel="fla")(inputs(13))
+    assert seen == [False if named else "absent"] and len(calls) == 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_kernel_fla_row_records_the_version_of_fla_that_ran(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def version(name: str) -> str:
+        if name == "fla-core":
+            return "0.6.0"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    fused = case(model, dtype="bfloat16", kernel="fla")
+    assert torch_family(fused).extras(fused, "cuda") == {"fla_version": "0.6.0"}
+    assert torch_family(case(model)).extras(case(model), "cuda") == {}  # the torch kernel: no fla ran
 
 
 FLA_MODULES = {
@@ -559,6 +637,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 @cuda
 @pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # Triton compiles fla's chunk kernels (a dozen per rule) on a cold cache
 @pytest.mark.parametrize("model", MODELS)
 def test_the_real_fla_kernel_runs_and_agrees_with_the_torch_form(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     module, name = FLA_MODULES[model]
@@ -590,8 +669,13 @@ def test_the_real_fla_kernel_runs_and_agrees_with_the_torch_form(model: str, mon
 
 @cuda
 @pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # the probe runs fla's forward and backward: Triton compiles them, cold
 @pytest.mark.parametrize("model", MODELS)
 def test_a_sweep_case_with_kernel_fla_probes_on_the_gpu(model: str) -> None:
     pytest.importorskip(FLA_MODULES[model][0], reason="the fla package (flash-linear-attention) is not installed")
     c = Case(model, "train", "bfloat16", "cuda", 2, 128, 256, 4, 1, True, (("kernel", "fla"),))
     assert probe(c, "cuda") is None
+    assert torch_family(c).extras(c, "cuda").get("fla_version")  # the installed fla, recorded in the row
+    fp32 = replace(c, dtype="float32")  # refused up front exactly where the installed kernel asserts it away
+    refuses = dn.fla_refuses_float32(dn.fla_function(*FLA_MODULES[model]))
+    assert (torch_family(fp32).unavailable(fp32, "cuda") is not None) == refuses

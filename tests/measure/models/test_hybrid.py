@@ -147,3 +147,13 @@ def test_models_lists_a_configs_hybrid_with_its_pattern(tmp_path: Path) -> None:
     stack = next(m for m in json.loads(result.stdout)["models"] if m["name"] == "m2-3to1")
     assert stack["family"] == "hybrid" and stack["kind"] == "hybrid" and stack["available"] is True
     assert stack["pattern"] == list(PATTERNS["3to1"]) and "scope" in stack["options"]
+
+
+def test_a_hybrid_is_bounded_by_its_members_launch_limits() -> None:
+    """Every block runs at the stack's batch: the tightest member's grid cap bounds a capacity search (issue 48)."""
+    from attnbench.families.registry import launch_limit
+
+    limit = launch_limit(hybrid_case(PATTERNS["3to1"], heads=16), "cuda")
+    assert limit is not None and limit.batch == 65_535 // 16
+    assert launch_limit(hybrid_case(PATTERNS["mixed"]), "cuda") is None  # vanilla's matmuls: no grid cap
+    assert launch_limit(hybrid_case(PATTERNS["3to1"]), "cpu") is None

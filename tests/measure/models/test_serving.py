@@ -285,3 +285,37 @@ def test_the_cuda_kernels_prefill_in_chunks_and_pack_lengths_as_the_forward(mode
         torch.testing.assert_close(torch.cat(outputs, dim=1), reference, atol=5e-2, rtol=5e-2)
         out = packed(module, x[:1, :40], (24, 16))
         torch.testing.assert_close(out[:, 24:], module(x[:1, 24:40]), atol=5e-2, rtol=5e-2)
+
+
+def test_flash_attns_varlen_packing_builds_its_cu_seqlens_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.tensor from a list is a pageable host-to-device copy, a synchronisation: made in every timed call, it
+    stood inside the timing (issue 48, item 8). Now the first call (a warm-up's) makes it, the rest reuse it. The
+    package runs on CUDA only, so a stand-in records what the kernel is handed."""
+    import sys
+    import types
+
+    from attnbench.families.attention.layers import FlashAttnCore
+
+    handed: list[torch.Tensor] = []
+
+    def varlen(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, *rest: Any, **kw: Any
+    ) -> torch.Tensor:
+        handed.extend((cu_q, cu_k))
+        return q
+
+    package = types.ModuleType("flash_attn")
+    package.flash_attn_func = lambda *a, **kw: a[0]  # type: ignore[attr-defined]
+    package.flash_attn_varlen_func = varlen  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    core = FlashAttnCore(causal=True)
+    q = torch.randn(1, 2, 12, 4)
+    made: list[object] = []
+    real = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **kw: made.append(a[0]) or real(*a, **kw))
+    for _ in range(3):
+        core.varlen(q, q, q, (5, 7))
+    assert made == [[0, 5, 12]]  # once, for the three calls
+    assert all(t is handed[0] for t in handed) and handed[0].tolist() == [0, 5, 12]
+    core.varlen(q, q, q, (4, 8))  # another packing: its own
+    assert made[-1] == [0, 4, 12] and handed[-1].tolist() == [0, 4, 12]
