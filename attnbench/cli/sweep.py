@@ -256,10 +256,15 @@ def _print_plan(plan: SweepPlan) -> None:
         stdout.print(f"device: auto → {plan.device} ({plan.device_basis})", markup=False)
     timing = plan.experiment.timing
     processes = f" × {timing.processes} processes" if timing.processes > 1 else ""
+    estimate = plan.estimate
+    if estimate.earlier_run is not None:
+        basis = f"{estimate.known} of {len(plan.todo)} cases as long as in {estimate.earlier_run}"
+    else:
+        basis = f"no earlier run of this config in {plan.request.out}: each case as long as converging takes"
     stdout.print(
-        f"estimate: up to {format_duration(plan.budget_s)} of warm-up and sampling ({len(plan.todo)} cases"
-        f"{processes} × timing.max_case_s {timing.max_case_s:g} s); cases that converge stop sooner, and "
-        "building models and starting up come on top",
+        f"estimate: about {format_duration(estimate.likely_s)} ({basis}); at most {format_duration(estimate.most_s)} "
+        f"of warm-up and sampling ({len(plan.todo)} cases{processes} × timing.max_case_s {timing.max_case_s:g} s), "
+        "starting up and the report on top",
         markup=False,
     )
 
