@@ -115,6 +115,8 @@ def pivot_tables(results: Sequence[Result], baseline_model: str | None = None) -
     for group in group_curves(results):
         rows, has_baseline = _speedups(group, baseline_model)
         batch = f", batch {group.batches[0]}" if len(group.batches) == 1 else ""
+        if group.mode == "capacity":  # each row times the batch its search found (capacity_batch), not case.batch
+            batch = ", batch found per row"
         title = (
             f"{group.mode} · {group.dtype} · {group.device} · d_model {group.d_model}{batch} · layers {group.layers}"
         )
