@@ -22,6 +22,7 @@ from attnbench.cli.common import (
     write_or_print,
 )
 from attnbench.core.errors import AttnbenchError
+from attnbench.core.units import plural
 
 ReportFormat = Literal["table", "csv", "md", "json", "html", "samples", "gab", "bmf", "parquet"]
 
@@ -99,7 +100,8 @@ def report(
         return
     if format in ("gab", "bmf") and left_out(stored.results):
         stderr.print(
-            f"note: {left_out(stored.results)} cases without a timing are not in the {format} export", markup=False
+            f"note: {plural(left_out(stored.results), 'case')} without a timing are not in the {format} export",
+            markup=False,
         )
     suffix = Path(output).suffix.lower() if output not in (None, "-") else ""
     if format == "parquet" or (format == "samples" and suffix == ".parquet"):

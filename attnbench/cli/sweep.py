@@ -203,7 +203,7 @@ def sweep(
             what = (
                 f"resuming {run.folder}: {len(plan.todo)} of {len(plan.cases)} cases left"
                 if plan.stored
-                else f"{len(plan.todo)} cases from {plan.experiment.source}"
+                else f"{plural(len(plan.todo), 'case')} from {plan.experiment.source}"
             )
             if plan.shard is not None:
                 what += f", shard {plan.shard}"
@@ -246,12 +246,12 @@ def _print_plan(plan: SweepPlan) -> None:
     if plan.shard is not None:
         whole = len(plan.experiment.cases(plan.device))
         stdout.print(
-            f"{len(plan.todo)} cases of shard {plan.shard} ({whole} in the config) on {where} "
+            f"{plural(len(plan.todo), 'case')} of shard {plan.shard} ({whole} in the config) on {where} "
             "(dry run: nothing measured)",
             markup=False,
         )
     else:
-        stdout.print(f"{len(plan.todo)} cases on {where} (dry run: nothing measured)", markup=False)
+        stdout.print(f"{plural(len(plan.todo), 'case')} on {where} (dry run: nothing measured)", markup=False)
     if plan.device_basis:
         stdout.print(f"device: auto → {plan.device} ({plan.device_basis})", markup=False)
     timing = plan.experiment.timing
@@ -263,7 +263,8 @@ def _print_plan(plan: SweepPlan) -> None:
         basis = f"no earlier run of this config in {plan.request.out}: each case as long as converging takes"
     stdout.print(
         f"estimate: about {format_duration(estimate.likely_s)} ({basis}); at most {format_duration(estimate.most_s)} "
-        f"of warm-up and sampling ({len(plan.todo)} cases{processes} × timing.max_case_s {timing.max_case_s:g} s), "
+        f"of warm-up and sampling ({plural(len(plan.todo), 'case')}{processes} × timing.max_case_s "
+        f"{timing.max_case_s:g} s), "
         "starting up and the report on top",
         markup=False,
     )

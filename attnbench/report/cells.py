@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
 from attnbench.analysis.efficiency import below_roofline_flags, peak_flags
-from attnbench.core.units import format_bytes, format_seconds, to_mib
+from attnbench.core.units import count_of, format_bytes, format_seconds, to_mib
 from attnbench.report.pivot import Cell, PivotTable
 from attnbench.results.records import Result, Run
 
@@ -139,7 +139,7 @@ def environment_line(
         f"torch {text(str(env.get('torch', '?')))}",
     ]
     if env.get("device_type") == "cpu":
-        parts.append(f"{text(str(env.get('torch_threads', '?')))} threads")
+        parts.append(text(count_of(env.get("torch_threads"), "thread")))
     if env.get("torch_cuda"):
         parts.append(f"CUDA {text(str(env['torch_cuda']))}")
     if env.get("driver"):
