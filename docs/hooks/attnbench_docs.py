@@ -379,5 +379,10 @@ def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     for uri, render in PAGES.items():
+        # The committed stub at this path (what a reader browsing the repository on GitHub finds, instead of a
+        # 404) gives way to the generated page.
+        stub = files.get_file_from_path(uri)
+        if stub is not None:
+            files.remove(stub)
         files.append(File.generated(config, uri, content=render()))
     return files
