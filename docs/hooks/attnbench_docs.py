@@ -223,8 +223,8 @@ def models_page() -> str:
         "",
         GENERATED_NOTE.format(source="the model catalogue (`attnbench.families.catalogue`)"),
         "Every built-in model, family by family, with its options (set them under `model_options.<model>` in a "
-        "config; a list of values crosses them). `attnbench models NAME` shows the same list and whether the model runs "
-        "on this machine. What the variants mean (GQA, windows, scopes, compile) is explained in "
+        "config; a list of values crosses them). `attnbench models NAME` shows the same list and whether the model "
+        "runs on this machine. What the variants mean (GQA, windows, scopes, compile) is explained in "
         "[Models and their variants](../explanation/models.md); models you bring are in "
         "[Benchmark your own model](../how-to/your-own-model.md).",
         "",

@@ -321,7 +321,8 @@ def test_the_factory_on_your_own_model_gets_and_uses_its_options(mylayers: Path)
     (body,) = [b for page, b in _snippets("yaml") if page.name == "your-own-model.md" and "width" in b]
     path = mylayers / "mine.yaml"
     path.write_text(yaml.safe_dump(_snippet_config(body)), encoding="utf-8")
-    mine = [c for c in load_experiment(path).cases("cpu") if c.model == "my-layer" and c.seq_len == 16 and c.mode == "forward"]
+    cases = load_experiment(path).cases("cpu")
+    mine = [c for c in cases if c.model == "my-layer" and c.seq_len == 16 and c.mode == "forward"]
     assert sorted(dict(c.options)["width"] for c in mine) == [1, 2]
     assert mine[0].user is not None
     build = load_factory(mine[0].user.factory)

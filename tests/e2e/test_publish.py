@@ -307,7 +307,7 @@ def test_a_contended_run_is_drawn_apart_on_the_case_page(tmp_path: Path) -> None
 
 def test_the_regressions_page_says_when_there_are_too_few_runs_to_tell(tmp_path: Path) -> None:
     """Two runs cannot show a step (2 before, 2 after): "None: no level got worse" read as a clean bill."""
-    paths = synthetic_runs(tmp_path / "runs", [1.0, 1.5])
+    synthetic_runs(tmp_path / "runs", [1.0, 1.5])
     publish(str(tmp_path / "runs"), "-o", str(tmp_path / "site"))
     page = (tmp_path / "site" / "regressions.html").read_text()
     assert "class='too-few' data-runs-needed='4'" in page and "class='none'" not in page
