@@ -100,7 +100,8 @@ def _time_cell(cell: Cell | None) -> str:
     text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if cell.speedup is not None:
         side = "faster" if cell.speedup > 1 else "slower" if cell.speedup < 1 else ""
-        text = f'{_e(text)}<span class="speedup {side}">({cell.speedup:.2f}×)</span>'
+        mark = "?" if cell.estimate else ""
+        text = f'{_e(text)}<span class="speedup {side}">({cell.speedup:.2f}×{mark})</span>'
     else:
         text = _e(text)
     classes = "num noisy" if cell.noisy else "num"
