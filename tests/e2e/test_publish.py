@@ -127,7 +127,7 @@ def test_a_run_with_a_zero_peak_publishes_again_and_again(tmp_path: Path) -> Non
     (first / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     site = tmp_path / "site"
     publish(str(first), "-o", str(site))
-    assert "1 runs (0 new)" in publish(str(first), "-o", str(site))  # it read its own digest back
+    assert "1 run (0 new)" in publish(str(first), "-o", str(site))  # it read its own digest back
     assert "2 runs (1 new)" in publish(str(second), "-o", str(site))
 
 
