@@ -41,6 +41,11 @@ class CapacityPoint:
     capped: bool = False  # the search's largest batch: the budget holds more
     good: bool = False  # the timing is evidence enough for a crossover (``scaling.good_evidence``)
 
+    @property
+    def untimed(self) -> bool:
+        """The batch was found (memory) but its step has no timing (``status`` says why: too slow, an error)."""
+        return self.batch is not None and self.tokens_per_s is None
+
 
 @dataclass(frozen=True)
 class CapacityCurve:
@@ -110,17 +115,19 @@ def _int(value: object) -> int | None:
 
 
 def _point(n: int, result: Result) -> CapacityPoint:
-    if not result.is_timed:
-        return CapacityPoint(n, result.status)
+    """The capacity is a measurement of memory, found before the step was timed: a row whose timing ran out of
+    budget (or otherwise failed after the search) still holds the batch it found, and keeps it here; only its
+    tokens/s is missing, and ``status`` says why."""
     extra = result.extra
+    timed = result.is_timed
     return CapacityPoint(
         n,
         result.status,
         _int(extra.get("capacity_batch")),
         _int(extra.get("bytes_per_sequence")),
-        result.tokens_per_s,
+        result.tokens_per_s if timed else None,
         extra.get("capacity_capped") is True,
-        good_evidence(result),
+        timed and good_evidence(result),
     )
 
 

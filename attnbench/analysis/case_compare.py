@@ -195,10 +195,16 @@ def _side_status(rows: Sequence[Result]) -> tuple[str, str]:
     return status, _clip(f"{status}{share}: {worst.reason}" if worst.reason else f"{status}{share}")
 
 
-def _clip(text: str, limit: int = 200) -> str:
-    """Reasons can hold a whole exception message; a verdict table needs its first line, and not all of it."""
+def _clip(text: str, limit: int = 320) -> str:
+    """Reasons can hold a whole exception message; a verdict table needs its first line, and not all of it. The
+    limit holds every reason of ours whole (a too-slow one, about 250 characters, ends with what to raise); a
+    longer line is cut at a clause or a word, never inside one."""
     line = text.splitlines()[0] if text else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    if len(line) <= limit:
+        return line
+    head = line[: limit - 1]
+    cut = max(head.rfind("; "), head.rfind(", "), head.rfind(" "))
+    return (head[:cut] if cut > limit // 2 else head).rstrip(" ;,:") + " …"
 
 
 def _by_status(key: str, case: Case, threshold: float, base: str, current: str, note: str) -> CaseComparison:

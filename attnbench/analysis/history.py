@@ -62,6 +62,7 @@ class Point:
     low: float | None = None
     high: float | None = None
     status: str = "missing"  # the row's status, or "missing" when the run has no such case
+    contended: bool = False  # timed while other work competed for the machine (``Result.contended``)
 
 
 @dataclass(frozen=True)
@@ -210,8 +211,9 @@ def point(result: Result | None, metric: Metric) -> Point:
     if not result.is_timed:
         return Point(None, status=result.status)
     summary = result.timing.summary
+    busy = result.contended
     if metric == "median":
-        return Point(summary.median, summary.ci_low, summary.ci_high, result.status)
+        return Point(summary.median, summary.ci_low, summary.ci_high, result.status, busy)
     if metric == "gbps":
         moved = result.extra.get("bytes_moved")
         if not isinstance(moved, int) or isinstance(moved, bool) or moved <= 0:
@@ -221,7 +223,7 @@ def point(result: Result | None, metric: Metric) -> Point:
         count = float(result.tokens_per_call)
     low = count / summary.ci_high if summary.ci_high > 0 else None
     high = count / summary.ci_low if summary.ci_low > 0 else None
-    return Point(count / summary.median, low, high, result.status)
+    return Point(count / summary.median, low, high, result.status, busy)
 
 
 # What a history reads of one run for one metric: each case key's case and point. ``readings`` reads a run folder's

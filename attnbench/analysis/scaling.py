@@ -283,6 +283,7 @@ def _timed(curve: Curve) -> list[tuple[int, Result]]:
 # stopping rule's tighter target (±1 % by default) was missed; wider than that, or timed on a busy machine, not.
 GOOD_CI = 0.05
 LEFT_OUT = "noisy or contended"  # why a timed length is left out, in every line that says so
+INDICATIVE = "a best estimate, marked"  # a crossover from lengths that are no evidence: said, not withheld
 
 
 def good_evidence(result: Result) -> bool:
@@ -521,6 +522,9 @@ class CrossoverLine:
     unclear: tuple[int, ...] = ()
     # Lengths both curves ran but left out: one side's timing is not good evidence (``good_evidence``).
     left_out: tuple[int, ...] = ()
+    # Where no length is good evidence: the same line over every length both timed, a best estimate the text gives
+    # marked (a busy machine's answer) instead of none. Nothing else reads it: claims and fits keep to evidence.
+    indicative: CrossoverLine | None = None
 
     @property
     def stable(self) -> bool:
@@ -542,6 +546,8 @@ class CrossoverLine:
     def _text(self) -> str:
         if not self.seq_lens:
             total = len(self.left_out)
+            if self.indicative is not None and self.indicative.seq_lens:
+                return f"{self.indicative._text()} ({INDICATIVE}: {total} of {total} lengths {LEFT_OUT})"
             return f"{self.a} vs {self.b}: crossover not determined: {total} of {total} lengths {LEFT_OUT}"
         if not self.stable:
             span = f"n={self.seq_lens[0]}–{self.seq_lens[-1]}"
@@ -646,6 +652,19 @@ def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | Non
         return None
     common = [(n, ra, rb) for n, ra, rb in both if good_evidence(ra) and good_evidence(rb)]
     left_out = tuple(n for n, ra, rb in both if not (good_evidence(ra) and good_evidence(rb)))
+    indicative = None if common else _line_over(group, a, b, both, ())
+    return _line_over(group, a, b, common, left_out, indicative)
+
+
+def _line_over(
+    group: CurveGroup,
+    a: Curve,
+    b: Curve,
+    common: list[tuple[int, Result, Result]],
+    left_out: tuple[int, ...],
+    indicative: CrossoverLine | None = None,
+) -> CrossoverLine:
+    """The crossover line of ``a`` and ``b`` over the lengths of ``common``."""
     xs = [n for n, _, _ in common]
     # Time per token: the time per call where both curves' calls hold the same tokens (every mode but capacity,
     # where each found its own batch: there the curves cross where one serves more tokens per second).
@@ -665,6 +684,7 @@ def crossover_line(group: CurveGroup, a: Curve, b: Curve) -> CrossoverLine | Non
         crossings=tuple(crossovers(xs, ya, yb)),
         unclear=tuple(n for n, ra, rb in common if _overlaps(ra, rb)),
         left_out=left_out,
+        indicative=indicative,
     )
 
 

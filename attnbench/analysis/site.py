@@ -7,7 +7,8 @@ every number a history reads (``history.point``), a few hundred bytes a case whe
 sample. Publishing into an existing site reads its digests back, adds the new runs', and builds the histories over
 all of them (``build_history`` with ``digest_reader``), so the site needs no run folder but the new ones.
 
-Schema history of a digest (``attnbench.site-run``): 1 — first version.
+Schema history of a digest (``attnbench.site-run``): 1 — first version; ``contended`` (optional, true only) added
+later, so a digest without it reads as it always did.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class RowDigest:
     ci_high_s: float | None = None
     peak_bytes: int | None = None
     bytes_moved: int | None = None
+    contended: bool = False  # timed on a busy machine: drawn apart on the case's page
 
     @classmethod
     def of(cls, result: Result) -> RowDigest:
@@ -68,7 +70,7 @@ class RowDigest:
         # An interval with an infinite or zero end (too few samples) is kept as none: no reader takes noise from it.
         bounded = 0 < s.ci_low <= s.ci_high and math.isfinite(s.ci_high)
         low, high = (s.ci_low, s.ci_high) if bounded else (None, None)
-        return cls(result.case, result.status, s.median, low, high, peak, good_moved)
+        return cls(result.case, result.status, s.median, low, high, peak, good_moved, result.contended)
 
     def point(self, metric: Metric) -> Point:
         """The same point ``history.point`` reads from the row itself."""
@@ -78,13 +80,13 @@ class RowDigest:
         if self.median_s is None:
             return Point(None, status=self.status)
         if metric == "median":
-            return Point(self.median_s, self.ci_low_s, self.ci_high_s, self.status)
+            return Point(self.median_s, self.ci_low_s, self.ci_high_s, self.status, self.contended)
         count = float(self.case.tokens) if metric == "tokens_per_s" else self.bytes_moved
         if count is None:
             return Point(None, status=self.status)
         low = None if self.ci_high_s is None else count / self.ci_high_s
         high = None if self.ci_low_s is None else count / self.ci_low_s
-        return Point(count / self.median_s, low, high, self.status)
+        return Point(count / self.median_s, low, high, self.status, self.contended)
 
     def to_dict(self) -> dict[str, Any]:
         numbers = {
@@ -94,7 +96,9 @@ class RowDigest:
             "peak_bytes": self.peak_bytes,
             "bytes_moved": self.bytes_moved,
         }
-        present = {k: v for k, v in numbers.items() if v is not None}
+        present: dict[str, Any] = {k: v for k, v in numbers.items() if v is not None}
+        if self.contended:  # written only when true: a quiet run's digest reads as before
+            present["contended"] = True
         return {"case": self.case.to_dict(), "status": self.status, **present}
 
     @classmethod
@@ -119,7 +123,10 @@ class RowDigest:
         for key, least in (("peak_bytes", 0), ("bytes_moved", 1)):
             value = data.get(key)
             out[key] = None if value is None else fields.integer(value, key, minimum=least)
-        return cls(checked.case, status, **out)
+        contended = data.get("contended", False)
+        if not isinstance(contended, bool):
+            raise FieldError("contended", f"expected true or false, found {contended!r}")
+        return cls(checked.case, status, **out, contended=contended)
 
 
 @dataclass(frozen=True)
@@ -271,6 +278,13 @@ def _latest(history: History, parts: Sequence[CaseHistory], key: str) -> Latest:
     return Latest("steady", "steady")
 
 
+def _case_order(case: Case) -> tuple[object, ...]:
+    """Model, mode, dtype, then the sizes as numbers (n=256 before n=1024, as a key's text would not), the key last
+    for what else varies."""
+    sizes = (case.batch, case.seq_len, case.d_model, case.heads or 0, case.layers)
+    return (case.model, case.mode, case.dtype, *sizes, case.key)
+
+
 def build_board(config: str, digests: Sequence[RunDigest], *, repo: Path | None = None) -> Board:
     """One config's board: every metric's history over its digests, the cases with their latest verdict, and the
     confirmed steps newest first."""
@@ -285,7 +299,7 @@ def build_board(config: str, digests: Sequence[RunDigest], *, repo: Path | None 
     keys: dict[str, Case] = {}
     for c in median.cases:
         keys.setdefault(c.key, c.case)
-    order = sorted(keys.values(), key=lambda c: (c.model, c.mode, c.dtype, c.key))
+    order = sorted(keys.values(), key=_case_order)
     cases = []
     for case in order:
         series = {m: tuple(c for c in h.cases if c.key == case.key) for m, h in histories.items()}

@@ -15,6 +15,7 @@ from attnbench.claims.training import claim_training
 from attnbench.claims.utilisation import NVML_NOTE, claim_utilisation
 from attnbench.claims.verdicts import ClaimResult
 from attnbench.core.cases import SERVING_PARAMS
+from attnbench.core.units import count_of
 from attnbench.results.records import Result, Run
 
 ARTICLE_HARDWARE = "RTX 3090 (named for claim 4 only; the other claims name no hardware, a GPU implied)"
@@ -50,7 +51,7 @@ def _device_words(run: Run) -> str:
     name = env.get("gpu_name") or env.get("cpu_model") or "unknown hardware"
     parts = [f"{device} ({name})"]
     if env.get("device_type") == "cpu" and env.get("torch_threads"):
-        parts.append(f"{env['torch_threads']} threads")
+        parts.append(count_of(env["torch_threads"], "thread"))
     if env.get("torch"):
         parts.append(f"torch {env['torch']}")
     return ", ".join(parts)

@@ -159,7 +159,7 @@ def runs_alias(values: list[Path] | None) -> list[Path] | None:
     return None if values is None else [path for value in values if (path := one_run(value)) is not None]
 
 
-LATEST_HELP = "'latest': the newest run under results/runs."
+LATEST_HELP = "'latest': the newest run under results/runs (FOLDER/latest: the newest in FOLDER)."
 RunArg = Annotated[
     Path, typer.Argument(help=f"A run folder written by 'attnbench sweep'; {LATEST_HELP}", callback=one_run)
 ]

@@ -103,70 +103,130 @@ def schema(output: OutputOpt = None) -> None:
 
 @handles_errors
 def models(
-    config: Annotated[
-        Path | None,
-        typer.Argument(help="A config whose own models (hybrid stacks) to list too.", show_default=False),
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[NAME|CONFIG]",
+            help="A model's name: that model with every option in full. A config: its hybrid stacks listed too.",
+            show_default=False,
+        ),
     ] = None,
     device: DeviceOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="dtype to probe with.")] = "float32",
     format: FormatOpt = "table",
 ) -> None:
-    """List every model, built-in and installed plugin (and CONFIG's hybrid stacks), whether it runs on this device
-    (and why not), and its options."""
-    from attnbench.config.users import installed_plugins, user_spec
+    """List every model, built-in and installed plugin (and CONFIG's hybrid stacks), one line each: whether it runs
+    on this device and its own options; `attnbench models NAME` shows one model's options in full."""
+    from attnbench.config.users import installed_plugins
     from attnbench.core.cases import DTYPES
-    from attnbench.families.catalogue import MODELS, option_summary
+    from attnbench.families.catalogue import MODELS
     from attnbench.families.registry import availability
     from attnbench.host.devices import resolve_device
 
     if dtype not in DTYPES:
         raise AttnbenchError(f"--dtype: unknown dtype {dtype!r}", hint=f"one of: {', '.join(DTYPES)}")
+    plugins = {plugin.name: plugin for plugin in installed_plugins()}
+    config = None
+    if target is not None:
+        path = Path(target)
+        if path.is_file() or path.suffix in (".yaml", ".yml"):
+            config = path  # load_experiment says what is wrong with a config that does not read
+        elif target not in MODELS and target not in plugins:
+            from difflib import get_close_matches
+
+            names = [*MODELS, *plugins]
+            near = get_close_matches(target, names, n=3)
+            raise AttnbenchError(
+                f"models: {target!r} is neither a model nor a config file",
+                hint=f"did you mean {', '.join(near)}? " if near else f"a model ({', '.join(names)}) or a config path",
+            )
     resolved = resolve_device(device or "auto")
     status = availability(resolved, dtype)
     stacks = _config_stacks(config, resolved, dtype)
+    listing = _models_json(resolved, dtype, status)
+    listing["models"] += [stack for stack, _ in stacks]
+    if target is not None and config is None:  # one model, its options in full
+        (entry,) = [m for m in listing["models"] if m["name"] == target]
+        if format == "json":
+            print_json({**listing, "models": [entry]})
+        else:
+            _print_model(entry)
+        return
     if format == "json":
-        listing = _models_json(resolved, dtype, status)
-        listing["models"] += [stack for stack, _ in stacks]
         print_json(listing)
         return
+    everyone = _common_options([m for m in listing["models"] if m["source"] == "built-in"])
+    rows = []
+    for entry in listing["models"]:
+        if entry["available"] is None and entry["reason"] is None:
+            state_text = "plugin: built by its factory when swept"
+        elif entry["available"]:
+            state_text = "available"
+        else:
+            word = "does not load" if entry["available"] is None else "unavailable"
+            state_text = f"{word}: {entry['reason']}"
+        own = ", ".join(name for name in entry["options"] if name not in everyone)
+        rows.append([entry["name"], entry["kind"] or "", entry["family"], entry["source"], state_text,
+                     entry["summary"], own])  # fmt: skip
+    headers = ["model", "kind", "family", "source", "status", "what it is", "its own options"]
+    widths = _one_line_widths(headers, rows, stdout.width)
     table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
-    for column in ("model", "kind", "family", "source", "status", "what it is", "options (default, values)"):
-        table.add_column(column)
-    for name, spec in MODELS.items():
-        reason = status[name]
-        table.add_row(
-            name,
-            spec.kind,
-            spec.family,
-            spec.source,
-            "[green]available[/]" if reason is None else f"[red]unavailable[/]: {escape(reason)}",
-            escape(spec.summary),
-            escape(option_summary(spec)),
+    for column, width in zip(headers, widths, strict=True):
+        table.add_column(column, no_wrap=True, overflow="ellipsis", width=width)
+    for row in rows:
+        cells = [escape(cell) for cell in row]
+        status_cell = row[4]
+        colour = "green" if status_cell == "available" else "yellow" if status_cell.startswith("plugin") else "red"
+        cells[4] = f"[{colour}]{cells[4]}[/]"
+        table.add_row(*cells)
+    stdout.print(table)
+    if everyone:
+        stdout.print(f"Every built-in model also takes {', '.join(sorted(everyone))}.", markup=False)
+    stdout.print("`attnbench models NAME` shows a model's options, their defaults and values.", markup=False)
+
+
+def _one_line_widths(headers: list[str], rows: list[list[str]], total: int) -> list[int]:
+    """Column widths that keep every model on one line of a ``total``-wide terminal: the names (the first four
+    columns) whole, the rest shared in proportion to what they hold, each at least its header, none above it."""
+    need = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    fixed = need[:4]
+    room = total - sum(fixed) - 3 * len(headers) - 1  # each cell's padding and border, and the last border
+    flexible = need[4:]
+    if sum(flexible) <= room:
+        return need
+    floors = [max(len(headers[4 + i]), 9) for i in range(len(flexible))]
+    spare = max(0, room - sum(floors))
+    extra = [n - f for n, f in zip(flexible, floors, strict=True)]
+    share = [f + int(spare * e / max(1, sum(extra))) for f, e in zip(floors, extra, strict=True)]
+    return fixed + [min(n, s) for n, s in zip(flexible, share, strict=True)]
+
+
+def _common_options(entries: list[dict[str, Any]]) -> set[str]:
+    """The options every one of ``entries`` takes (the network's: scope, vocab, …): said once under the table."""
+    names = [set(entry["options"]) for entry in entries]
+    return set.intersection(*names) if names else set()
+
+
+def _print_model(entry: dict[str, Any]) -> None:
+    """One model: what it is, whether it runs here, and a line per option (default, values, what it does)."""
+    if entry["available"] is None:
+        where = (
+            "plugin: built by its factory when swept"
+            if entry["reason"] is None
+            else f"does not load: {entry['reason']}"
         )
-    for plugin in installed_plugins():
-        loaded = plugin.plugin
-        options = "" if loaded is None else option_summary(user_spec(plugin.name, loaded))
-        table.add_row(
-            escape(plugin.name),
-            "" if loaded is None else loaded.kind,
-            "user",
-            escape(plugin.source),
-            "[yellow]plugin[/]: built by its factory when swept"
-            if loaded is not None
-            else f"[red]does not load[/]: {escape(plugin.problem)}",
-            escape(f"{loaded.summary} ({loaded.factory})" if loaded is not None else plugin.value),
-            escape(options),
-        )
-    for stack, options in stacks:
-        table.add_row(
-            escape(stack["name"]),
-            stack["kind"],
-            "hybrid",
-            "config",
-            "[green]available[/]" if stack["reason"] is None else f"[red]unavailable[/]: {escape(stack['reason'])}",
-            escape(stack["summary"]),
-            escape(options),
-        )
+    else:
+        where = "available" if entry["available"] else f"unavailable: {entry['reason']}"
+    kind = entry["kind"] or "?"
+    stdout.print(f"{entry['name']} · {kind} · family {entry['family']} · {entry['source']} · {where}", markup=False)
+    stdout.print(entry["summary"], markup=False)
+    table = Table(title_justify="left", show_lines=False)
+    for column in ("option", "default", "values", "what it does"):
+        table.add_column(column, overflow="fold")
+    for name, option in entry["options"].items():
+        default = option["default"]
+        shown = str(default).lower() if isinstance(default, bool) else str(default)
+        table.add_row(escape(name), escape(shown), escape(str(option["allowed"])), escape(str(option["help"])))
     stdout.print(table)
 
 

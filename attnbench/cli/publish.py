@@ -18,6 +18,7 @@ import typer
 
 from attnbench.cli.common import handles_errors, print_warnings, stdout
 from attnbench.core.errors import AttnbenchError
+from attnbench.core.units import plural
 
 if TYPE_CHECKING:
     from attnbench.analysis.site import RunDigest
@@ -169,7 +170,8 @@ def publish(
     written, same = write_site(output, files)
     size = sum(len(data) for data in files.values())
     stdout.print(
-        f"site {output}: {len(digests)} runs ({added} new) of {len(site.boards)} config(s), {len(site.cases)} cases, "
+        f"site {output}: {plural(len(digests), 'run')} ({added} new) of "
+        f"{plural(len(site.boards), 'config')}, {plural(len(site.cases), 'case')}, "
         f"{len(site.events)} confirmed steps; wrote {len(written)} files, {len(same)} unchanged; "
         f"{format_bytes(size)} in all. Open {output / 'index.html'}",
         markup=False,

@@ -220,7 +220,7 @@ def _announce(run: Sweep) -> None:
     what = (
         f"resuming {run.folder}: {len(plan.todo)} of {len(plan.cases)} cases left"
         if plan.stored
-        else f"{len(plan.todo)} cases from {plan.experiment.source}"
+        else f"{plural(len(plan.todo), 'case')} from {plan.experiment.source}"
     )
     if plan.shard is not None:
         what += f", shard {plan.shard}"
@@ -260,20 +260,26 @@ def _print_plan(plan: SweepPlan) -> None:
     if plan.shard is not None:
         whole = len(plan.experiment.cases(plan.device))
         stdout.print(
-            f"{len(plan.todo)} cases of shard {plan.shard} ({whole} in the config) on {where} "
+            f"{plural(len(plan.todo), 'case')} of shard {plan.shard} ({whole} in the config) on {where} "
             "(dry run: nothing measured)",
             markup=False,
         )
     else:
-        stdout.print(f"{len(plan.todo)} cases on {where} (dry run: nothing measured)", markup=False)
+        stdout.print(f"{plural(len(plan.todo), 'case')} on {where} (dry run: nothing measured)", markup=False)
     if plan.device_basis:
         stdout.print(f"device: auto → {plan.device} ({plan.device_basis})", markup=False)
     timing = plan.experiment.timing
     processes = f" × {timing.processes} processes" if timing.processes > 1 else ""
+    estimate = plan.estimate
+    if estimate.earlier_run is not None:
+        basis = f"{estimate.known} of {len(plan.todo)} cases as long as in {estimate.earlier_run}"
+    else:
+        basis = f"no earlier run of this config in {plan.request.out}: each case as long as converging takes"
     stdout.print(
-        f"estimate: up to {format_duration(plan.budget_s)} of warm-up and sampling ({len(plan.todo)} cases"
-        f"{processes} × timing.max_case_s {timing.max_case_s:g} s); cases that converge stop sooner, and "
-        "building models and starting up come on top",
+        f"estimate: about {format_duration(estimate.likely_s)} ({basis}); at most {format_duration(estimate.most_s)} "
+        f"of warm-up and sampling ({plural(len(plan.todo), 'case')}{processes} × timing.max_case_s "
+        f"{timing.max_case_s:g} s), "
+        "starting up and the report on top",
         markup=False,
     )
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from attnbench.core.units import format_bytes
+
 # Caps on sizes: far above anything a single accelerator can run, low enough to catch a typo (an extra zero or
 # two) before it turns into an hour of allocator failures. Configs are held to them (config.experiment), and so
 # are the cases of stored rows (results.records), whose numbers must stay safe to compute with.
@@ -67,6 +69,14 @@ OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 # A serving mode's parameters, sorted by name (``SERVING_PARAMS``): ("prefill_chunk", 128), ("accept", 2), ….
 Serving = tuple[tuple[str, int], ...]
+
+
+def serving_text(key: str, value: int) -> str:
+    """A serving key's value for a person: a memory budget in binary units without a space, as a config writes it
+    (``memory_budget=1GiB``, not 1073741824); the others are counts."""
+    if key == "memory_budget" and value > 0:
+        return format_bytes(value).replace(" ", "")
+    return str(value)
 
 
 def packing_text(lengths: tuple[int, ...]) -> str:
@@ -228,7 +238,7 @@ class Case:
         extra = "" if self.heads is None else f" h={self.heads}" + (" causal" if self.causal else "")
         # Options tell variants apart (scope, positional, preset…): without them two rows would read the same.
         extra += "".join(f" {option_text(k, v)}" for k, v in self.options)
-        extra += "".join(f" {k}={v}" for k, v in self.serving)
+        extra += "".join(f" {k}={serving_text(k, v)}" for k, v in self.serving)
         extra += f" packing={packing_text(self.packing)}" if self.packing else ""
         return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
 

@@ -131,3 +131,11 @@ def format_change_interval(low: float, high: float) -> str:
 def plural(n: int, word: str) -> str:
     """``n`` and ``word``, with an s unless ``n`` is 1: "1 round", "3 rounds"."""
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def count_of(value: object, word: str) -> str:
+    """A stored count (an environment field: any JSON value) and ``word``: ``plural`` for an int, else the value
+    as stored (or "?") before the plural word."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return plural(value, word)
+    return f"{'?' if value is None else value} {word}s"

@@ -9,7 +9,7 @@ from attnbench.analysis.alerts import StepEvent
 from attnbench.analysis.bisect import BisectHint
 from attnbench.analysis.history import History, run_name
 from attnbench.core.text import md_code, md_text
-from attnbench.core.units import format_change, format_change_interval
+from attnbench.core.units import format_change, format_change_interval, plural
 from attnbench.report.history_md import METRIC_WORDS, SHIFT_LABEL, step_verdict
 from attnbench.results.store import StoredRun
 
@@ -20,7 +20,7 @@ Where = BisectHint | str
 
 
 def event_label(event: StepEvent) -> str:
-    return f"{SHIFT_LABEL}, {event.cases} cases" if event.case is None else event.case.label
+    return f"{SHIFT_LABEL}, {plural(event.cases, 'case')}" if event.case is None else event.case.label
 
 
 def run_cell(stored: StoredRun, position: int) -> str:

@@ -16,7 +16,8 @@ from attnbench.results.records import Result
 LEGEND = (
     "Each cell: the largest batch whose decode step at context n fits the budget (weights, every sequence's KV cache "
     "or state, the step's working memory; measured), and the tokens per second that batch decodes together "
-    "(`~`: noisy; `≥`: the search's largest batch, more would fit)."
+    "(`~`: noisy; `≥`: the search's largest batch, more would fit; a batch with a status instead of tokens/s: the "
+    "memory was measured, the step's timing was not)."
 )
 CROSSINGS = "Where the aggregate tokens/s at capacity cross:"
 
@@ -24,9 +25,11 @@ CROSSINGS = "Where the aggregate tokens/s at capacity cross:"
 def point_text(point: CapacityPoint | None) -> str:
     if point is None:
         return ""
-    if point.batch is None or point.tokens_per_s is None:
-        return STATUS_TEXT.get(point.status, point.status)
     mark = "≥" if point.capped else ""
+    if point.batch is None:
+        return STATUS_TEXT.get(point.status, point.status)
+    if point.tokens_per_s is None:  # the capacity is memory's answer, whatever the timing did
+        return f"{mark}{point.batch} · {STATUS_TEXT.get(point.status, point.status)}"
     noisy = "" if point.good else "~"
     return f"{mark}{point.batch} · {noisy}{format_rate(point.tokens_per_s)} tok/s"
 

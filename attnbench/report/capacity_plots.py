@@ -10,11 +10,15 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from attnbench.analysis.capacity import CapacityTable, capacity_tables
 from attnbench.core.units import format_bytes
 from attnbench.report.plot_style import device_name, line_style, slug
 from attnbench.results.records import Result, Run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,14 @@ def capacity_plots(run: Run, results: Sequence[Result], colours: dict[str, int])
 
 
 def _draw(run: Run, table: CapacityTable, colours: dict[str, int]) -> bytes:
+    fig = capacity_figure(run, table, colours)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def capacity_figure(run: Run, table: CapacityTable, colours: dict[str, int]) -> Figure:
+    """The figure of one capacity table: the batch found (left), the tokens/s at it (right)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -50,14 +62,26 @@ def _draw(run: Run, table: CapacityTable, colours: dict[str, int]) -> bytes:
         if curve.label not in colours:
             colours[curve.label] = len(colours)
         colour, marker, style = line_style(colours[curve.label])
-        drawn = [p for p in curve.points if p.batch is not None and p.tokens_per_s is not None]
-        if not drawn:
+        # The batch is memory's answer and is drawn whatever the timing did; tokens/s only where the step was timed.
+        found = [p for p in curve.points if p.batch is not None]
+        timed = [p for p in found if p.tokens_per_s is not None]
+        if not found:
             continue
-        ns = [p.n for p in drawn]
-        batch_ax.plot(ns, [p.batch for p in drawn], color=colour, marker=marker, linestyle=style, label=curve.label)
-        rate_ax.plot(ns, [p.tokens_per_s for p in drawn], color=colour, marker=marker, linestyle=style)
-        for ax, values in ((batch_ax, [p.batch for p in drawn]), (rate_ax, [p.tokens_per_s for p in drawn])):
-            noisy = [(p.n, v) for p, v in zip(drawn, values, strict=True) if not p.good]
+        untimed = [p for p in found if p.untimed]
+        label = curve.label + (" (× step not timed)" if untimed else "")
+        batch_ax.plot([p.n for p in found], [p.batch for p in found], color=colour, marker=marker, linestyle=style,
+                      label=label)  # fmt: skip
+        if untimed:  # the timing ran out of budget (or failed): a cross over the batch's marker
+            batch_ax.scatter([p.n for p in untimed], [p.batch for p in untimed], s=70, marker="x", color=colour,
+                             zorder=4)  # fmt: skip
+        if timed:
+            rate_ax.plot([p.n for p in timed], [p.tokens_per_s for p in timed], color=colour, marker=marker,
+                         linestyle=style)  # fmt: skip
+        for ax, points, values in (
+            (batch_ax, timed, [p.batch for p in timed]),
+            (rate_ax, timed, [p.tokens_per_s for p in timed]),
+        ):
+            noisy = [(p.n, v) for p, v in zip(points, values, strict=True) if not p.good]
             if noisy:  # the tables' "~": an open marker
                 ax.scatter(
                     *zip(*noisy, strict=True), s=46, marker=marker, facecolors="white", edgecolors=colour, zorder=3
@@ -81,6 +105,4 @@ def _draw(run: Run, table: CapacityTable, colours: dict[str, int]) -> bytes:
     batch_ax.legend(fontsize=8, loc="best")
     fig.suptitle(f"{table.title}\n{device_name(run)}", fontsize=10)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return fig

@@ -7,14 +7,15 @@ from dataclasses import dataclass
 
 from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
 from attnbench.analysis.efficiency import below_roofline_flags, peak_flags
-from attnbench.core.units import format_bytes, format_seconds, to_mib
+from attnbench.core.units import count_of, format_bytes, format_seconds, to_mib
 from attnbench.report.pivot import Cell, PivotTable
 from attnbench.results.records import Result, Run
 
 LEGEND = (
     "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "
-    "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached). Speed-ups, crossovers "
-    "and fits use only cells that converged or whose CI is within ±5 %, and that were not timed on a busy machine."
+    "~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached). Crossovers and fits use "
+    "only cells that converged or whose CI is within ±5 %, and that were not timed on a busy machine; a speed-up "
+    "marked ? rests on a cell that is not: a best estimate."
 )
 DECODE_LEGEND = (
     "Per-token latency: the median time of one decode step, which produces the next token of every sequence in "
@@ -22,8 +23,8 @@ DECODE_LEGEND = (
     "tokens/s = batch ÷ this time)."
 )
 SPEEDUP_LEGEND = (
-    " In brackets the speed-up against {baseline} at the same n (> 1× = faster). ~ marks a noisy cell (IQR above "
-    "10 % of the median, or the CI target was not reached)."
+    " In brackets the speed-up against {baseline} at the same n (> 1× = faster; ? = a best estimate from a noisy or "
+    "contended cell). ~ marks a noisy cell (IQR above 10 % of the median, or the CI target was not reached)."
 )
 STATE_LEGEND = (
     "The KV cache (attention) or recurrent state a step reads: computed from shapes and dtype / measured "
@@ -39,6 +40,13 @@ SCALING_LEGEND = (
 
 
 CONTENDED_MARK = "!"  # before a cell's time: the case ran on a busy machine (the headline lists why)
+ESTIMATE_MARK = "?"  # after a speed-up: it rests on a noisy or contended time, a best estimate
+# Said once, under the busy-machine headline: what would turn the marked estimates into evidence.
+WHAT_TO_DO = (
+    "To tell them apart: sweep again at a quieter moment, with fewer threads competing (`--set threads=1`), or with "
+    "more samples a case (a larger `timing.max_case_s`); the speed-ups and crossovers marked ? are best estimates "
+    "until then."
+)
 
 
 def contention_lines(results: Sequence[Result]) -> tuple[str, list[str]]:
@@ -50,7 +58,8 @@ def contention_lines(results: Sequence[Result]) -> tuple[str, list[str]]:
         return "", []
     headline = (
         f"{len(busy)} of {len(timed)} cases ran on a busy machine (marked {CONTENDED_MARK}): their timings are not "
-        "reliable: speed-ups, crossovers and fits leave them out, and compare draws no verdict from them."
+        "reliable: fits leave them out, speed-ups and crossovers from them are marked estimates, and compare draws no "
+        f"verdict from them. {WHAT_TO_DO}"
     )
     return headline, [f"{r.case.label}: {'; '.join(r.contention.reasons)}" for r in busy if r.contention is not None]
 
@@ -65,7 +74,7 @@ def time_text(cell: Cell | None, speedup: bool = True) -> str:
         return mark + cell.status_text
     text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if speedup and cell.speedup is not None:
-        text += f" ({cell.speedup:.2f}×)"
+        text += f" ({cell.speedup:.2f}×{ESTIMATE_MARK if cell.estimate else ''})"
     return text
 
 
@@ -75,7 +84,9 @@ def speedup_text(cell: Cell | None) -> str:
         return ""
     if cell.median_s is None:
         return cell.status_text
-    return "" if cell.speedup is None else ("~" if cell.noisy else "") + f"{cell.speedup:.2f}×"
+    if cell.speedup is None:
+        return ""
+    return ("~" if cell.noisy else "") + f"{cell.speedup:.2f}×" + (ESTIMATE_MARK if cell.estimate else "")
 
 
 def time_legend(table: PivotTable, baseline: str) -> str:
@@ -139,7 +150,7 @@ def environment_line(
         f"torch {text(str(env.get('torch', '?')))}",
     ]
     if env.get("device_type") == "cpu":
-        parts.append(f"{text(str(env.get('torch_threads', '?')))} threads")
+        parts.append(text(count_of(env.get("torch_threads"), "thread")))
     if env.get("torch_cuda"):
         parts.append(f"CUDA {text(str(env['torch_cuda']))}")
     if env.get("driver"):

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from attnbench.core.units import plural
+
 if TYPE_CHECKING:
     from attnbench.analysis.compare import Comparison
     from attnbench.analysis.history import History
@@ -106,7 +108,7 @@ def _export(name: str) -> Format[RunView]:
 
     def note(view: RunView) -> str | None:
         n = exports.left_out(view.stored.results)
-        return f"{n} cases without a timing are not in the {name} export" if n else None
+        return f"{plural(n, 'case')} without a timing are not in the {name} export" if n else None
 
     return Format(name, text=render, note=note)
 

@@ -19,6 +19,7 @@ from attnbench.core.units import (
     format_change_interval,
     format_rate,
     format_seconds,
+    plural,
 )
 from attnbench.report.pivot import STATUS_TEXT
 
@@ -86,7 +87,7 @@ def steps_rows(history: History) -> list[list[str]]:
             at = _global_index(history, segment.index, step.index)
             rows.append(
                 [
-                    f"{SHIFT_LABEL}, {segment.shift.cases} cases",
+                    f"{SHIFT_LABEL}, {plural(segment.shift.cases, 'case')}",
                     f"{at} ({run_name(segment.runs[step.index])})",
                     f"{format_change(step.before - 1)} → {format_change(step.after - 1)} vs a typical run",
                     format_change(step.change),
@@ -137,7 +138,7 @@ def headline(history: History) -> str:
     found = history.steps
     what = f"{found} step change{'s' if found != 1 else ''}" if found else "no step change"
     return (
-        f"{runs} runs, {cases} cases, {METRIC_WORDS[history.metric]}: {what} "
+        f"{plural(runs, 'run')}, {plural(cases, 'case')}, {METRIC_WORDS[history.metric]}: {what} "
         f"(a level that moved by more than the noise between runs, family-wise 5 % per case)"
     )
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from html import escape
 
-from attnbench.core.units import format_bytes, format_seconds
+from attnbench.core.units import format_bytes, format_seconds, plural
 from attnbench.report.cells import (
     BELOW_ROOFLINE,
     BELOW_ROOFLINE_NOTE,
@@ -100,7 +100,8 @@ def _time_cell(cell: Cell | None) -> str:
     text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if cell.speedup is not None:
         side = "faster" if cell.speedup > 1 else "slower" if cell.speedup < 1 else ""
-        text = f'{_e(text)}<span class="speedup {side}">({cell.speedup:.2f}×)</span>'
+        mark = "?" if cell.estimate else ""
+        text = f'{_e(text)}<span class="speedup {side}">({cell.speedup:.2f}×{mark})</span>'
     else:
         text = _e(text)
     classes = "num noisy" if cell.noisy else "num"
@@ -236,7 +237,8 @@ def render_html(
         f"<h1>attnbench run <code>{_e(run.run_id)}</code></h1>",
         f"<p>{_device_text(run)}</p>",
         f'<p class="muted">Config <code>{_e(run.config_source)}</code> (sha256 <code>{_e(run.config_sha256[:12])}'
-        f"</code>), created {_e(run.created_utc)}, state: {_e(run.state)}. {len(results)} cases, {ok} ok.</p>",
+        f"</code>), created {_e(run.created_utc)}, state: {_e(run.state)}. "
+        f"{plural(len(results), 'case')}, {ok} ok.</p>",
         "</header>",
     ]
     headline, busy = contention_lines(results)

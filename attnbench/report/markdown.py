@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from attnbench.core.text import md_cell, md_code, md_text
+from attnbench.core.units import plural
 from attnbench.report.capacity_md import capacity_markdown
 from attnbench.report.cells import (
     BELOW_ROOFLINE,
@@ -59,7 +60,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         environment_line(run, md_code, md_text),
         "",
         f"Config {md_code(run.config_source)} (sha256 `{run.config_sha256[:12]}`), created {md_text(run.created_utc)}, "
-        f"state: {run.state}. {len(results)} cases, "
+        f"state: {run.state}. {plural(len(results), 'case')}, "
         f"{sum(r.ok for r in results)} ok.",
     ]
     headline, busy = contention_lines(results)

@@ -43,6 +43,9 @@ class Cell:
     result: Result
     speedup: float | None  # baseline median / this median: > 1 means faster than the baseline
     base: Result | None = None  # the baseline row's result this speed-up is against (same batch, same n)
+    # The speed-up rests on a time that is no evidence (noisy or contended, either side): a best estimate, shown
+    # marked rather than withheld; fits, crossovers and claims still leave it out.
+    estimate: bool = False
 
     @property
     def median_s(self) -> float | None:
@@ -98,11 +101,12 @@ def _speedups(group: CurveGroup, baseline_model: str | None) -> tuple[list[tuple
         cells: dict[int, Cell] = {}
         for n, r in curve.results.items():
             b = base.get(n)
-            speedup = None
-            if b is not None and good_evidence(b) and good_evidence(r):
+            speedup, estimate = None, False
+            if b is not None and b.is_timed and r.is_timed:
                 # Per token: the same as per call but where each found its own batch (a capacity row).
                 speedup = (b.median_s / b.tokens_per_call) / (r.median_s / r.tokens_per_call)
-            cells[n] = Cell(r, speedup, b if speedup is not None else None)
+                estimate = not (good_evidence(b) and good_evidence(r))
+            cells[n] = Cell(r, speedup, b if speedup is not None else None, estimate)
         rows.append((curve.label, cells))
     return rows, bool(base_for_batch)
 
@@ -115,6 +119,8 @@ def pivot_tables(results: Sequence[Result], baseline_model: str | None = None) -
     for group in group_curves(results):
         rows, has_baseline = _speedups(group, baseline_model)
         batch = f", batch {group.batches[0]}" if len(group.batches) == 1 else ""
+        if group.mode == "capacity":  # each row times the batch its search found (capacity_batch), not case.batch
+            batch = ", batch found per row"
         title = (
             f"{group.mode} · {group.dtype} · {group.device} · d_model {group.d_model}{batch} · layers {group.layers}"
         )

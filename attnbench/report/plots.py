@@ -65,7 +65,14 @@ class Point:
     low: float | None = None
     high: float | None = None
     status: str = "ok"  # "ok", or the pivot's status text for a case without a timing ("OOM", "n/a", ...)
-    noisy: bool = False  # the tables' "~": drawn as an open marker
+    noisy: bool = False  # the tables' "~"
+    contended: bool = False  # the tables' "!": timed while other work competed for the machine
+
+    @property
+    def hollow(self) -> bool:
+        """Drawn as an open marker: a time that is no evidence, noisy or timed on a busy machine (a filled marker
+        is a cell the fits, crossovers and speed-ups may use: ``scaling.good_evidence``)."""
+        return self.noisy or self.contended
 
 
 @dataclass(frozen=True)
@@ -119,12 +126,12 @@ def _point(metric: Metric, n: int, cell: Cell, decode: bool = False) -> Point | 
         return None
     s = m.summary
     if metric == "latency":
-        return Point(n, s.median, _finite(s.ci_low), _finite(s.ci_high), noisy=cell.noisy)
+        return Point(n, s.median, _finite(s.ci_low), _finite(s.ci_high), noisy=cell.noisy, contended=r.contended)
     if metric == "throughput":
         tokens = r.tokens_per_call
         low = tokens / s.ci_high if math.isfinite(s.ci_high) and s.ci_high > 0 else None
         high = tokens / s.ci_low if math.isfinite(s.ci_low) and s.ci_low > 0 else None
-        return Point(n, tokens / s.median, low, high, noisy=cell.noisy)
+        return Point(n, tokens / s.median, low, high, noisy=cell.noisy, contended=r.contended)
     if metric == "memory":
         peak = r.memory.peak_bytes if r.memory is not None else None
         return None if peak is None else Point(n, float(peak))
@@ -140,7 +147,8 @@ def _point(metric: Metric, n: int, cell: Cell, decode: bool = False) -> Point | 
             per_token = r.tokens_per_call / base.tokens_per_call
             low, high = per_token * b.ci_low / s.ci_high, per_token * b.ci_high / s.ci_low
     noisy = cell.noisy or (base is not None and Cell(base, None).noisy)
-    return Point(n, cell.speedup, low, high, noisy=noisy)
+    contended = r.contended or (base is not None and base.contended)
+    return Point(n, cell.speedup, low, high, noisy=noisy, contended=contended)
 
 
 def series(table: PivotTable, metric: Metric) -> list[Series]:
@@ -302,7 +310,8 @@ def _snap(low: float, high: float, base: float) -> tuple[float, float]:
 
 
 def _plot_lines(ax: Axes, lines: Sequence[Series], colours: dict[str, int]) -> tuple[bool, bool]:
-    """Each series as a line with its interval band; noisy points hollow. Returns (any band, any noisy point)."""
+    """Each series as a line with its interval band; noisy and contended points hollow. Returns (any band, any
+    hollow point)."""
     banded = noisy = False
     for s in lines:
         if not s.values:
@@ -317,7 +326,7 @@ def _plot_lines(ax: Axes, lines: Sequence[Series], colours: dict[str, int]) -> t
         label = s.label + (" (baseline)" if s.is_baseline else "")
         width = 2.6 if s.is_baseline else 1.7
         ax.plot(xs, ys, style, color=colour, marker=marker, markersize=4.5, linewidth=width, label=label, zorder=3)
-        hollow = [(p.n, p.value) for p in s.points if p.noisy and p.value is not None]
+        hollow = [(p.n, p.value) for p in s.points if p.hollow and p.value is not None]
         if hollow:
             noisy = True
             ax.plot(
@@ -454,6 +463,9 @@ def _mark_failures(ax: Axes, failing: Failures, colours: dict[str, int], first_n
             )
 
 
+HOLLOW_LABEL = "noisy or contended\n(~ or ! in the tables)"
+
+
 def _legend(
     ax: Axes, metric: Metric, banded: bool, noisy: bool, failures: bool, baseline: str | None, measured: bool = False
 ) -> None:
@@ -470,7 +482,7 @@ def _legend(
         labels.append("95 % CI" if metric != "speedup" else "CI (conservative)")
     if noisy:
         handles.append(Line2D([], [], marker="o", linestyle="", color="0.3", markerfacecolor="white", markersize=6))
-        labels.append("noisy (~ in the tables)")
+        labels.append(HOLLOW_LABEL)
     if failures:
         handles.append(Line2D([], [], marker="x", linestyle="", color="0.3", markersize=7, markeredgewidth=2))
         labels.append("no timing (status shown)")

@@ -14,9 +14,11 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from attnbench.analysis.efficiency import (
+    BandwidthPeak,
+    Peak,
     PeakTable,
     achieved_flops_per_s,
     arithmetic_intensity,
@@ -26,6 +28,13 @@ from attnbench.analysis.efficiency import (
 from attnbench.core.units import format_bandwidth, format_flops
 from attnbench.report.plot_style import device_name, line_style, plain_texts, slug
 from attnbench.results.records import Result, Run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# Where no calibration or vendor figure is known (a CPU before `attnbench calibrate`), the best the run's own rows
+# reached stands in for each ceiling: a floor under the true one, drawn dotted and named so.
+MEASURED_SOURCE = "best in this run: the true ceiling is at least this"
 
 # Whole-sequence modes filled, decode hollow (and its own marker), so the two read apart at a glance.
 _MODE_MARKERS = {"forward": "o", "train": "s", "backward": "D", "decode": "^"}
@@ -98,15 +107,42 @@ def roofline_plots(run: Run, results: Sequence[Result], colours: dict[str, int])
     return plots
 
 
+def ceilings(
+    run: Run, dtype: str, points: Sequence[tuple[Result, float, float]]
+) -> tuple[Peak | None, BandwidthPeak | None, bool]:
+    """The compute and bandwidth ceilings the roofline draws, and whether they are the run's own best (no
+    calibrated or vendor figure known, ``MEASURED_SOURCE``): a roofline without roofs reads as nothing."""
+    peaks = PeakTable.for_run(run)
+    compute, bandwidth = peaks.for_dtype(dtype), peaks.bandwidth()
+    if (compute is not None and bandwidth is not None) or not points:
+        return compute, bandwidth, False
+    if compute is None:
+        compute = Peak(max(y for _, _, y in points), MEASURED_SOURCE)
+    if bandwidth is None:
+        bandwidth = BandwidthPeak(max(y / x for _, x, y in points), MEASURED_SOURCE)
+    return compute, bandwidth, True
+
+
 def _draw(
     run: Run, dtype: str, points: Sequence[tuple[Result, float, float]], colours: dict[str, int], title: str
 ) -> bytes:
+    fig = roofline_figure(run, dtype, points, colours)
+    buffer = io.BytesIO()
+    plain_texts(fig)
+    fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def roofline_figure(
+    run: Run, dtype: str, points: Sequence[tuple[Result, float, float]], colours: dict[str, int]
+) -> Figure:
+    """The roofline figure of one kind of device and dtype."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    peaks = PeakTable.for_run(run)
-    compute, bandwidth = peaks.for_dtype(dtype), peaks.bandwidth()
+    compute, bandwidth, measured = ceilings(run, dtype, points)
+    roof = ":" if measured else "-"
     fig = Figure(figsize=(8.4, 5.0), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -122,11 +158,14 @@ def _draw(
         span = [low_x, high_x]
         if compute is not None:  # the sloped roof ends where it meets the flat one (the ridge point)
             span = [low_x, min(high_x, compute.flops_per_s / bandwidth.bytes_per_s)]
-        (line,) = ax.plot(span, [bandwidth.bytes_per_s * x for x in span], color="0.35", linestyle="--", linewidth=1.2)
+        (line,) = ax.plot(
+            span, [bandwidth.bytes_per_s * x for x in span], color="0.35", linestyle=":" if measured else "--",
+            linewidth=1.2,
+        )  # fmt: skip
         line.set_label(f"memory {format_bandwidth(bandwidth.bytes_per_s)} ({bandwidth.source})")
         handles.append(line)
     if compute is not None:
-        line = ax.axhline(compute.flops_per_s, color="0.15", linestyle="-", linewidth=1.2)
+        line = ax.axhline(compute.flops_per_s, color="0.15", linestyle=roof, linewidth=1.2)
         line.set_label(f"compute {format_flops(compute.flops_per_s)} ({compute.source})")
         handles.append(line)
     for result, x, y in points:
@@ -187,10 +226,11 @@ def _draw(
     ax.legend(handles=handles, fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.suptitle(f"Roofline · {device_name(run)} · {dtype}", fontsize=12, fontweight="bold", x=0.02, ha="left")
     note = ""
-    if compute is None or bandwidth is None:
-        note = "no ceiling known for this device: `attnbench calibrate` measures them (a quick run does not count)"
-    fig.text(0.02, 0.01, f"run {run.run_id}. {note}".strip(), fontsize=7.5, color="0.4")
-    buffer = io.BytesIO()
-    plain_texts(fig)
-    fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
-    return buffer.getvalue()
+    if measured:
+        note = "ceilings dotted: the run's own best, no calibration known (`attnbench calibrate` measures them)"
+    # Under the x label, in points from the axes, so the two never overlap whatever the label's height.
+    ax.annotate(
+        f"run {run.run_id}. {note}".strip(), xy=(0, 0), xycoords="axes fraction", xytext=(0, -40),
+        textcoords="offset points", va="top", fontsize=7.5, color="0.4",
+    )  # fmt: skip
+    return fig

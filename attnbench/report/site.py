@@ -24,12 +24,13 @@ from typing import Any
 from attnbench.analysis.alerts import StepEvent
 from attnbench.analysis.history import Metric, run_name
 from attnbench.analysis.site import Board, CaseView, RunDigest, Site
+from attnbench.analysis.steps import MIN_RUNS_PER_LEVEL
 from attnbench.core.text import safe_text
-from attnbench.core.units import format_change, format_change_interval, plural
+from attnbench.core.units import format_bytes, format_change, format_change_interval, plural
 from attnbench.report.alerts_md import event_label
 from attnbench.report.history_md import METRIC_WORDS, step_verdict, value_text
 from attnbench.report.site_assets import SITE_CSS, SITE_JS
-from attnbench.report.site_figures import WORSE, case_figure, sparkline
+from attnbench.report.site_figures import WORSE, case_figure, spark_ratio, sparkline
 from attnbench.results.store import StoredRun
 
 SITE_SCHEMA = "attnbench.site/1"
@@ -113,19 +114,23 @@ def _index(site: Site, title: str) -> bytes:
         groups: dict[tuple[str, str, str], list[CaseView]] = {}
         for view in board.cases:
             groups.setdefault(view.group, []).append(view)
+        # One scale for the board's sparklines: the same height is the same relative move on every row.
+        ratio = spark_ratio([view.series.get("median", ()) for view in board.cases])
         rows = []
         for (model, mode, dtype), views in groups.items():
             rows.append(f"<tr class='group'><th colspan='4'>{esc(model)} · {esc(mode)} · {esc(dtype)}</th></tr>")
             for view in views:
                 colour = WORSE if view.latest.kind == "worse" else "#333"
-                spark = sparkline(history, view.series.get("median", ()), colour)
+                spark = sparkline(history, view.series.get("median", ()), colour, ratio=ratio)
                 rows.append(
                     f"<tr><td><a class='case' href='cases/{esc(view.slug)}.html'>{esc(view.case.label)}</a></td>"
                     f"<td>{spark}</td><td class='num'>{_newest(view)}</td>"
                     f"<td class='{view.latest.kind}'>{esc(view.latest.text)}</td></tr>"
                 )
         body.append(
-            "<table class='cases'><thead><tr><th>case</th><th>median time, every run</th><th>newest</th>"
+            "<table class='cases'><thead><tr><th>case</th><th>median time, every run "
+            f"(<span class='spark-scale' data-ratio='{ratio:.4g}'>full height ×{ratio:.3g}, every row</span>)</th>"
+            "<th>newest</th>"
             "<th>latest verdict</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
         )
     return _page("cases", "\n".join(body), site_title=title)
@@ -166,14 +171,52 @@ def _regressions(site: Site, title: str, commit_url: str | None) -> bytes:
         "with two runs at the new level (family-wise 5 % per case). A run-level step moved every case of its "
         "segment together: a machine, its load or its software as often as the code.</p>",
     ]
-    body.append(_steps_table(worse, commit_url) if worse else "<p>None: no level got worse.</p>")
+    short = [b for b in site.boards if len(b.runs) < 2 * MIN_RUNS_PER_LEVEL]
+    if worse:
+        body.append(_steps_table(worse, commit_url))
+    elif short:  # no step can be found in fewer runs: "none" would read as a clean bill
+        names = ", ".join(f"{esc(b.config)} ({plural(len(b.runs), 'run')})" for b in short)
+        body.append(
+            f"<p class='too-few' data-runs-needed='{2 * MIN_RUNS_PER_LEVEL}'>Too few runs to tell: a step needs "
+            f"{MIN_RUNS_PER_LEVEL} runs before it and {MIN_RUNS_PER_LEVEL} after, and {names} "
+            f"{'has' if len(short) == 1 else 'have'} fewer. <code>attnbench compare</code> judges two runs.</p>"
+        )
+    else:
+        body.append("<p class='none'>None: no level got worse.</p>")
     if better:
         body += ["<h2>Improvements</h2>", _steps_table(better, commit_url)]
     return _page("regressions", "\n".join(body), site_title=title)
 
 
+def cudnn_text(version: int) -> str:
+    """cuDNN's version as torch reports it, an int (8902, 90100), as its release (8.9.2, 9.1.0)."""
+    if version >= 90000:  # cuDNN 9: major·10000 + minor·100 + patch
+        return f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+    return f"{version // 1000}.{version % 1000 // 100}.{version % 100}"  # cuDNN 8 and before: major·1000 + …
+
+
+def env_text(key: str, value: object) -> str | None:
+    """An environment field as a person reads it (bytes in GiB, cuDNN as a release, the kernel packages as
+    name version); None for a field with nothing to show (unset, empty)."""
+    if value is None or value == "" or value == {} or value == []:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if key == "cudnn" and isinstance(value, int) and not isinstance(value, bool):
+        return cudnn_text(value)
+    if key.endswith("_bytes") and number:
+        return format_bytes(float(value))  # type: ignore[arg-type]
+    if key.endswith("_w") and number:
+        return f"{value:g} W"
+    if key.endswith("_mhz") and number:
+        return f"{value:g} MHz"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" if v not in (None, "") else str(k) for k, v in sorted(value.items()))
+    return str(value)
+
+
 def _env_list(env: Mapping[str, Any], keys: Sequence[str]) -> str:
-    items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(env.get(k))}</dd>" for k in keys if env.get(k) not in (None, ""))
+    shown = [(k, env_text(k, env.get(k))) for k in keys]
+    items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(text)}</dd>" for k, text in shown if text is not None)
     return f"<dl class='env'>{items}</dl>"
 
 
@@ -195,7 +238,7 @@ def _runs(site: Site, title: str, commit_url: str | None) -> bytes:
                 position += 1
                 run = stored.run
                 differs = [k for k in ENV_SHOWN if run.environment.get(k) != first.get(k)]
-                note = "; ".join(f"{k}: {run.environment.get(k)}" for k in differs)
+                note = "; ".join(f"{k}: {env_text(k, run.environment.get(k)) or '—'}" for k in differs)
                 rows.append(
                     f"<tr id='run-{esc(run.run_id)}'><td class='num'>{position}</td><td>{esc(run_name(stored))}</td>"
                     f"<td><code>{esc(run.run_id)}</code></td><td>{_commit(run.commit, commit_url)}</td>"

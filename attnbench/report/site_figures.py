@@ -20,6 +20,7 @@ from attnbench.core.units import format_change, format_change_interval
 from attnbench.report.history_md import METRIC_WORDS, value_text
 
 WORSE, BETTER, SHIFT, SEGMENT = "#d62728", "#2ca02c", "#9467bd", "rgba(120,120,120,0.18)"
+CONTENDED_SYMBOL = "circle-open"  # a run timed on a busy machine: hollow, as in a run's own plots
 COLOURS = ("#1f77b4", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")  # one per segment, in turn
 
 
@@ -55,7 +56,7 @@ def _interval_text(p: Point, metric: Metric) -> str:
 def _points_trace(history: History, part: CaseHistory, divisor: float, colour: str) -> dict[str, Any]:
     offset = _offset(history, part.segment)
     runs = history.segments[part.segment].runs
-    xs, ys, plus, minus, custom = [], [], [], [], []
+    xs, ys, plus, minus, custom, symbols = [], [], [], [], [], []
     for i, (p, stored) in enumerate(zip(part.points, runs, strict=True)):
         xs.append(offset + i + 1)
         ys.append(None if p.value is None else p.value / divisor)
@@ -64,8 +65,10 @@ def _points_trace(history: History, part: CaseHistory, divisor: float, colour: s
         minus.append((p.value - p.low) / divisor if has_ci else None)  # type: ignore[operator]
         value = value_text(p.value, history.metric) if p.value is not None else p.status
         commit = stored.run.commit[:12] if stored.run.commit else "—"
-        texts = (run_name(stored), commit, stored.run.label or "—", value, _interval_text(p, history.metric))
+        busy = "timed on a busy machine (open marker)" if p.contended else "quiet machine"
+        texts = (run_name(stored), commit, stored.run.label or "—", value, _interval_text(p, history.metric), busy)
         custom.append([plain(text) for text in texts])
+        symbols.append(CONTENDED_SYMBOL if p.contended else "circle")
     return {
         "type": "scatter",
         "mode": "lines+markers",
@@ -76,9 +79,9 @@ def _points_trace(history: History, part: CaseHistory, divisor: float, colour: s
         "error_y": {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus, "thickness": 1, "width": 3},
         "customdata": custom,
         "hovertemplate": "<b>run %{x}: %{customdata[0]}</b><br>commit %{customdata[1]}<br>label %{customdata[2]}"
-        "<br>%{customdata[3]}<br>95 % CI %{customdata[4]}<extra></extra>",
+        "<br>%{customdata[3]}<br>95 % CI %{customdata[4]}<br>%{customdata[5]}<extra></extra>",
         "line": {"color": colour, "width": 1.5},
-        "marker": {"size": 7, "color": colour},
+        "marker": {"size": 7, "color": colour, "symbol": symbols, "line": {"color": colour, "width": 1.5}},
         "connectgaps": False,
     }
 
@@ -211,6 +214,11 @@ def _context(history: History, parts: Sequence[CaseHistory]) -> tuple[list[dict[
     return shapes, notes
 
 
+def run_tick_step(runs: int) -> int:
+    """A whole number of runs between x ticks: every run up to a dozen, then about a dozen ticks."""
+    return max(1, math.ceil(runs / 12))
+
+
 def case_figure(history: History, parts: Sequence[CaseHistory]) -> dict[str, Any]:
     """The plotly figure of one case for ``history.metric`` over every run of the history."""
     values = [p.value for part in parts for p in part.points if p.value is not None]
@@ -226,7 +234,10 @@ def case_figure(history: History, parts: Sequence[CaseHistory]) -> dict[str, Any
             "title": {"text": "run (history order)"},
             "range": [0.5, len(history.runs) + 0.5],
             "zeroline": False,
-            "tickformat": "d",
+            # Whole runs only: plotly's own ticks fall on halves for a few runs, which "d" shows as 1, 1, 2, 2, …
+            "tickmode": "linear",
+            "tick0": 1,
+            "dtick": run_tick_step(len(history.runs)),
         },
         "yaxis": {
             "title": {"text": f"{METRIC_WORDS[history.metric]} ({unit})"},
@@ -245,12 +256,39 @@ def case_figure(history: History, parts: Sequence[CaseHistory]) -> dict[str, Any
     return {"data": traces, "layout": layout}
 
 
-def sparkline(history: History, parts: Sequence[CaseHistory], colour: str, width: int = 140, height: int = 30) -> str:
-    """An inline SVG of the case's values over the runs (log scale; a break between segments)."""
+# The least log-range a sparkline spans: a case that moved 1 % draws almost flat, not full height.
+MIN_SPARK_RATIO = 1.2
+
+
+def spark_ratio(parts_of_cases: Sequence[Sequence[CaseHistory]]) -> float:
+    """One scale for every sparkline of a table: the largest max/min ratio of any case's values (at least
+    ``MIN_SPARK_RATIO``), so a 3 % move draws short and a 50 % move tall."""
+    ratios = [MIN_SPARK_RATIO]
+    for parts in parts_of_cases:
+        values = [p.value for part in parts for p in part.points if p.value is not None and p.value > 0]
+        if values:
+            ratios.append(max(values) / min(values))
+    return max(ratios)
+
+
+def sparkline(
+    history: History,
+    parts: Sequence[CaseHistory],
+    colour: str,
+    width: int = 140,
+    height: int = 30,
+    ratio: float | None = None,
+) -> str:
+    """An inline SVG of the case's values over the runs (log scale; a break between segments). ``ratio``: the
+    max/min ratio the full height stands for, shared by a table's rows (``spark_ratio``), the case centred in it;
+    None scales the case to its own range."""
     values = [p.value for part in parts for p in part.points if p.value is not None]
     if not values:
         return ""
     low, high = math.log(min(values)), math.log(max(values))
+    if ratio is not None:
+        middle, half = (low + high) / 2, math.log(max(ratio, max(values) / min(values))) / 2
+        low, high = middle - half, middle + half
     span = (high - low) or 1.0
     total = max(1, len(history.runs) - 1)
     lines, last = [], ""

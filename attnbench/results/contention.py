@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from attnbench.core.units import plural
 from attnbench.results import fields
 
 _OPTIONAL = (
@@ -49,7 +50,7 @@ class Contention:
         if self.others_cores is not None and self.logical_cores is not None:
             parts.append(f"others used {self.others_cores:.1f} of {self.logical_cores} cores")
         if self.cpu_share is not None and self.threads is not None:
-            parts.append(f"this case {self.cpu_share:.1f} cores for {self.threads} threads")
+            parts.append(f"this case {self.cpu_share:.1f} cores for {plural(self.threads, 'thread')}")
         if self.run_wait_pct is not None:
             parts.append(f"run-queue wait {self.run_wait_pct:.0f} %")
         if self.steal_pct is not None:

@@ -389,10 +389,11 @@ def latest_run(runs_dir: Path = RUNS_DIR) -> Path:
 
 
 def resolve_run(path: str | Path, runs_dir: Path = RUNS_DIR) -> Path:
-    """``path``, or the newest run folder when it is the alias ``latest`` and nothing of that name exists here."""
+    """``path``, or the newest run folder when it is the alias ``latest`` and nothing of that name exists here;
+    ``FOLDER/latest`` is the newest run folder a sweep wrote into FOLDER (``sweep --out FOLDER``)."""
     path = Path(path)
-    if str(path) == LATEST and not path.exists():
-        return latest_run(runs_dir)
+    if path.name == LATEST and not path.exists():
+        return latest_run(runs_dir if str(path) == LATEST else path.parent)
     return path
 
 

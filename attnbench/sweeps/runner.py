@@ -44,6 +44,7 @@ from attnbench.results.store import (
     rewrite_rows,
     traces_folder,
 )
+from attnbench.sweeps.estimate import SweepEstimate, estimate_sweep
 from attnbench.sweeps.events import SweepListener
 from attnbench.sweeps.isolated_executor import IsolatedExecutor
 from attnbench.sweeps.loop import OomSkipper, run_cases
@@ -100,13 +101,18 @@ class SweepPlan:
     threads: int | None = None  # the config's, else on a CPU attnbench's default (resolve_threads); dry run: config's
 
     @property
-    def budget_s(self) -> float:
-        """The most the cases left should spend warming up and sampling: each case stops at timing.max_case_s,
-        warm-up included, in each of timing.processes workers. An estimate, not a promise: a case that converges
-        stops sooner, and building models, starting workers, the memory pass and a single call longer than the
-        budget come on top. With --devices the workers share the cases."""
-        timing = self.experiment.timing
-        return len(self.todo) * timing.processes * timing.max_case_s / max(1, len(self.devices))
+    def estimate(self) -> SweepEstimate:
+        """How long the cases left will likely take, and the most their warm-up and sampling may (each case stops
+        at timing.max_case_s in each of timing.processes workers): ``sweeps.estimate``. An estimate, not a
+        promise. With --devices the workers share the cases."""
+        return estimate_sweep(
+            self.todo,
+            self.experiment.timing,
+            out=self.request.out,
+            name=self.experiment.name,
+            device=self.device,
+            workers=len(self.devices),
+        )
 
     @property
     def settings(self) -> ExecutorSettings:

@@ -197,7 +197,7 @@ def config_page(schema: Mapping[str, Any] | None = None) -> str:
     lines += [
         "## `model_options`",
         "",
-        _cell(options.get("description", "")) + " `attnbench models` lists the same options with the models; "
+        _cell(options.get("description", "")) + " `attnbench models NAME` lists the same options for one model; "
         "[Models](models.md) says what each model is.",
         "",
     ]
@@ -223,8 +223,8 @@ def models_page() -> str:
         "",
         GENERATED_NOTE.format(source="the model catalogue (`attnbench.families.catalogue`)"),
         "Every built-in model, family by family, with its options (set them under `model_options.<model>` in a "
-        "config; a list of values crosses them). `attnbench models` shows the same list and whether each model runs "
-        "on this machine. What the variants mean (GQA, windows, scopes, compile) is explained in "
+        "config; a list of values crosses them). `attnbench models NAME` shows the same list and whether the model "
+        "runs on this machine. What the variants mean (GQA, windows, scopes, compile) is explained in "
         "[Models and their variants](../explanation/models.md); models you bring are in "
         "[Benchmark your own model](../how-to/your-own-model.md).",
         "",
@@ -379,5 +379,10 @@ def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     for uri, render in PAGES.items():
+        # The committed stub at this path (what a reader browsing the repository on GitHub finds, instead of a
+        # 404) gives way to the generated page.
+        stub = files.get_file_from_path(uri)
+        if stub is not None:
+            files.remove(stub)
         files.append(File.generated(config, uri, content=render()))
     return files

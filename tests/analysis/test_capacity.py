@@ -85,3 +85,38 @@ def test_curves_of_different_serving_questions_stay_apart_and_are_not_paired() -
         ("sdpa-flash prefill_chunk=0", "lstm prefill_chunk=0"),
         ("sdpa-flash prefill_chunk=64", "lstm prefill_chunk=64"),
     }
+
+
+def too_slow(result: Result) -> Result:
+    """The row a decode step that ran out of timing budget leaves: the search's batch kept, the status not ok."""
+    return replace(result, status="too_slow_for_budget", reason="too slow for the time budget")
+
+
+def test_a_capacity_whose_timing_ran_out_still_shows_the_batch_it_measured() -> None:
+    rows = [too_slow(r) if r.case.model == "lstm" else r for r in run()]
+    (table,) = capacity_tables(rows)
+    lstm, sdpa = table.curves
+    assert [p.batch for p in lstm.points] == [400_000] * 4
+    assert all(p.untimed and p.tokens_per_s is None and not p.good for p in lstm.points)
+    assert not any(p.untimed for p in sdpa.points)
+    from attnbench.report.capacity_md import point_text
+
+    cell = point_text(lstm.points[0])
+    assert "400000" in cell and "tok/s" not in cell  # the batch, and no rate it did not measure
+
+
+def test_the_capacity_plot_draws_every_batch_found_and_marks_the_untimed_ones() -> None:
+    pytest.importorskip("matplotlib")
+    from attnbench.report.capacity_plots import capacity_figure
+    from attnbench.results.store import load_run
+    from tests.support import FIXTURE
+
+    rows = [too_slow(r) if r.case.model == "lstm" else r for r in run()]
+    (table,) = capacity_tables(rows)
+    fig = capacity_figure(load_run(FIXTURE).run, table, {})
+    batch_ax, rate_ax = fig.axes[:2]
+    drawn = {line.get_label().split()[0]: list(line.get_ydata()) for line in batch_ax.get_lines()}
+    assert drawn["lstm"] == [400_000] * 4  # the memory measurement, whatever the timing did
+    assert len(rate_ax.get_lines()) - len([x for x in table.crossing_points()]) == 1  # only sdpa-flash has a rate
+    crosses = [c for c in batch_ax.collections if list(c.get_offsets()[:, 0]) == list(NS)]
+    assert crosses, "the untimed batches carry their own marker"

@@ -165,13 +165,31 @@ def test_unknown_model_in_config_lists_valid_names(tmp_path: Path) -> None:
 
 
 def test_models_lists_every_model_with_availability() -> None:
-    out = runner.invoke(app, ["models", "--device", "cpu"])
+    out = runner.invoke(app, ["models", "--device", "cpu"], env={"COLUMNS": "140"})
     assert out.exit_code == 0
     for name in ("lstm", "gru", "vanilla", "sdpa-flash", "sdpa-efficient", "flash-attn", "flex", "linear-attn"):
         assert name in out.output
     assert "unavailable" in out.output and "available" in out.output
-    for option in ("heads_kv", "window", "compile", "form", "chunked"):  # each model's options, with their values
-        assert option in out.output
+
+
+def test_models_is_one_line_a_model_and_models_name_shows_its_options() -> None:
+    """264 lines at 140 columns (issue 51): one line a model, each model's options on `models NAME`."""
+    from attnbench.families.catalogue import MODELS
+
+    out = runner.invoke(app, ["models", "--device", "cpu"], env={"COLUMNS": "140"})
+    assert out.exit_code == 0
+    lines = out.output.splitlines()
+    assert len(lines) <= len(MODELS) + 8  # title, the table's rules and header, the note under it
+    assert all(sum(line.startswith(f"│ {name} ") for line in lines) == 1 for name in MODELS)
+    one = runner.invoke(app, ["models", "sdpa-flash", "--device", "cpu"], env={"COLUMNS": "140"})
+    assert one.exit_code == 0, one.output
+    for option in ("heads_kv", "window", "compile", "scope"):  # every option, with its default and values
+        assert option in one.output
+    assert "flash" in one.output and "lstm" not in one.output
+    data = json.loads(runner.invoke(app, ["models", "mamba2", "-f", "json", "--device", "cpu"]).stdout)
+    assert [m["name"] for m in data["models"]] == ["mamba2"] and {"form", "chunk"} <= set(data["models"][0]["options"])
+    wrong = runner.invoke(app, ["models", "lsmt", "--device", "cpu"])
+    assert wrong.exit_code == 2 and "lstm" in wrong.output and "Traceback" not in wrong.output
 
 
 def test_env_prints_the_environment() -> None:

@@ -170,6 +170,21 @@ def test_report_compare_and_history_take_latest(tmp_path: Path, monkeypatch: pyt
     assert runner.invoke(app, ["history", "latest", "-f", "json"]).exit_code == 0
 
 
+def test_folder_slash_latest_is_the_newest_run_a_sweep_wrote_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README's CI recipe sweeps with --out runs/head: `report latest` read results/runs, an older run (issue 51)."""
+    _runs_dir(tmp_path, "20261203-120000-tiny-cpu")  # newer, but in results/runs
+    for name in ("20261203-090000-tiny-cpu", "20261203-100000-tiny-cpu"):
+        shutil.copytree(FIXTURE, tmp_path / "runs" / "head" / name)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_run(Path("runs/head/latest")) == Path("runs/head/20261203-100000-tiny-cpu")
+    by_alias = runner.invoke(app, ["report", "runs/head/latest", "-f", "json"])
+    by_path = runner.invoke(app, ["report", "runs/head/20261203-100000-tiny-cpu", "-f", "json"])
+    assert by_alias.exit_code == 0 and by_alias.stdout == by_path.stdout
+    assert runner.invoke(app, ["report", "runs/none/latest"]).exit_code == 2
+
+
 def test_a_folder_named_latest_wins_over_the_alias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _runs_dir(tmp_path, "20261203-100000-tiny-cpu")
     shutil.copytree(FIXTURE, tmp_path / "latest")

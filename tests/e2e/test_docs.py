@@ -251,3 +251,141 @@ def test_ci_runs_readmes_test_command_as_written() -> None:
     (command,) = [block for block in re.findall(r"```bash\n(.+?)\n```", README, re.DOTALL) if "pytest" in block]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert any(line.startswith(command + " ") or line == command for line in ci), command
+
+
+# ----------------------------------------------------------------------- every snippet does what its page promises
+# Each README and docs snippet is run here, or validated where running it is a long sweep (issue 51): a config is
+# validated (a fragment on top of a small base), each `attnbench sweep` an sh block shows is planned with --dry-run,
+# the factory your-own-model.md shows is built from the options its config gives, python.md's code runs on a
+# committed run, and every relative link opens a committed file (browsing the repository on GitHub too).
+from tests.e2e.test_docs_site import FENCE, _commands, _pages  # noqa: E402
+
+# A fragment's page shows it inside a config such as configs/serving-cpu.yaml: small, causal (serving asks decode).
+SNIPPET_BASE = {"name": "snippet", "device": "cpu", "models": ["lstm", "sdpa-flash"], "d_model": 16,
+                "causal": True, "grid": {"batch": [1], "seq_len": [16, 64]}}  # fmt: skip
+
+
+def _snippets(lang: str) -> list[tuple[Path, str]]:
+    return [
+        (page, m["body"]) for page in _pages() for m in FENCE.finditer(page.read_text("utf-8")) if m["lang"] == lang
+    ]
+
+
+def _python_block(page: str, starts: str) -> str:
+    (body,) = [body for path, body in _snippets("python") if path.name == page and body.startswith(starts)]
+    return body
+
+
+@pytest.fixture
+def mylayers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """your-own-model.md's mylayers.py, on the path as the page says (README's `mylayers:build` is the same)."""
+    (tmp_path / "mylayers.py").write_text(_python_block("your-own-model.md", "# mylayers.py"), encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "mylayers", raising=False)
+    return tmp_path
+
+
+def _snippet_config(body: str) -> dict[str, Any]:
+    said = yaml.safe_load(body)
+    assert isinstance(said, dict)
+    return said if "models" in said and "grid" in said else {**SNIPPET_BASE, **said}
+
+
+@pytest.mark.parametrize(
+    "page, body", _snippets("yaml"), ids=lambda v: v.name if isinstance(v, Path) else str(v).split("\n")[0][:40]
+)
+def test_every_config_snippet_validates(page: Path, body: str, mylayers: Path) -> None:
+    path = mylayers / "snippet.yaml"
+    path.write_text(yaml.safe_dump(_snippet_config(body)), encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, f"{page.name}: {body}\n{result.output}"
+
+
+def test_readmes_own_model_config_names_its_run_and_asks_for_decode(mylayers: Path) -> None:
+    """The README promises decode steps for your layer: its config asks for decode, of every model it names."""
+    (body,) = [body for page, body in _snippets("yaml") if page.name == "README.md"]
+    said = yaml.safe_load(body)
+    assert said["name"] and "decode" in said["modes"]
+    path = mylayers / "my.yaml"
+    path.write_text(body, encoding="utf-8")
+    cases = load_experiment(path).cases("cpu")
+    assert {c.model for c in cases if c.mode == "decode"} == {"lstm", "sdpa-flash", "my-layer"}
+
+
+def test_the_factory_on_your_own_model_gets_and_uses_its_options(mylayers: Path) -> None:
+    """`options: {width: [1, 2]}` is two cases of each size; the page's factory must build two different models."""
+    import torch
+
+    from attnbench.families.user.layers import load_factory, request
+
+    (body,) = [b for page, b in _snippets("yaml") if page.name == "your-own-model.md" and "width" in b]
+    path = mylayers / "mine.yaml"
+    path.write_text(yaml.safe_dump(_snippet_config(body)), encoding="utf-8")
+    cases = load_experiment(path).cases("cpu")
+    mine = [c for c in cases if c.model == "my-layer" and c.seq_len == 16 and c.mode == "forward"]
+    assert sorted(dict(c.options)["width"] for c in mine) == [1, 2]
+    assert mine[0].user is not None
+    build = load_factory(mine[0].user.factory)
+    sizes = {sum(p.numel() for p in build(request(c, "cpu", torch.float32)).parameters()) for c in mine}
+    assert len(sizes) == 2, "the factory ignored the option its config crosses"
+
+
+def test_every_sweep_an_sh_block_shows_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweeps the pages show take minutes; each is planned (--dry-run: its config read, its cases expanded)."""
+    from importlib.metadata import entry_points
+
+    plugins = {e.name for e in entry_points(group="attnbench.models")}
+    monkeypatch.chdir(ROOT)
+    planned = 0
+    for page, command in _commands("sh"):
+        args = __import__("shlex").split(command, comments=True)
+        if args[1] != "sweep" or any("$" in a for a in args):
+            continue
+        if "byo-cpu" in command and "example-gru" not in plugins:
+            continue  # the page installs the example plugin first (pip install -e examples/plugin)
+        if "--out" in args:
+            del args[args.index("--out") : args.index("--out") + 2]
+        result = runner.invoke(app, [*args[1:], "--dry-run", "--out", str(tmp_path)])
+        assert result.exit_code == 0, f"{page.name}: `{command}`\n{result.output}"
+        planned += 1
+    assert planned >= 10
+
+
+def test_readmes_ci_recipe_reports_the_run_it_just_swept() -> None:
+    """`report latest` after `sweep --out runs/head` read results/runs: the recipe names the folder it swept into."""
+    (recipe,) = [body for _, body in [(p, b) for p, b in _snippets("sh") if p.name == "README.md"] if "compare" in body]
+    lines = [line.split("#")[0].split() for line in recipe.splitlines() if line.startswith("attnbench")]
+    last_out = [words[words.index("--out") + 1] for words in lines if words[1] == "sweep" and "--out" in words][-1]
+    (report,) = [words for words in lines if words[1] == "report"]
+    assert report[2] == f"{last_out}/latest"
+
+
+def test_pythons_page_code_runs_and_pivots_one_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pivot over every row mixed forward, train and decode times in one cell (issue 51)."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    from tests.support import FIXTURE
+
+    code = _python_block("python.md", "import attnbench")
+    code = code.replace('["results/runs/base", "results/runs/head"]', f"[{str(FIXTURE)!r}]")
+    scope: dict[str, Any] = {}
+    exec(compile(code, "python.md", "exec"), scope)
+    table, df = scope["table"], scope["df"]
+    forward = df[df["mode"] == "forward"]
+    assert set(df["mode"]) > {"forward"}  # the run has other modes the pivot must leave out
+    for model, row in table.iterrows():
+        for n, value in row.dropna().items():
+            (median,) = forward[(forward["model"] == model) & (forward["seq_len"] == n)]["median_ms"]
+            assert value == pytest.approx(median)
+
+
+def test_every_relative_link_opens_a_committed_file() -> None:
+    """The reference pages are generated at build; on GitHub a link to one was a 404 (eight of them, issue 51):
+    each generated path has a committed stub the build replaces."""
+    broken = []
+    for page in _pages():
+        for target in re.findall(r"\]\(((?!https?:|mailto:|#)[^)\s]+)\)", page.read_text(encoding="utf-8")):
+            path = target.split("#", 1)[0]
+            if path and not (page.parent / path).resolve().is_file():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from tests.support import ROOT, mentions, synthetic_runs
+from tests.support import ROOT, mentions, numbers, synthetic_runs
 
 runner = CliRunner()
 EXAMPLE_RUNS = ROOT / "results" / "history-example-cpu" / "runs"
@@ -127,7 +127,7 @@ def test_a_run_with_a_zero_peak_publishes_again_and_again(tmp_path: Path) -> Non
     (first / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     site = tmp_path / "site"
     publish(str(first), "-o", str(site))
-    assert "1 runs (0 new)" in publish(str(first), "-o", str(site))  # it read its own digest back
+    assert "1 run (0 new)" in publish(str(first), "-o", str(site))  # it read its own digest back
     assert "2 runs (1 new)" in publish(str(second), "-o", str(site))
 
 
@@ -222,3 +222,99 @@ def test_a_new_environment_is_a_break_in_the_graph_not_a_line_across_it(tmp_path
     assert mentions(note, "torch", "'2.13.0+cpu'", "'2.14.1'")
     runs_page = (site / "runs.html").read_text()
     assert "Segment 2" in runs_page and mentions(runs_page, "torch", "&#x27;2.13.0+cpu&#x27;", "&#x27;2.14.1&#x27;")
+
+
+# ------------------------------------------------------------------------------ what the site misread (issue 51)
+def test_cases_are_listed_by_their_sizes_as_numbers(tmp_path: Path) -> None:
+    """As text, n=1024 came before n=256 and 16384 before 256."""
+    from attnbench.analysis.site import RunDigest, build_site
+    from attnbench.api import load_runs
+    from tests.support import FIXTURE
+
+    (board,) = build_site([RunDigest.of(s) for s in load_runs([FIXTURE])]).boards
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for view in board.cases:
+        groups.setdefault(view.group, []).append(view.case.seq_len)
+    assert any(len(set(ns)) > 1 and sorted(map(str, ns)) != sorted(ns) for ns in groups.values())  # text would differ
+    assert all(ns == sorted(ns) for ns in groups.values())
+
+
+def test_sparklines_share_one_scale_so_a_small_move_draws_short() -> None:
+    """Each scaled to its own row, a 3 % and a 50 % move drew alike."""
+    from dataclasses import replace
+
+    from attnbench.analysis.history import Point, build_history
+    from attnbench.api import load_runs
+    from attnbench.report.site_figures import spark_ratio, sparkline
+    from tests.support import FIXTURE
+
+    def height(svg: str) -> float:
+        ys = [float(xy.split(",")[1]) for xy in re.findall(r'points="([^"]*)"', svg)[0].split()]
+        return max(ys) - min(ys)
+
+    history = build_history(load_runs([FIXTURE]), metric="median")
+    runs = tuple(history.runs[0] for _ in range(4))
+    history = replace(history, segments=(replace(history.segments[0], runs=runs),))
+    small, large = (
+        (replace(history.cases[i], points=tuple(Point(v, status="ok") for v in values)),)
+        for i, values in ((0, [1.0, 1.0, 1.03, 1.03]), (1, [1.0, 1.0, 1.5, 1.5]))
+    )
+    ratio = spark_ratio([small, large])
+    assert ratio == pytest.approx(1.5)
+    assert (
+        height(sparkline(history, small, "#333", ratio=ratio))
+        < height(sparkline(history, large, "#333", ratio=ratio)) / 5
+    )
+    assert height(sparkline(history, small, "#333")) == pytest.approx(height(sparkline(history, large, "#333")))
+
+
+def test_the_environment_reads_in_units_and_releases() -> None:
+    from attnbench.report.site import env_text
+
+    assert env_text("cudnn", 90100) == "9.1.0" and env_text("cudnn", 8902) == "8.9.2"
+    assert env_text("packages", {}) is None and env_text("packages", {"fla": "0.2.1"}) == "fla 0.2.1"
+    assert numbers(env_text("memory_bytes", 25275973632) or "") == [23.5]  # GiB, not 25275973632
+    assert env_text("gpu_power_limit_w", 700.0) == "700 W"
+
+
+def test_the_runs_page_shows_no_raw_bytes_or_empty_packages(example: Path) -> None:
+    runs = (example / "runs.html").read_text()
+    assert "25275973632" not in runs and "<dt>packages</dt><dd>{}</dd>" not in runs
+    assert "<dt>memory_bytes</dt><dd>23.5 GiB</dd>" in runs
+
+
+def test_a_case_page_ticks_each_run_once(example: Path) -> None:
+    page = next((example / "cases").glob("aa-cpu-lstm-forward*.html"))
+    xaxis = figures(page)["median"]["layout"]["xaxis"]  # type: ignore[index]
+    assert xaxis["tickmode"] == "linear" and xaxis["tick0"] == 1 and xaxis["dtick"] == 1  # type: ignore[index]
+
+
+def test_a_contended_run_is_drawn_apart_on_the_case_page(tmp_path: Path) -> None:
+    paths = synthetic_runs(tmp_path / "runs", [1.0, 1.0, 1.0])
+    rows = [json.loads(line) for line in (paths[1] / "results.jsonl").read_text().splitlines() if line.strip()]
+    for row in rows:
+        if row.get("measurement") is not None:
+            row["contention"] = {"contended": True, "reasons": ["another process used the CPU"], "window_s": 1.0}
+    (paths[1] / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    site = tmp_path / "site"
+    publish(str(tmp_path / "runs"), "-o", str(site))
+    page = next(p for p in sorted((site / "cases").glob("*lstm-forward*.html")) if "id='figures'" in p.read_text())
+    (trace,) = figures(page)["median"]["data"]  # type: ignore[misc]
+    assert trace["marker"]["symbol"] == ["circle", "circle-open", "circle"]
+    digest = json.loads(next((site / "data" / "runs").glob("synthetic-001.json")).read_text())
+    assert any(r.get("contended") is True for r in digest["rows"])
+
+
+def test_the_regressions_page_says_when_there_are_too_few_runs_to_tell(tmp_path: Path) -> None:
+    """Two runs cannot show a step (2 before, 2 after): "None: no level got worse" read as a clean bill."""
+    synthetic_runs(tmp_path / "runs", [1.0, 1.5])
+    publish(str(tmp_path / "runs"), "-o", str(tmp_path / "site"))
+    page = (tmp_path / "site" / "regressions.html").read_text()
+    assert "class='too-few' data-runs-needed='4'" in page and "class='none'" not in page
+
+
+def test_a_serving_case_names_its_memory_budget_in_binary_units() -> None:
+    from attnbench.core.cases import Case
+
+    case = Case("lstm", "capacity", "float32", "cpu", 1, 16, 64, None, 1, True, serving=(("memory_budget", 2**30),))
+    assert "memory_budget=1GiB" in case.label and "1073741824" not in case.label

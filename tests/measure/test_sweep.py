@@ -5,6 +5,7 @@ One real sweep of tiny models; the rest run on the fake executor (``tests.fakes`
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from attnbench.results.records import Result
 from attnbench.results.store import load_run
 from attnbench.sweeps.runner import SweepRequest, open_sweep, plan_sweep
 from tests.fakes import FakeExecutors
-from tests.support import numbers, tiny_config
+from tests.support import ROOT, numbers, tiny_config
 
 
 class Recorder:
@@ -142,13 +143,31 @@ def test_a_dry_run_plan_tells_the_device_without_torch_and_budgets_the_time(conf
     plan = plan_sweep(SweepRequest(None, None, tmp_path / "out", dry_run=True))
     assert plan.device in ("cpu", "cuda:0") and plan.device_basis  # how "auto" was told, said
     timing = plan.experiment.timing
-    assert plan.budget_s == pytest.approx(len(plan.todo) * timing.max_case_s)
+    assert plan.estimate.most_s == pytest.approx(len(plan.todo) * timing.max_case_s)
     replicated = plan_sweep(SweepRequest(config, None, tmp_path / "out", ("timing.processes=3",), dry_run=True))
     assert replicated.device == "cpu" and replicated.device_basis == ""  # the config says cpu: nothing to tell
-    assert replicated.budget_s == pytest.approx(4 * 3 * 0.1)
+    assert replicated.estimate.most_s == pytest.approx(4 * 3 * 0.1)
     # A GPU config planned where CUDA does not look available: the cases are listed, with a warning.
     gpu = plan_sweep(SweepRequest(config, "cuda", tmp_path / "out", dry_run=True))
     assert gpu.device == "cuda:0" and all(case.device == "cuda:0" for case in gpu.todo)
     if not gpu.warnings:
         pytest.skip("CUDA looks available here")
     assert "'cuda'" in gpu.warnings[0]
+
+
+SERVING_RUN = ROOT / "results" / "20261204-235950-serving-cpu-cpu"  # the lab's serving-cpu sweep: 540 s of cases
+
+
+def test_a_dry_run_estimates_the_likely_time_not_every_case_at_its_budget(tmp_path: Path) -> None:
+    """serving-cpu's 20 s budget is for its capacity steps: its dry run said 58 min for a sweep of 9 (issue 51)."""
+    config = ROOT / "configs" / "serving-cpu.yaml"
+    measured = sum(r.duration_s or 0.0 for r in load_run(SERVING_RUN).results)
+    fresh = plan_sweep(SweepRequest(config, None, tmp_path / "fresh", dry_run=True)).estimate
+    assert fresh.most_s == pytest.approx(175 * 20.0) and fresh.earlier_run is None
+    assert measured / 2 < fresh.likely_s < 2 * measured < fresh.most_s / 2
+    # With an earlier run of the same config in --out, each case is counted as long as it took there.
+    out = tmp_path / "runs"
+    shutil.copytree(SERVING_RUN, out / SERVING_RUN.name)
+    known = plan_sweep(SweepRequest(config, None, out, dry_run=True)).estimate
+    assert known.earlier_run == SERVING_RUN.name and known.known == 175
+    assert known.likely_s == pytest.approx(measured)

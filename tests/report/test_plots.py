@@ -369,3 +369,25 @@ def test_sweep_writes_plots_by_default_and_a_failure_keeps_exit_0(
     assert len(warnings) == 1 and warnings[0].startswith("warning:") and "MemoryError: no room to draw" in warnings[0]
 
     assert "Traceback" not in result.output
+
+
+@needs_matplotlib
+def test_a_contended_cell_is_drawn_hollow_as_the_legend_says(stored: StoredRun) -> None:
+    """Hollow is 'no evidence': noisy (~) or timed on a busy machine (!); a contended cell drew filled (issue 51)."""
+    from matplotlib.figure import Figure
+
+    from attnbench.report.plots import HOLLOW_LABEL, _legend, _plot_lines
+    from attnbench.results.contention import Contention
+
+    busy = Contention(True, ("another process used the CPU",), 1.0)
+    rows = [replace(r, contention=busy) if r.case.model == "gru" else r for r in stored.results]
+    forward = pivot_tables(rows)[0]
+    gru = next(s for s in series(forward, "latency") if s.label == "gru")
+    assert gru.values and all(p.contended and p.hollow for p in gru.values)
+    ax = Figure().add_subplot()
+    banded, hollow = _plot_lines(ax, [gru], {"gru": 0})
+    assert hollow
+    open_marks = [line for line in ax.get_lines() if line.get_markerfacecolor() in ("white", "w", (1.0, 1.0, 1.0, 1.0))]
+    assert open_marks and list(open_marks[0].get_xdata()) == [p.n for p in gru.values]
+    _legend(ax, "latency", banded, hollow, False, None)
+    assert HOLLOW_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]

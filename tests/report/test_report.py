@@ -95,3 +95,21 @@ def test_speedups_compare_rows_of_the_same_batch() -> None:
     assert set(rows) == {"lstm b=4", "lstm b=8", "vanilla b=4", "vanilla b=8"}
     assert rows["vanilla b=8"][64].speedup == pytest.approx(1.0)  # against lstm b=8, not lstm b=4
     assert rows["lstm b=8"][64].speedup is None  # a baseline row is not compared with itself or its twin
+
+
+def test_one_case_on_one_thread_is_counted_in_the_singular() -> None:
+    """ "1 cases", "1 threads" (issue 51): every count of one reads as one."""
+    import re
+    from dataclasses import replace
+
+    from attnbench.report.html import render_html
+    from attnbench.results.contention import Contention
+
+    stored = load_run(FIXTURE)
+    run = replace(stored.run, environment={**stored.run.environment, "torch_threads": 1, "device_type": "cpu"})
+    busy = Contention(True, ("load",), 1.0, threads=1, cpu_share=0.5)
+    row = replace(next(r for r in stored.results if r.is_timed), contention=busy)
+    texts = [render_markdown(run, [row]), render_html(run, [row]), busy.evidence]
+    for text in texts:
+        assert not re.search(r"(?<!of )\b1 (cases|threads|runs)\b", text), text  # "1 of 1 cases" reads right
+    assert re.search(r"\b1 case\b", texts[0]) and re.search(r"\b1 thread\b", texts[0] + busy.evidence)

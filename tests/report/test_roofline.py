@@ -140,3 +140,30 @@ def test_the_roofline_rings_a_row_that_beats_its_prediction(
     rows = [timed_at(results[0], prediction.seconds / 2), *results[1:]]
     roofs = [p for p in render_plots(run, rows) if p.metric == "roofline"]
     assert roofs and rings == ["o"]  # one row, memory-bound: ringed round
+
+
+def test_an_uncalibrated_roofline_draws_the_runs_best_as_its_ceilings(stored: tuple[Run, list[Result]]) -> None:
+    """A CPU run without a calibration drew no roof at all (issue 51): the run's own best stands in, dotted."""
+    pytest.importorskip("matplotlib")
+    from attnbench.report.roofline import _points, ceilings, roofline_figure
+
+    run, results = stored
+    bare = replace(run, calibration=None)
+    points = _points(results)
+    compute, bandwidth, measured = ceilings(bare, "float32", points)
+    assert measured and compute is not None and bandwidth is not None
+    assert compute.flops_per_s == pytest.approx(max(y for _, _, y in points))
+    assert bandwidth.bytes_per_s == pytest.approx(max(y / x for _, x, y in points))
+    assert all(y <= compute.flops_per_s * (1 + 1e-9) and y <= bandwidth.bytes_per_s * x * (1 + 1e-9)
+               for _, x, y in points)  # fmt: skip
+    assert ceilings(run, "float32", points)[2] is False  # calibrated: the calibration's, as before
+    fig = roofline_figure(bare, "float32", points, {})
+    (ax,) = fig.axes
+    roofs = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert len(roofs) == 2  # the sloped and the flat roof
+    # The footnote sits clear of the x label.
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    label = ax.xaxis.label.get_window_extent(renderer)
+    (note,) = [t for t in ax.texts if t.get_text().startswith("run ")]
+    assert not label.overlaps(note.get_window_extent(renderer))

@@ -114,3 +114,10 @@ def test_every_reader_takes_a_serving_run(tmp_path: Path) -> None:
         assert out.exit_code == 0, out.output
     site = runner.invoke(app, ["publish", str(SERVING_FIXTURE), "-o", str(tmp_path / "site")])
     assert site.exit_code == 0, site.output
+
+
+def test_the_capacity_tables_title_names_no_batch_of_1(stored: StoredRun) -> None:
+    """A capacity row's case has batch 1 and times the batch it found: its table and plots said "batch 1"."""
+    (capacity,) = [t for t in pivot_tables(stored.results) if t.mode == "capacity"]
+    assert "batch 1 " not in capacity.title + " "
+    assert {r.extra["capacity_batch"] for r in stored.results if r.case.mode == "capacity"} != {1}
