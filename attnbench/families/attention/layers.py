@@ -533,11 +533,12 @@ class SelfAttention(nn.Module):
         # H·D rows (d_model unless head_dim is set), K and V H_kv·D each: GQA shrinks the projection (and the KV
         # cache) by H / H_kv. A gated layer's gate is H·D more rows of the same projection (Qwen3-Next's q_proj).
         q_width = heads * self.head_dim
-        self.gated = output_gate
-        width = q_width * (1 + output_gate) + 2 * heads_kv * self.head_dim
+        width = q_width + 2 * heads_kv * self.head_dim
         self.qkv = nn.Linear(d_model, width, bias=bias, device=device, dtype=dtype)
         self.core = core
         self.out = nn.Linear(q_width, d_model, bias=bias, device=device, dtype=dtype)
+        # A gated layer's gate: H·D more rows of the input projection (Qwen3-Next's q_proj), applied at the merge.
+        self.gate = nn.Linear(d_model, q_width, bias=bias, device=device, dtype=dtype) if output_gate else None
         # Per-head RMSNorm of queries and keys, one weight of D each (Qwen3's q_norm and k_norm).
         self.q_norm = nn.RMSNorm(self.head_dim, device=device, dtype=dtype) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, device=device, dtype=dtype) if qk_norm else None
@@ -550,8 +551,6 @@ class SelfAttention(nn.Module):
         """``_heads`` of the projection ``qkv`` (B, T, (H + 2·H_kv)·D)."""
         batch, seq_len, _ = qkv.shape
         d, kv = self.head_dim, self.heads_kv * self.head_dim
-        if self.gated:  # the gate's rows come last: q, k, v stay views at the same offsets as without one
-            qkv = qkv[..., : qkv.shape[-1] - self.heads * d]
         q, k, v = qkv.split([self.heads * d, kv, kv], dim=-1)  # views, no copy
         q = q.view(batch, seq_len, self.heads, d).transpose(1, 2)  # (B, H, T, D)
         k = k.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)  # (B, H_kv, T, D)
@@ -566,12 +565,10 @@ class SelfAttention(nn.Module):
         """The core's (B, H, T, D) back to (B, T, d_model); a gated layer's times sigmoid of its gate, projected
         from the same input ``x``."""
         merged = y.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, H·D)
-        if self.gated:
+        if self.gate is not None:
             if x is None:
                 raise ValueError("a gated layer's merge needs the layer's input")
-            width = self.heads * self.head_dim
-            gate = F.linear(x, self.qkv.weight[-width:], None if self.qkv.bias is None else self.qkv.bias[-width:])
-            merged = merged * torch.sigmoid(gate)
+            merged = merged * torch.sigmoid(self.gate(x))
         return self.out(merged)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

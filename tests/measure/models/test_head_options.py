@@ -51,8 +51,8 @@ def reference(layer: SelfAttention, x: torch.Tensor) -> torch.Tensor:
     scores = (q @ k.transpose(-2, -1)) / d**0.5
     scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
     y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h * d)
-    if layer.gated:
-        y = y * torch.sigmoid(rows[..., h * d + 2 * kv * d :])
+    if layer.gate is not None:
+        y = y * torch.sigmoid(F.linear(x, layer.gate.weight, layer.gate.bias))
     return layer.out(y)
 
 
