@@ -309,8 +309,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
     if m.order is not None:
         check_unique(m.order, "section", ("order",), ctx)
         order = (*m.order, *(section for section in SECTION_ORDER if section not in m.order))
-    presets, written_presets = check_presets(m, ctx)
     serving = serving_axes(m, ctx)
+    presets, written_presets = check_presets(m, ctx, serving.serving)
     _check_timing(m.timing, ctx)
 
     cache = _cache(m, ctx)

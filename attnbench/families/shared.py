@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from attnbench.core.cases import Case, Options
 from attnbench.families.base import ExtraSpec, OptionSpec, Problem, ValueOf
+from attnbench.families.published import PUBLISHED_NAMES
 
 SCOPES: tuple[str, ...] = ("core", "block", "model")
 POSITIONAL: tuple[str, ...] = ("none", "sinusoidal", "learned", "rope")
@@ -126,7 +127,9 @@ def positional(*, rope: bool) -> OptionSpec:
 
 
 def preset(*names: str) -> OptionSpec:
-    return OptionSpec("preset", str, "none", PRESET_HELP, choices=("none", *names))
+    """The ``preset`` option: ``names`` (the family's own presets) and every published model's (a mixer of one is
+    any family's model: ``families.published``)."""
+    return OptionSpec("preset", str, "none", PRESET_HELP, choices=("none", *names, *PUBLISHED_NAMES))
 
 
 # ---------------------------------------------------------------------------------------------------- rules
