@@ -127,6 +127,9 @@ def models(
     if format == "json":
         listing = _models_json(resolved, dtype, status)
         listing["models"] += [stack for stack, _ in stacks]
+        from attnbench.families.catalogue import PRESET_CORE_DEFAULT
+
+        listing["presets"] = _presets(PRESET_CORE_DEFAULT[0])
         print_json(listing)
         return
     table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
@@ -168,6 +171,71 @@ def models(
             escape(options),
         )
     stdout.print(table)
+    stdout.print(_presets_table())
+
+
+def _presets(core: str) -> list[dict[str, Any]]:
+    """Every published preset as data: its source and cited fields, and per mixer the model it is built on, how
+    many of its layers it is, and one layer's parameters (scope core), or why this release cannot build it."""
+    from attnbench.families.catalogue import PUBLISHED, family_of, published_layer, published_problem
+
+    out = []
+    for name, preset in PUBLISHED.items():
+        problem = published_problem(preset, (core,))
+        mixers = []
+        for mixer in preset.mixers:
+            layer = None if problem is not None else published_layer(preset, mixer.label, core)
+            mixers.append(
+                {
+                    "label": mixer.label,
+                    "model": mixer.model or core,
+                    "heads": mixer.heads,
+                    "options": dict(mixer.options),
+                    "layers": preset.count(mixer.label) + sum(
+                        preset.count(p) for p in set(preset.pattern) if "+" in p and mixer.label in p.split("+")
+                    ),
+                    "parameters_per_layer": None if layer is None else family_of(layer).parameters(layer),
+                    "differs": mixer.differs or None,
+                }
+            )
+        out.append(
+            {
+                "name": name,
+                "summary": preset.summary,
+                "source": preset.source,
+                "fields": preset.fields,
+                "d_model": preset.d_model,
+                "layers": preset.layers,
+                "left_out": preset.left_out,
+                "available": problem is None,
+                "reason": problem,
+                "mixers": mixers,
+            }
+        )
+    return out
+
+
+def _presets_table() -> Table:
+    from attnbench.families.catalogue import PRESET_CORE_DEFAULT
+
+    core = PRESET_CORE_DEFAULT[0]
+    table = Table(title=f"published presets (attention on presets.core, default {core})", title_justify="left")
+    for column in ("preset", "status", "mixer × layers: parameters per layer", "source and config.json fields"):
+        table.add_column(column)
+    for entry in _presets(core):
+        mixers = "; ".join(
+            f"{m['label']} ({m['model']}) × {m['layers']}: "
+            + ("?" if m["parameters_per_layer"] is None else f"{m['parameters_per_layer']:,}")
+            + (f" [dim](differs: {escape(m['differs'])})[/]" if m["differs"] else "")
+            for m in entry["mixers"]
+        )
+        table.add_row(
+            escape(entry["name"]),
+            "[green]available[/]" if entry["available"] else f"[red]unavailable[/]: {escape(entry['reason'])}",
+            mixers,
+            escape(f"{entry['source']}: {entry['fields']}; not built: {entry['left_out']}"),
+        )
+    return table
 
 
 def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[dict[str, Any], str]]:

@@ -68,6 +68,7 @@ __all__ = [
     "option_summary",
     "packages",
     "peak_dtype",
+    "published_layer",
     "published_problem",
     "spec_of",
     "state_noun",
@@ -298,3 +299,13 @@ def published_problem(preset: Published, cores: tuple[str, ...]) -> str | None:
             if missing:
                 return f"its {mixer.label} layers need {model}'s option {', '.join(missing)}, which it does not have"
     return None
+
+
+def published_layer(preset: Published, label: str, core: str) -> Case:
+    """One layer of ``preset``'s mixer ``label`` at scope core (an attention mixer on ``core``), as the presets
+    section cases it: what ``attnbench models`` counts a layer's parameters on."""
+    mixer = preset.mixer(label)
+    model = mixer.model if mixer.model is not None else core
+    heads = mixer.heads if MODELS[model].heads else None
+    options = tuple(sorted((*mixer.options, ("preset", preset.name))))
+    return Case(model, "forward", "float32", "cpu", 1, 1, preset.d_model, heads, 1, True, options)

@@ -71,8 +71,8 @@ def _options(**options: OptionValue) -> tuple[tuple[str, OptionValue], ...]:
     return tuple(sorted(options.items()))
 
 
-_MOE = "the SwiGLU FFN / MoE after every mixer (never built: scope block and model put attnbench's dense FFN after "
-_MOE += "attention mixers only)"
+# Scope block and model put attnbench's dense FFN after attention mixers only (module notes).
+_MOE = "the SwiGLU FFN / MoE after every mixer"
 _NEMOTRON_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 _KIMI_FULL = (4, 8, 12, 16, 20, 24, 27)  # 1-based, as linear_attn_config.full_attn_layers lists them
 
@@ -122,7 +122,7 @@ PUBLISHED_MODELS: tuple[Published, ...] = (
             ),
         ),
         ("linear_attention", "linear_attention", "linear_attention", "full_attention"),
-        _MOE + "(512 experts of moe_intermediate_size 512, 10 routed + 1 shared) and rotary positions",
+        _MOE + " (512 experts of moe_intermediate_size 512, 10 routed + 1 shared) and rotary positions",
     ),
     Published(
         "kimi-linear-48b-a3b",
@@ -146,7 +146,7 @@ PUBLISHED_MODELS: tuple[Published, ...] = (
             ),
         ),
         tuple("mla" if i + 1 in _KIMI_FULL else "kda" for i in range(27)),
-        _MOE + "(256 experts of moe_intermediate_size 1024, 8 routed + 1 shared)",
+        _MOE + " (256 experts of moe_intermediate_size 1024, 8 routed + 1 shared)",
     ),
     Published(
         "nemotron-h-8b",
@@ -218,7 +218,7 @@ PUBLISHED_MODELS: tuple[Published, ...] = (
             Mixer("full_attention", None, 64, _options(head_dim=64, heads_kv=8, sinks=True), recurrent=False),
         ),
         ("sliding_attention", "full_attention"),
-        _MOE + "(32 experts, 4 routed) and rotary positions",
+        _MOE + " (32 experts, 4 routed) and rotary positions",
     ),
     Published(
         "mamba2-2.7b",
@@ -260,7 +260,7 @@ PUBLISHED_MODELS: tuple[Published, ...] = (
             ),
         ),
         ("attention",),
-        _MOE + "(256 experts of moe_intermediate_size 2048, 8 routed + 1 shared; the first 3 layers dense)",
+        _MOE + " (256 experts of moe_intermediate_size 2048, 8 routed + 1 shared; the first 3 layers dense)",
     ),
     Published(
         "rwkv7-2.9b",
