@@ -22,7 +22,17 @@ from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import ConfigModel, PresetsModel
 from attnbench.config.users import UserEntry, user_option_sets
-from attnbench.core.cases import MODES, SERVING_PARAMS, STATEFUL_MODES, Case, HybridModel, Mode, Options, Serving
+from attnbench.core.cases import (
+    MODES,
+    SERVING_PARAMS,
+    STATEFUL_MODES,
+    Case,
+    HybridMember,
+    HybridModel,
+    Mode,
+    Options,
+    Serving,
+)
 from attnbench.core.units import format_bytes, parse_bytes
 from attnbench.families.catalogue import (
     HYBRID,
@@ -378,13 +388,17 @@ def _published_axes(
         grids.append(
             _axes(m, models, modes, batch, seq_lens, preset.d_model, mixer.heads, preset.layers, options, serving)
         )
-    else:
-        raise ctx.error(
-            f"{preset.name} mixes {len(preset.mixers)} kinds of layer, each with options of its own, which a hybrid "
-            "stack cannot yet give its members: it runs at scope core or block",
-            ("presets", "scope"),
-            hint="give scope: core (each mixer, one layer) or block",
-        )
+    else:  # a stack of its mixers, each a member with its own heads and options, in the published order
+        for core in p.core:
+            members = tuple(
+                HybridMember(mixer.label, mixer.model or core, mixer.heads, mixer.options) for mixer in preset.mixers
+            )
+            name = preset.name if len(p.core) == 1 else f"{preset.name}-{core}"
+            hybrid = HybridModel(preset.pattern, "hybrid", members)
+            heads = next((mixer.heads for mixer in preset.mixers if mixer.heads), None)
+            options = (("preset", preset.name), ("scope", "model"), ("vocab", preset.vocab))
+            axes = _axes(m, (name,), modes, batch, seq_lens, preset.d_model, heads, preset.layers, options, serving)
+            grids.append(replace(axes, hybrids={name: hybrid}))
     _refuse_too_big(m, preset, grids, index, ctx)
     return grids
 
@@ -431,10 +445,13 @@ def _refuse_too_big(m: ConfigModel, preset: Published, grids: list[Axes], index:
         return
     for axes in grids:
         for model, dtype in itertools.product(axes.models, axes.dtypes):
+            hybrid = axes.hybrids.get(model)
             case = Case(model, "forward", dtype, axes.device, 1, axes.seq_len[0], axes.d_model[0],
-                        axes.heads[0] if has_heads(model) else None, axes.layers[0], True,
-                        axes.model_options[model][0])  # fmt: skip
-            parameters = family_named(MODELS[model].family).parameters(case)
+                        axes.heads[0] if hybrid is not None or has_heads(model) else None, axes.layers[0], True,
+                        axes.model_options[model][0], hybrid=hybrid)  # fmt: skip
+            parameters = (
+                HYBRID.parameters(case) if hybrid is not None else family_named(MODELS[model].family).parameters(case)
+            )
             if parameters is None:
                 continue
             weights = parameters * DTYPE_BYTES[dtype]

@@ -6,6 +6,7 @@ reason; its test runs once that family is in the catalogue."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -54,7 +55,9 @@ def test_every_named_model_of_the_issue_is_a_preset_with_its_source() -> None:
     for preset in PUBLISHED.values():
         assert preset.source.startswith("huggingface.co/") and "config.json" in preset.source
         assert str(preset.d_model) in preset.fields and str(preset.layers) in preset.fields or preset.layers == 28
-        assert len(preset.pattern) >= 1 and all(preset.count(m.label) or "+" in preset.pattern[0] for m in preset.mixers)
+        assert len(preset.pattern) >= 1 and all(
+            preset.count(m.label) or "+" in preset.pattern[0] for m in preset.mixers
+        )
 
 
 def test_llama_attention_is_its_q_k_v_o_projections() -> None:
@@ -75,9 +78,7 @@ def test_the_other_layers_are_their_configs_arithmetic() -> None:
         2560 * (2 * 5120 + 2 * 128 + 80) + (5120 + 256) * 5 + 3 * 80 + 5120 + 5120 * 2560
     )
     # Nemotron-H-8B's Mamba-2: in_proj 4096 → 18560 (2·8192 + 2·8·128 + 128), as its published weights are shaped.
-    assert layer_parameters("nemotron-h-8b", "M") == (
-        4096 * 18560 + (8192 + 2048) * 5 + 3 * 128 + 8192 + 8192 * 4096
-    )
+    assert layer_parameters("nemotron-h-8b", "M") == (4096 * 18560 + (8192 + 2048) * 5 + 3 * 128 + 8192 + 8192 * 4096)
     assert layer_parameters("nemotron-h-8b", "*") == 4096 * 4096 * 2 + 2 * 4096 * 1024
     # Falcon-H1-7B: attention 12 heads of 128 (q 3072 → 1536), 2 key/value heads, no biases.
     assert layer_parameters("falcon-h1-7b", "attention") == 3072 * 1536 * 2 + 2 * 3072 * 256
@@ -128,13 +129,30 @@ def test_a_model_too_big_for_the_memory_there_is_is_refused_with_its_size(monkey
         load_experiment_text(budgeted, "t.yaml")
 
 
-def test_a_fixed_size_preset_has_no_other_scope_and_a_mixed_model_no_scope_model_yet() -> None:
+def test_a_fixed_size_preset_has_no_other_scope() -> None:
     with pytest.raises(ConfigError) as fixed:
         load_experiment_text(config({"names": ["lstm-110m"], "scope": "core"}), "t.yaml")
     assert fixed.value.key == "presets.scope"
-    with pytest.raises(ConfigError) as mixed:
-        load_experiment_text(config({"names": ["nemotron-h-8b"], "scope": "model"}, causal=True), "t.yaml")
-    assert mixed.value.key == "presets.scope"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if len(PUBLISHED[n].mixers) > 1])
+def test_a_mixed_model_at_scope_model_is_a_hybrid_stack_of_its_mixers_in_the_published_order(name: str) -> None:
+    available(name)
+    text = config({"names": [name], "scope": "model", "seq_len": [16]}, causal=True, dtype="bfloat16")
+    (case,) = [c for c in load_experiment_text(text, "t.yaml").cases("cpu") if c.model == name and c.mode == "forward"]
+    preset = PUBLISHED[name]
+    assert case.hybrid is not None and case.layers == preset.layers and case.hybrid.pattern == preset.pattern
+    assert {m.label for m in case.hybrid.members} == {m.label for m in preset.mixers}
+    # the decode state of the whole stack: each mixer's layer state times how many layers it is
+    decode = replace(case, mode="decode", seq_len=1000)
+    expected = 0
+    for mixer in preset.mixers:
+        layer = replace(published_layer(preset, mixer.label, "sdpa"), mode="decode", seq_len=1000, dtype="bfloat16")
+        layers = sum(
+            preset.pattern[i % len(preset.pattern)].split("+").count(mixer.label) for i in range(preset.layers)
+        )
+        expected += layers * (state_bytes(layer) or 0)
+    assert state_bytes(decode) == expected
 
 
 def test_a_preset_needing_a_family_this_release_lacks_is_refused_at_its_name() -> None:
