@@ -106,12 +106,8 @@ PUBLISHED_MODELS: tuple[Published, ...] = (
                 "linear_attention",
                 "gated-deltanet",
                 16,
-                _options(d_conv=4, expand_v=2, head_dim=128),
+                _options(d_conv=4, expand_v=1, head_dim=128, heads_v=32),
                 recurrent=True,
-                differs="the published layer has 32 value heads of 128 read by 16 key heads; here 16 heads of "
-                "d_k 128, d_v 256 (the same q/k/v/gate widths, conv and state: 16·128·256 = 32·128·128), so β and "
-                "the decay come per key head: 16 + 16 rows of in_proj_ba and 16 A_log/dt_bias fewer, a norm "
-                "weight of 256 not 128",
             ),
             Mixer(
                 "full_attention",

@@ -72,6 +72,12 @@ def test_the_other_layers_are_their_configs_arithmetic() -> None:
     assert layer_parameters("qwen3-next-80b-a3b", "full_attention") == (
         2048 * 2 * 16 * 256 + 2 * 2048 * 2 * 256 + 16 * 256 * 2048 + 2 * 256
     )
+    # Qwen3-Next's Gated DeltaNet: in_proj_qkvz 2048 → 2·16·128 + 2·32·128, in_proj_ba 2048 → 2·32, the conv over
+    # q, k and v (2·2048 + 4096 channels × 4 taps, no bias), A_log and dt_bias (32 each), the norm's 128,
+    # out_proj 4096 → 2048.
+    assert layer_parameters("qwen3-next-80b-a3b", "linear_attention") == (
+        2048 * (2 * 16 * 128 + 2 * 32 * 128) + 2048 * 64 + 8192 * 4 + 2 * 32 + 128 + 4096 * 2048
+    )
     # Mamba-2 2.7B (mamba_ssm's layout): in_proj 2560 → 2·5120 + 2·128 + 80, conv (5120 + 256)·4 + bias, dt_bias,
     # A_log, D (80 each), the gated norm's 5120, out_proj 5120 → 2560.
     assert layer_parameters("mamba2-2.7b", "Mamba2") == (
