@@ -29,6 +29,10 @@ Schema history (``SCHEMA_VERSION``):
       case); ``extra`` may carry ``capacity_batch``, ``bytes_per_sequence``, ``memory_budget_bytes``,
       ``weight_bytes``, ``capacity_method``, ``capacity_capped``, ``prefill_chunks``, ``verify_s``, ``rollback_s``,
       ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``.
+      Issue 49: a case's ``hybrid`` may carry ``members`` ([{label, model, heads, options}]: a published preset's
+      mixers, which its pattern names by label) and a pattern entry ``a+b`` (members side by side in one block);
+      options ``head_dim``, ``bias``, ``output_gate``, ``qk_norm`` (attention) and ``heads_v`` (Gated DeltaNet);
+      the published presets' names as values of ``preset``.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
