@@ -71,12 +71,6 @@ class StackState:
         return self.per_sequence_bytes + n * self.per_token_bytes
 
 
-def _layers(preset: Published, label: str) -> int:
-    """How many of the stack's layers run mixer ``label`` (alone or side by side)."""
-    pattern = preset.pattern
-    return sum(pattern[i % len(pattern)].split("+").count(label) for i in range(preset.layers))
-
-
 def stack_state(preset: Published, dtype: str, core: str) -> StackState | None:
     """``preset``'s decode state in ``dtype`` (attention on ``core``), or None where a mixer's family cannot say
     (one this release lacks)."""
@@ -89,7 +83,7 @@ def stack_state(preset: Published, dtype: str, core: str) -> StackState | None:
         if long is None or longer is None:
             return None
         per_token = longer - long
-        count = _layers(preset, mixer.label)
+        count = preset.count(mixer.label)
         fixed = long - _LONG * per_token
         mixers.append(MixerState(mixer.label, layer.model, count, count * fixed, count * per_token))
     return StackState(preset.name, dtype, tuple(mixers))
@@ -117,7 +111,8 @@ class PresetCrossover:
 
     def text(self) -> str:
         if not self.seq_lens:
-            return f"{self.name} {self.mode}: no length with good evidence for both {self.recurrent} and {self.attention}"
+            both = f"{self.recurrent} and {self.attention}"
+            return f"{self.name} {self.mode}: no length with good evidence for both {both}"
         longest = self.seq_lens[-1]
         ratio = f"{self.ratio_at_longest:.2f}×" if self.ratio_at_longest is not None else "?"
         if not self.at:

@@ -191,9 +191,7 @@ def _presets(core: str) -> list[dict[str, Any]]:
                     "model": mixer.model or core,
                     "heads": mixer.heads,
                     "options": dict(mixer.options),
-                    "layers": preset.count(mixer.label) + sum(
-                        preset.count(p) for p in set(preset.pattern) if "+" in p and mixer.label in p.split("+")
-                    ),
+                    "layers": preset.count(mixer.label),
                     "parameters_per_layer": None if layer is None else family_of(layer).parameters(layer),
                     "differs": mixer.differs or None,
                 }

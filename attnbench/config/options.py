@@ -24,6 +24,7 @@ from attnbench.config.model import ConfigModel, PresetsModel
 from attnbench.config.users import UserEntry, user_option_sets
 from attnbench.core.cases import (
     MODES,
+    PARALLEL,
     SERVING_PARAMS,
     STATEFUL_MODES,
     Case,
@@ -381,7 +382,7 @@ def _published_axes(
             models = (mixer.model,) if mixer.model is not None else tuple(p.core)
             options = tuple(sorted((*mixer.options, *tag, *((("scope", scope),) if scope != "core" else ()))))
             grids.append(_axes(m, models, modes, batch, seq_lens, preset.d_model, mixer.heads, 1, options, serving))
-    elif len(preset.mixers) == 1 and "+" not in preset.pattern[0]:
+    elif len(preset.mixers) == 1 and PARALLEL not in preset.pattern[0]:
         mixer = preset.mixers[0]
         models = (mixer.model,) if mixer.model is not None else tuple(p.core)
         options = tuple(sorted((*mixer.options, *tag, ("scope", "model"), ("vocab", preset.vocab))))

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnbench.core.cases import PARALLEL
+
 OptionValue = str | int | float | bool
 
 __all__ = ["PUBLISHED", "PUBLISHED_NAMES", "Mixer", "Published"]
@@ -58,8 +60,8 @@ class Published:
         return next(m for m in self.mixers if m.label == label)
 
     def count(self, label: str) -> int:
-        """How many of the ``layers`` layers are mixer ``label``."""
-        return sum(self.pattern[i % len(self.pattern)] == label for i in range(self.layers))
+        """How many of the ``layers`` layers run mixer ``label``, alone or side by side with another (``a+b``)."""
+        return sum(self.pattern[i % len(self.pattern)].split(PARALLEL).count(label) for i in range(self.layers))
 
     @property
     def models(self) -> tuple[str, ...]:

@@ -54,10 +54,9 @@ def test_every_named_model_of_the_issue_is_a_preset_with_its_source() -> None:
     assert wanted <= set(PRESET_NAMES) and any(n.startswith("rwkv7-") for n in PRESET_NAMES)
     for preset in PUBLISHED.values():
         assert preset.source.startswith("huggingface.co/") and "config.json" in preset.source
-        assert str(preset.d_model) in preset.fields and str(preset.layers) in preset.fields or preset.layers == 28
-        assert len(preset.pattern) >= 1 and all(
-            preset.count(m.label) or "+" in preset.pattern[0] for m in preset.mixers
-        )
+        assert str(preset.d_model) in preset.fields
+        assert sum(preset.count(m.label) for m in preset.mixers) >= preset.layers  # every layer runs a mixer
+        assert all(preset.count(m.label) for m in preset.mixers)
 
 
 def test_llama_attention_is_its_q_k_v_o_projections() -> None:

@@ -706,12 +706,8 @@ def attention_network(
         # One table shared by every layer: it holds no parameters, only cos/sin of the positions.
         rotary = Rotary(head_dim(case, opt), case.span, device=device, dtype=dtype)
     # The attention family's head options (linear attention, which shares the layer, has none: their defaults).
-    head_options = {
-        "head_dim": head_dim(case, opt),
-        "bias": flag(opt, "bias", default=True),
-        "output_gate": flag(opt, "output_gate"),
-        "qk_norm": flag(opt, "qk_norm"),
-    }
+    width, bias = head_dim(case, opt), flag(opt, "bias", default=True)
+    gated, normed = flag(opt, "output_gate"), flag(opt, "qk_norm")
 
     def attention() -> SelfAttention:
         heads = case.heads or 0
@@ -723,7 +719,10 @@ def attention_network(
             dtype=dtype,
             rotary=rotary,
             heads_kv=kv_heads(case, opt),
-            **head_options,
+            head_dim=width,
+            bias=bias,
+            output_gate=gated,
+            qk_norm=normed,
         )
 
     if family_of(case).option(case, "scope") == "core":
