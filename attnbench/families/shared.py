@@ -184,9 +184,10 @@ def network_cannot_build(case: Case, opt: ValueOf) -> Problem | None:
             f"raise max_len to at least {case.seq_len}, or set 0 (= each case's seq_len)",
         )
     if kind == "rope" and case.heads is not None and head_dim(case, opt) % 2:
+        width = head_dim(case, opt)
+        given = f"head_dim {width}" if width != case.head_dim else f"{case.d_model} / {case.heads} = {width}"
         return Problem(
-            f"rope rotates pairs of features, so head_dim must be even; "
-            f"{case.d_model} / {case.heads} = {head_dim(case, opt)}",
+            f"rope rotates pairs of features, so head_dim = d_model / heads must be even; {given}",
             "positional",
             "choose heads so that d_model / heads is even",
         )
