@@ -134,7 +134,7 @@ PUBLISHED_MODELS: tuple[Published, ...] = (
         27,
         163840,
         (
-            Mixer("kda", "kda", 32, _options(d_conv=4, head_dim=128), recurrent=True),
+            Mixer("kda", "kda", 32, _options(d_conv=4, expand_v=1, head_dim=128), recurrent=True),
             Mixer(
                 "mla",
                 "mla",
