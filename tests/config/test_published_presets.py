@@ -111,6 +111,13 @@ def test_each_preset_decodes_and_asks_the_serving_questions(name: str) -> None:
     assert all(state_bytes(c) is not None for c in cases if c.mode == "decode")
 
 
+@pytest.fixture
+def roomy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine with memory enough for any published model's weights, whatever the one running the tests has."""
+    monkeypatch.setattr(config_options, "host_memory_bytes", lambda: 2**50)
+
+
+@pytest.mark.usefixtures("roomy")
 def test_a_single_mixer_model_runs_whole_at_scope_model() -> None:
     text = config({"names": ["mamba2-2.7b"], "scope": "model", "seq_len": [16]}, dtype="bfloat16")
     (case,) = load_experiment_text(text, "t.yaml").cases("cpu")[-1:]
@@ -140,6 +147,7 @@ def test_a_fixed_size_preset_has_no_other_scope() -> None:
     assert fixed.value.key == "presets.scope"
 
 
+@pytest.mark.usefixtures("roomy")
 @pytest.mark.parametrize("name", [n for n in NAMES if len(PUBLISHED[n].mixers) > 1])
 def test_a_mixed_model_at_scope_model_is_a_hybrid_stack_of_its_mixers_in_the_published_order(name: str) -> None:
     available(name)
@@ -174,3 +182,12 @@ def test_a_serving_question_only_the_presets_ask_is_refused() -> None:
     with pytest.raises(ConfigError) as refused:
         load_experiment_text(text, "t.yaml")
     assert refused.value.key == "presets.modes"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scope_block_puts_each_mixer_in_its_block(name: str) -> None:
+    available(name)
+    text = config({"names": [name], "scope": "block"}, causal=True)
+    cases = [c for c in load_experiment_text(text, "t.yaml").cases("cpu") if ("preset", name) in c.options]
+    assert cases and all(dict(c.options)["scope"] == "block" and c.layers == 1 for c in cases)
+    assert len({(c.model, c.options) for c in cases}) == len(PUBLISHED[name].mixers)

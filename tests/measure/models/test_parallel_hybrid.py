@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from attnbench.config import options as config_options
 from attnbench.config.experiment import load_experiment_text
 from attnbench.core.cases import Case, HybridMember, HybridModel
 from attnbench.core.errors import ConfigError
@@ -109,9 +110,10 @@ def test_a_config_asks_for_a_side_by_side_block_with_a_plus() -> None:
     assert refused.value.key == "models[0].hybrid[0]"
 
 
-def test_falcon_h1_at_scope_model_is_its_44_side_by_side_blocks() -> None:
+def test_falcon_h1_at_scope_model_is_its_44_side_by_side_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Counted torch-free: 44 × (attention + Mamba-2 layers, two LayerNorms and the FFN) + the embedding and the
     final LayerNorm."""
+    monkeypatch.setattr(config_options, "host_memory_bytes", lambda: 2**50)  # whatever the test machine has
     preset = PUBLISHED["falcon-h1-7b"]
     text = (
         "name: f\ndevice: cpu\nmodels: [lstm]\ncausal: true\ndtype: [bfloat16]\ngrid: {batch: [1], seq_len: [16]}\n"
