@@ -125,3 +125,27 @@ def test_falcon_h1_at_scope_model_is_its_44_side_by_side_blocks(monkeypatch: pyt
     d = 3072
     block = layer + 4 * d + (4 * d * d + 4 * d) + (4 * d * d + d)
     assert case.layers == 44 and count_parameters(case) == 44 * block + 130048 * d + 2 * d
+
+
+def test_a_side_by_side_stack_answers_the_serving_questions_through_its_members() -> None:
+    """A chunked prefill, a verify with its rollback and packed lengths, each as the whole-sequence forward."""
+    from attnbench.families.attention.layers import own_core
+    from attnbench.families.states import packed, rollback, verify
+
+    n = 21
+    case = replace(stack("both", layers=4), seq_len=n + 5)
+    torch.manual_seed(0)
+    module = build_model(case, "cpu", torch.float64).eval()
+    x = torch.randn(2, n + 5, 32, dtype=torch.float64)
+    decoder = decodable(module)
+    exact = {"atol": 1e-10, "rtol": 1e-10}
+    with torch.inference_mode(), own_core():
+        reference = module(x)
+        state = decoder.init_state(2, n + 5)
+        outputs = [decoder.prefill(x[:, s : min(s + 8, n)], state, output=True) for s in range(0, n, 8)]
+        torch.testing.assert_close(torch.cat(outputs, dim=1), reference[:, :n], **exact)
+        torch.testing.assert_close(verify(module, x[:, n : n + 4], state), reference[:, n : n + 4], **exact)
+        rollback(module, state, 2)
+        torch.testing.assert_close(decoder.step(x[:, n + 2 : n + 3], state), reference[:, n + 2 : n + 3], **exact)
+        out = packed(module, x[:1, :20], (6, 14))
+        torch.testing.assert_close(out[:, 6:], module(x[:1, 6:20]), **exact)
