@@ -63,11 +63,6 @@ class Published:
         """How many of the ``layers`` layers run mixer ``label``, alone or side by side with another (``a+b``)."""
         return sum(self.pattern[i % len(self.pattern)].split(PARALLEL).count(label) for i in range(self.layers))
 
-    @property
-    def models(self) -> tuple[str, ...]:
-        """The built-in models its mixers need (attention cores, chosen by presets.core, left out)."""
-        return tuple(dict.fromkeys(m.model for m in self.mixers if m.model is not None))
-
 
 def _options(**options: OptionValue) -> tuple[tuple[str, OptionValue], ...]:
     return tuple(sorted(options.items()))
