@@ -379,20 +379,21 @@ def _published_axes(
     grids = []
     if scope != "model":
         for mixer in preset.mixers:
-            models = (mixer.model,) if mixer.model is not None else tuple(p.core)
-            options = tuple(sorted((*mixer.options, *tag, *((("scope", scope),) if scope != "core" else ()))))
-            grids.append(_axes(m, models, modes, batch, seq_lens, preset.d_model, mixer.heads, 1, options, serving))
+            for model in (mixer.model,) if mixer.model is not None else tuple(p.core):
+                options = (*_given(model, mixer.options), *tag, *((("scope", scope),) if scope != "core" else ()))
+                grids.append(_axes(m, (model,), modes, batch, seq_lens, preset.d_model, mixer.heads, 1,
+                                   tuple(sorted(options)), serving))  # fmt: skip
     elif len(preset.mixers) == 1 and PARALLEL not in preset.pattern[0]:
         mixer = preset.mixers[0]
-        models = (mixer.model,) if mixer.model is not None else tuple(p.core)
-        options = tuple(sorted((*mixer.options, *tag, ("scope", "model"), ("vocab", preset.vocab))))
-        grids.append(
-            _axes(m, models, modes, batch, seq_lens, preset.d_model, mixer.heads, preset.layers, options, serving)
-        )
+        for model in (mixer.model,) if mixer.model is not None else tuple(p.core):
+            options = (*_given(model, mixer.options), *tag, ("scope", "model"), ("vocab", preset.vocab))
+            grids.append(_axes(m, (model,), modes, batch, seq_lens, preset.d_model, mixer.heads, preset.layers,
+                               tuple(sorted(options)), serving))  # fmt: skip
     else:  # a stack of its mixers, each a member with its own heads and options, in the published order
         for core in p.core:
             members = tuple(
-                HybridMember(mixer.label, mixer.model or core, mixer.heads, mixer.options) for mixer in preset.mixers
+                HybridMember(mixer.label, mixer.model or core, mixer.heads, _given(mixer.model or core, mixer.options))
+                for mixer in preset.mixers
             )
             name = preset.name if len(p.core) == 1 else f"{preset.name}-{core}"
             hybrid = HybridModel(preset.pattern, "hybrid", members)
@@ -402,6 +403,12 @@ def _published_axes(
             grids.append(replace(axes, hybrids={name: hybrid}))
     _refuse_too_big(m, preset, grids, index, ctx)
     return grids
+
+
+def _given(model: str, options: Options) -> Options:
+    """``options`` without those at ``model``'s default: a case carries only the options it sets (``Case``)."""
+    spec = MODELS[model]
+    return tuple((name, value) for name, value in options if (o := spec.option(name)) is None or o.default != value)
 
 
 def _axes(
