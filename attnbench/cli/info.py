@@ -119,7 +119,7 @@ def models(
     on this device and its own options; `attnbench models NAME` shows one model's options in full."""
     from attnbench.config.users import installed_plugins
     from attnbench.core.cases import DTYPES
-    from attnbench.families.catalogue import MODELS
+    from attnbench.families.catalogue import MODELS, PUBLISHED
     from attnbench.families.registry import availability
     from attnbench.host.devices import resolve_device
 
@@ -131,10 +131,10 @@ def models(
         path = Path(target)
         if path.is_file() or path.suffix in (".yaml", ".yml"):
             config = path  # load_experiment says what is wrong with a config that does not read
-        elif target not in MODELS and target not in plugins:
+        elif target not in MODELS and target not in plugins and target not in PUBLISHED:
             from difflib import get_close_matches
 
-            names = [*MODELS, *plugins]
+            names = [*MODELS, *plugins, *PUBLISHED]
             near = get_close_matches(target, names, n=3)
             raise AttnbenchError(
                 f"models: {target!r} is neither a model nor a config file",
@@ -145,15 +145,9 @@ def models(
     stacks = _config_stacks(config, resolved, dtype)
     listing = _models_json(resolved, dtype, status)
     listing["models"] += [stack for stack, _ in stacks]
-    if target is not None and config is None:  # one model, its options in full
-        (entry,) = [m for m in listing["models"] if m["name"] == target]
-        if format == "json":
-            print_json({**listing, "models": [entry]})
-        else:
-            _print_model(entry)
-        return
-    if format == "json":
-        print_json(listing)
+    listing["presets"] = _presets()
+    if (target is not None and config is None) or format == "json":
+        _print_one_or_json(target if config is None else None, listing, format)
         return
     everyone = _common_options([m for m in listing["models"] if m["source"] == "built-in"])
     rows = []
@@ -180,31 +174,67 @@ def models(
         cells[4] = f"[{colour}]{cells[4]}[/]"
         table.add_row(*cells)
     stdout.print(table)
+    stdout.print(_presets_table(listing["presets"], stdout.width))
     if everyone:
         stdout.print(f"Every built-in model also takes {', '.join(sorted(everyone))}.", markup=False)
     stdout.print("`attnbench models NAME` shows a model's options, their defaults and values.", markup=False)
 
 
-def _one_line_widths(headers: list[str], rows: list[list[str]], total: int) -> list[int]:
-    """Column widths that keep every model on one line of a ``total``-wide terminal: the names (the first four
+def _one_line_widths(headers: list[str], rows: list[list[str]], total: int, fixed: int = 4) -> list[int]:
+    """Column widths that keep every row on one line of a ``total``-wide terminal: the names (the first ``fixed``
     columns) whole, the rest shared in proportion to what they hold, each at least its header, none above it."""
     need = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    fixed = need[:4]
-    room = total - sum(fixed) - 3 * len(headers) - 1  # each cell's padding and border, and the last border
-    flexible = need[4:]
+    room = total - sum(need[:fixed]) - 3 * len(headers) - 1  # each cell's padding and border, and the last border
+    flexible = need[fixed:]
     if sum(flexible) <= room:
         return need
-    floors = [max(len(headers[4 + i]), 9) for i in range(len(flexible))]
+    floors = [max(len(headers[fixed + i]), 9) for i in range(len(flexible))]
     spare = max(0, room - sum(floors))
     extra = [n - f for n, f in zip(flexible, floors, strict=True)]
     share = [f + int(spare * e / max(1, sum(extra))) for f, e in zip(floors, extra, strict=True)]
-    return fixed + [min(n, s) for n, s in zip(flexible, share, strict=True)]
+    return need[:fixed] + [min(n, s) for n, s in zip(flexible, share, strict=True)]
 
 
 def _common_options(entries: list[dict[str, Any]]) -> set[str]:
     """The options every one of ``entries`` takes (the network's: scope, vocab, …): said once under the table."""
     names = [set(entry["options"]) for entry in entries]
     return set.intersection(*names) if names else set()
+
+
+def _print_one_or_json(target: str | None, listing: dict[str, Any], format: str) -> None:
+    """``models NAME`` (a model's options or a preset's source in full) and ``models -f json``."""
+    if target is None:
+        print_json(listing)
+        return
+    models = [m for m in listing["models"] if m["name"] == target]
+    presets = [p for p in listing["presets"] if p["name"] == target]
+    if format == "json":
+        print_json({**listing, "models": models, "presets": presets})
+    elif models:
+        _print_model(models[0])
+    else:
+        _print_preset(presets[0])
+
+
+def _print_preset(entry: dict[str, Any]) -> None:
+    """One published preset: its source and the config.json fields cited, what is not built, and its mixers."""
+    where = "available" if entry["available"] else f"unavailable: {entry['reason']}"
+    stdout.print(f"{entry['name']} · preset · d_model {entry['d_model']} · {entry['layers']} layers · {where}",
+                 markup=False)  # fmt: skip
+    stdout.print(entry["summary"], markup=False)
+    stdout.print(f"source: {entry['source']}; fields: {entry['fields']}", markup=False)
+    stdout.print(f"not built: {entry['left_out']}", markup=False)
+    table = Table(title_justify="left")
+    for column in ("mixer", "model", "heads", "layers", "parameters per layer", "options"):
+        table.add_column(column, overflow="fold")
+    for m in entry["mixers"]:
+        count = "?" if m["parameters_per_layer"] is None else f"{m['parameters_per_layer']:,}"
+        if m["differs"]:
+            count += f" (differs: {m['differs']})"
+        options = ", ".join(f"{k}={v}" for k, v in m["options"].items())
+        table.add_row(escape(m["label"]), escape(m["model"]), str(m["heads"] or ""), str(m["layers"]), escape(count),
+                      escape(options))  # fmt: skip
+    stdout.print(table)
 
 
 def _print_model(entry: dict[str, Any]) -> None:
@@ -228,6 +258,75 @@ def _print_model(entry: dict[str, Any]) -> None:
         shown = str(default).lower() if isinstance(default, bool) else str(default)
         table.add_row(escape(name), escape(shown), escape(str(option["allowed"])), escape(str(option["help"])))
     stdout.print(table)
+
+
+def _presets() -> list[dict[str, Any]]:
+    """Every published preset as data: its source and cited fields, and per mixer the model it is built on, how
+    many of its layers it is, and one layer's parameters (scope core), or why this release cannot build it."""
+    from attnbench.families.catalogue import (
+        PRESET_CORE_DEFAULT,
+        PUBLISHED,
+        family_of,
+        published_layer,
+        published_problem,
+    )
+
+    core = PRESET_CORE_DEFAULT[0]
+
+    out = []
+    for name, preset in PUBLISHED.items():
+        problem = published_problem(preset, (core,))
+        mixers = []
+        for mixer in preset.mixers:
+            layer = None if problem is not None else published_layer(preset, mixer.label, core)
+            mixers.append(
+                {
+                    "label": mixer.label,
+                    "model": mixer.model or core,
+                    "heads": mixer.heads,
+                    "options": dict(mixer.options),
+                    "layers": preset.count(mixer.label),
+                    "parameters_per_layer": None if layer is None else family_of(layer).parameters(layer),
+                    "differs": mixer.differs or None,
+                }
+            )
+        out.append(
+            {
+                "name": name,
+                "summary": preset.summary,
+                "source": preset.source,
+                "fields": preset.fields,
+                "d_model": preset.d_model,
+                "layers": preset.layers,
+                "left_out": preset.left_out,
+                "available": problem is None,
+                "reason": problem,
+                "mixers": mixers,
+            }
+        )
+    return out
+
+
+def _presets_table(presets: list[dict[str, Any]], width: int) -> Table:
+    """One line a published preset: its mixers (× layers: one layer's parameters) and its source."""
+    table = Table(title="published presets (`attnbench models PRESET` cites its config.json)", title_justify="left")
+    rows = []
+    for entry in presets:
+        mixers = "; ".join(
+            f"{m['label']} × {m['layers']}: "
+            + ("?" if m["parameters_per_layer"] is None else f"{m['parameters_per_layer']:,}")
+            for m in entry["mixers"]
+        )
+        status = "available" if entry["available"] else f"unavailable: {entry['reason']}"
+        rows.append([entry["name"], status, mixers, entry["source"]])
+    headers = ["preset", "status", "mixer × layers: parameters per layer", "source"]
+    widths = _one_line_widths(headers, rows, width, fixed=1)
+    for column, w in zip(headers, widths, strict=True):
+        table.add_column(column, no_wrap=True, overflow="ellipsis", width=w)
+    for row in rows:
+        colour = "green" if row[1] == "available" else "red"
+        table.add_row(escape(row[0]), f"[{colour}]{escape(row[1])}[/]", escape(row[2]), escape(row[3]))
+    return table
 
 
 def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[dict[str, Any], str]]:

@@ -291,7 +291,11 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         axes["batch"] = _tied_batches(m.grid.tokens, m.grid.seq_len, ctx)
     # A model you bring is handed heads too; a hybrid stack has them where a member has.
     with_heads = [model for model in names if model in MODELS and has_heads(model)]
-    if users or with_heads or any(has_heads(m) for h in hybrids.values() for m in h.pattern):
+    if (
+        users
+        or with_heads
+        or any(has_heads(h.member(label).model) for h in hybrids.values() for e in h.pattern for label in h.parts(e))
+    ):
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
     given_axes = _check_option_axes(m, names, ctx)
     option_values = {name: tuple(values) for name, (values, _) in given_axes.items()}
@@ -309,8 +313,8 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
     if m.order is not None:
         check_unique(m.order, "section", ("order",), ctx)
         order = (*m.order, *(section for section in SECTION_ORDER if section not in m.order))
-    presets, written_presets = check_presets(m, ctx)
     serving = serving_axes(m, ctx)
+    presets, written_presets = check_presets(m, ctx, serving.serving)
     _check_timing(m.timing, ctx)
 
     cache = _cache(m, ctx)

@@ -3,14 +3,14 @@
 A hybrid's members are built-in models (its torch-free family, ``families.hybrid``, counts and builds it from
 them). Whether its members can share a case — decode, the heads dividing d_model, a window's length — is the
 family's to say, on every case, like any model's (``config.options.check_buildable``); here only what the entry
-itself says: its name, and that every member is a built-in.
+itself says: its name, and that every member is a built-in (``a+b``: a block running both side by side).
 """
 
 from __future__ import annotations
 
 from attnbench.config.messages import Context, Path_, did_you_mean
 from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, HybridEntry
-from attnbench.core.cases import HybridModel
+from attnbench.core.cases import PARALLEL, HybridModel
 from attnbench.families.catalogue import MODEL_NAMES
 
 __all__ = ["check_hybrids", "entry_name_problem"]
@@ -39,12 +39,14 @@ def check_hybrids(m: ConfigModel, ctx: Context) -> dict[str, HybridModel]:
         problem = entry_name_problem(entry.name)
         if problem is not None:
             raise ctx.error(problem[0], (*path, "name"), hint=problem[1])
-        for j, member in enumerate(entry.hybrid):
-            if member not in MODEL_NAMES:
-                raise ctx.error(
-                    f"{member!r} is not a built-in model; a hybrid's blocks are built-in models'",
-                    ctx.item((*path, "hybrid"), j),
-                    hint=did_you_mean(member, MODEL_NAMES) or f"valid: {', '.join(MODEL_NAMES)}",
-                )
+        for j, block in enumerate(entry.hybrid):
+            for member in block.split(PARALLEL):  # a+b: a block of both side by side
+                if member not in MODEL_NAMES:
+                    raise ctx.error(
+                        f"{member!r} is not a built-in model; a hybrid's blocks are built-in models' (a+b runs both "
+                        "side by side in one block)",
+                        ctx.item((*path, "hybrid"), j),
+                        hint=did_you_mean(member, MODEL_NAMES) or f"valid: {', '.join(MODEL_NAMES)}",
+                    )
         found[entry.name] = HybridModel(tuple(entry.hybrid), entry.kind)
     return found

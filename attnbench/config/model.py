@@ -149,9 +149,12 @@ class PresetsModel(_Strict):
     """Fixed-size models (``catalogue.PRESETS``) cased beside the grid; batch and seq_len default to the grid's."""
 
     names: Names
-    """Presets to run: bert-base, lstm-110m, mingru-110m."""
+    """Presets to run: bert-base, lstm-110m, mingru-110m, and published models' token mixers (llama3.1-8b, …)."""
     core: Names = Field(default_factory=lambda: list(PRESET_CORE_DEFAULT))
-    """The attention model(s) an attention preset (bert-base) is built on."""
+    """The attention model(s) an attention preset (bert-base) or a published model's attention layers are built on."""
+    scope: Literal["core", "block", "model"] | None = None
+    """A published model's scope: core (each of its mixers, one layer), block (each mixer's pre-norm block) or model
+    (the whole stack at the published layer count); null = core. bert-base, lstm-110m and mingru-110m are models."""
     modes: Names | None = None
     """The presets' modes; null = the config's modes."""
     batch: Batches | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -19,9 +20,21 @@ from typing import Any, cast
 from attnbench.config.checks import check_names, check_option_value, check_unique, inherited_lengths
 from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
-from attnbench.config.model import ConfigModel
+from attnbench.config.model import ConfigModel, PresetsModel
 from attnbench.config.users import UserEntry, user_option_sets
-from attnbench.core.cases import MODES, SERVING_PARAMS, Case, HybridModel, Mode, Options
+from attnbench.core.cases import (
+    MODES,
+    PARALLEL,
+    SERVING_PARAMS,
+    STATEFUL_MODES,
+    Case,
+    HybridMember,
+    HybridModel,
+    Mode,
+    Options,
+    Serving,
+)
+from attnbench.core.units import format_bytes, parse_bytes
 from attnbench.families.catalogue import (
     HYBRID,
     MODEL_NAMES,
@@ -29,12 +42,17 @@ from attnbench.families.catalogue import (
     PRESET_CORES,
     PRESET_NAMES,
     PRESETS,
+    PUBLISHED,
     ModelSpec,
     OptionSpec,
+    Published,
     cannot_build,
     family_named,
+    has_heads,
     no_effect,
+    published_problem,
 )
+from attnbench.families.shared import DTYPE_BYTES
 
 __all__ = ["check_buildable", "check_model_options", "check_presets", "option_value"]
 
@@ -241,8 +259,12 @@ def option_value(value: Any, option: OptionSpec, model: str, path: Path_, ctx: C
     raise ctx.error(f"must be {word}, got {describe(value)}", path)
 
 
-def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[str, Any] | None]:
-    """One fixed-size grid per preset named under ``presets``, and the section fully resolved."""
+def check_presets(
+    m: ConfigModel, ctx: Context, serving: Mapping[str, tuple[Serving, ...]] | None = None
+) -> tuple[tuple[Axes, ...], dict[str, Any] | None]:
+    """One fixed-size grid per preset named under ``presets`` (a published model's: one per mixer below scope model),
+    and the section fully resolved. ``serving`` holds the parameter sets of the config's serving questions, which a
+    published model's cases cross as the grid's do."""
     p = m.presets
     if p is None:
         return (), None
@@ -256,17 +278,24 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
                 hint=did_you_mean(core, PRESET_CORES) or f"valid: {', '.join(PRESET_CORES)}",
             )
     check_unique(p.core, "attention model", ("presets", "core"), ctx)
-    if "core" in p.model_fields_set and all(PRESETS[name].model is not None for name in p.names):
+    if "core" in p.model_fields_set and not any(_uses_core(name) for name in p.names):
         raise ctx.error(
             f"presets.core has no effect: every preset listed ({', '.join(p.names)}) is built on its own model",
             ("presets", "core"),
             hint="remove core, or add an attention preset such as bert-base",
         )
+    fixed = [name for name in p.names if name in PRESETS]
+    if p.scope is not None and p.scope != "model" and fixed:
+        raise ctx.error(
+            f"{fixed[0]} is a whole model of fixed size: it has no scope {p.scope}",
+            ("presets", "scope"),
+            hint="give scope: model, or list published models only (`attnbench models` lists them)",
+        )
     modes = p.modes or m.modes
     check_names(modes, MODES, "mode", ("presets", "modes"), ctx)
-    if "decode" in modes:
+    if STATEFUL_MODES & set(modes):
         for i, name in enumerate(p.names):
-            if not PRESETS[name].decodes:
+            if name in PRESETS and not PRESETS[name].decodes:
                 raise ctx.error(
                     f"{name} is an encoder: its attention sees the whole sequence, so it cannot decode one token "
                     "at a time",
@@ -275,14 +304,17 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
                 )
     batch, seq_lens = inherited_lengths("presets", p.batch, p.seq_len, m.grid, ctx, example_batch=8)
     seq_path: Path_ = ("presets", "seq_len") if p.seq_len is not None else ("grid", "seq_len")
-    grids = []
-    for name in p.names:
+    grids: list[Axes] = []
+    for i, name in enumerate(p.names):
+        if name in PUBLISHED:
+            grids.extend(_published_axes(m, PUBLISHED[name], p, modes, batch, seq_lens, serving or {}, i, ctx))
+            continue
         preset = PRESETS[name]
-        for i, n in enumerate(seq_lens):
+        for j, n in enumerate(seq_lens):
             if preset.max_seq_len is not None and n > preset.max_seq_len:
                 raise ctx.error(
                     f"{name} has {preset.max_seq_len} learned positions; seq_len {n} is longer",
-                    ctx.item(seq_path, i),
+                    ctx.item(seq_path, j),
                     hint=f"give presets.seq_len values up to {preset.max_seq_len}; for longer sequences run the "
                     f"model on the grid with scope: model (and positional: rope or sinusoidal)",
                 )
@@ -303,4 +335,139 @@ def check_presets(m: ConfigModel, ctx: Context) -> tuple[tuple[Axes, ...], dict[
             )
         )
     resolved = {"names": p.names, "core": p.core, "modes": modes, "batch": batch, "seq_len": seq_lens}
+    if p.scope is not None:  # only when given, so that configs without it keep the sha256 they always had
+        resolved["scope"] = p.scope
     return tuple(grids), resolved
+
+
+def _uses_core(name: str) -> bool:
+    """Whether preset ``name`` has attention built on presets.core (bert-base; a published model's attention)."""
+    if name in PRESETS:
+        return PRESETS[name].model is None
+    return any(mixer.model is None for mixer in PUBLISHED[name].mixers)
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the platform does not say (stdlib: validation is torch-free
+    and imports nothing of the host room)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _published_axes(
+    m: ConfigModel,
+    preset: Published,
+    p: PresetsModel,
+    modes: Sequence[str],
+    batch: Sequence[int],
+    seq_lens: Sequence[int],
+    serving: Mapping[str, tuple[Serving, ...]],
+    index: int,
+    ctx: Context,
+) -> list[Axes]:
+    """A published model's grids: below scope model one per mixer (one layer of it), at scope model its whole stack
+    (a hybrid stack of its mixers where it has several), each refused at validation if its weights alone cannot fit
+    this machine's memory."""
+    path = ctx.item(("presets", "names"), index)
+    problem = published_problem(preset, tuple(p.core))
+    if problem is not None:
+        raise ctx.error(f"{preset.name} cannot be built: {problem}", path, hint="`attnbench models` lists the models")
+    scope = p.scope or "core"
+    tag: Options = (("preset", preset.name),)
+    grids = []
+    if scope != "model":
+        for mixer in preset.mixers:
+            for model in (mixer.model,) if mixer.model is not None else tuple(p.core):
+                options = (*_given(model, mixer.options), *tag, *((("scope", scope),) if scope != "core" else ()))
+                grids.append(_axes(m, (model,), modes, batch, seq_lens, preset.d_model, mixer.heads, 1,
+                                   tuple(sorted(options)), serving))  # fmt: skip
+    elif len(preset.mixers) == 1 and PARALLEL not in preset.pattern[0]:
+        mixer = preset.mixers[0]
+        for model in (mixer.model,) if mixer.model is not None else tuple(p.core):
+            options = (*_given(model, mixer.options), *tag, ("scope", "model"), ("vocab", preset.vocab))
+            grids.append(_axes(m, (model,), modes, batch, seq_lens, preset.d_model, mixer.heads, preset.layers,
+                               tuple(sorted(options)), serving))  # fmt: skip
+    else:  # a stack of its mixers, each a member with its own heads and options, in the published order
+        for core in p.core:
+            members = tuple(
+                HybridMember(mixer.label, mixer.model or core, mixer.heads, _given(mixer.model or core, mixer.options))
+                for mixer in preset.mixers
+            )
+            name = preset.name if len(p.core) == 1 else f"{preset.name}-{core}"
+            hybrid = HybridModel(preset.pattern, "hybrid", members)
+            heads = next((mixer.heads for mixer in preset.mixers if mixer.heads), None)
+            options = (("preset", preset.name), ("scope", "model"), ("vocab", preset.vocab))
+            axes = _axes(m, (name,), modes, batch, seq_lens, preset.d_model, heads, preset.layers, options, serving)
+            grids.append(replace(axes, hybrids={name: hybrid}))
+    _refuse_too_big(m, preset, grids, index, ctx)
+    return grids
+
+
+def _given(model: str, options: Options) -> Options:
+    """``options`` without those at ``model``'s default: a case carries only the options it sets (``Case``)."""
+    spec = MODELS[model]
+    return tuple((name, value) for name, value in options if (o := spec.option(name)) is None or o.default != value)
+
+
+def _axes(
+    m: ConfigModel,
+    models: tuple[str, ...],
+    modes: Sequence[str],
+    batch: Sequence[int],
+    seq_lens: Sequence[int],
+    d_model: int,
+    heads: int | None,
+    layers: int,
+    options: Options,
+    serving: Mapping[str, tuple[Serving, ...]],
+) -> Axes:
+    return Axes(
+        models=models,
+        modes=tuple(cast(list[Mode], modes)),
+        dtypes=tuple(m.dtype),
+        batch=tuple(batch),
+        seq_len=tuple(seq_lens),
+        d_model=(d_model,),
+        heads=(heads or 1,),  # a mixer without heads: expand() records heads=None
+        layers=(layers,),
+        causal=(True,),  # every published model here is a decoder
+        device=m.device,
+        model_options={model: (options,) for model in models},
+        serving={mode: sets for mode, sets in serving.items() if mode in modes},
+    )
+
+
+def _refuse_too_big(m: ConfigModel, preset: Published, grids: list[Axes], index: int, ctx: Context) -> None:
+    """Refuse a preset whose weights alone (parameters × the dtype's bytes) exceed the memory there is: the config's
+    memory_budget where given, else this machine's."""
+    budget = m.memory_budget if isinstance(m.memory_budget, int) else None
+    if isinstance(m.memory_budget, str):
+        try:
+            budget = parse_bytes(m.memory_budget)
+        except ValueError:
+            budget = None  # config.serving says what is wrong with it
+    available = budget or host_memory_bytes()
+    if available is None:
+        return
+    for axes in grids:
+        for model, dtype in itertools.product(axes.models, axes.dtypes):
+            hybrid = axes.hybrids.get(model)
+            case = Case(model, "forward", dtype, axes.device, 1, axes.seq_len[0], axes.d_model[0],
+                        axes.heads[0] if hybrid is not None or has_heads(model) else None, axes.layers[0], True,
+                        axes.model_options[model][0], hybrid=hybrid)  # fmt: skip
+            parameters = (
+                HYBRID.parameters(case) if hybrid is not None else family_named(MODELS[model].family).parameters(case)
+            )
+            if parameters is None:
+                continue
+            weights = parameters * DTYPE_BYTES[dtype]
+            if weights > available:
+                where = "memory_budget" if budget else "this machine's memory"
+                raise ctx.error(
+                    f"{preset.name} at scope {dict(case.options).get('scope', 'core')} holds {parameters:,} "
+                    f"parameters, {format_bytes(weights)} in {dtype}: more than {where} ({format_bytes(available)})",
+                    ctx.item(("presets", "names"), index),
+                    hint="give presets.scope: core (one layer of each mixer), a 16-bit dtype, or a larger machine",
+                )

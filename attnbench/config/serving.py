@@ -54,13 +54,13 @@ def serving_axes(m: ConfigModel, ctx: Context) -> ServingAxes:
                 hint=f"add {users[0]} to modes, or remove {key}",
             )
     if m.presets is not None:
-        asked = [mode for mode in (m.presets.modes or modes) if mode in SERVING_PARAMS]
+        # A preset asks a serving question with the config's keys for it, so the config's modes must ask it too.
+        asked = [mode for mode in (m.presets.modes or modes) if mode in SERVING_PARAMS and mode not in modes]
         if asked:
-            path = ("presets", "modes") if m.presets.modes else ("presets",)
             raise ctx.error(
-                f"presets do not ask the serving questions ({', '.join(asked)}): those run on the grid",
-                path,
-                hint="give presets.modes without capacity, prefill and verify",
+                f"presets ask {', '.join(asked)}, which the config's modes do not: its keys are checked there",
+                ("presets", "modes"),
+                hint=f"add {asked[0]} to modes too, or leave it out of presets.modes",
             )
     serving: dict[str, tuple[Serving, ...]] = {}
     resolved: dict[str, Any] = {}

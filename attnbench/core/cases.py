@@ -110,17 +110,62 @@ class UserModel:
         return cls(str(data["factory"]), kind, str(data.get("source", "config")))
 
 
+# A pattern entry naming several members joined by this runs them side by side in one block (Falcon-H1).
+PARALLEL = "+"
+
+
+@dataclass(frozen=True)
+class HybridMember:
+    """A member of a hybrid stack with sizes and options of its own (a published model's mixer): what its
+    pattern's ``label`` stands for. ``heads`` None: the case's (where the model has heads)."""
+
+    label: str
+    model: str
+    heads: int | None = None
+    options: Options = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"label": self.label, "model": self.model, "heads": self.heads, "options": dict(self.options)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HybridMember:
+        heads, options = data.get("heads"), data.get("options") or {}
+        if heads is not None and (not isinstance(heads, int) or isinstance(heads, bool) or heads < 1):
+            raise ValueError(f"a member's heads must be a positive integer or null, got {heads!r}")
+        if not isinstance(options, Mapping):
+            raise ValueError("a member's options must be a mapping")
+        return cls(str(data["label"]), str(data["model"]), heads, tuple(sorted(options.items())))
+
+
 @dataclass(frozen=True)
 class HybridModel:
     """A stack a config defines (``{name, hybrid: [m1, m2, …]}``): pre-norm blocks of built-in models cycling
     through ``pattern`` for the case's ``layers``, standing on ``kind``'s side of the comparison. It travels in the
-    case, so a stored row says what it was without the config."""
+    case, so a stored row says what it was without the config.
+
+    An entry ``a+b`` (``PARALLEL``) is one block running its members side by side on the same input, their outputs
+    summed (a parallel hybrid: Falcon-H1). Where ``members`` is given (a published preset), entries name members'
+    labels, each a built-in model with heads and options of its own; otherwise each is a built-in model, at its
+    defaults."""
 
     pattern: tuple[str, ...]
     kind: Side = "hybrid"
+    members: tuple[HybridMember, ...] = ()
+
+    def parts(self, entry: str) -> tuple[str, ...]:
+        """The members one pattern entry runs: one, or several side by side."""
+        return tuple(entry.split(PARALLEL))
+
+    def member(self, label: str) -> HybridMember:
+        """What ``label`` stands for: the member of that label, else the built-in model of that name at its
+        defaults."""
+        return next((m for m in self.members if m.label == label), HybridMember(label, label))
 
     def to_dict(self) -> dict[str, object]:
-        return {"pattern": list(self.pattern), "kind": self.kind}
+        data: dict[str, object] = {"pattern": list(self.pattern), "kind": self.kind}
+        if self.members:  # only when given, so every stack without them reads as it always did
+            data["members"] = [m.to_dict() for m in self.members]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HybridModel:
@@ -129,7 +174,10 @@ class HybridModel:
             raise ValueError(f"kind must be one of {', '.join(SIDES)}, got {kind!r}")
         if not isinstance(pattern, list | tuple) or not 1 <= len(pattern) <= MAX_PATTERN:
             raise ValueError(f"pattern must list 1 to {MAX_PATTERN} models")
-        return cls(tuple(str(m) for m in pattern), kind)
+        members = data.get("members") or []
+        if not isinstance(members, list | tuple) or len(members) > MAX_PATTERN:
+            raise ValueError(f"members must list at most {MAX_PATTERN} members")
+        return cls(tuple(str(m) for m in pattern), kind, tuple(HybridMember.from_dict(m) for m in members))
 
 
 @dataclass(frozen=True)

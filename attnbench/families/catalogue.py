@@ -31,6 +31,7 @@ from attnbench.families.base import (
     Problem,
 )
 from attnbench.families.hybrid.spec import HybridFamily
+from attnbench.families.published import PUBLISHED, Published
 from attnbench.families.user.spec import USER
 
 __all__ = [
@@ -42,10 +43,12 @@ __all__ = [
     "PRESET_CORES",
     "PRESET_CORE_DEFAULT",
     "PRESET_NAMES",
+    "PUBLISHED",
     "ModelSpec",
     "OptionSpec",
     "Preset",
     "Problem",
+    "Published",
     "cannot_build",
     "case_column_specs",
     "case_column_values",
@@ -65,6 +68,8 @@ __all__ = [
     "option_summary",
     "packages",
     "peak_dtype",
+    "published_layer",
+    "published_problem",
     "spec_of",
     "state_noun",
 ]
@@ -97,7 +102,8 @@ PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in sorted((p for family in FAMILIES for p in family.presets), key=lambda p: p.kind != "attention")
 }
-PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
+# The published models' token mixers at their real dimensions (``families.published``) after the families' own.
+PRESET_NAMES: tuple[str, ...] = (*PRESETS, *PUBLISHED)
 # Known by its case, as the user family is: a hybrid stack's members are built-in models, looked up here.
 HYBRID = HybridFamily(lambda case: family_of(case), MODELS)
 # The models a preset without a model of its own (``Preset.model`` None: bert-base) may be built on: those of the
@@ -278,3 +284,28 @@ def option_summary(spec: ModelSpec) -> str:
         default = str(option.default).lower() if isinstance(option.default, bool) else str(option.default)
         parts.append(f"{option.name}={default} ({option.allowed()})")
     return ", ".join(parts)
+
+
+def published_problem(preset: Published, cores: tuple[str, ...]) -> str | None:
+    """Why ``preset`` cannot be built by this release (a mixer's model, or one of its options, is not in the
+    catalogue: ``kda``, ``mla`` and ``sinks`` come with their families), or None. ``cores`` are the attention models
+    a mixer without a model of its own is built on."""
+    for mixer in preset.mixers:
+        for model in (mixer.model,) if mixer.model is not None else cores:
+            spec = MODELS.get(model)
+            if spec is None:
+                return f"its {mixer.label} layers need model {model}, which this release does not have"
+            missing = [name for name, _ in mixer.options if spec.option(name) is None]
+            if missing:
+                return f"its {mixer.label} layers need {model}'s option {', '.join(missing)}, which it does not have"
+    return None
+
+
+def published_layer(preset: Published, label: str, core: str) -> Case:
+    """One layer of ``preset``'s mixer ``label`` at scope core (an attention mixer on ``core``), as the presets
+    section cases it: what ``attnbench models`` counts a layer's parameters on."""
+    mixer = preset.mixer(label)
+    model = mixer.model if mixer.model is not None else core
+    heads = mixer.heads if MODELS[model].heads else None
+    options = tuple(sorted((*mixer.options, ("preset", preset.name))))
+    return Case(model, "forward", "float32", "cpu", 1, 1, preset.d_model, heads, 1, True, options)

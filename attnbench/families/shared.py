@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from attnbench.core.cases import Case, Options
 from attnbench.families.base import ExtraSpec, OptionSpec, Problem, ValueOf
+from attnbench.families.published import PUBLISHED_NAMES
 
 SCOPES: tuple[str, ...] = ("core", "block", "model")
 POSITIONAL: tuple[str, ...] = ("none", "sinusoidal", "learned", "rope")
@@ -126,7 +127,9 @@ def positional(*, rope: bool) -> OptionSpec:
 
 
 def preset(*names: str) -> OptionSpec:
-    return OptionSpec("preset", str, "none", PRESET_HELP, choices=("none", *names))
+    """The ``preset`` option: ``names`` (the family's own presets) and every published model's (a mixer of one is
+    any family's model: ``families.published``)."""
+    return OptionSpec("preset", str, "none", PRESET_HELP, choices=("none", *names, *PUBLISHED_NAMES))
 
 
 # ---------------------------------------------------------------------------------------------------- rules
@@ -180,10 +183,11 @@ def network_cannot_build(case: Case, opt: ValueOf) -> Problem | None:
             "max_len",
             f"raise max_len to at least {case.seq_len}, or set 0 (= each case's seq_len)",
         )
-    if kind == "rope" and case.head_dim is not None and case.head_dim % 2:
+    if kind == "rope" and case.heads is not None and head_dim(case, opt) % 2:
+        width = head_dim(case, opt)
+        given = f"head_dim {width}" if width != case.head_dim else f"{case.d_model} / {case.heads} = {width}"
         return Problem(
-            f"rope rotates pairs of features, so head_dim = d_model / heads must be even; "
-            f"{case.d_model} / {case.heads} = {case.head_dim}",
+            f"rope rotates pairs of features, so head_dim = d_model / heads must be even; {given}",
             "positional",
             "choose heads so that d_model / heads is even",
         )
@@ -263,19 +267,51 @@ def kv_heads(case: Case, opt: ValueOf) -> int:
     return int(opt("heads_kv")) or (case.heads or 0)
 
 
+def flag(opt: ValueOf, name: str, default: bool = False) -> bool:
+    """An on/off option of an attention-like layer, ``default`` where the model has no such option (linear
+    attention shares the layer without the attention family's head options)."""
+    try:
+        return bool(opt(name))
+    except KeyError:
+        return default
+
+
+def head_dim(case: Case, opt: ValueOf) -> int:
+    """D, the features of one head: the ``head_dim`` option where the model has it and sets it (published models
+    such as gpt-oss-20b: 64 heads of 64 on a d_model of 2880), else d_model / heads."""
+    if case.heads is None:
+        raise ValueError(f"{case.model} has no heads")
+    try:
+        given = int(opt("head_dim"))
+    except KeyError:
+        given = 0
+    return given or case.d_model // case.heads
+
+
+def q_width(case: Case, opt: ValueOf) -> int:
+    """Features of Q per token (and of the core's output): H·D, which is d_model unless ``head_dim`` is set."""
+    return (case.heads or 0) * head_dim(case, opt)
+
+
 def kv_width(case: Case, opt: ValueOf) -> int:
     """Features of K (and of V) per token: H_kv·D, which is d_model for multi-head attention."""
     if case.heads is None:
         raise ValueError(f"{case.model} has no key/value heads")
-    return kv_heads(case, opt) * (case.d_model // case.heads)
+    return kv_heads(case, opt) * head_dim(case, opt)
+
+
+def projected_width(case: Case, opt: ValueOf) -> int:
+    """Width of the fused input projection: Q (H·D), the output gate (H·D, where ``output_gate``), K and V."""
+    q = q_width(case, opt)
+    return q * (1 + flag(opt, "output_gate")) + 2 * kv_width(case, opt)
 
 
 def projection_flops(case: Case, opt: ValueOf) -> int:
-    """One attention-like layer's projections per call: the fused qkv Linear(d, d + 2·H_kv·D) and the out
-    Linear(d, d) are (2d + 2·H_kv·D)·d weights applied to every token, 2 FLOPs each (issue 3: 2·B·S·d_model²·4 for
-    multi-head attention, H_kv·D = d). Bias adds are not counted."""
+    """One attention-like layer's projections per call: the fused Linear(d, H·D [+ H·D gate] + 2·H_kv·D) and the out
+    Linear(H·D, d) applied to every token, 2 FLOPs per weight (issue 3: 2·B·S·d_model²·4 for multi-head attention,
+    H·D = H_kv·D = d). Bias adds are not counted."""
     d = case.d_model
-    return 2 * case.batch * call_tokens(case) * d * (2 * d + 2 * kv_width(case, opt))
+    return 2 * case.batch * call_tokens(case) * d * (projected_width(case, opt) + q_width(case, opt))
 
 
 def ffn_flops(case: Case, opt: ValueOf) -> int:
@@ -297,11 +333,16 @@ def attention_block_parameters(d_model: int, ffn_mult: int, kv_width: int | None
 
 
 def attention_layer_parameters(case: Case, opt: ValueOf) -> int:
-    """One attention-like layer (fused qkv and out projections, with biases), or its pre-norm block."""
-    d, kv = case.d_model, kv_width(case, opt)
+    """One attention-like layer (fused input and out projections, with biases unless ``bias`` is off; the output
+    gate's rows where on; RMSNorm weights of D on queries and on keys where ``qk_norm``), or its pre-norm block
+    (the block adds its two LayerNorms and the FFN)."""
+    d, q, width = case.d_model, q_width(case, opt), projected_width(case, opt)
+    bias = flag(opt, "bias", default=True)
+    layer = d * width + q * d + bias * (width + d) + 2 * head_dim(case, opt) * flag(opt, "qk_norm")
     if opt("scope") != "core":
-        return attention_block_parameters(d, int(opt("ffn_mult")), kv)
-    return (d * (d + 2 * kv) + d + 2 * kv) + (d * d + d)
+        m = int(opt("ffn_mult"))
+        return layer + 2 * 2 * d + (d * m * d + m * d) + (m * d * d + d)
+    return layer
 
 
 def positions(case: Case, opt: ValueOf) -> int:
@@ -341,7 +382,7 @@ def attention_like_intermediates(case: Case, opt: ValueOf) -> int:
     by the second LayerNorm and the last residual) and the FFN's hidden layer (m·d), its activation fused into the
     first Linear."""
     d = case.d_model
-    layer = (d + 2 * kv_width(case, opt)) + d
+    layer = projected_width(case, opt) + q_width(case, opt)
     if opt("scope") != "core":
         layer += 3 * d + int(opt("ffn_mult")) * d
     return case.layers * case.tokens * layer + network_interfaces(case, opt)

@@ -27,6 +27,7 @@ from attnbench.report.cells import (
     time_text,
 )
 from attnbench.report.pivot import pivot_tables
+from attnbench.report.presets_md import presets_markdown
 from attnbench.results.records import Result, Run
 
 
@@ -90,6 +91,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         if table.scaling:
             lines += ["", SCALING_LEGEND, ""] + [f"- {md_text(line.text)}" for line in table.scaling]
     lines += capacity_markdown(results)
+    lines += presets_markdown(results)
     lines += _checks(run, results)
     failed = [r for r in results if not r.ok]
     if failed:

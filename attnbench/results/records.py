@@ -32,6 +32,10 @@ Schema history (``SCHEMA_VERSION``):
       Issue 48: run.json ``timing.flush`` (written when ``read``; absent: ``zero``, as every earlier run);
       ``extra`` may carry ``capacity_capped_by`` (memory, kernel-grid, search), ``capacity_excluded_bytes`` and
       ``fla_version``.
+      Issue 49: a case's ``hybrid`` may carry ``members`` ([{label, model, heads, options}]: a published preset's
+      mixers, which its pattern names by label) and a pattern entry ``a+b`` (members side by side in one block);
+      options ``head_dim``, ``bias``, ``output_gate``, ``qk_norm`` (attention) and ``heads_v`` (Gated DeltaNet);
+      the published presets' names as values of ``preset``.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -56,6 +60,7 @@ from attnbench.core.cases import (
     MAX_SEQ_LEN,
     MODES,
     PACKING_MODES,
+    PARALLEL,
     RESOLVED_DEVICE,
     SERVING_PARAMS,
     SIDES,
@@ -335,12 +340,26 @@ def _hybrid(c: Mapping[str, Any]) -> None:
     model = fields.text(c["model"], "model")
     if model in MODEL_NAMES:
         raise fields.expected("model", "a name of its own (a hybrid stack's)", model)
-    hybrid = fields.record(c["hybrid"], "hybrid", ("pattern",), ("kind",))
+    hybrid = fields.record(c["hybrid"], "hybrid", ("pattern",), ("kind", "members"))
     pattern = hybrid["pattern"]
     if not isinstance(pattern, list) or not 1 <= len(pattern) <= MAX_PATTERN:
         raise fields.expected("hybrid.pattern", f"a list of 1 to {MAX_PATTERN} built-in models", pattern)
-    for i, member in enumerate(pattern):
-        fields.choice(member, f"hybrid.pattern[{i}]", MODEL_NAMES, "model")
+    labels: dict[str, str] = {}
+    members = hybrid.get("members", [])
+    if not isinstance(members, list) or len(members) > MAX_PATTERN:
+        raise fields.expected("hybrid.members", f"a list of at most {MAX_PATTERN} members", members)
+    for i, member in enumerate(members):
+        record = fields.record(member, f"hybrid.members[{i}]", ("label", "model"), ("heads", "options"))
+        model = fields.choice(record["model"], f"hybrid.members[{i}].model", MODEL_NAMES, "model")
+        labels[fields.text(record["label"], f"hybrid.members[{i}].label")] = model
+        if record.get("heads") is not None:
+            fields.integer(record["heads"], f"hybrid.members[{i}].heads", minimum=1)
+        if not isinstance(record.get("options", {}), Mapping):
+            raise fields.expected(f"hybrid.members[{i}].options", "a mapping of options", record.get("options"))
+    for i, entry in enumerate(pattern):
+        for part in fields.text(entry, f"hybrid.pattern[{i}]").split(PARALLEL):
+            if part not in labels:
+                fields.choice(part, f"hybrid.pattern[{i}]", MODEL_NAMES, "model")
     if "kind" in hybrid:
         fields.choice(hybrid["kind"], "hybrid.kind", SIDES, "kind")
 

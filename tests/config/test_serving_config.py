@@ -92,7 +92,9 @@ def test_a_cpu_capacity_needs_a_budget_and_a_verify_needs_its_drafts() -> None:
     assert refusal(serving(accept=[0, 5])).key == "accept[1]"
     assert refusal(serving(memory_budget="4 gigs")).key == "memory_budget"
     assert refusal(serving(prefill_chunk=[4, 4])).key == "prefill_chunk[1]"
-    assert refusal(serving(presets=["lstm-110m"])).key == "presets"
+    # A preset asks the serving questions the config asks, with its keys (issue 49: every mode of a preset works).
+    asked = load(serving(presets=["lstm-110m"])).cases("cpu")
+    assert "capacity" in {c.mode for c in asked if ("preset", "lstm-110m") in c.options}
 
 
 def test_packed_lengths_may_be_drawn_to_fill_a_token_budget() -> None:

@@ -174,13 +174,16 @@ def test_models_lists_every_model_with_availability() -> None:
 
 def test_models_is_one_line_a_model_and_models_name_shows_its_options() -> None:
     """264 lines at 140 columns (issue 51): one line a model, each model's options on `models NAME`."""
-    from attnbench.families.catalogue import MODELS
+    from attnbench.families.catalogue import MODELS, PUBLISHED
 
     out = runner.invoke(app, ["models", "--device", "cpu"], env={"COLUMNS": "140"})
     assert out.exit_code == 0
     lines = out.output.splitlines()
-    assert len(lines) <= len(MODELS) + 8  # title, the table's rules and header, the note under it
-    assert all(sum(line.startswith(f"│ {name} ") for line in lines) == 1 for name in MODELS)
+    # two tables (models, published presets), each a title, rules and a header; the notes under them
+    assert len(lines) <= len(MODELS) + len(PUBLISHED) + 14
+    assert all(sum(line.startswith(f"│ {name} ") for line in lines) == 1 for name in [*MODELS, *PUBLISHED])
+    preset = runner.invoke(app, ["models", "llama3.1-8b", "--device", "cpu"], env={"COLUMNS": "140"})
+    assert preset.exit_code == 0 and "41,943,040" in preset.output  # q, k, v, o of one layer, cited in full
     one = runner.invoke(app, ["models", "sdpa-flash", "--device", "cpu"], env={"COLUMNS": "140"})
     assert one.exit_code == 0, one.output
     for option in ("heads_kv", "window", "compile", "scope"):  # every option, with its default and values

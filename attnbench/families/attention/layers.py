@@ -49,7 +49,7 @@ from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, front, network
 from attnbench.families.catalogue import family_of
 from attnbench.families.positional import Rotary
-from attnbench.families.shared import kv_heads
+from attnbench.families.shared import flag, head_dim, kv_heads
 from attnbench.families.states import KVCache, LayerStack, Layout, spans
 from attnbench.families.torch_family import LaunchLimit, torch_dtype
 
@@ -525,22 +525,33 @@ class SelfAttention(nn.Module):
         dtype: torch.dtype,
         rotary: nn.Module | None = None,
         heads_kv: int | None = None,
+        head_dim: int = 0,
+        bias: bool = True,
+        output_gate: bool = False,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         heads_kv = heads_kv or heads
-        if d_model % heads:
+        if d_model % heads and not head_dim:
             raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
         if heads % heads_kv:
             raise ValueError(f"heads_kv {heads_kv} does not divide heads {heads}")
         self.heads, self.heads_kv = heads, heads_kv
-        self.head_dim = d_model // heads
+        self.head_dim = head_dim or d_model // heads
         self.rotary = rotary
         # Created in this order for every core, so a given seed yields the same weights whatever the core. Q takes
-        # d_model rows, K and V H_kv·D each: GQA shrinks the projection (and the KV cache) by H / H_kv.
-        width = d_model + 2 * heads_kv * self.head_dim
-        self.qkv = nn.Linear(d_model, width, device=device, dtype=dtype)
+        # H·D rows (d_model unless head_dim is set), K and V H_kv·D each: GQA shrinks the projection (and the KV
+        # cache) by H / H_kv. A gated layer's gate is H·D more rows of the same projection (Qwen3-Next's q_proj).
+        q_width = heads * self.head_dim
+        width = q_width + 2 * heads_kv * self.head_dim
+        self.qkv = nn.Linear(d_model, width, bias=bias, device=device, dtype=dtype)
         self.core = core
-        self.out = nn.Linear(d_model, d_model, device=device, dtype=dtype)
+        self.out = nn.Linear(q_width, d_model, bias=bias, device=device, dtype=dtype)
+        # A gated layer's gate: H·D more rows of the input projection (Qwen3-Next's q_proj), applied at the merge.
+        self.gate = nn.Linear(d_model, q_width, bias=bias, device=device, dtype=dtype) if output_gate else None
+        # Per-head RMSNorm of queries and keys, one weight of D each (Qwen3's q_norm and k_norm).
+        self.q_norm = nn.RMSNorm(self.head_dim, device=device, dtype=dtype) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, device=device, dtype=dtype) if qk_norm else None
 
     def _heads(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, T, D), k and v (B, H_kv, T, D): views of one fused projection, rotated for positions position…"""
@@ -554,16 +565,25 @@ class SelfAttention(nn.Module):
         q = q.view(batch, seq_len, self.heads, d).transpose(1, 2)  # (B, H, T, D)
         k = k.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)  # (B, H_kv, T, D)
         v = v.view(batch, seq_len, self.heads_kv, d).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, position), self.rotary(k, position)  # (B, H, T, D), rotated by position
         return q, k, v
 
-    def _merge(self, y: torch.Tensor) -> torch.Tensor:
-        return self.out(y.transpose(1, 2).flatten(2))  # (B, H, T, D) -> (B, T, H, D) -> (B, T, H·D) -> out
+    def _merge(self, y: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """The core's (B, H, T, D) back to (B, T, d_model); a gated layer's times sigmoid of its gate, projected
+        from the same input ``x``."""
+        merged = y.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, H·D)
+        if self.gate is not None:
+            if x is None:
+                raise ValueError("a gated layer's merge needs the layer's input")
+            merged = merged * torch.sigmoid(self.gate(x))
+        return self.out(merged)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(x, 0)
-        return self._merge(self.core(q, k, v))
+        return self._merge(self.core(q, k, v), x)
 
     def init_state(self, batch: int, capacity: int) -> KVCache:
         """H_kv heads of K and V for ``capacity`` positions, or a ring of the core's window."""
@@ -593,20 +613,20 @@ class SelfAttention(nn.Module):
             core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a chunk
             end = start + x.shape[1]
             keys, values = (k, v) if not start else (state.keys(end), state.values(end))
-            return self._merge(core.chunk(q, keys, values))
+            return self._merge(core.chunk(q, keys, values), x)
         window = int(getattr(self.core, "window", 0))
         if not window:
-            return self._merge(sdpa(q, k, v, is_causal=True))
+            return self._merge(sdpa(q, k, v, is_causal=True), x)
         masks = getattr(self.core, "masks", None)
         made = masks if isinstance(masks, MaskCache) else MaskCache()
         keep = made.get(q.shape[-2], causal=True, window=window, device=q.device)
-        return self._merge(sdpa(q, k, v, is_causal=False, mask=keep))
+        return self._merge(sdpa(q, k, v, is_causal=False, mask=keep), x)
 
     def step(self, x: torch.Tensor, state: KVCache) -> torch.Tensor:
         """(B, 1, d_model) at position n = the cache's length -> (B, 1, d_model)."""
         q, k, v = self._heads(x, state.length)
         core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a step
-        return self._merge(core.step(q, k, v, state))
+        return self._merge(core.step(q, k, v, state), x)
 
     rollback_method = "truncate"
 
@@ -632,8 +652,8 @@ class SelfAttention(nn.Module):
         varlen = getattr(self.core, "varlen", None)
         if varlen is not None:
             q, k, v = (torch.cat(parts, dim=2) for parts in zip(*pieces, strict=True))
-            return self._merge(varlen(q, k, v, lengths))
-        return self._merge(torch.cat([self.core(q, k, v) for q, k, v in pieces], dim=2))  # (1, H, T, D)
+            return self._merge(varlen(q, k, v, lengths), x)
+        return self._merge(torch.cat([self.core(q, k, v) for q, k, v in pieces], dim=2), x)  # (1, H, T, D)
 
 
 class AttentionStack(LayerStack):
@@ -696,10 +716,14 @@ def attention_network(
     if case.heads is None or case.head_dim is None:
         raise ValueError(f"{case.model} needs heads")
     made = front(case, device, dtype)
+    opt = family_of(case).values(case)
     rotary = None
     if family_of(case).option(case, "positional") == "rope":
         # One table shared by every layer: it holds no parameters, only cos/sin of the positions.
-        rotary = Rotary(case.head_dim, case.span, device=device, dtype=dtype)
+        rotary = Rotary(head_dim(case, opt), case.span, device=device, dtype=dtype)
+    # The attention family's head options (linear attention, which shares the layer, has none: their defaults).
+    width, bias = head_dim(case, opt), flag(opt, "bias", default=True)
+    gated, normed = flag(opt, "output_gate"), flag(opt, "qk_norm")
 
     def attention() -> SelfAttention:
         heads = case.heads or 0
@@ -710,7 +734,11 @@ def attention_network(
             device=device,
             dtype=dtype,
             rotary=rotary,
-            heads_kv=kv_heads(case, family_of(case).values(case)),
+            heads_kv=kv_heads(case, opt),
+            head_dim=width,
+            bias=bias,
+            output_gate=gated,
+            qk_norm=normed,
         )
 
     if family_of(case).option(case, "scope") == "core":
@@ -800,6 +828,7 @@ def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None or case.heads is None or case.head_dim is None:
         return None
+    d = head_dim(case, FAMILY.values(case))
     train = case.mode in ("train", "backward")  # backward mode dispatches as train does: a graph is kept
     dtype = torch_dtype(case.dtype)
     try:
@@ -809,11 +838,11 @@ def sdpa_kernel_chosen(case: Case, device: str) -> str | None:
             mask = None
             if case.mode == "decode":
                 keys = min(case.span, FAMILY.window(case)) if FAMILY.window(case) else case.span
-                q = torch.empty(case.batch, case.heads, 1, case.head_dim, device=device, dtype=dtype)
-                k = v = torch.empty(case.batch, kv_heads, keys, case.head_dim, device=device, dtype=dtype)
+                q = torch.empty(case.batch, case.heads, 1, d, device=device, dtype=dtype)
+                k = v = torch.empty(case.batch, kv_heads, keys, d, device=device, dtype=dtype)
                 causal = False
             else:
-                d, width = case.head_dim, (case.heads + 2 * kv_heads) * case.head_dim
+                width = (case.heads + 2 * kv_heads) * d
                 qkv = torch.empty(
                     case.batch, case.seq_len, width, device=device, dtype=dtype, requires_grad=train
                 )  # (B, T, (H + 2·H_kv)·D), split as SelfAttention splits it

@@ -28,6 +28,7 @@ from attnbench.families.base import (
     ExtraValue,
     Family,
     ModelSpec,
+    OptionSpec,
     Package,
     Parts,
     Preset,
@@ -44,6 +45,24 @@ _OPTIONS = (
     shared.preset("bert-base"),
     shared.HEADS_KV,
     shared.WINDOW,
+    OptionSpec(
+        "head_dim",
+        int,
+        0,
+        "D: features per head; 0 = d_model / heads (published models decouple them: gpt-oss-20b has 64 heads of 64 "
+        "on d_model 2880)",
+        minimum=0,
+        maximum=4096,
+    ),
+    OptionSpec("bias", bool, True, "biases on the input and output projections (BERT: yes; Llama: no)"),
+    OptionSpec(
+        "output_gate",
+        bool,
+        False,
+        "gated attention: the core's output times sigmoid of a gate projected from the input, H·D wide "
+        "(Qwen3-Next's full-attention layers)",
+    ),
+    OptionSpec("qk_norm", bool, False, "RMSNorm (a weight of D) on every head's query and key (Qwen3, Qwen3-Next)"),
     shared.COMPILE,
 )
 # name, summary, devices, package
@@ -149,6 +168,13 @@ class AttentionFamily(Family):
 
     def cannot_build(self, case: Case) -> Problem | None:
         opt = self.values(case)
+        heads = case.heads or 0
+        if heads and case.d_model % heads and not int(opt("head_dim")):
+            return Problem(
+                f"heads {heads} does not divide d_model {case.d_model}: each head gets d_model / heads",
+                "head_dim",
+                "choose heads that divide d_model, or set head_dim",
+            )
         return shared.heads_cannot_build(case, opt) or shared.network_cannot_build(case, opt)
 
     def serving_problem(self, case: Case) -> Problem | None:
@@ -208,7 +234,8 @@ class AttentionFamily(Family):
         )
 
     def work(self, case: Case, full_scores: bool) -> tuple[Parts, Parts]:
-        if case.heads is None or case.heads <= 0 or case.d_model % case.heads:
+        opt = self.values(case)
+        if case.heads is None or case.heads <= 0 or (case.d_model % case.heads and not int(opt("head_dim"))):
             raise ValueError(f"attention case needs heads dividing d_model={case.d_model}, got heads={case.heads}")
         s, window = shared.call_tokens(case), self.window(case)
         if case.mode == "decode":
@@ -219,8 +246,8 @@ class AttentionFamily(Family):
             pairs = shared.window_pairs(s, window, causal=case.causal)
         else:
             pairs = shared.causal_pairs(s, s) if case.causal else s * s
-        core = 4 * case.batch * case.d_model * pairs
-        return shared.attention_like_work(case, self.values(case), core, _CORE_BACKWARD)
+        core = 4 * case.batch * shared.q_width(case, opt) * pairs  # H·D per pair: d_model unless head_dim is set
+        return shared.attention_like_work(case, opt, core, _CORE_BACKWARD)
 
     def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
         """A causal case on a ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend; a window

@@ -324,6 +324,7 @@ class DeltaNet(DecodingLayer):
         gated: bool = True,
         head_dim: int = 0,
         expand_v: int = 2,
+        heads_v: int = 0,
         d_conv: int = 4,
         output_gate: bool = True,
         chunk: int = 64,
@@ -346,7 +347,12 @@ class DeltaNet(DecodingLayer):
         self.d_k = head_dim or d_model // heads
         self.d_v = self.d_k * expand_v
         self.d_conv, self.chunk, self.form, self.kernel = d_conv, chunk, form, kernel
-        self.conv_dim = heads * (2 * self.d_k + self.d_v)
+        # The rule runs per value head; key head j's q and k serve value heads j·G … j·G + G − 1 (G = H_v / H).
+        self.key_heads, heads = heads, heads_v or heads
+        if heads % self.key_heads:
+            raise ValueError(f"heads_v {heads} is not a multiple of heads {self.key_heads}")
+        self.heads = heads
+        self.conv_dim = 2 * self.key_heads * self.d_k + heads * self.d_v
         self.widths = [self.conv_dim, heads, heads if gated else 0, heads * self.d_v if output_gate else 0]
         kw: dict[str, Any] = {"device": device, "dtype": dtype}
         # One projection to q, k, v, β, the decay's input and the output gate: one matmul, fla's weights side by side.
@@ -373,10 +379,13 @@ class DeltaNet(DecodingLayer):
         qkv, b, a, gate = self.in_proj(x).split(self.widths, dim=-1)
         mixed, inputs = short_conv(qkv, before, self.conv_weight)
         acc = core_dtype(x.dtype)
-        q, k, v = mixed.to(acc).split([heads * d_k, heads * d_k, heads * d_v], dim=-1)
-        q = l2norm(q.view(batch, length, heads, d_k)).transpose(1, 2)  # (B, H, T, d_k)
-        k = l2norm(k.view(batch, length, heads, d_k)).transpose(1, 2)  # (B, H, T, d_k)
-        v = v.view(batch, length, heads, d_v).transpose(1, 2)  # (B, H, T, d_v)
+        key_heads = self.key_heads
+        q, k, v = mixed.to(acc).split([key_heads * d_k, key_heads * d_k, heads * d_v], dim=-1)
+        q = l2norm(q.view(batch, length, key_heads, d_k)).transpose(1, 2)  # (B, H_k, T, d_k)
+        k = l2norm(k.view(batch, length, key_heads, d_k)).transpose(1, 2)  # (B, H_k, T, d_k)
+        if heads != key_heads:  # each key head read by its G value heads, as fla repeats them
+            q, k = q.repeat_interleave(heads // key_heads, dim=1), k.repeat_interleave(heads // key_heads, dim=1)
+        v = v.view(batch, length, heads, d_v).transpose(1, 2)  # (B, H_v, T, d_v)
         beta = b.to(acc).sigmoid().transpose(1, 2)  # (B, H, T)
         g = None
         if self.gated:
@@ -443,7 +452,7 @@ class DeltaNetStack(LayerStack):
 
 
 def _options(case: Case) -> dict[str, Any]:
-    names = ("head_dim", "expand_v", "d_conv", "output_gate", "chunk", "form", "kernel")
+    names = ("head_dim", "expand_v", "heads_v", "d_conv", "output_gate", "chunk", "form", "kernel")
     return {"gated": case.model == GATED} | {name: FAMILY.option(case, name) for name in names}
 
 

@@ -14,7 +14,11 @@ ships it (``fla/layers/gated_deltanet.py``, ``delta_net.py``): one input project
 β (H), the decay's input (H, gated only) and the output gate (H·d_v, where on); a causal depthwise conv of d_conv
 taps and SiLU over q, k and v; the rule; a per-head RMSNorm (one weight of d_v shared by the heads), times SiLU of
 the output gate where on; the output projection H·d_v → d_model. Heads come from the case; d_k = head_dim (0:
-d_model / heads), d_v = expand_v·d_k (fla's defaults: 2 for Gated DeltaNet, 1 for DeltaNet).
+d_model / heads), d_v = expand_v·d_k (fla's defaults: 2 for Gated DeltaNet, 1 for DeltaNet). With ``heads_v`` = H_v
+value heads (fla's num_v_heads > num_heads: Qwen3-Next's 32 on 16), v, β, the decay, the gate, the memory and the
+output run per value head, each reading its key head's q and k (repeated heads_v / heads times): below, the widths
+and counts per head are per value head where the rule's are (H·d_v, H·d_k·d_v, the core's products), per key head
+for q and k.
 
 It joins the recurrent side: it trains in its chunked form (the WY/UT representation: inside chunks of C tokens
 matrix products and one unit-lower-triangular solve, a recurrence across chunks) and decodes as an RNN from a state
@@ -100,6 +104,15 @@ def _options(gated: bool) -> tuple[OptionSpec, ...]:
         kernel_option("chunk_gated_delta_rule" if gated else "chunk_delta_rule"),
         OptionSpec("head_dim", int, 0, "d_k: key width per head; 0 = d_model / heads", minimum=0, maximum=4096),
         OptionSpec("expand_v", int, 2 if gated else 1, "d_v = expand_v × d_k (fla's expand_v)", minimum=1, maximum=16),
+        OptionSpec(
+            "heads_v",
+            int,
+            0,
+            "value heads, each reading the key head it is grouped with (fla's num_v_heads; Qwen3-Next: 32 value "
+            "heads on 16 key heads); 0 = heads",
+            minimum=0,
+            maximum=4096,
+        ),
         OptionSpec("d_conv", int, 4, "taps of the causal depthwise conv over q, k, v", minimum=1, maximum=64),
         OptionSpec(
             "output_gate",
@@ -204,9 +217,22 @@ class DeltaNetFamily(Family):
         return kernel_no_effect(name, value_of)
 
     def cannot_build(self, case: Case) -> Problem | None:
+        heads, value_heads = case.heads or 0, self.value_heads(case)
+        if heads and value_heads % heads:
+            return Problem(
+                f"heads_v {value_heads} is not a multiple of heads {heads}: each key head serves heads_v / heads "
+                "value heads",
+                "heads_v",
+                f"give heads_v a multiple of {heads}, or 0 (= heads)",
+            )
         return heads_problem(case, int(self.option(case, "head_dim"))) or shared.network_cannot_build(
             case, self.values(case)
         )
+
+    def value_heads(self, case: Case) -> int:
+        """H_v: the heads the rule runs on (each with its own β, decay and memory); the key heads' q and k are read
+        by heads_v / heads of them each."""
+        return int(self.option(case, "heads_v")) or (case.heads or 0)
 
     # ------------------------------------------------------------------------------------------------ sizes
     def head_dims(self, case: Case) -> tuple[int, int]:
@@ -216,16 +242,16 @@ class DeltaNetFamily(Family):
 
     def projected(self, case: Case) -> int:
         """Width of the input projection: q, k, v, β, the decay's input (gated) and the output gate (where on)."""
-        heads, (d_k, d_v) = case.heads or 0, self.head_dims(case)
+        heads, value_heads, (d_k, d_v) = case.heads or 0, self.value_heads(case), self.head_dims(case)
         gated, gate = case.model == GATED, bool(self.option(case, "output_gate"))
-        return 2 * heads * d_k + heads * d_v + heads * (1 + gated) + heads * d_v * gate
+        return 2 * heads * d_k + value_heads * (d_v + 1 + gated + d_v * gate)
 
     def conv_dim(self, case: Case) -> int:
         heads, (d_k, d_v) = case.heads or 0, self.head_dims(case)
-        return 2 * heads * d_k + heads * d_v
+        return 2 * heads * d_k + self.value_heads(case) * d_v
 
     def layer_parameters(self, case: Case) -> int:
-        d, heads, (_, d_v) = case.d_model, case.heads or 0, self.head_dims(case)
+        d, heads, (_, d_v) = case.d_model, self.value_heads(case), self.head_dims(case)
         decay = 2 * heads if case.model == GATED else 0  # A_log, dt_bias
         conv = self.conv_dim(case) * int(self.option(case, "d_conv"))
         return d * self.projected(case) + conv + decay + d_v + heads * d_v * d
@@ -243,7 +269,7 @@ class DeltaNetFamily(Family):
     def core_flops(self, case: Case) -> tuple[int, int]:
         """(products, solve) of the rule in one layer over one call, every head and sequence (module notes)."""
         t, (d_k, d_v) = shared.call_tokens(case), self.head_dims(case)
-        scale = case.batch * (case.heads or 0)
+        scale = case.batch * self.value_heads(case)  # the rule runs per value head, on its key head's q and k
         if form_of(case, str(self.option(case, "form"))) == "recurrent":
             return scale * t * 6 * d_k * d_v, 0
 
@@ -254,7 +280,7 @@ class DeltaNetFamily(Family):
         return scale * products, scale * solve
 
     def work(self, case: Case, full_scores: bool) -> tuple[Parts, Parts]:
-        tokens, d, heads = case.batch * shared.call_tokens(case), case.d_model, case.heads or 0
+        tokens, d, heads = case.batch * shared.call_tokens(case), case.d_model, self.value_heads(case)
         projections = 2 * tokens * d * self.projected(case) + 2 * tokens * heads * self.head_dims(case)[1] * d
         core, solve = self.core_flops(case)
         forward = {"projections": case.layers * projections, "core": case.layers * core}
@@ -267,7 +293,7 @@ class DeltaNetFamily(Family):
         return state_dtype(case)
 
     def state_bytes(self, case: Case) -> int:
-        heads, (d_k, d_v) = case.heads or 0, self.head_dims(case)
+        heads, (d_k, d_v) = self.value_heads(case), self.head_dims(case)
         conv = (int(self.option(case, "d_conv")) - 1) * self.conv_dim(case) * shared.DTYPE_BYTES[case.dtype]
         matrix = heads * d_k * d_v * shared.DTYPE_BYTES[self.state_dtype(case)]
         return case.layers * case.batch * (conv + matrix)

@@ -7,7 +7,7 @@ members' states and KV caches in order. The torch-free half is ``attnbench.famil
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -15,16 +15,58 @@ from torch import nn
 
 from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
-from attnbench.families.blocks import NetworkFamily, Stack, front, network
+from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, front, network
 from attnbench.families.catalogue import HYBRID, spec_of
 from attnbench.families.registry import build_model, call_context, launch_limit, row_extras, torch_family
+from attnbench.families.states import StackState, decodable, packed, rollback, verify
 from attnbench.families.torch_family import LaunchLimit, package_problem
+
+
+class SideBySide(nn.Module):
+    """Members run on the same input, their outputs summed (a parallel hybrid's mixer: Falcon-H1's attention and
+    Mamba-2). It decodes as its members do, each with its own state: (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, members: list[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([member(x) for member in self.members]).sum(0)
+
+    def init_state(self, batch: int, capacity: int) -> StackState:
+        return StackState([decodable(member).init_state(batch, capacity) for member in self.members])
+
+    def prefill(self, x: torch.Tensor, state: StackState, *, output: bool = True) -> torch.Tensor | None:
+        outs = [decodable(m).prefill(x, s, output=output) for m, s in zip(self.members, state.layers, strict=True)]
+        return None if not output else torch.stack([o for o in outs if o is not None]).sum(0)
+
+    def step(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
+        steps = [decodable(m).step(x, s) for m, s in zip(self.members, state.layers, strict=True)]
+        return torch.stack(steps).sum(0)
+
+    def verify(self, x: torch.Tensor, state: StackState) -> torch.Tensor:
+        return torch.stack([verify(m, x, s) for m, s in zip(self.members, state.layers, strict=True)]).sum(0)
+
+    def rollback(self, state: StackState, accepted: int) -> None:
+        for member, held in zip(self.members, state.layers, strict=True):
+            rollback(member, held, accepted)
+
+    def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        return torch.stack([packed(member, x, lengths) for member in self.members]).sum(0)
 
 
 class HybridTorch(NetworkFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         made = front(case, device, dtype)  # before any block, as every family makes it
-        blocks = [build_model(member, device, dtype) for member in HYBRID.members(case)]
+        ffn_mult = int(HYBRID.option(case, "ffn_mult"))
+        blocks: list[nn.Module] = []
+        for i in range(case.layers):
+            members = HYBRID.block(case, i)
+            if len(members) == 1:
+                blocks.append(build_model(members[0], device, dtype))
+            else:  # one pre-norm block around the members side by side, with its FFN
+                mixer = SideBySide([build_model(member, device, dtype) for member in members])
+                blocks.append(TransformerBlock(mixer, case.d_model, ffn_mult, device=device, dtype=dtype))
         return network(case, Stack(*blocks), made, device, dtype)
 
     def tiny(self, case: Case) -> Case:

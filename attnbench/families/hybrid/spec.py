@@ -10,13 +10,19 @@ LayerNorm. Every count is the sum of its members' (``member``: the member's own 
 ``hybrid-v1``, each member counted by its own formula), parameters, the decode state (the members' states and KV
 caches together, so it grows with n only through the attention members), the bytes a step writes back. A
 member's rule is the hybrid's: a case a member cannot build or decode is one the hybrid cannot.
+
+A pattern entry ``a+b`` is a parallel hybrid's block (Falcon-H1): one pre-norm block whose mixer is its members side
+by side on the same normed input, their outputs summed, then the FFN (``ffn_mult``) as an attention block has it;
+its members are counted at scope core, and the block adds its two LayerNorms and the FFN. A stack may give its
+members sizes and options of their own (``HybridModel.members``: a published preset's mixers, each under its label);
+a member without its own heads takes the case's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from attnbench.core.cases import STATEFUL_MODES, Case, HybridModel
+from attnbench.core.cases import STATEFUL_MODES, Case, HybridMember, HybridModel
 from attnbench.families import shared
 from attnbench.families.base import (
     ExtraValue,
@@ -45,6 +51,7 @@ _OPTIONS = (
     shared.VOCAB,
     shared.positional(rope=False),
     shared.MAX_LEN,
+    shared.preset(),
     shared.COMPILE,
 )
 # The options a member's block takes from the hybrid's, where the member has them.
@@ -71,13 +78,14 @@ class HybridFamily(Family):
 
     def spec(self, case: Case) -> ModelSpec:
         hybrid = self._hybrid(case)
+        models = [hybrid.member(label).model for entry in hybrid.pattern for label in hybrid.parts(entry)]
         return ModelSpec(
             case.model,
             hybrid.kind,
             self.name,
             "hybrid stack: " + " → ".join(hybrid.pattern),
             options=_OPTIONS,
-            heads=any(self.specs[m].heads for m in hybrid.pattern if m in self.specs),
+            heads=any(self.specs[m].heads for m in models if m in self.specs),
             source="config",
         )
 
@@ -86,29 +94,52 @@ class HybridFamily(Family):
             raise ValueError(f"{case.model} is not a hybrid stack")
         return case.hybrid
 
-    def member(self, case: Case, i: int) -> Case:
-        """Block ``i``'s own case: the member at that place in the pattern, one block, its defaults, the hybrid's
-        sizes (heads only where the member has them; a recurrent member is causal by construction)."""
-        pattern = self._hybrid(case).pattern
-        model = pattern[i % len(pattern)]
-        spec = self.specs[model]
-        options: dict[str, OptionValue] = {"scope": "block"}
+    def block(self, case: Case, i: int) -> tuple[Case, ...]:
+        """Block ``i``'s members' own cases: the pattern's entry at that place, one block of its member (at scope
+        block), or its members side by side (each at scope core: the norm, residual and FFN are the block's), each
+        with its own options (a member's, else the model's defaults) and sizes (its own heads, else the hybrid's,
+        where the model has heads; a recurrent member is causal by construction)."""
+        hybrid = self._hybrid(case)
+        labels = hybrid.parts(hybrid.pattern[i % len(hybrid.pattern)])
+        scope = "block" if len(labels) == 1 else "core"
+        return tuple(self._member(case, hybrid.member(label), scope) for label in labels)
+
+    def _member(self, case: Case, member: HybridMember, scope: str) -> Case:
+        spec = self.specs[member.model]
+        options: dict[str, OptionValue] = dict(member.options)
+        if scope != "core":
+            options["scope"] = scope
         for name in _SHARED_WITH_MEMBERS:
             option = spec.option(name)
-            if option is not None and self.option(case, name) != option.default:
+            if option is not None and scope != "core" and self.option(case, name) != option.default:
                 options[name] = self.option(case, name)
         causal = case.causal if spec.kind == "attention" else True
-        heads = case.heads if spec.heads else None
-        return Case(model, case.mode, case.dtype, case.device, case.batch, case.seq_len, case.d_model, heads, 1,
-                    causal, tuple(sorted(options.items())), serving=case.serving, packing=case.packing)  # fmt: skip
+        heads = (member.heads or case.heads) if spec.heads else None
+        return Case(member.model, case.mode, case.dtype, case.device, case.batch, case.seq_len, case.d_model, heads,
+                    1, causal, tuple(sorted(options.items())), serving=case.serving, packing=case.packing)  # fmt: skip
+
+    def member(self, case: Case, i: int) -> Case:
+        """Block ``i``'s case where it has one member (the first of several side by side)."""
+        return self.block(case, i)[0]
 
     def members(self, case: Case) -> list[Case]:
-        """Every block's case, in order."""
-        return [self.member(case, i) for i in range(case.layers)]
+        """Every member of every block, in order."""
+        return [member for i in range(case.layers) for member in self.block(case, i)]
 
     def distinct(self, case: Case) -> list[Case]:
         """One case per member of the pattern (what a probe must run: every kernel the stack uses)."""
-        return list(dict.fromkeys(self.member(case, i) for i in range(len(self._hybrid(case).pattern))))
+        cycle = len(self._hybrid(case).pattern)
+        return list(dict.fromkeys(member for i in range(cycle) for member in self.block(case, i)))
+
+    def parallel_blocks(self, case: Case) -> int:
+        """How many of the ``layers`` blocks run several members side by side."""
+        hybrid = self._hybrid(case)
+        return sum(len(hybrid.parts(hybrid.pattern[i % len(hybrid.pattern)])) > 1 for i in range(case.layers))
+
+    def _parallel_parameters(self, case: Case) -> int:
+        """What a side-by-side block adds around its members: its two LayerNorms and its FFN (``ffn_mult``)."""
+        d, m = case.d_model, int(self.option(case, "ffn_mult"))
+        return 2 * 2 * d + (d * m * d + m * d) + (m * d * d + d)
 
     # ------------------------------------------------------------------------------------------------ rules
     def causal(self, spec: ModelSpec, options: Mapping[str, OptionValue], requested: bool) -> bool:
@@ -119,7 +150,8 @@ class HybridFamily(Family):
 
     def cannot_build(self, case: Case) -> Problem | None:
         hybrid = self._hybrid(case)
-        unknown = [m for m in hybrid.pattern if m not in self.specs]
+        models = [hybrid.member(label).model for entry in hybrid.pattern for label in hybrid.parts(entry)]
+        unknown = [m for m in dict.fromkeys(models) if m not in self.specs]
         if unknown:
             return Problem(f"{case.model}: {', '.join(unknown)} is not a built-in model", None, "members are built-ins")
         if case.layers < len(hybrid.pattern):
@@ -171,6 +203,11 @@ class HybridFamily(Family):
             for total, parts in ((forward, f), (backward, b)):
                 for name, flops in parts.items():
                     total[name] = total.get(name, 0) + flops
+        parallel = self.parallel_blocks(case)
+        if parallel:  # a side-by-side block's FFN (its members, at scope core, have none)
+            ffn = parallel * shared.ffn_flops(case, self.values(case))
+            forward["ffn"] = forward.get("ffn", 0) + ffn
+            backward["ffn"] = backward.get("ffn", 0) + shared.MATMUL_BACKWARD * ffn
         return forward, backward
 
     def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
@@ -180,7 +217,8 @@ class HybridFamily(Family):
         counts = [self.resolve(m).parameters(m) for m in self.members(case)]
         if any(c is None for c in counts):
             return None
-        return shared.network_parameters(case, self.values(case), sum(c for c in counts if c is not None))
+        body = sum(c for c in counts if c is not None) + self.parallel_blocks(case) * self._parallel_parameters(case)
+        return shared.network_parameters(case, self.values(case), body)
 
     def state_dtype(self, case: Case) -> str:
         return case.dtype  # each member keeps its own; the sum is in bytes

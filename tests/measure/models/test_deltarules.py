@@ -189,6 +189,7 @@ def inputs(length: int, seed: int = 1) -> Tensor:
 LAYERS = [
     ("gated-deltanet", {}),
     ("gated-deltanet", {"expand_v": 1, "output_gate": False, "head_dim": 3}),
+    ("gated-deltanet", {"expand_v": 1, "heads_v": 4}),  # Qwen3-Next's grouped value heads
     ("deltanet", {}),
     ("deltanet", {"output_gate": True, "d_conv": 2}),
     ("rwkv7", {}),
@@ -338,6 +339,8 @@ def test_the_state_bytes_by_hand() -> None:
         ("gated-deltanet", {}),
         ("gated-deltanet", {"scope": "block", "head_dim": 6, "expand_v": 3}),
         ("gated-deltanet", {"scope": "model", "vocab": 97, "output_gate": False}),
+        ("gated-deltanet", {"scope": "block", "heads_v": 4, "expand_v": 1}),
+        ("deltanet", {"heads_v": 6}),
         ("deltanet", {}),
         ("deltanet", {"output_gate": True, "d_conv": 3, "positional": "learned"}),
         ("rwkv7", {}),
@@ -679,3 +682,36 @@ def test_a_sweep_case_with_kernel_fla_probes_on_the_gpu(model: str) -> None:
     fp32 = replace(c, dtype="float32")  # refused up front exactly where the installed kernel asserts it away
     refuses = dn.fla_refuses_float32(dn.fla_function(*FLA_MODULES[model]))
     assert (torch_family(fp32).unavailable(fp32, "cuda") is not None) == refuses
+
+
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+@pytest.mark.parametrize("model", ["gated-deltanet", "deltanet"])
+def test_value_heads_run_the_rule_per_value_head_on_their_key_heads_q_and_k(model: str, form: str) -> None:
+    """heads_v = 2·heads (fla's num_v_heads): the same as a layer of heads_v heads whose q and k weights repeat each
+    key head's for its value heads; counted as the counter sees it; decoding to its forward."""
+    grouped = layer(model, heads_v=4, expand_v=1, form=form)
+    plain = DeltaNet(D_MODEL, 4, gated=model == "gated-deltanet", head_dim=4, expand_v=1, chunk=4, form=form, dtype=F64)
+    d_k = grouped.d_k
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            if name != "in_proj.weight" and name != "conv_weight":
+                p.copy_(dict(grouped.named_parameters())[name])
+        rows = grouped.in_proj.weight
+        q, k = rows[: 2 * d_k], rows[2 * d_k : 4 * d_k]
+        repeat = [t.view(2, d_k, -1).repeat_interleave(2, dim=0).reshape(4 * d_k, -1) for t in (q, k)]
+        plain.in_proj.weight.copy_(torch.cat([*repeat, rows[4 * d_k :]]))
+        cq, ck = grouped.conv_weight[: 2 * d_k], grouped.conv_weight[2 * d_k : 4 * d_k]
+        conv = [t.view(2, d_k, -1).repeat_interleave(2, dim=0).reshape(4 * d_k, -1) for t in (cq, ck)]
+        plain.conv_weight.copy_(torch.cat([*conv, grouped.conv_weight[4 * d_k :]]))
+        x = inputs(13)
+        torch.testing.assert_close(grouped(x), plain(x), **TOL)
+    c = case(model, seq_len=13, heads_v=4, expand_v=1, form=form)
+    ops, ours = counted(c), count_flops(c)
+    assert sum(ops.values()) == ours.flops - ours.detail.get("solve", 0)
+    # 2 layers × 2 sequences × (the conv's last 3 inputs of 2·2·8 + 4·8, and 4 value heads' 8 × 8 memory), float32
+    assert state_bytes(replace(c, mode="decode")) == 2 * 2 * (3 * (2 * 2 * 8 + 4 * 8) + 4 * 8 * 8) * 4
+
+
+def test_value_heads_must_be_a_multiple_of_the_key_heads() -> None:
+    problem = cannot_build(case("gated-deltanet", heads_v=3))
+    assert problem is not None and problem.option == "heads_v"

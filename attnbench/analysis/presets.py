@@ -1,0 +1,182 @@
+"""Published models read off a run (issue 49): per model, where its own recurrent mixer starts beating its own
+attention mixer, and the decode state its whole stack pays. Torch-free.
+
+A run's preset rows (``presets: {names, scope: core}``) hold one layer of each mixer of each model at its real
+dimensions. ``preset_crossovers`` pairs, per model, mode and dtype, each recurrent mixer's curve over n with each
+attention mixer's, and finds where their ratio crosses 1 (``scaling.crossovers``, on the rows that are evidence
+enough: ``scaling.good_evidence``). The pivot tables' own crossover lines already compare every recurrent curve
+with every attention curve of a table (one d_model, so one model's mixers, save where two presets share a width);
+these keep each model's mixers to themselves and name the model.
+
+``stack_states`` needs no run: the families' own state formulas (the same ``state_bytes`` a decode row stores and a
+test holds to the allocated state) times how many of the model's layers each mixer is, split into what a sequence
+pays whatever its length (recurrent states, conv caches, a window's ring once full) and what each token of context
+adds (K and V of every full-attention layer; MLA's latent).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from attnbench.analysis.scaling import crossovers, good_evidence
+from attnbench.families.catalogue import (
+    PUBLISHED,
+    Published,
+    decode_inert,
+    has_option,
+    option_of,
+    published_layer,
+    published_problem,
+)
+from attnbench.families.state_bytes import state_bytes
+from attnbench.results.records import Result
+
+__all__ = ["MixerState", "PresetCrossover", "StackState", "preset_crossovers", "stack_state", "stack_states"]
+
+# A context long enough that every window is full, so that what grows per token is what grows for good.
+_LONG = 1 << 20
+
+
+@dataclass(frozen=True)
+class MixerState:
+    """One mixer's decode state across the layers it has in the stack."""
+
+    label: str
+    model: str
+    layers: int
+    per_sequence_bytes: int
+    per_token_bytes: int
+
+
+@dataclass(frozen=True)
+class StackState:
+    """A published model's decode state, its mixers' summed: bytes per sequence and per token of context."""
+
+    name: str
+    dtype: str
+    mixers: tuple[MixerState, ...]
+
+    @property
+    def per_sequence_bytes(self) -> int:
+        return sum(m.per_sequence_bytes for m in self.mixers)
+
+    @property
+    def per_token_bytes(self) -> int:
+        return sum(m.per_token_bytes for m in self.mixers)
+
+    def at(self, n: int) -> int:
+        """Bytes one sequence holds at a context of n tokens (n past every window)."""
+        return self.per_sequence_bytes + n * self.per_token_bytes
+
+
+def stack_state(preset: Published, dtype: str, core: str) -> StackState | None:
+    """``preset``'s decode state in ``dtype`` (attention on ``core``), or None where a mixer's family cannot say
+    (one this release lacks)."""
+    if published_problem(preset, (core,)) is not None:
+        return None
+    mixers = []
+    for mixer in preset.mixers:
+        layer = replace(published_layer(preset, mixer.label, core), mode="decode", dtype=dtype)
+        long, longer = state_bytes(replace(layer, seq_len=_LONG)), state_bytes(replace(layer, seq_len=_LONG + 1))
+        if long is None or longer is None:
+            return None
+        per_token = longer - long
+        count = preset.count(mixer.label)
+        fixed = long - _LONG * per_token
+        mixers.append(MixerState(mixer.label, layer.model, count, count * fixed, count * per_token))
+    return StackState(preset.name, dtype, tuple(mixers))
+
+
+def stack_states(dtype: str, core: str, names: Sequence[str] | None = None) -> list[StackState]:
+    """Every published model's stack state (or those named) that this release can count."""
+    chosen = [PUBLISHED[name] for name in names] if names is not None else list(PUBLISHED.values())
+    return [state for preset in chosen if (state := stack_state(preset, dtype, core)) is not None]
+
+
+@dataclass(frozen=True)
+class PresetCrossover:
+    """Where, in one model's own mixers, the recurrent one's cost crosses the attention one's."""
+
+    name: str
+    mode: str
+    dtype: str
+    recurrent: str  # the mixer labels
+    attention: str
+    seq_lens: tuple[int, ...]  # the lengths both were timed at with good evidence
+    at: tuple[float, ...]  # each crossing's interpolated n
+    recurrent_faster_from: bool | None  # after the (last) crossing, whether the recurrent mixer is the faster one
+    ratio_at_longest: float | None  # recurrent / attention time at the longest common n
+
+    def text(self) -> str:
+        if not self.seq_lens:
+            both = f"{self.recurrent} and {self.attention}"
+            return f"{self.name} {self.mode}: no length with good evidence for both {both}"
+        longest = self.seq_lens[-1]
+        ratio = f"{self.ratio_at_longest:.2f}×" if self.ratio_at_longest is not None else "?"
+        if not self.at:
+            side = "faster" if self.ratio_at_longest is not None and self.ratio_at_longest < 1 else "slower"
+            return (
+                f"{self.name} {self.mode}: {self.recurrent} is {side} than {self.attention} at every n from "
+                f"{self.seq_lens[0]} to {longest} ({ratio} its time at n={longest})"
+            )
+        where = ", ".join(f"n ≈ {x:,.0f}" for x in self.at)
+        after = "faster" if self.recurrent_faster_from else "slower"
+        return (
+            f"{self.name} {self.mode}: {self.recurrent} becomes {after} than {self.attention} at {where} "
+            f"({ratio} its time at n={longest})"
+        )
+
+
+def _mixer_label(preset: Published, result: Result) -> str | None:
+    """Which of ``preset``'s mixers a row is: the one whose model and options the row's case carries."""
+    options = dict(result.case.options)
+    for mixer in preset.mixers:
+        if mixer.model is not None and mixer.model != result.case.model:
+            continue
+        if mixer.model is None and any(m.model == result.case.model for m in preset.mixers if m.model is not None):
+            continue
+        if all(options.get(name) == value or (name not in options and _default(result, name, value))
+               for name, value in mixer.options):  # fmt: skip
+            return mixer.label
+    return None
+
+
+def _default(result: Result, name: str, value: object) -> bool:
+    """Whether option ``name`` left out of a row's case is at ``value``, or one a decode case leaves out (it changes
+    only the whole-sequence form: ``catalogue.decode_inert``)."""
+    if result.case.mode == "decode" and name in decode_inert(result.case.model):
+        return True
+    return has_option(result.case, name) and option_of(result.case, name) == value
+
+
+def preset_crossovers(results: Sequence[Result]) -> list[PresetCrossover]:
+    """Per published model in the run, mode and dtype, each recurrent mixer against each attention mixer."""
+    rows: dict[tuple[str, str, str, str], dict[int, Result]] = {}
+    for result in results:
+        case = result.case
+        name = dict(case.options).get("preset")
+        if not isinstance(name, str) or name not in PUBLISHED or case.hybrid is not None:
+            continue
+        label = _mixer_label(PUBLISHED[name], result)
+        if label is not None and case.mode in ("forward", "train", "decode") and good_evidence(result):
+            rows.setdefault((name, case.mode, case.dtype, label), {})[case.seq_len] = result
+    found = []
+    for (name, mode, dtype), group in itertools.groupby(sorted(rows), key=lambda k: k[:3]):
+        preset = PUBLISHED[name]
+        labels = {key[3] for key in group}
+        recurrent = [m.label for m in preset.mixers if m.recurrent and m.label in labels]
+        attention = [m.label for m in preset.mixers if not m.recurrent and m.label in labels]
+        for r, a in itertools.product(recurrent, attention):
+            a_rows, r_rows = rows[(name, mode, dtype, a)], rows[(name, mode, dtype, r)]
+            ns = sorted(set(a_rows) & set(r_rows))
+            ys_r = [r_rows[n].median_s for n in ns]
+            ys_a = [a_rows[n].median_s for n in ns]
+            crossings = crossovers(ns, ys_r, ys_a) if ns else []
+            ratio = ys_r[-1] / ys_a[-1] if ns else None
+            faster = (ratio < 1) if crossings and ratio is not None else None
+            found.append(
+                PresetCrossover(name, mode, dtype, r, a, tuple(ns), tuple(c.x for c in crossings), faster, ratio)
+            )
+    return found

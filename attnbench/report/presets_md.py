@@ -1,0 +1,68 @@
+"""The published models' section of ``summary.md`` (issue 49): for each model a run's preset rows belong to, the
+decode state its whole stack pays per sequence and per token of context, and where its own recurrent mixer crosses
+its own attention mixer (``analysis.presets``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+from attnbench.analysis.presets import preset_crossovers, stack_state
+from attnbench.core.text import md_cell, md_text
+from attnbench.core.units import format_bytes
+from attnbench.families.catalogue import PRESET_CORE_DEFAULT, PUBLISHED
+from attnbench.results.records import Result
+
+__all__ = ["presets_markdown"]
+
+LEGEND = (
+    "Decode state of the whole published stack (every layer, the families' formulas, in the rows' dtype; a 16-bit "
+    "model's recurrent memory in float32): what one sequence holds whatever its length, what each token of context "
+    "adds, and the total at 8192 and 131072 tokens. Below, where each model's own recurrent mixer crosses its own "
+    "attention mixer (one layer of each, as the rows above time them)."
+)
+CONTEXTS = (8192, 131072)
+
+
+def presets_markdown(results: Sequence[Result]) -> list[str]:
+    """The section's markdown lines; none for a run without published presets' rows."""
+    found: dict[str, tuple[str, str]] = {}  # name -> (dtype, attention core)
+    for result in results:
+        name = dict(result.case.options).get("preset")
+        if isinstance(name, str) and name in PUBLISHED and name not in found:
+            found[name] = (result.case.dtype, _core(name, results))
+    if not found:
+        return []
+    rows = []
+    for name, (dtype, core) in found.items():
+        state = stack_state(PUBLISHED[name], dtype, core)
+        if state is None:
+            continue
+        mixers = ", ".join(f"{m.label} × {m.layers}" for m in state.mixers)
+        rows.append(
+            [
+                md_cell(name),
+                md_cell(mixers),
+                format_bytes(state.per_sequence_bytes),
+                format_bytes(state.per_token_bytes),
+                *(format_bytes(state.at(n)) for n in CONTEXTS),
+            ]
+        )
+    headers = ["model", "layers", "per sequence", "per token", *(f"at n={n}" for n in CONTEXTS)]
+    lines = ["", "## Published models: decode state and their own crossovers", "", LEGEND, ""]
+    lines.append(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
+    crossings = preset_crossovers(results)
+    if crossings:
+        lines += [""] + [f"- {md_text(c.text())}" for c in crossings]
+    return lines
+
+
+def _core(name: str, results: Sequence[Result]) -> str:
+    """The attention core a model's attention rows ran on (its mixers without a model of their own), else the
+    default."""
+    models = {m.model for m in PUBLISHED[name].mixers}
+    for result in results:
+        if dict(result.case.options).get("preset") == name and result.case.model not in models:
+            return result.case.model
+    return PRESET_CORE_DEFAULT[0]
