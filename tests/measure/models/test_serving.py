@@ -46,6 +46,7 @@ OTHERS = (
     "rwkv7",
     "kda",
     "mla",
+    "mamba3",
 )
 EXACT = {"atol": 1e-10, "rtol": 1e-10}
 N = 21  # the context (a prompt of N, or a verify after N)
