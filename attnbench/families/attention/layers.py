@@ -853,7 +853,9 @@ class AttentionTorch(NetworkFamily):
         extra: dict[str, ExtraValue] = {}
         if case.heads is not None and FAMILY.kv_heads(case) != case.heads:
             extra["gqa_path"] = gqa_path(case.model, case.heads, FAMILY.kv_heads(case) or case.heads)
-        if case.model == "sdpa":
+        if case.model == "sdpa" and not FAMILY.option(case, "sinks"):
+            # With sinks SDPA sees padded heads, one more key and a mask: the case's own shapes would not say which
+            # kernel ran, so the row claims none.
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, device)
         if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
             # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.
