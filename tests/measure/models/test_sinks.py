@@ -17,7 +17,14 @@ from attnbench.families.attention import layers as at
 from attnbench.families.attention.layers import SelfAttention, own_core
 from attnbench.families.catalogue import cannot_build
 from attnbench.families.flops import count_flops, count_parameters
-from attnbench.families.registry import build_model, make_decode_inputs, make_input, parameter_count, probe
+from attnbench.families.registry import (
+    build_model,
+    make_decode_inputs,
+    make_input,
+    parameter_count,
+    probe,
+    torch_family,
+)
 from attnbench.families.states import decodable, packed, prefill
 from tests.support import tiny_case
 
@@ -153,3 +160,7 @@ def test_the_counts_and_the_rules() -> None:
         problem = cannot_build(case(model))
         assert problem is not None and problem.option == "sinks"
     assert probe(case("sdpa-flash", window=5), "cpu") is None
+    # SDPA saw padded heads and one more key: a sinks row claims no dispatched kernel, a plain row does.
+    assert "sdpa_kernel" not in torch_family(case("sdpa")).extras(case("sdpa"), "cpu")
+    plain = replace(case("sdpa"), options=())
+    assert "sdpa_kernel" in torch_family(plain).extras(plain, "cpu")
