@@ -227,6 +227,18 @@ def test_the_flop_formula_is_what_the_counter_sees(mode: Mode, options: dict[str
     assert counted(c) == count_flops(c).flops
 
 
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+def test_the_train_formula_is_within_its_bound_of_the_counter(form: str) -> None:
+    """train = 3 × forward; torch's count of a train call within 5 % (the first token's products with a zero state
+    need no gradient)."""
+    c = case("train", 16, form=form, mimo_rank=2)
+    torch.manual_seed(0)
+    net = build_model(c, "cpu", torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        net(make_input(c, "cpu", torch.float32).requires_grad_()).sum().backward()
+    assert abs(counter.get_total_flops() / count_flops(c).flops - 1) <= 0.05
+
+
 def test_the_formula_ids_and_rules() -> None:
     assert count_flops(case()).formula == "mamba3-chunked-v1"
     assert count_flops(case("decode", scope="block")).formula == "mamba3-recurrent-block-decode-v1"
