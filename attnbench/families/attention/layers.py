@@ -25,6 +25,16 @@ model's kernel; the decode set-up's untimed prefill stays on SDPA, so an explici
 decode context. flex has no chunk (it compiles per exact shape: the family refuses its serving questions). A verify
 rolls back by truncating the cache to n + r (``rollback_method`` truncate). Packed lengths run the projections on
 the packed tokens and the core over each sequence alone (flash-attn's varlen kernel does them in one call).
+
+Sinks (option ``sinks``, gpt-oss's; Xiao et al. 2023, arXiv:2309.17453, learned): one logit s_h per query head in
+every softmax's denominator, o_i = Σ_j e^{l_ij} v_j / (e^{s_h} + Σ_j e^{l_ij}), with or without a window. The explicit
+core writes it out (the sink a column of the scores). An SDPA core runs it on its own backend as one extra key: q, k
+and v padded to D + E (E ≥ 1, the total a multiple of 8), q's first extra channel 1, a sink key at position 0 whose
+first extra channel is s_h·√D and a zero value, ``scale`` 1/√D, so the sink's score is s_h exactly and its value adds
+nothing; the causal mask aligned bottom-right over the S + 1 keys (``causal_lower_right``) keeps the sink visible to
+every query, a window's band gets a visible first column. K and V are repeated per query head there (one sink key per
+query head). A decode step with sinks is one query's scores over the cache, written out for every core (no copy of
+the cache, as the extra key would need). flash-attn and flex take no sinks: the family refuses them.
 """
 
 from __future__ import annotations
@@ -269,6 +279,13 @@ class SdpaCore(nn.Module):
         with sdpa_kernel(self.backend):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
+    def explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Any, scale: float) -> torch.Tensor:
+        """SDPA on the core's backend with a mask and a scale of the caller's (K and V with Q's heads)."""
+        if self.backend is None or (_PINNED and _PINNED[-1] == self.backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        with sdpa_kernel(self.backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -511,6 +528,67 @@ class FlexCore(nn.Module):
         raise NotImplementedError("flex compiles per exact shape: a chunk attending to a cache is not implemented")
 
 
+# ---------------------------------------------------------------------------------------------------- sinks
+def visible(
+    length: int, keys: int, *, causal: bool, window: int, masks: MaskCache, device: torch.device
+) -> torch.Tensor | None:
+    """(T, S) bool of the keys T queries (the last T of S positions) see, None where every key is seen: the band for
+    a whole sequence, the causal mask aligned bottom-right for a chunk (a chunk with a window is refused)."""
+    if length == keys:
+        return masks.get(length, causal=causal, window=window, device=device)
+    return torch.ones(length, keys, dtype=torch.bool, device=device).tril(keys - length)
+
+
+def explicit_sinks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, keep: torch.Tensor | None
+) -> torch.Tensor:
+    """softmax([s_h, QKᵀ/√D]) · [0; V], written out: the sink a column of the scores (module notes)."""
+    heads = q.shape[1]
+    k, v = repeat_kv(k, heads), repeat_kv(v, heads)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, T, S)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    sink = sinks.to(scores.dtype).view(1, heads, 1, 1).expand(*scores.shape[:-1], 1)
+    weights = torch.cat([sink, scores], dim=-1).softmax(dim=-1)
+    return weights[..., 1:] @ v  # (B, H, T, D)
+
+
+def sink_padding(head_dim: int) -> int:
+    """E: the channels added to a head (at least one, the total a multiple of 8, as fused kernels want)."""
+    return 8 - head_dim % 8
+
+
+def with_sink_key(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v padded to D + E with the sink as key 0 (module notes): k, v (B, H, S + 1, D + E)."""
+    batch, heads, _, d = q.shape
+    extra = sink_padding(d)
+    k, v = repeat_kv(k, heads), repeat_kv(v, heads)
+    one = F.pad(q.new_ones(1), (0, extra - 1))  # (E,): [1, 0, …]
+    q = torch.cat([q, one.expand(*q.shape[:-1], extra)], dim=-1)
+    key = F.pad((sinks.to(q.dtype) * d**0.5).view(heads, 1, 1), (d, extra - 1))  # (H, 1, D + E): s_h·√D at D
+    k = torch.cat([key.expand(batch, heads, 1, d + extra), F.pad(k, (0, extra))], dim=2)
+    v = F.pad(v, (0, extra, 1, 0))  # a zero value for the sink, and the padding
+    return q, k, v
+
+
+def sink_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, sinks: torch.Tensor) -> torch.Tensor:
+    """One query (B, H, 1, D) against the cache's n + 1 slots and the sink, written out: K/V grouped per key/value
+    head (no repeat, no copy of the cache)."""
+    n = cache.length
+    cache.check_room()
+    cache.write(k, v, n)
+    keys, values = cache.keys(n + 1), cache.values(n + 1)  # (B, H_kv, S, D)
+    batch, heads, _, d = q.shape
+    heads_kv = keys.shape[1]
+    grouped = q.reshape(batch, heads_kv, heads // heads_kv, d)  # query heads j·G … j·G + G − 1 on key head j
+    scores = (grouped @ keys.transpose(-2, -1)) * d**-0.5  # (B, H_kv, G, S)
+    sink = sinks.to(scores.dtype).view(1, heads_kv, heads // heads_kv, 1).expand(batch, -1, -1, 1)
+    weights = torch.cat([sink, scores], dim=-1).softmax(dim=-1)
+    return (weights[..., 1:] @ values).reshape(batch, heads, 1, d)
+
+
 class SelfAttention(nn.Module):
     """One multi-head self-attention layer around a parameter-free core; the FFN and norms are the block's
     (``attnbench.families.blocks``). ``rotary`` (RoPE, parameter-free too) rotates queries and keys per head."""
@@ -552,6 +630,34 @@ class SelfAttention(nn.Module):
         # Per-head RMSNorm of queries and keys, one weight of D each (Qwen3's q_norm and k_norm).
         self.q_norm = nn.RMSNorm(self.head_dim, device=device, dtype=dtype) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, device=device, dtype=dtype) if qk_norm else None
+        self.sinks: nn.Parameter | None = None
+
+    def add_sinks(self) -> None:
+        """A learned sink logit per query head (module notes), drawn after every other weight of the model, so a
+        seed gives the same projections with sinks or without."""
+        weight = self.qkv.weight
+        self.sinks = nn.Parameter(torch.randn(self.heads, device=weight.device, dtype=weight.dtype))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The core over T queries and S ≥ T keys (a chunk's queries the last T), with the sinks where on."""
+        if self.sinks is None:
+            core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a chunk
+            return core.chunk(q, k, v) if q.shape[-2] != k.shape[-2] else self.core(q, k, v)
+        causal, window = bool(getattr(self.core, "causal", True)), int(getattr(self.core, "window", 0))
+        masks = getattr(self.core, "masks", None)
+        made = masks if isinstance(masks, MaskCache) else MaskCache()
+        length, keys = q.shape[-2], k.shape[-2]
+        if not isinstance(self.core, SdpaCore):
+            keep = visible(length, keys, causal=causal, window=window, masks=made, device=q.device)
+            return explicit_sinks(q, k, v, self.sinks, keep)
+        qs, ks, vs = with_sink_key(q, k, v, self.sinks)
+        mask: Any = None
+        if window:
+            band = made.additive(length, causal=causal, window=window, device=q.device, dtype=q.dtype)
+            mask = F.pad(band, (1, 0)) if band is not None else None  # the sink's column, always visible
+        elif causal or length != keys:
+            mask = causal_lower_right(length, keys + 1)
+        return self.core.explicit(qs, ks, vs, mask=mask, scale=q.shape[-1] ** -0.5)[..., : q.shape[-1]]
 
     def _heads(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, T, D), k and v (B, H_kv, T, D): views of one fused projection, rotated for positions position…"""
@@ -583,7 +689,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(x, 0)
-        return self._merge(self.core(q, k, v), x)
+        return self._merge(self.core(q, k, v) if self.sinks is None else self._attend(q, k, v), x)
 
     def init_state(self, batch: int, capacity: int) -> KVCache:
         """H_kv heads of K and V for ``capacity`` positions, or a ring of the core's window."""
@@ -609,11 +715,10 @@ class SelfAttention(nn.Module):
         state.append(k, v)
         if not output:
             return None
-        if start or OWN_CORE.get():
-            core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a chunk
+        if start or OWN_CORE.get() or self.sinks is not None:
             end = start + x.shape[1]
             keys, values = (k, v) if not start else (state.keys(end), state.values(end))
-            return self._merge(core.chunk(q, keys, values), x)
+            return self._merge(self._attend(q, keys, values), x)
         window = int(getattr(self.core, "window", 0))
         if not window:
             return self._merge(sdpa(q, k, v, is_causal=True), x)
@@ -625,6 +730,8 @@ class SelfAttention(nn.Module):
     def step(self, x: torch.Tensor, state: KVCache) -> torch.Tensor:
         """(B, 1, d_model) at position n = the cache's length -> (B, 1, d_model)."""
         q, k, v = self._heads(x, state.length)
+        if self.sinks is not None:
+            return self._merge(sink_step(q, k, v, state, self.sinks), x)
         core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a step
         return self._merge(core.step(q, k, v, state), x)
 
@@ -650,6 +757,8 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x)  # (1, T, (H + 2·H_kv)·D)
         pieces = [self._split(qkv[:, start:end], 0) for start, end in spans(lengths)]  # each rotated from 0
         varlen = getattr(self.core, "varlen", None)
+        if self.sinks is not None:
+            return self._merge(torch.cat([self._attend(q, k, v) for q, k, v in pieces], dim=2), x)
         if varlen is not None:
             q, k, v = (torch.cat(parts, dim=2) for parts in zip(*pieces, strict=True))
             return self._merge(varlen(q, k, v, lengths), x)
@@ -760,7 +869,12 @@ def attention_network(
 class AttentionTorch(NetworkFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         core = CORES[case.model]
-        return attention_network(case, SelfAttention, lambda: core(case.causal, FAMILY.window(case)), device, dtype)
+        built = attention_network(case, SelfAttention, lambda: core(case.causal, FAMILY.window(case)), device, dtype)
+        if FAMILY.option(case, "sinks"):
+            for module in built.modules():
+                if isinstance(module, SelfAttention):
+                    module.add_sinks()
+        return built
 
     def probes(self, case: Case) -> bool:
         # flex compiles for its exact shapes (dynamic=False): a tiny copy's compile would be thrown away, so the
@@ -783,7 +897,9 @@ class AttentionTorch(NetworkFamily):
         extra: dict[str, ExtraValue] = {}
         if case.heads is not None and FAMILY.kv_heads(case) != case.heads:
             extra["gqa_path"] = gqa_path(case.model, case.heads, FAMILY.kv_heads(case) or case.heads)
-        if case.model == "sdpa":
+        if case.model == "sdpa" and not FAMILY.option(case, "sinks"):
+            # With sinks SDPA sees padded heads, one more key and a mask: the case's own shapes would not say which
+            # kernel ran, so the row claims none.
             extra["sdpa_kernel"] = sdpa_kernel_chosen(case, device)
         if case.model.startswith("sdpa") and case.dtype in ("float16", "bfloat16"):
             # Whether SDPA's math path (forced, or dispatch's fallback) computed in the row's dtype or in float32.

@@ -10,6 +10,9 @@ keys, the ring buffer's. The core's backward is 5 matmuls against the forward's 
 dQ, dK), so 2.5× the forward: the convention of FlashAttention's benchmarks (Dao 2023, FlashAttention-2 §4.1;
 Dao-AILab/flash-attention benchmarks/benchmark_flash_attention.py, ``flops``).
 
+Sinks (``sinks``, gpt-oss's learned per-head logit in the softmax's denominator) add one score per query and head,
+no product: the counts are those without (formula ids gain ``-sinks``); H parameters per layer; no decode state.
+
 Decode state: K and V of every position in every layer, 2 × layers × batch × (n + 1) × H_kv·head_dim × the dtype's
 bytes (the n context positions and the slot the new token's K and V are written into); a window of W keeps a ring
 of min(n + 1, W) slots, so its cache stops growing at n = W. Bookkeeping the kernels need beside it (flash-attn's
@@ -63,8 +66,18 @@ _OPTIONS = (
         "(Qwen3-Next's full-attention layers)",
     ),
     OptionSpec("qk_norm", bool, False, "RMSNorm (a weight of D) on every head's query and key (Qwen3, Qwen3-Next)"),
+    OptionSpec(
+        "sinks",
+        bool,
+        False,
+        "a learned sink logit per head in every softmax's denominator (gpt-oss's attention sinks; with or without a "
+        "window); vanilla and the SDPA cores",
+    ),
     shared.COMPILE,
 )
+# Cores that take no sinks: flash-attn's kernel has no sink logit, flex's score_mod no denominator term.
+_NO_SINKS = frozenset({"flash-attn", "flex"})
+SINKS_SUFFIX = "-sinks"
 # name, summary, devices, package
 _MODELS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("vanilla", "explicit QKᵀ/√d → softmax → ·V; materialises the n×n score matrix per head", ("cpu", "cuda"), None),
@@ -168,6 +181,12 @@ class AttentionFamily(Family):
 
     def cannot_build(self, case: Case) -> Problem | None:
         opt = self.values(case)
+        if case.model in _NO_SINKS and self.option(case, "sinks"):
+            return Problem(
+                f"{case.model} takes no attention sinks (its kernel has no extra logit in the softmax's denominator)",
+                "sinks",
+                "use sinks with vanilla or an SDPA core (sdpa-flash, sdpa-math, sdpa)",
+            )
         heads = case.heads or 0
         if heads and case.d_model % heads and not int(opt("head_dim")):
             return Problem(
@@ -230,6 +249,7 @@ class AttentionFamily(Family):
             stem,
             shared.GQA_SUFFIX * (shared.kv_heads(case, opt) != case.heads),
             shared.WINDOW_SUFFIX * bool(self.window(case)),
+            SINKS_SUFFIX * bool(self.option(case, "sinks")),
             shared.DECODE_SUFFIX * (case.mode == "decode"),
         )
 
@@ -260,7 +280,10 @@ class AttentionFamily(Family):
 
     def parameters(self, case: Case) -> int:
         opt = self.values(case)
-        return shared.network_parameters(case, opt, case.layers * shared.attention_layer_parameters(case, opt))
+        sinks = (case.heads or 0) if self.option(case, "sinks") else 0  # one logit per head and layer
+        return shared.network_parameters(
+            case, opt, case.layers * (shared.attention_layer_parameters(case, opt) + sinks)
+        )
 
     def state_bytes(self, case: Case) -> int:
         window = self.window(case)

@@ -18,6 +18,7 @@ from torch.nn.attention.bias import CausalBias
 
 from attnbench.core.cases import Case
 from attnbench.families.catalogue import MODELS, cannot_build
+from attnbench.families.mla.layers import LatentCache
 from attnbench.families.registry import build_model, make_input, probe
 from attnbench.families.states import (
     KVCache,
@@ -33,7 +34,20 @@ from tests.support import tiny_case
 
 # The four the issue names first; the delta rules, RWKV-7 and the rest of the families besides.
 FIRST = ("lstm", "mamba2", "linear-attn", "sdpa-flash")
-OTHERS = ("gru", "mingru", "minlstm", "vanilla", "sdpa", "sdpa-math", "gated-deltanet", "deltanet", "rwkv7")
+OTHERS = (
+    "gru",
+    "mingru",
+    "minlstm",
+    "vanilla",
+    "sdpa",
+    "sdpa-math",
+    "gated-deltanet",
+    "deltanet",
+    "rwkv7",
+    "kda",
+    "mla",
+    "mamba3",
+)
 EXACT = {"atol": 1e-10, "rtol": 1e-10}
 N = 21  # the context (a prompt of N, or a verify after N)
 
@@ -79,6 +93,9 @@ def states_equal(a: Any, b: Any) -> None:
         assert a.length == b.length
         torch.testing.assert_close(a.keys(a.length), b.keys(b.length), **EXACT)
         torch.testing.assert_close(a.values(a.length), b.values(b.length), **EXACT)
+    elif isinstance(a, LatentCache):  # MLA's: as a KV cache, the entries up to its length
+        assert a.length == b.length
+        torch.testing.assert_close(a.latent(a.length), b.latent(b.length), **EXACT)
     else:
         for x, y in zip(a.tensors(), b.tensors(), strict=True):
             torch.testing.assert_close(x, y, **EXACT)
