@@ -36,7 +36,7 @@ TOLERANCE: dict[str, float] = {
     "bfloat16": 1e-1,
 }
 
-_OPTIONAL = ("max_abs_err", "rel_err", "tol", "seq_len", "reference", "reason")
+_OPTIONAL = ("max_abs_err", "rel_err", "tol", "seq_len", "reference", "reason", "duration_s")
 
 
 def tolerance(dtype: str) -> float:
@@ -55,6 +55,8 @@ class NumericCheck:
     seq_len: int | None = None  # the tokens per sequence the check ran at
     reference: str = ""  # what the output was held to, in words ("form=recurrent, float64")
     reason: str = ""  # why it failed, was skipped or is unchecked
+    # The check's wall time in the process that ran it (its cost; 0 in a row whose check an earlier row ran).
+    duration_s: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -86,6 +88,7 @@ class NumericCheck:
             seq_len=None if seq_len is None else fields.integer(seq_len, "seq_len"),
             reference=fields.text(d.get("reference", ""), "reference"),
             reason=fields.text(d.get("reason", ""), "reason"),
+            duration_s=None if d.get("duration_s") is None else fields.duration(d["duration_s"], "duration_s"),
         )
 
 

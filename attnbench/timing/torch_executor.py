@@ -194,9 +194,12 @@ class TorchExecutor:
             check = NumericCheck("skipped", reason="the numerical check was turned off (check: off, sweep --no-check)")
         else:
             key = check_size(case).key
-            if key not in self._checks:
-                self._checks[key] = run_check(case, self.device, self.seed)
-            check = self._checks[key]
+            if key in self._checks:
+                check = replace(self._checks[key], duration_s=0.0)  # ran for an earlier row: it cost this one nothing
+            else:
+                started = time.perf_counter()
+                check = run_check(case, self.device, self.seed)
+                check = self._checks[key] = replace(check, duration_s=time.perf_counter() - started)
         if check.failed:
             return Result(case, "incorrect", f"output off its reference ({check.reference}): {check.reason}", check=check)
         early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
