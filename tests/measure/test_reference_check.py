@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -20,7 +21,7 @@ from attnbench.timing import reference_check, torch_executor
 from attnbench.timing.executor import ExecutorSettings
 from attnbench.timing.reference_check import run_check
 from attnbench.timing.torch_executor import TorchExecutor
-from tests.support import QUICK_TIMING, tiny_case
+from tests.support import QUICK_TIMING, ROOT, tiny_case
 
 QUICK = replace(TimingPolicy(**QUICK_TIMING), max_case_s=5.0)  # type: ignore[arg-type]
 CPU = torch.device("cpu")
@@ -235,3 +236,9 @@ def test_an_old_row_without_a_check_reads_back_and_a_bad_check_is_refused() -> N
     for bad in ({"status": "fine"}, {"status": "passed", "rel_err": -1.0}, {"status": "passed", "tol": 1e400}):
         with pytest.raises(ValueError):
             Result.from_dict({**row, "check": bad})
+
+
+def test_methodology_states_each_dtypes_tolerance() -> None:
+    page = (ROOT / "docs" / "explanation" / "methodology.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([0-9.e-]+) \|", page, flags=re.MULTILINE))
+    assert {dtype: float(value) for dtype, value in rows.items()} == TOLERANCE
