@@ -5,6 +5,7 @@ config's ``check: off`` time it without the check; a bad ``check`` value is bad 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,14 @@ def test_a_wrong_model_is_incorrect_fails_the_sweep_and_regresses_in_compare(tmp
     # The same cases, timed ok without the check and incorrect with it: a regression, exit 1.
     compared = runner.invoke(app, ["compare", str(unchecked), str(checked), "--format", "json"])
     assert compared.exit_code == EXIT_CASE_FAILED, compared.output
+    verdicts = {c["case"]["model"]: c["verdict"] for c in json.loads(compared.stdout)["cases"]}
+    assert verdicts == {"mingru": verdicts["mingru"], "my-wrong": "regressed"}
+    # history reads the status as a status of its own, in both runs' order
+    history = runner.invoke(app, ["history", str(unchecked), str(checked), "--format", "json"])
+    assert history.exit_code == 0, history.output
+    statuses = {p["status"] for c in json.loads(history.stdout)["cases"] for p in c["points"]}
+    assert {"ok", "incorrect"} <= statuses
+    assert "incorrect" in (checked / "summary.md").read_text()
 
 
 @pytest.mark.slow
