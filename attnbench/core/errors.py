@@ -19,7 +19,8 @@ EXIT_WRITE_FAILED = 74
 # What each code means: the exit-code reference of the docs is generated from this table.
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success, cases recorded as oom, unsupported or too_slow_for_budget included",
-    EXIT_CASE_FAILED: "a case ended error, crashed, timeout or incorrect (its output off its family's reference); compare found a regression; history --fail-on-step "
+    EXIT_CASE_FAILED: "a case ended error, crashed, timeout or incorrect (its output off its family's reference); "
+    "compare found a regression; history --fail-on-step "
     "found a new step that made things worse; selfcheck disagreed (an interval beyond the tolerance); or a submit "
     "task failed or left cases missing (--resume reruns them)",
     EXIT_BAD_INPUT: "bad input (a config, flag or file; a refused resume or merge; a missing submitit; an sbatch that "

@@ -221,8 +221,8 @@ COLUMN_MEANINGS: dict[str, str] = {
     "heads": "attention heads (empty for a recurrent model)",
     "layers": "stacked layers or blocks",
     "causal": "causal mask (a unidirectional RNN is causal by construction)",
-    "status": "ok, oom, unsupported, error, timeout, crashed, too_slow_for_budget or incorrect (the numerical check failed: "
-    "not timed)",
+    "status": "ok, oom, unsupported, error, timeout, crashed, too_slow_for_budget or incorrect (the numerical "
+    "check failed: not timed)",
     "reason": "why a row is not ok, in words",
     "median_ms": "median time per call",
     "ci95_low_ms": "lower end of the median's distribution-free 95 % confidence interval",

@@ -201,7 +201,8 @@ class TorchExecutor:
                 check = run_check(case, self.device, self.seed)
                 check = self._checks[key] = replace(check, duration_s=time.perf_counter() - started)
         if check.failed:
-            return Result(case, "incorrect", f"output off its reference ({check.reference}): {check.reason}", check=check)
+            reason = f"output off its reference ({check.reference}): {check.reason}"
+            return Result(case, "incorrect", reason, check=check)
         early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
         return replace(self._measure(case, early), check=check)
 

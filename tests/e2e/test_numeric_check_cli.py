@@ -52,7 +52,12 @@ def test_a_wrong_model_is_incorrect_fails_the_sweep_and_regresses_in_compare(tmp
     assert code == EXIT_CASE_FAILED, output
     stored = load_run(checked)
     status = {(r.case.model, r.case.seq_len): r.status for r in stored.results}
-    assert status == {("mingru", 16): "ok", ("mingru", 48): "ok", ("my-wrong", 16): "incorrect", ("my-wrong", 48): "incorrect"}
+    assert status == {
+        ("mingru", 16): "ok",
+        ("mingru", 48): "ok",
+        ("my-wrong", 16): "incorrect",
+        ("my-wrong", 48): "incorrect",
+    }
     table = list(csv.DictReader((checked / "summary.csv").open()))
     wrong = [row for row in table if row["model"] == "my-wrong"]
     assert {row["status"] for row in wrong} == {"incorrect"} and {row["check_status"] for row in wrong} == {"failed"}
