@@ -125,19 +125,19 @@ class UserTorch(TorchFamily):
         where it has none (the row's check says ``unchecked``)."""
         if not isinstance(model, Referenced):
             return None
-        return UserReference(copy.deepcopy(model).to(torch.float64))
+        twin: Any = copy.deepcopy(model).to(torch.float64)  # still the user's class: Referenced
+        return UserReference(twin)
 
 
 class UserReference(nn.Module):
     """A user's module whose call is its ``reference`` method: what the check holds its forward to."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Referenced) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.model.reference(x)
-        return out
+        return self.model.reference(x)
 
 
 # At least this share of a model's floating-point parameter elements must be in the case's dtype: a bf16 model keeps
