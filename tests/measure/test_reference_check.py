@@ -242,3 +242,18 @@ def test_methodology_states_each_dtypes_tolerance() -> None:
     page = (ROOT / "docs" / "explanation" / "methodology.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `(\w+)` \| ([0-9.e-]+) \|", page, flags=re.MULTILINE))
     assert {dtype: float(value) for dtype, value in rows.items()} == TOLERANCE
+
+
+@pytest.mark.slow
+def test_an_isolated_workers_rows_carry_their_check_and_a_wrong_one_stays_incorrect() -> None:
+    """The row crosses the worker's pipe with its check; a user model off its reference is incorrect there too."""
+    from attnbench.sweeps.isolated_executor import IsolatedExecutor
+
+    isolated = IsolatedExecutor(ExecutorSettings("cpu", QUICK, threads=1, timeout_s=120, telemetry="off"))
+    try:
+        right_row = isolated.run(tiny_case("mingru", seq_len=32, d_model=16))
+        wrong_row = isolated.run(user_case("off_by_1e_2"))
+    finally:
+        isolated.close()
+    assert right_row.ok and right_row.check is not None and right_row.check.status == "passed"
+    assert wrong_row.status == "incorrect" and wrong_row.check is not None and wrong_row.check.status == "failed"
