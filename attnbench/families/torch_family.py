@@ -76,6 +76,14 @@ def with_options(case: Case, values: Mapping[str, OptionValue]) -> Case:
     return replace(case, options=tuple(sorted(merged.items())))
 
 
+def with_weights_of(twin: nn.Module, model: nn.Module) -> nn.Module:
+    """``twin`` (a reference built in float64) holding ``model``'s parameters and buffers, by name, in float64, and
+    in ``model``'s train or eval mode."""
+    weights = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    twin.load_state_dict(weights)
+    return twin.train(model.training)
+
+
 class Unsupported(Exception):
     """The model cannot run this case here, said while building it (a user model without the decode protocol):
     the executor records an ``unsupported`` row with this reason."""
@@ -156,9 +164,7 @@ class TorchFamily:
         ``reference`` method)."""
         with rng_untouched(device):
             twin = self.build(self.reference_case(case), device, torch.float64)
-        weights = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in model.state_dict().items()}
-        twin.load_state_dict(weights)
-        return twin.train(model.training)
+        return with_weights_of(twin, model)
 
     # ------------------------------------------------------------------------------------------ process and calls
     def prepare_process(self) -> None:

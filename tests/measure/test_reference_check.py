@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnbench.core.cases import Case, TimingPolicy, UserModel
+from attnbench.core.cases import Case, HybridModel, TimingPolicy, UserModel
 from attnbench.families.deltanet import layers as deltanet
 from attnbench.families.deltanet.layers import DeltaNetTorch
 from attnbench.results.numerics import TOLERANCE, NumericCheck
@@ -107,6 +107,16 @@ def test_a_decode_state_wrong_in_the_case_dtype_only_is_caught_by_the_state_comp
     assert failed.status == "failed" and failed.rel_err is not None and failed.rel_err > failed.tol
 
 
+def test_a_hybrid_holds_each_member_to_its_own_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hybrid's chunked member with its gates flipped: the stack is incorrect, so its reference ran the member's
+    recurrent form rather than the same chunked one in float64."""
+    pattern = ("gated-deltanet", "sdpa-flash")
+    case = Case("stack", "forward", "float32", "cpu", 2, 96, 32, 4, 2, True, hybrid=HybridModel(pattern))
+    assert run_check(case, CPU, 0).status == "passed"
+    monkeypatch.setattr(deltanet, "delta_rule_chunked", _flipped_gates(deltanet.delta_rule_chunked))
+    assert run_check(case, CPU, 0).status == "failed"
+
+
 @pytest.mark.parametrize(
     ("model", "options"),
     [
@@ -115,6 +125,7 @@ def test_a_decode_state_wrong_in_the_case_dtype_only_is_caught_by_the_state_comp
         ("mamba2", {"chunk": 8}),
         ("rwkv7", {"chunk": 8}),
         ("linear-attn", {"chunk": 8}),
+        ("vanilla", {"scope": "model", "vocab": 100, "positional": "learned", "max_len": 65}),  # a preset's table
     ],
 )
 @pytest.mark.parametrize("mode", ["forward", "train", "decode"])

@@ -18,7 +18,7 @@ from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, Stack, front, network
 from attnbench.families.catalogue import HYBRID, spec_of
 from attnbench.families.registry import build_model, call_context, row_extras, torch_family
-from attnbench.families.torch_family import package_problem
+from attnbench.families.torch_family import package_problem, rng_untouched, with_weights_of
 
 
 class HybridTorch(NetworkFamily):
@@ -31,6 +31,16 @@ class HybridTorch(NetworkFamily):
         """One cycle of the pattern, so that the probe runs every member's kernel."""
         assert case.hybrid is not None
         return replace(super().tiny(case), layers=len(case.hybrid.pattern))
+
+    def reference(self, case: Case, model: nn.Module, device: str) -> nn.Module | None:
+        """The same stack with every member in its own family's reference form (the recurrent form, the explicit
+        attention), eager, in float64, holding ``model``'s weights."""
+        with rng_untouched(device):
+            made = front(case, device, torch.float64)
+            members = [torch_family(m).reference_case(m) for m in HYBRID.members(case)]
+            blocks = [torch_family(m).build(m, device, torch.float64) for m in members]
+            twin = network(case, Stack(*blocks), made, device, torch.float64)
+        return with_weights_of(twin, model)
 
     def unavailable(self, case: Case, device_type: str) -> str | None:
         for member in HYBRID.distinct(case):
