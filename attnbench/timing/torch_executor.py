@@ -91,6 +91,7 @@ class TorchExecutor:
         # The numerical checks this executor ran, by the key of the check-sized case: one serves every length at or
         # above the check's (the check's cost is then per model, options, dtype and mode, not per case).
         self._checks: dict[str, NumericCheck] = {}
+        self._case_check: NumericCheck | None = None  # the running case's, for a row its exception makes
         self.broken = ""  # why no case can run any more (the CUDA context died), or "" while it can
         self._process_warmup_s: float | None = None  # None: the process warm-up has not run yet
         self._host_memory: RssPeak | None = None
@@ -114,6 +115,7 @@ class TorchExecutor:
 
         early = None if on_timed is None else lambda result: on_timed(stamped(result))
         kept = KeptTorchState()
+        self._case_check = None
         try:
             first = None
             if self._process_warmup_s is None:  # before the first case only: see measure.process_warmup
@@ -136,6 +138,8 @@ class TorchExecutor:
                     self._release()
                 raise
             result = Result(case, "error", exited(case, exc))  # a user model's sys.exit(n) ends its row, not the sweep
+        if result.check is None and self._case_check is not None:  # a case that raised after its check passed
+            result = replace(result, check=self._case_check)
         failure = self._release()
         if failure is not None:
             result = self._retire(result, failure)
@@ -200,6 +204,7 @@ class TorchExecutor:
                 started = time.perf_counter()
                 check = run_check(case, self.device, self.seed)
                 check = self._checks[key] = replace(check, duration_s=time.perf_counter() - started)
+        self._case_check = check
         if check.failed:
             reason = f"output off its reference ({check.reference}): {check.reason}"
             return Result(case, "incorrect", reason, check=check)

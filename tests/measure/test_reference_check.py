@@ -268,3 +268,10 @@ def test_an_isolated_workers_rows_carry_their_check_and_a_wrong_one_stays_incorr
         isolated.close()
     assert right_row.ok and right_row.check is not None and right_row.check.status == "passed"
     assert wrong_row.status == "incorrect" and wrong_row.check is not None and wrong_row.check.status == "failed"
+
+
+def test_a_case_that_fails_after_its_check_keeps_the_check_on_its_row() -> None:
+    # K and V of 65536 sequences × 2^21 positions: beyond any address space, found after the check passed.
+    case = Case("sdpa", "decode", "float32", "cpu", 65536, 2**21, 64, 4, 1, True)
+    result = executor().run(case)
+    assert result.status == "oom" and result.check is not None and result.check.status == "passed"
