@@ -275,3 +275,34 @@ def test_a_case_that_fails_after_its_check_keeps_the_check_on_its_row() -> None:
     case = Case("sdpa", "decode", "float32", "cpu", 65536, 2**21, 64, 4, 1, True)
     result = executor().run(case)
     assert result.status == "oom" and result.check is not None and result.check.status == "passed"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(
+    ("model", "options"),
+    [
+        ("lstm", {}),  # cuDNN, TF32 by default in float32: the tolerance must leave it room
+        ("sdpa-flash", {}),
+        ("sdpa-efficient", {}),
+        ("sdpa-cudnn", {}),
+        ("sdpa", {}),
+        ("flash-attn", {}),
+        ("gated-deltanet", {"kernel": "fla"}),
+        ("mamba2", {"kernel": "mamba_ssm"}),
+    ],
+)
+@pytest.mark.parametrize("mode", ["forward", "train", "decode"])
+def test_every_fused_gpu_kernel_that_runs_here_passes_its_check(
+    model: str, options: dict[str, Any], dtype: str, mode: str
+) -> None:
+    from attnbench.families.registry import probe
+
+    case = tiny_case(model, mode=mode, dtype=dtype, device="cuda:0", seq_len=256, d_model=128, heads=2, causal=True)
+    case = replace(case, options=tuple(sorted(options.items())))  # type: ignore[arg-type]
+    reason = probe(case, "cuda:0")
+    if reason is not None:
+        pytest.skip(reason)
+    check = run_check(case, torch.device("cuda:0"), 0)
+    assert check.status == "passed", (check.rel_err, check.tol, check.reason)
