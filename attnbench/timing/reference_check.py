@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -202,12 +202,8 @@ def _decode_pairs(
             reference.prefill(_wide(context), ref_state, output=False)
             reference.step(_wide(token), ref_state)
             ref_state.advance()
-            pairs += list(zip(held, _tensors(ref_state.tensors()), strict=True))
+            pairs += list(zip(held, list(ref_state.tensors()), strict=True))
     return pairs
-
-
-def _tensors(tensors: Iterable[torch.Tensor]) -> Sequence[torch.Tensor]:
-    return list(tensors)
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
