@@ -9,6 +9,8 @@
 - The serving protocols (API 3), each optional: ``Verifiable`` (``verify``, ``rollback``) for ``mode: verify``,
   ``Packable`` (``packed``) for packed lengths, and a state that is ``Resettable`` (emptied before a timed prefill)
   or ``Fillable`` (made to stand in for n tokens in ``mode: capacity``).
+- ``Referenced`` (``reference``, optional): a slow form of the module's function that the numerical check holds its
+  output to, in float64, before the case is timed (without it the row's check is ``unchecked``).
 
 Torch-free: a plugin's spec module imports this and stays light.
 """
@@ -26,6 +28,7 @@ from attnbench.families.plugins import (
     ModelRequest,
     Option,
     Packable,
+    Referenced,
     Resettable,
     Verifiable,
 )
@@ -41,6 +44,7 @@ __all__ = [
     "ModelRequest",
     "Option",
     "Packable",
+    "Referenced",
     "Resettable",
     "Verifiable",
 ]

@@ -181,7 +181,7 @@ def process_medians(measurement: Measurement) -> tuple[float, ...]:
     return measurement.replicate_medians_s or (measurement.median_s,)
 
 
-_SEVERITY = ("crashed", "error", "timeout", "oom", "unsupported", "too_slow_for_budget")
+_SEVERITY = ("crashed", "error", "incorrect", "timeout", "oom", "unsupported", "too_slow_for_budget")
 
 
 def _side_status(rows: Sequence[Result]) -> tuple[str, str]:

@@ -20,11 +20,12 @@ Verdict, with threshold t for the case (its model/mode pattern, its model, or th
 interval lies entirely above 1 + t, ``improved`` entirely below 1 − t, ``same`` inside [1 − t, 1 + t], ``noisy``
 otherwise. A change must be both
 larger than the threshold *and* significant to regress, so noise alone cannot fail a build. Statuses decide before
-timings: ok → anything else (oom, unsupported, error, timeout, crashed) is ``regressed``, a non-ok case that now
-runs is ``improved``, a case that newly ends error/timeout/crashed is ``regressed``, two non-ok ends are ``same``;
-``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that was contended
-(``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
-and says which side — unless a side is a folder of runs with enough uncontended ones to judge on without them.
+timings: ok → anything else (oom, unsupported, error, timeout, crashed, incorrect) is ``regressed``, a non-ok case
+that now runs is ``improved``, a case that newly ends error/timeout/crashed/incorrect is ``regressed``, two non-ok
+ends are ``same``; ``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that
+was contended (``Result.contended``: another process competed for the machine while it was timed) on either side
+is ``noisy``, and says which side — unless a side is a folder of runs with enough uncontended ones to judge on
+without them.
 
 A comparison asks this of every case at once, so a timed regression or improvement must also survive the
 Benjamini–Hochberg procedure over all the timed cases, at 2.5 % per direction (``case_compare.control_discoveries``):

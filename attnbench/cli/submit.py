@@ -2,7 +2,7 @@
 and merged into one run; ``--status FOLDER`` and ``--resume FOLDER`` for a submission already made.
 
 Exit codes: 0 every shard finished and the merged run is complete; 1 a task failed or was lost, cases are
-missing (``--resume`` reruns them) or a case ended error/crashed/timeout; 2 bad input (including a missing
+missing (``--resume`` reruns them) or a case ended error/crashed/timeout/incorrect; 2 bad input (including a missing
 submitit, or an sbatch that refused the array); 3 the shards' environments are not comparable; 130 interrupted
 while waiting (the jobs go on).
 """

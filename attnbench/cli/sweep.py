@@ -125,6 +125,13 @@ def sweep(
         bool,
         typer.Option("--run-once", help="Time one call per case after the warm-up (under nsys or ncu); no CI."),
     ] = False,
+    no_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-check",
+            help="Time without first holding each case's output to its family's reference (the config's check: off).",
+        ),
+    ] = False,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -169,6 +176,7 @@ def sweep(
         profile=profile,
         nvtx=nvtx,
         run_once=run_once,
+        no_check=no_check,
     )
     if dry_run:
         _print_plan(plan_sweep(request))

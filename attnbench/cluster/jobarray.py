@@ -184,7 +184,7 @@ def _outcome(task: Task, error: BaseException | None, value: object = None) -> T
     seconds = time.monotonic() - task.started
     if error is None:
         code = value.get("exit_code") if isinstance(value, dict) else None
-        detail = "some cases ended error, timeout or crashed (their rows say why)" if code == 1 else ""
+        detail = "some cases ended error, timeout, crashed or incorrect (their rows say why)" if code == 1 else ""
         return TaskOutcome(task.shard, task.job.job_id, "done", detail, seconds)
     text = str(error)
     marker = "ShardFailed: "

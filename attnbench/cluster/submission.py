@@ -427,7 +427,7 @@ class ShardState:
     shard: Shard
     cases: int  # in the shard
     rows: int = 0  # of those, with a row
-    failed: int = 0  # rows that ended error, timeout or crashed
+    failed: int = 0  # rows that ended error, timeout, crashed or incorrect
     folder: Path | None = None
     run_state: str = ""  # running, complete, interrupted; "" before the task made its folder
     problem: str = ""  # the folder does not read: where and why

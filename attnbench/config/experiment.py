@@ -153,6 +153,7 @@ class Experiment:
     presets: tuple[Axes, ...] = ()  # one fixed-size grid per preset named under presets
     decode: Axes | None = None  # the decode: section's grid
     order: tuple[str, ...] = SECTION_ORDER  # which section's cases run first
+    check: bool = True  # hold each case's output to its family's reference before timing it (config ``check``)
 
     def interval_for(self, device: str) -> float:
         """The telemetry sampler's polling interval on ``device`` (see ConfigModel.telemetry_interval_s)."""
@@ -364,6 +365,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         "skip_larger_after_oom": m.skip_larger_after_oom,
         "telemetry": m.telemetry,
         "telemetry_interval_s": m.telemetry_interval_s,
+        **({"check": m.check} if m.check != "on" else {}),  # only when off: other configs keep their sha256
         # Only with models the user brought: what each was, so the stored run expands without their code.
         **({"users": {name: entry.record() for name, entry in users.items()}} if users else {}),
         **serving.resolved,  # only the serving keys given: a config without them keeps its sha256
@@ -389,6 +391,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         presets=presets,
         decode=decode,
         order=order,
+        check=m.check == "on",
     )
     _check_size(experiment, ctx, force)
     axis_paths = {name: path for name, (_, path) in given_axes.items()}

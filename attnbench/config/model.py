@@ -47,6 +47,11 @@ def preset_names(value: Any) -> Any:
     return {"names": value} if isinstance(value, list | str) else value
 
 
+def yaml_on_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``on`` as true and ``off`` as false: ``check: off`` means the word."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 def yaml_off(value: Any) -> Any:
     """YAML 1.1 reads a bare ``off`` as false: ``telemetry: off`` means the word."""
     return "off" if value is False else value
@@ -349,6 +354,10 @@ class _Config(_Strict):
     null = 60 s + 10 × timing.max_case_s."""
     skip_larger_after_oom: bool = True
     """Once a model runs out of memory at some seq_len, record its longer lengths as oom without running them."""
+    check: Annotated[Literal["on", "off"], BeforeValidator(yaml_on_off)] = "on"
+    """on: before a case is timed, run its path once on a small input and hold its output (and a decode state) to
+    its family's reference in float64; a case off it by more than its dtype's tolerance is an incorrect row, never
+    timed. off: time without checking (sweep --no-check)."""
     telemetry: Annotated[Literal["off", "basic", "full"], BeforeValidator(yaml_off)] = "basic"
     """Hardware telemetry around each case's timed window: off; basic (NVML utilisation, memory, power and clocks
     on a GPU, psutil CPU use); full (basic + NVML GPM counters on Hopper and newer)."""

@@ -6,7 +6,7 @@ Stdlib only. Library code raises these; only ``cli`` turns them into a red line 
 from __future__ import annotations
 
 EXIT_OK = 0
-EXIT_CASE_FAILED = 1  # a case ended error/crashed/timeout (or compare found a regression)
+EXIT_CASE_FAILED = 1  # a case ended error/crashed/timeout/incorrect (or compare found a regression)
 EXIT_BAD_INPUT = 2
 EXIT_NOT_COMPARABLE = 3
 EXIT_NO_BASELINE = 4
@@ -19,7 +19,8 @@ EXIT_WRITE_FAILED = 74
 # What each code means: the exit-code reference of the docs is generated from this table.
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success, cases recorded as oom, unsupported or too_slow_for_budget included",
-    EXIT_CASE_FAILED: "a case ended error, crashed or timeout; compare found a regression; history --fail-on-step "
+    EXIT_CASE_FAILED: "a case ended error, crashed, timeout or incorrect (its output off its family's reference); "
+    "compare found a regression; history --fail-on-step "
     "found a new step that made things worse; selfcheck disagreed (an interval beyond the tolerance); or a submit "
     "task failed or left cases missing (--resume reruns them)",
     EXIT_BAD_INPUT: "bad input (a config, flag or file; a refused resume or merge; a missing submitit; an sbatch that "

@@ -288,3 +288,11 @@ class NetworkFamily(TorchFamily):
         if int(option_of(case, "max_len")):
             options["max_len"] = tiny.seq_len + (case.span - case.seq_len)  # a decode also needs position n
         return replace(tiny, options=tuple(sorted(options.items())))
+
+    def check_case(self, case: Case) -> Case:
+        """The probe's model at the check's length: its learned table covers the check's positions."""
+        small = super().check_case(case)
+        if not int(option_of(case, "max_len")):
+            return small
+        options = {**dict(small.options), "max_len": small.seq_len + (case.span - case.seq_len)}
+        return replace(small, options=tuple(sorted(options.items())))

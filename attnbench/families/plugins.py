@@ -22,11 +22,13 @@ field mattered): attnbench refuses a plugin written for a newer one, naming both
   ``Packable`` (``packed``). A state may also be ``Resettable`` (a timed prefill empties it rather than allocating a
   new one per call) and ``Fillable`` (a capacity row pretends it holds n tokens rather than computing them). A model
   without the method a question needs is an ``unsupported`` row that says which.
+- The **numerical check** holds a module's output to its ``reference`` method where it has one (``Referenced``).
 
 History: 1 — ModelPlugin, ModelRequest, the decode protocol described in prose. 2 — ``api_version`` is checked,
 options may be ``Option``s, and the decode protocol is typed here (``Decodable``, ``DecodeState``, ``DropsScratch``).
 3 — the serving protocols, all optional: ``Verifiable``, ``Packable``, ``Resettable``, ``Fillable``; ``ModelRequest``
-may carry the modes ``capacity``, ``prefill`` and ``verify`` and ``packing`` (the packed lengths).
+may carry the modes ``capacity``, ``prefill`` and ``verify`` and ``packing`` (the packed lengths). Added since, optional
+(nothing a factory written for 3 did changes): ``Referenced`` (``reference``, the numerical check's reference).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "ModelRequest",
     "Option",
     "Packable",
+    "Referenced",
     "Resettable",
     "Verifiable",
     "plugin_options",
@@ -169,6 +172,16 @@ class Packable(Protocol):
     at each sequence's first token), so that each equals the sequence run alone."""
 
     def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Referenced(Protocol):
+    """A module with a slow, plain form of its own function (optional): ``reference(x)`` takes what ``forward``
+    takes and returns what it should. Before a case is timed, attnbench runs the module's own path once on a small
+    input and holds its output to ``reference`` run on a float64 copy of the module; an output off it by more than the
+    dtype's tolerance is an ``incorrect`` row, never timed. Without it the row's check says ``unchecked``."""
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @runtime_checkable

@@ -10,19 +10,22 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from attnbench.core.cases import DTYPES, Case
+from attnbench.core.cases import DTYPES, Case, OptionValue
 from attnbench.families.base import ExtraValue
 from attnbench.families.catalogue import family_of
 
 # The probe's input: large enough to take the real kernels' paths, small enough to cost nothing. The probe's model
 # keeps the case's widths (the kernels depend on them) but one layer.
 PROBE_BATCH, PROBE_SEQ_LEN = 1, 16
+# The numerical check's input (``attnbench.timing.reference_check``): two sequences (a kernel that mixes the batch
+# shows), 32 tokens unless a family needs more to take its path (a chunked form: several chunks).
+CHECK_BATCH, CHECK_SEQ_LEN = 2, 32
 
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -63,6 +66,22 @@ def rng_untouched(device: str) -> Iterator[None]:
     cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         yield
+
+
+def with_options(case: Case, values: Mapping[str, OptionValue]) -> Case:
+    """``case`` with the options of ``values`` that its model has set to those values (the others left out)."""
+    family = family_of(case)
+    merged = dict(case.options)
+    merged.update({name: value for name, value in values.items() if family.has_option(case, name)})
+    return replace(case, options=tuple(sorted(merged.items())))
+
+
+def with_weights_of(twin: nn.Module, model: nn.Module) -> nn.Module:
+    """``twin`` (a reference built in float64) holding ``model``'s parameters and buffers, by name, in float64, and
+    in ``model``'s train or eval mode."""
+    weights = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    twin.load_state_dict(weights)
+    return twin.train(model.training)
 
 
 class Unsupported(Exception):
@@ -135,6 +154,31 @@ class TorchFamily:
         """The torch.compile mode ``case`` asks for (its ``compile`` option), or ``none``: eager."""
         family = family_of(case)
         return str(family.option(case, "compile")) if family.has_option(case, "compile") else "none"
+
+    # ------------------------------------------------------------------------------------------ the numerical check
+    def check_seq_len(self, case: Case) -> int:
+        """The tokens the numerical check runs ``case``'s path over (32; a chunked form asks for several chunks)."""
+        return CHECK_SEQ_LEN
+
+    def check_case(self, case: Case) -> Case:
+        """``case`` at the numerical check's size: the probe's model (one layer, its widths kept), at most
+        ``CHECK_BATCH`` sequences of at most ``check_seq_len`` tokens; same kernel, dtype, options and mode."""
+        n = min(case.seq_len, self.check_seq_len(case))
+        return replace(self.tiny(case), batch=min(case.batch, CHECK_BATCH), seq_len=n)
+
+    def reference_case(self, case: Case) -> Case:
+        """The case whose model is the readable form of ``case``'s function, with the same weights: by default the
+        case itself, eager (a compiled one's ``compile`` at none). A family with a faster form names its readable
+        one (the recurrent form of a chunked or fused kernel, the explicit attention of a fused one)."""
+        return with_options(case, {"compile": "none"})
+
+    def reference(self, case: Case, model: nn.Module, device: str) -> nn.Module | None:
+        """The float64 model ``case``'s ``model`` is held to: ``reference_case`` built in float64 with ``model``'s
+        weights (its parameters and buffers, by name), or None where there is none (a user model without a
+        ``reference`` method)."""
+        with rng_untouched(device):
+            twin = self.build(self.reference_case(case), device, torch.float64)
+        return with_weights_of(twin, model)
 
     # ------------------------------------------------------------------------------------------ process and calls
     def prepare_process(self) -> None:

@@ -35,6 +35,7 @@ STATUS_TEXT = {
     "timeout": "timeout",
     "crashed": "crashed",
     "too_slow_for_budget": "too slow",
+    "incorrect": "wrong",
 }
 
 

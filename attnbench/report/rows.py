@@ -147,6 +147,12 @@ COLUMNS: tuple[str, ...] = (
     "rollback_method",
     "padded_ms",
     "padded_tokens_per_s",
+    # Issue 50: the numerical check against the family's float64 reference (results.numerics): passed, failed,
+    # unchecked or skipped; the largest absolute and relative errors, and the dtype's tolerance the latter is held to.
+    "check_status",
+    "check_max_abs_err",
+    "check_rel_err",
+    "check_tol",
     # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
     # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
     *(spec.name for spec, _ in FAMILY_COLUMNS),
@@ -182,7 +188,7 @@ _TEXT_COLUMNS = frozenset(
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "state_mem_method"),
         *("contention", "kind", "source", "bytes_formula", "peak_bw_source", "cache", "predicted_bound"),
-        *("packing", "rollback_method"),
+        *("packing", "rollback_method", "check_status"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -215,7 +221,8 @@ COLUMN_MEANINGS: dict[str, str] = {
     "heads": "attention heads (empty for a recurrent model)",
     "layers": "stacked layers or blocks",
     "causal": "causal mask (a unidirectional RNN is causal by construction)",
-    "status": "ok, oom, unsupported, error, timeout, crashed or too_slow_for_budget",
+    "status": "ok, oom, unsupported, error, timeout, crashed, too_slow_for_budget or incorrect (the numerical "
+    "check failed: not timed)",
     "reason": "why a row is not ok, in words",
     "median_ms": "median time per call",
     "ci95_low_ms": "lower end of the median's distribution-free 95 % confidence interval",
@@ -304,6 +311,13 @@ COLUMN_MEANINGS: dict[str, str] = {
     "kept), replay (a copy restored, the accepted tokens run again)",
     "padded_ms": "packed lengths: the same sequences padded to the longest as one batch, one call (median)",
     "padded_tokens_per_s": "packed lengths: useful tokens per second of the padded call (tokens_per_s: the packed one)",
+    "check_status": "the numerical check before timing: passed or failed (against the family's float64 reference), "
+    "unchecked (a model you bring without a reference method), skipped (turned off, or a serving question); empty "
+    "in rows from before it",
+    "check_max_abs_err": "the check's largest absolute difference from the reference (output, and decode state)",
+    "check_rel_err": "the check's largest absolute difference over the reference's largest absolute value",
+    "check_tol": "the relative error the row's dtype may show (float32 5e-3, bfloat16 0.1, …); above it the row is "
+    "incorrect, never timed",
 }
 
 
@@ -401,6 +415,10 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row["predicted_ms"], row["predicted_bound"] = to_ms(prediction.seconds), prediction.bound
         row["measured_over_predicted"] = measured_over_predicted(result, prediction)
     row.update(serving_columns(result))
+    if result.check is not None:
+        check = result.check
+        row.update(check_status=check.status, check_max_abs_err=check.max_abs_err, check_rel_err=check.rel_err)
+        row["check_tol"] = check.tol
     row["kind"] = kind_of(case) if known(case) else None
     row["source"] = case.user.source if case.user is not None else "built-in"
     compile_s = result.extra.get("compile_s")

@@ -36,6 +36,8 @@ Schema history (``SCHEMA_VERSION``):
       mixers, which its pattern names by label) and a pattern entry ``a+b`` (members side by side in one block);
       options ``head_dim``, ``bias``, ``output_gate``, ``qk_norm`` (attention) and ``heads_v`` (Gated DeltaNet);
       the published presets' names as values of ``preset``.
+      Issue 50: row ``check`` (``results.numerics.NumericCheck``: the numerical check against the family's
+      reference, with its errors and tolerance) and the status ``incorrect`` (the check failed; never timed).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -78,18 +80,23 @@ from attnbench.results.contention import Contention
 from attnbench.results.environment import CodeIdentity
 from attnbench.results.fields import FieldError
 from attnbench.results.measurement import Measurement
+from attnbench.results.numerics import NumericCheck
 from attnbench.results.telemetry import TelemetrySummary
 
 SCHEMA_VERSION = 1
 
 # too_slow_for_budget: timing.min_samples samples of the case do not fit in timing.max_case_s. Not a failure of the
 # case (exit 0, like unsupported), and never a timing: one or two samples are no evidence (issue 17, item 4).
-Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget"]
+# incorrect: the numerical check found the case's output off its family's reference (results.numerics); it is never
+# timed, since a fast wrong number is worse than none, and it fails a sweep as an error does (exit 1).
+Status = Literal["ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget", "incorrect"]
 
-STATUSES: tuple[Status, ...] = ("ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget")
+STATUSES: tuple[Status, ...] = (
+    *("ok", "oom", "unsupported", "error", "timeout", "crashed", "too_slow_for_budget", "incorrect"),
+)
 
 # Statuses that make `sweep` exit 1: the case broke, rather than the hardware saying no.
-FAILED: frozenset[str] = frozenset({"error", "timeout", "crashed"})
+FAILED: frozenset[str] = frozenset({"error", "timeout", "crashed", "incorrect"})
 
 RunState = Literal["running", "complete", "interrupted"]
 
@@ -136,6 +143,8 @@ class Result:
     # Whether other work competed for the machine while the case was timed (``measure.contention``); None when it
     # was not watched (a row that was never timed, or written before the watch existed).
     contention: Contention | None = None
+    # The numerical check against the family's reference (``results.numerics``); None in rows from before it.
+    check: NumericCheck | None = None
 
     @property
     def ok(self) -> bool:
@@ -204,6 +213,7 @@ class Result:
             # Absent rather than null when there is none, so rows from before telemetry read back unchanged.
             **({} if self.telemetry is None else {"telemetry": self.telemetry.to_dict(include_raw=include_raw)}),
             **({} if self.contention is None else {"contention": self.contention.to_dict()}),
+            **({} if self.check is None else {"check": self.check.to_dict()}),
         }
 
     @classmethod
@@ -214,7 +224,7 @@ class Result:
         if "key" in r:
             fields.text(r["key"], "key")  # derived from the case (Case.key) and recomputed from it, never trusted
         timed, memory, parameters = r.get("measurement"), r.get("memory"), r.get("parameters")
-        telemetry, contention = r.get("telemetry"), r.get("contention")
+        telemetry, contention, check = r.get("telemetry"), r.get("contention"), r.get("check")
         status = fields.choice(r["status"], "status", STATUSES, "status")
         if status == "ok" and timed is None:
             # Contradictory: every reader would take "ok" as a timing and find none (compare called it regressed).
@@ -231,6 +241,7 @@ class Result:
             extra=_extra(r.get("extra", {})),
             telemetry=None if telemetry is None else fields.nested("telemetry", TelemetrySummary.from_dict, telemetry),
             contention=None if contention is None else fields.nested("contention", Contention.from_dict, contention),
+            check=None if check is None else fields.nested("check", NumericCheck.from_dict, check),
         )
 
 
@@ -249,6 +260,7 @@ _RESULT_OPTIONAL = (
     "extra",
     "telemetry",
     "contention",
+    "check",
 )
 
 # The same caps a config is held to: a stored case beyond them was not written by a sweep.

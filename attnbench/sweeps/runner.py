@@ -80,6 +80,7 @@ class SweepRequest:
     profile: bool = False
     nvtx: bool = False
     run_once: bool = False
+    no_check: bool = False  # time without the numerical check (--no-check; the config's ``check: off``)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class SweepPlan:
             inject_slowdown=self.request.inject_slowdown,
             nvtx=self.request.nvtx and self.device.startswith("cuda"),
             run_once=self.request.run_once,
+            check=e.check and not self.request.no_check,
         )
 
 

@@ -45,6 +45,9 @@ class ExecutorSettings:
     trace_dir: str | None = None
     nvtx: bool = False
     run_once: bool = False
+    # Hold each case's output to its family's reference before timing it (timing.reference_check); off: config
+    # ``check: off`` or ``sweep --no-check``.
+    check: bool = True
 
     @property
     def interval_s(self) -> float:

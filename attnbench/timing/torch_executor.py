@@ -43,6 +43,7 @@ from attnbench.host.sensors import open_telemetry
 from attnbench.results.contention import Contention
 from attnbench.results.files import utc_now
 from attnbench.results.measurement import Measurement
+from attnbench.results.numerics import NumericCheck
 from attnbench.results.records import Memory, Result
 from attnbench.results.telemetry import TelemetrySummary
 from attnbench.timing.adaptive import Clock, measure, timed_row
@@ -63,6 +64,7 @@ from attnbench.timing.failures import describe, is_oom
 from attnbench.timing.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels, profile_refusal
 from attnbench.timing.process_warmup import warm_process
 from attnbench.timing.profiling import TRACES, nvtx_range, trace_name, trace_refusal, write_trace
+from attnbench.timing.reference_check import check_size, run_check
 from attnbench.timing.serving import Instruments, measure_serving, serves
 from attnbench.timing.torch_state import KeptTorchState
 
@@ -86,6 +88,10 @@ class TorchExecutor:
         # torch's import leaves ~170 000 long-lived objects that every full collection would walk (~0.1 s, twice
         # per case: a quarter of a small case's cost). Freezing them keeps gc.collect() to this run's garbage.
         gc.freeze()
+        # The numerical checks this executor ran, by the key of the check-sized case: one serves every length at or
+        # above the check's (the check's cost is then per model, options, dtype and mode, not per case).
+        self._checks: dict[str, NumericCheck] = {}
+        self._case_check: NumericCheck | None = None  # the running case's, for a row its exception makes
         self.broken = ""  # why no case can run any more (the CUDA context died), or "" while it can
         self._process_warmup_s: float | None = None  # None: the process warm-up has not run yet
         self._host_memory: RssPeak | None = None
@@ -109,6 +115,7 @@ class TorchExecutor:
 
         early = None if on_timed is None else lambda result: on_timed(stamped(result))
         kept = KeptTorchState()
+        self._case_check = None
         try:
             first = None
             if self._process_warmup_s is None:  # before the first case only: see measure.process_warmup
@@ -120,7 +127,7 @@ class TorchExecutor:
                     self._process_warmup_s = 0.0
             reason = self._policy_problem(case) or probe(case, str(self.device))
             with kept:  # what a model sets for the whole process (threads, dtype, backends) ends with its case
-                result = Result(case, "unsupported", reason) if reason is not None else self._measure(case, early)
+                result = Result(case, "unsupported", reason) if reason is not None else self._checked(case, early)
             if first is not None and result.ok:  # the row says its process was warmed up just before it
                 result = replace(result, extra={**result.extra, "process_warmup_s": first})
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
@@ -131,6 +138,8 @@ class TorchExecutor:
                     self._release()
                 raise
             result = Result(case, "error", exited(case, exc))  # a user model's sys.exit(n) ends its row, not the sweep
+        if result.check is None and self._case_check is not None:  # a case that raised after its check passed
+            result = replace(result, check=self._case_check)
         failure = self._release()
         if failure is not None:
             result = self._retire(result, failure)
@@ -181,6 +190,26 @@ class TorchExecutor:
         except Exception as exc:
             return describe(exc)
         return None
+
+    def _checked(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
+        """The numerical check first (``timing.reference_check``), once per check-sized case in this executor; a
+        case whose output is off its reference is ``incorrect`` and never timed; any other carries its check."""
+        if not self.settings.check:
+            check = NumericCheck("skipped", reason="the numerical check was turned off (check: off, sweep --no-check)")
+        else:
+            key = check_size(case).key
+            if key in self._checks:
+                check = replace(self._checks[key], duration_s=0.0)  # ran for an earlier row: it cost this one nothing
+            else:
+                started = time.perf_counter()
+                check = run_check(case, self.device, self.seed)
+                check = self._checks[key] = replace(check, duration_s=time.perf_counter() - started)
+        self._case_check = check
+        if check.failed:
+            reason = f"output off its reference ({check.reference}): {check.reason}"
+            return Result(case, "incorrect", reason, check=check)
+        early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
+        return replace(self._measure(case, early), check=check)
 
     def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
         if serves(case):  # capacity, prefill, verify, packed lengths: set up and timed by timing.serving

@@ -270,6 +270,11 @@ def test_per_model_threshold_applies() -> None:
         ("error", "crashed", "same"),
         ("oom", "unsupported", "same"),
         ("oom", "oom", "same"),
+        # issue 50: output off its reference, never timed, is a failure of its own
+        ("ok", "incorrect", "regressed"),
+        ("unsupported", "incorrect", "regressed"),
+        ("incorrect", "ok", "improved"),
+        ("error", "incorrect", "same"),
     ],
 )
 def test_status_changes_decide_before_timings(base: str, current: str, verdict: str) -> None:

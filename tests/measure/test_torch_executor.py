@@ -67,9 +67,10 @@ def test_a_forced_backend_is_entered_once_per_case_not_per_call_and_layer(
     m = result.timing
     calls = m.warmup_calls + len(m.samples_s) * m.calls_per_sample + 1  # + the peak-memory call
     assert calls >= 3  # entered per call and layer, that would be ≥ 12 entries
-    # The probe's one-layer forward and train's forward for the gradient's shape (both untimed) enter per layer;
-    # every timed call runs inside the one scope the executor opened. Before, every call entered once per layer.
-    outside = 1 + (layers if mode == "train" else 0)
+    # The probe's one-layer forward and train's forward for the gradient's shape (both untimed) enter per layer, the
+    # numerical check's call once, in its own scope (its reference, vanilla, forces nothing); every timed call runs
+    # inside the one scope the executor opened. Before, every call entered once per layer.
+    outside = 1 + 1 + (layers if mode == "train" else 0)
     assert len(sdpa_kernel_entries) == outside + 1
     assert set(sdpa_kernel_entries) == {SDPBackend.MATH}
 

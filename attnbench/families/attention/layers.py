@@ -44,6 +44,7 @@ import importlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -926,6 +927,11 @@ class AttentionTorch(NetworkFamily):
 
     def call_context(self, case: Case, model: nn.Module) -> contextlib.AbstractContextManager[object]:
         return timed_call(model)
+
+    def reference_case(self, case: Case) -> Case:
+        """The explicit formula (QKᵀ/√d, softmax, ·V), eager: what every fused core (SDPA's backends, flash-attn,
+        flex) computes faster, with the same weights (the cores have none of their own)."""
+        return super().reference_case(replace(case, model="vanilla"))
 
 
 # SDPBackend is a pybind11 enum: SDPBackend(99) does not raise, so map the int back through its members.

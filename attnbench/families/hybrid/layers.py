@@ -7,7 +7,7 @@ members' states and KV caches in order. The torch-free half is ``attnbench.famil
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -19,7 +19,7 @@ from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, fr
 from attnbench.families.catalogue import HYBRID, spec_of
 from attnbench.families.registry import build_model, call_context, launch_limit, row_extras, torch_family
 from attnbench.families.states import StackState, decodable, packed, rollback, verify
-from attnbench.families.torch_family import LaunchLimit, package_problem
+from attnbench.families.torch_family import LaunchLimit, package_problem, rng_untouched, with_weights_of
 
 
 class SideBySide(nn.Module):
@@ -57,11 +57,15 @@ class SideBySide(nn.Module):
 
 class HybridTorch(NetworkFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
+        return self._stack(case, device, dtype, lambda member: member)
+
+    def _stack(self, case: Case, device: str, dtype: torch.dtype, form: Callable[[Case], Case]) -> nn.Module:
+        """The stack, each member built as ``form`` says (itself, or its family's reference form)."""
         made = front(case, device, dtype)  # before any block, as every family makes it
         ffn_mult = int(HYBRID.option(case, "ffn_mult"))
         blocks: list[nn.Module] = []
         for i in range(case.layers):
-            members = HYBRID.block(case, i)
+            members = [form(member) for member in HYBRID.block(case, i)]
             if len(members) == 1:
                 blocks.append(build_model(members[0], device, dtype))
             else:  # one pre-norm block around the members side by side, with its FFN
@@ -73,6 +77,13 @@ class HybridTorch(NetworkFamily):
         """One cycle of the pattern, so that the probe runs every member's kernel."""
         assert case.hybrid is not None
         return replace(super().tiny(case), layers=len(case.hybrid.pattern))
+
+    def reference(self, case: Case, model: nn.Module, device: str) -> nn.Module | None:
+        """The same stack with every member in its own family's reference form (the recurrent form, the explicit
+        attention), eager, in float64, holding ``model``'s weights."""
+        with rng_untouched(device):
+            twin = self._stack(case, device, torch.float64, lambda member: torch_family(member).reference_case(member))
+        return with_weights_of(twin, model)
 
     def unavailable(self, case: Case, device_type: str) -> str | None:
         for member in HYBRID.distinct(case):

@@ -29,6 +29,7 @@ from attnbench.core.cases import Case
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.minrnn.spec import FAMILY
 from attnbench.families.states import LayerStack, RecurrentState
+from attnbench.families.torch_family import with_options
 
 Scan = Literal["parallel", "sequential"]
 MinCell = Literal["mingru", "minlstm"]
@@ -174,6 +175,10 @@ class MinRnnTorch(NetworkFamily):
             device,
             dtype,
         )
+
+    def reference_case(self, case: Case) -> Case:
+        """The recurrence one step at a time: what the parallel (log-space) scan computes faster."""
+        return with_options(super().reference_case(case), {"scan": "sequential"})
 
 
 TORCH = MinRnnTorch()

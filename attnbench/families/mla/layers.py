@@ -33,6 +33,7 @@ from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, fr
 from attnbench.families.mla.spec import FAMILY
 from attnbench.families.positional import Rotary
 from attnbench.families.states import LayerStack, spans
+from attnbench.families.torch_family import with_options
 
 _NORM_EPS = 1e-6  # DeepSeek's RMSNorm eps
 
@@ -286,6 +287,11 @@ class MLATorch(NetworkFamily):
             for _ in range(case.layers)
         ]
         return network(case, Stack(*blocks), made, device, dtype)
+
+    def reference_case(self, case: Case) -> Case:
+        """The naive form (every head's keys and values up-projected from the latent, then attention written
+        out): what the absorbed decode computes faster, with the same weights."""
+        return with_options(super().reference_case(case), {"form": "naive"})
 
 
 TORCH = MLATorch()

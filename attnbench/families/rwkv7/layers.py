@@ -63,6 +63,7 @@ from attnbench.families.deltanet.layers import (
 from attnbench.families.deltanet.spec import FORMS
 from attnbench.families.rwkv7.spec import FAMILY, default_ranks
 from attnbench.families.states import LayerStack
+from attnbench.families.torch_family import with_options
 
 # fla's decay bound: log w = −e^{−1/2}·σ(·) ∈ (−0.607, 0).
 DECAY_SCALE = math.exp(-0.5)
@@ -324,6 +325,17 @@ class RWKV7Torch(NetworkFamily):
 
     def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
         return fla_extras(case, str(FAMILY.option(case, "kernel")))
+
+    def check_seq_len(self, case: Case) -> int:
+        """Two whole chunks and part of a third: the state a chunked form carries across chunks is on the path."""
+        if FAMILY.option(case, "form") != "chunked":
+            return super().check_seq_len(case)
+        return 2 * int(FAMILY.option(case, "chunk")) + 3
+
+    def reference_case(self, case: Case) -> Case:
+        """The recurrent form, one token at a time in plain torch: what the chunked form and the fused kernels
+        compute faster."""
+        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})
 
 
 TORCH = RWKV7Torch()

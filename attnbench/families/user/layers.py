@@ -10,16 +10,25 @@ an ``unsupported`` row. None of it stops the sweep: every other row is kept.
 
 from __future__ import annotations
 
+import copy
 import importlib
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from attnbench.core.cases import STATEFUL_MODES, Case
-from attnbench.families.plugins import ModelRequest, Packable, Verifiable
+from attnbench.families.plugins import ModelRequest, Packable, Referenced, Verifiable
 from attnbench.families.states import Decodable
-from attnbench.families.torch_family import TorchFamily, Unsupported, one_line, torch_dtype
+from attnbench.families.torch_family import (
+    CHECK_BATCH,
+    CHECK_SEQ_LEN,
+    TorchFamily,
+    Unsupported,
+    one_line,
+    torch_dtype,
+)
 
 
 class UserModelError(Exception):
@@ -105,6 +114,30 @@ class UserTorch(TorchFamily):
                 "cannot run sequences packed end to end"
             )
         return module
+
+    def check_case(self, case: Case) -> Case:
+        """The factory's model as asked (its layers kept: there is no probe's copy of it) at the check's batch and
+        length."""
+        return replace(case, batch=min(case.batch, CHECK_BATCH), seq_len=min(case.seq_len, CHECK_SEQ_LEN))
+
+    def reference(self, case: Case, model: nn.Module, device: str) -> nn.Module | None:
+        """The module's own ``reference`` method (``attnbench.plugin.Referenced``) on a float64 copy of it, or None
+        where it has none (the row's check says ``unchecked``)."""
+        if not isinstance(model, Referenced):
+            return None
+        twin: Any = copy.deepcopy(model).to(torch.float64)  # still the user's class: Referenced
+        return UserReference(twin)
+
+
+class UserReference(nn.Module):
+    """A user's module whose call is its ``reference`` method: what the check holds its forward to."""
+
+    def __init__(self, model: Referenced) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.reference(x)
 
 
 # At least this share of a model's floating-point parameter elements must be in the case's dtype: a bf16 model keeps
