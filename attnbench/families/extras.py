@@ -88,7 +88,13 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("state_mem_method", str, "", "how state_mem_bytes was measured: cuda-allocator, resident-pages"),
     ExtraSpec("prefill_s", float, "s", "the decode set-up's prefill of the context (untimed)"),
     # The serving questions (issue 41).
-    ExtraSpec("capacity_batch", int, "", "mode capacity: the largest batch whose decode step fits the memory budget"),
+    ExtraSpec(
+        "capacity_batch",
+        int,
+        "",
+        "mode capacity: the largest batch whose decode step fits the memory budget",
+        minimum=1,
+    ),
     ExtraSpec("bytes_per_sequence", int, "bytes", "mode capacity: the memory one more sequence adds, measured"),
     ExtraSpec(
         "memory_budget_bytes", int, "bytes", "mode capacity: the budget held to (a GPU's default where none given)"

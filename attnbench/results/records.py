@@ -171,7 +171,7 @@ class Result:
         """Tokens one timed call produces: the case's (``Case.tokens``), or for a capacity row one per sequence of
         the batch it found (``capacity_batch``)."""
         found = _count(self.extra.get("capacity_batch")) if self.case.mode == "capacity" else None
-        return found if found is not None else self.case.tokens
+        return found if found is not None and found > 0 else self.case.tokens  # 0 only if built in memory
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -383,7 +383,7 @@ def _extra(data: object) -> dict[str, str | int | float | bool | None]:
             raise fields.expected(key, "a string, number, boolean or null", value)
         spec = known.get(name)
         if spec is not None and not spec.fits(value):
-            raise fields.expected(key, f"{spec.type.__name__} or null ({spec.help})", value)
+            raise fields.expected(key, spec.wanted, value)
         _bounded(value, key)
     return dict(data)
 

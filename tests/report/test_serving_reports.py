@@ -114,3 +114,23 @@ def test_every_reader_takes_a_serving_run(tmp_path: Path) -> None:
         assert out.exit_code == 0, out.output
     site = runner.invoke(app, ["publish", str(SERVING_FIXTURE), "-o", str(tmp_path / "site")])
     assert site.exit_code == 0, site.output
+
+
+@pytest.mark.parametrize("batch", [0, -1000])
+@pytest.mark.parametrize("form", ["table", "md", "html"])
+def test_a_stored_capacity_out_of_bounds_is_one_error_line_in_every_report(
+    tmp_path: Path, batch: int, form: str
+) -> None:
+    """Issue 50 §3.5: a stored ``capacity_batch: 0`` divided by zero in report's pivot (a traceback), a negative one
+    read as a negative tokens/s: both are a damaged row, refused by key with exit 2."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "runs" / "tiny-serving-cpu", run)
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    (capacity,) = [r for r in rows if "mode=capacity" in r["key"] and r["case"]["seq_len"] == 16 and "lstm" in r["key"]]
+    capacity["extra"]["capacity_batch"] = batch
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["report", str(run), "-f", form])
+    assert result.exit_code == 2
+    assert "extra.capacity_batch" in result.output
