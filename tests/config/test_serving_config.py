@@ -122,3 +122,19 @@ def test_a_sweep_that_resolves_to_a_cpu_refuses_a_capacity_without_a_budget(tmp_
     config.write_text(serving(device="auto", memory_budget=None))
     result = runner.invoke(app, ["sweep", str(config), "--device", "cpu", "--dry-run", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "memory_budget" in result.output
+
+
+@pytest.mark.parametrize("budget", ["1kiB", "1 kiB", "9" * 400, "9" * 400 + "GiB"])
+def test_a_budget_unit_typo_or_overflow_is_one_error_line(tmp_path: Path, budget: str) -> None:
+    """Issue 50 §3.5: ``1kiB`` was a KeyError and 400 digits an OverflowError, in a config and through --set."""
+    assert refusal(serving(memory_budget=budget)).key == "memory_budget"
+    config = tmp_path / "serving.yaml"
+    config.write_text(serving())
+    for args in (["validate", str(config)], ["sweep", str(config), "--dry-run"]):
+        extra = [] if args[0] == "validate" else ["--set", f"memory_budget={budget}"]
+        if args[0] == "validate":
+            config.write_text(serving(memory_budget=budget))
+        out = runner.invoke(app, [*args, *extra])
+        assert out.exit_code == 2 and not isinstance(out.exception, KeyError | OverflowError), out.output
+        assert "memory_budget" in out.output
+        config.write_text(serving())
