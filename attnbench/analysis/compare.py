@@ -22,6 +22,8 @@ otherwise. A change must be both
 larger than the threshold *and* significant to regress, so noise alone cannot fail a build. Statuses decide before
 timings: ok → anything else (oom, unsupported, error, timeout, crashed) is ``regressed``, a non-ok case that now
 runs is ``improved``, a case that newly ends error/timeout/crashed is ``regressed``, two non-ok ends are ``same``;
+ok ↔ too_slow_for_budget is no status change but ``noisy`` (how many samples fit a budget is a timing: a case at
+its budget's edge flips on unchanged code, ``case_compare.budget_flip``);
 ``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that was contended
 (``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
 and says which side — unless a side is a folder of runs with enough uncontended ones to judge on without them.
