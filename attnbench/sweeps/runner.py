@@ -29,7 +29,7 @@ from attnbench.host.busy import logical_cores, wait_for_idle
 from attnbench.host.devices import device_slug, guess_device, resolve_device, resolve_threads, threads_handed_back
 from attnbench.host.inventory import code_identity, collect_environment
 from attnbench.results import fields
-from attnbench.results.calibration import Calibration, load_cached
+from attnbench.results.calibration import Calibration, cache_path, foreign, load_cached
 from attnbench.results.contention import Contention
 from attnbench.results.environment import Environment
 from attnbench.results.files import remove_leftovers, utc_now
@@ -489,9 +489,17 @@ def _cached_calibration(environment: Environment) -> tuple[Calibration | None, s
     """The machine's cached ceilings, if 'attnbench calibrate' ran here: never measured implicitly (that takes a
     minute); without them pct_of_peak falls back to vendor peaks. A damaged cache costs a warning."""
     try:
-        return load_cached(environment.fingerprint()), ""
+        cached = load_cached(environment.fingerprint())
     except ResultsError as exc:
         return None, f"{exc.message}; pct_of_peak uses vendor peaks ({exc.hint})"
+    why = None if cached is None else foreign(cached, environment.to_dict())
+    if why:  # filed under this machine's key, but measured elsewhere: never copied into a run (issue 50 §3.2)
+        return None, (
+            f"the cached calibration {cache_path(environment.fingerprint())} is not of this machine ({why}): it is "
+            "ignored, so pct_of_peak uses vendor peaks and compare its default floor; 'attnbench calibrate "
+            "--refresh' measures this one"
+        )
+    return cached, ""
 
 
 def _new_run_folder(out: Path, experiment: Experiment, device: str) -> Path:

@@ -632,7 +632,15 @@ def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.Mo
     def fake(device: str, wanted: tuple[str, ...], environment: Any, **_: Any) -> Calibration:
         asked.append(tuple(wanted))
         matmul = tuple(MatmulCeiling(d, 1e11, 256, ((256, 1e11),)) for d in wanted)
-        return Calibration(environment.fingerprint(), device, "cpu", "2026-12-02T00:00:00Z", None, None, matmul)
+        return Calibration(
+            environment.fingerprint(),
+            device,
+            environment.cpu_model,
+            "2026-12-02T00:00:00Z",
+            environment.torch,
+            environment.torch_threads,
+            matmul,
+        )
 
     monkeypatch.setattr(attnbench.instrument.ceilings, "calibrate", fake)
     noise = NoiseFloor(0.08, 0.02, 3, ("k",), (0.05,), "2026-12-03T00:00:00Z")
@@ -654,3 +662,36 @@ def test_the_commands_default_noise_processes_is_the_measurements() -> None:
     from attnbench.instrument.noise import DEFAULT_PROCESSES
 
     assert inspect.signature(calibrate).parameters["noise_processes"].default == DEFAULT_PROCESSES == 8
+
+
+def test_a_cached_calibration_measured_elsewhere_is_not_copied_into_a_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 50 §3.2: a calibration measured on an H100 but filed under this CPU's key was copied into a CPU run
+    without a word. It is ignored, saying so; this machine's own is copied as before, and calibrate measures anew."""
+    from attnbench.host.inventory import collect_environment
+    from attnbench.results.calibration import foreign, save
+    from attnbench.sweeps.runner import _cached_calibration
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
+    environment = collect_environment("cpu")
+    ceiling = (MatmulCeiling("float32", 1e15, 4096, ((4096, 1e15),)),)
+    own = Calibration(
+        environment.fingerprint(),
+        "cpu",
+        environment.cpu_model,
+        "2026-12-02T00:00:00Z",
+        environment.torch,
+        environment.torch_threads,
+        ceiling,
+    )
+    save(own)
+    assert _cached_calibration(environment) == (own, "")
+    for elsewhere in (
+        replace(own, device="cuda:0", device_name="NVIDIA H100 80GB HBM3"),
+        replace(own, torch="1.0.0"),
+        replace(own, torch_threads=(environment.torch_threads or 1) + 7),
+    ):
+        save(elsewhere)  # under this machine's key: the file's fingerprint is this machine's
+        calibration, problem = _cached_calibration(environment)
+        assert calibration is None and problem and foreign(elsewhere, environment.to_dict()) is not None
