@@ -102,6 +102,13 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("weight_bytes", int, "bytes", "mode capacity: the model's parameters and buffers, inside the budget"),
     ExtraSpec("capacity_method", str, "", "how the capacity was found: rss-fit (CPU), cuda-oom-search (GPU)"),
     ExtraSpec("capacity_capped", bool, "", "mode capacity: the search stopped at its largest batch; more would fit"),
+    ExtraSpec(
+        "capacity_unsettled",
+        str,
+        "",
+        "mode capacity: why the search did not settle (resident memory too noisy to confirm a batch); capacity_batch "
+        "is then the largest batch a try held within the budget, a lower bound",
+    ),
     ExtraSpec("prefill_chunks", int, "", "mode prefill: the pieces the prompt was fed in"),
     ExtraSpec("verify_s", float, "s", "mode verify: the verify call alone, median"),
     ExtraSpec("rollback_s", float, "s", "mode verify: the rollback alone, median"),

@@ -28,7 +28,8 @@ Schema history (``SCHEMA_VERSION``):
       mode's parameters, ``core.cases.SERVING_PARAMS``) and ``packing`` (the packed lengths of a forward or train
       case); ``extra`` may carry ``capacity_batch``, ``bytes_per_sequence``, ``memory_budget_bytes``,
       ``weight_bytes``, ``capacity_method``, ``capacity_capped``, ``prefill_chunks``, ``verify_s``, ``rollback_s``,
-      ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``.
+      ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``; later ``capacity_unsettled`` (issue 50: a search
+      that did not settle, its batch a lower bound). Every numeric extra is at least 0, ``capacity_batch`` at least 1.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """

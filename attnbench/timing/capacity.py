@@ -14,8 +14,9 @@ prefill where the state cannot) and running one step:
   time (a first run at a new batch may also pay for memory a kernel keeps, its workspace), then the batch is lowered
   in proportion and by ``CONFIRM_MARGIN``; one that fits with more than ``CAPACITY_SLACK`` of the budget to spare is
   raised in proportion (the line, fitted where the allocator's fixed costs still weigh, can overstate a sequence's
-  bytes); at most ``CONFIRMS`` batches, the largest that fitted kept. ``bytes_per_sequence`` is the growth from the
-  largest fitted point to the batch found.
+  bytes); at most ``CONFIRMS`` batches, the largest that fitted kept (where none did, on a noisy machine, the largest
+  growth point within the budget, a lower bound the row says it is: ``capacity_unsettled``). ``bytes_per_sequence``
+  is the growth from the largest fitted point to the batch found.
 
 A CPU reading is as clean as the allocator lets it be: glibc serves a buffer under its mmap threshold (at most
 32 MiB) from a heap whose history (freed, not yet reused) shows in the peak, by up to one such buffer; at budgets
@@ -65,6 +66,9 @@ class Capacity:
     weight_bytes: int
     method: str  # "rss-fit" (CPU), "cuda-oom-search" (GPU)
     capped: bool = False  # the batch reached MAX_CAPACITY: the budget would hold more
+    # Why the search did not settle ("" when it did): no confirmation fitted (a noisy machine's resident memory), so
+    # the batch is the largest of its tries that held within the budget, a lower bound.
+    unsettled: str = ""
 
 
 def margin_bytes(total: int) -> int:
@@ -170,14 +174,19 @@ def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) 
         if step <= best or step == found:
             break
         found = step
+    unsettled = ""
     if not best:
-        raise RuntimeError(
-            f"the capacity search did not settle: {found} sequences still took {format_bytes(held)} of the "
-            f"{format_bytes(room)} the weights leave of the budget after {CONFIRMS} tries"
+        # A noisy machine (issue 50 §3.7): no confirmation held, though the growth points did. Report what was
+        # found — the largest batch a try held within the budget — and say so, rather than fail the row.
+        best, best_held = max((b, m) for b, m in points if m <= room)
+        unsettled = (
+            f"the search did not settle: {found} sequences still took {format_bytes(held)} of the "
+            f"{format_bytes(room)} the weights leave after {CONFIRMS} tries; {best} is the largest batch a try held "
+            "within the budget (a lower bound)"
         )
     # What one more sequence adds at scale: from the largest growth point to the batch found.
     per_sequence = max(1, (best_held - m2) // (best - b2)) if best > b2 else slope
-    return Capacity(best, per_sequence, budget, weights, "rss-fit", capped=best >= MAX_CAPACITY)
+    return Capacity(best, per_sequence, budget, weights, "rss-fit", capped=best >= MAX_CAPACITY, unsettled=unsettled)
 
 
 def _on_gpu(run: Callable[[int], int], budget: int, weights: int, device: torch.device) -> Capacity:

@@ -216,6 +216,7 @@ class CapacitySetup:
             "weight_bytes": found.weight_bytes,
             "capacity_method": found.method,
             "capacity_capped": found.capped,
+            **({"capacity_unsettled": found.unsettled} if found.unsettled else {}),
             "state_bytes": tensor_bytes(self.state),
         }
 
