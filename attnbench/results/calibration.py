@@ -249,7 +249,7 @@ def foreign(calibration: Calibration, environment: Mapping[str, Any]) -> str | N
 
     try:  # the fingerprint of what the run.json says, not the one it stores beside it (a copy may keep a stale one)
         fingerprint = Environment.from_dict(environment).fingerprint()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # a partial environment: the fingerprint it stores, if any
         fingerprint = environment.get("fingerprint")
     device_type = str(environment.get("device_type") or environment.get("device") or "").split(":")[0]
     name = environment.get("gpu_name") or environment.get("cpu_model")
@@ -261,7 +261,8 @@ def foreign(calibration: Calibration, environment: Mapping[str, Any]) -> str | N
         ("torch threads", calibration.torch_threads, environment.get("torch_threads")),
     )
     for what, measured, here in checks:
-        if measured != here:
+        # A field the run does not record (an older or partial run.json) cannot tell; every recorded one must match.
+        if here is not None and here != "" and measured != here:
             return f"it was measured with {what} {measured!s:.60}, the run has {here!s:.60}"
     return None
 

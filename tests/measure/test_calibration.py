@@ -284,7 +284,10 @@ def test_pct_of_peak_uses_the_calibration_first() -> None:
 
 def test_vendor_peak_when_not_calibrated_or_dtype_missing() -> None:
     gpu = {"device_type": "cuda", "gpu_name": "NVIDIA H200"}
-    only_fp32 = calibration(matmul=(MatmulCeiling("float32", 5e13, 8192, ((8192, 5e13),)),), skipped={})
+    only_fp32 = calibration(  # measured on that GPU: another device's calibration is ignored
+        device="cuda:0", device_name="NVIDIA H200", matmul=(MatmulCeiling("float32", 5e13, 8192, ((8192, 5e13),)),)
+    )
+    only_fp32 = replace(only_fp32, skipped={})
     for cal in (None, only_fp32):
         peak = PeakTable.for_run(run_for(gpu, cal)).for_case(row(dtype="bfloat16", device="cuda:0").case)
         assert peak is not None and peak.source == "vendor NVIDIA H200 SXM bf16 dense"
@@ -315,7 +318,10 @@ def test_a_mig_slice_is_not_held_against_the_whole_gpu() -> None:
     assert vendor is None and why == MIG_NOTE
     assert "MIG slice" in vendor_line("NVIDIA H100 80GB HBM3", None, "cuda", why)
     # Its own calibration still applies: it was measured on the slice.
-    only_bf16 = calibration(matmul=(MatmulCeiling("bfloat16", 2e14, 8192, ((8192, 2e14),)),), skipped={})
+    only_bf16 = calibration(
+        device="cuda:0", device_name=mig["gpu_name"], matmul=(MatmulCeiling("bfloat16", 2e14, 8192, ((8192, 2e14),)),)
+    )
+    only_bf16 = replace(only_bf16, skipped={})
     calibrated = PeakTable.for_run(run_for(mig, only_bf16)).for_case(case)
     assert calibrated is not None and calibrated.source == "calibrated matmul bfloat16"
     whole = PeakTable.for_run(run_for({**mig, "gpu_mig": False})).for_case(case)
@@ -525,8 +531,14 @@ def default_fingerprint() -> str:
 
 
 def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
+    from attnbench.host.devices import resolve_threads, threads_handed_back
+    from attnbench.host.inventory import collect_environment
+
+    with threads_handed_back(resolve_threads(None, "cpu")):  # as calibrate looks it up (default_fingerprint)
+        here = collect_environment("cpu")  # measured on this machine and stack: another's would be measured again
     fingerprint = default_fingerprint()
-    save(calibration(fingerprint, skipped={"float16": "skipped in this test"}))
+    own = {"device_name": here.cpu_model, "torch": here.torch, "torch_threads": here.torch_threads}
+    save(calibration(fingerprint, skipped={"float16": "skipped in this test"}, **own))
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--noise-processes", "0"])
     assert result.exit_code == 0, result.output
     assert "calibrating" not in result.output  # nothing measured
