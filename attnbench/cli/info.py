@@ -42,6 +42,7 @@ def validate(
     """Check configs without running them: one line each, ok with the number of cases, or the error and a hint;
     exit 2 if any failed."""
     from attnbench.config.experiment import load_experiment
+    from attnbench.host.memory import check_budget
 
     paths = _config_files(configs)
     failed = 0
@@ -49,6 +50,8 @@ def validate(
     for path in paths:
         try:
             experiment = load_experiment(path, tuple(overrides or ()))
+            if "capacity" in experiment.axes.modes:  # a budget this machine cannot hold (a CPU's, torch-free)
+                check_budget(experiment.resolved.get("memory_budget"), experiment.device, str(path))
         except AttnbenchError as exc:
             if state["debug"]:
                 raise

@@ -28,6 +28,7 @@ from attnbench.core.shards import Shard
 from attnbench.host.busy import logical_cores, wait_for_idle
 from attnbench.host.devices import device_slug, guess_device, resolve_device, resolve_threads, threads_handed_back
 from attnbench.host.inventory import code_identity, collect_environment
+from attnbench.host.memory import check_budget
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration, cache_path, foreign, load_cached
 from attnbench.results.contention import Contention
@@ -186,6 +187,8 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
             f"mode capacity on {device} needs memory_budget: only a GPU has free memory to default to",
             hint="add memory_budget (e.g. 4GiB) to the config, or run it on a GPU",
         )
+    if "capacity" in experiment.axes.modes:
+        check_budget(experiment.resolved.get("memory_budget"), device, experiment.source)
     # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
     kept = tuple(r for r in stored.results if r.ok or not request.retry_failed) if stored else ()
     done = {r.case.key for r in kept}

@@ -43,7 +43,7 @@ from attnbench.core.units import format_bytes
 from attnbench.families.registry import make_input
 from attnbench.families.serving import chunks
 from attnbench.families.states import decodable, fill_state, tensor_bytes
-from attnbench.host.memory import RssPeak
+from attnbench.host.memory import RssPeak, bounded_allocation
 from attnbench.timing.failures import is_oom
 
 # The largest batch a search tries: far beyond a step anyone would time, short of one that would take hours on a CPU.
@@ -136,9 +136,16 @@ def _on_cpu(run: Callable[[int], int], budget: int, weights: int, rss: RssPeak) 
 
     def peak(batch: int) -> int:
         """The try's resident growth, and never less than the state it held: pages a long-lived process kept
-        resident from earlier work (freed, not handed back) would hide that much from the reading."""
+        resident from earlier work (freed, not handed back) would hide that much from the reading. A try may map
+        no more than the budget: one that asks for more does not fit, and is never made."""
         rss.start()
-        held = run(batch)
+        try:
+            with bounded_allocation(budget):
+                held = run(batch)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            return budget + 1  # over the room whatever the weights take
         return max(rss.peak_bytes(), held)
 
     points = [(1, peak(1))]
@@ -196,6 +203,8 @@ def _on_gpu(run: Callable[[int], int], budget: int, weights: int, device: torch.
     if not budget:
         free, _ = torch.cuda.mem_get_info(device)
         budget = free + torch.cuda.memory_reserved(device) - margin_bytes(total)
+    if budget > total:  # a budget the device cannot hold: the search would report the device's memory as it
+        raise ValueError(f"memory_budget {format_bytes(budget)} is more than {device}'s memory ({format_bytes(total)})")
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     before = float(getter(device)) if getter is not None else 1.0
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)

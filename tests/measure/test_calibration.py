@@ -592,10 +592,16 @@ def _sweep(tmp_path: Path) -> tuple[Path, str]:
 
 @pytest.mark.slow
 def test_sweep_records_the_cached_calibration(tmp_path: Path) -> None:
-    save(calibration(_sweep_fingerprint()))
+    from attnbench.host.devices import threads_handed_back
+    from attnbench.host.inventory import collect_environment
+
+    with threads_handed_back(1):
+        here = collect_environment("cpu")
+    # Measured on this machine and stack, as calibrate would have: another's is not copied (issue 50 §3.2).
+    save(calibration(_sweep_fingerprint(), device_name=here.cpu_model, torch=here.torch, torch_threads=1))
     folder, _ = _sweep(tmp_path)
     stored = load_run(folder)
-    assert stored.run.calibration is not None and stored.run.calibration.device_name == "Test CPU"
+    assert stored.run.calibration is not None and stored.run.calibration.device_name == here.cpu_model
     (csv_row,) = csv.DictReader(io.StringIO(render_csv(stored.results, stored.run)))
     assert csv_row["peak_source"] == "calibrated matmul float32" and float(csv_row["pct_of_peak"]) > 0
 

@@ -237,3 +237,29 @@ def test_a_search_that_does_not_settle_reports_the_largest_batch_that_held() -> 
     assert len([b for b in meter.tries if b not in (1, 2, 16, 128)]) >= 1  # confirmations were tried
     steady = FakeRss(lambda b: 1000 + 300 * b)
     assert not _on_cpu(steady.run, room, 0, steady).unsettled  # type: ignore[arg-type]
+
+
+def test_a_try_may_not_allocate_beyond_its_budget() -> None:
+    """Issue 50 §3.4: a plugin's ``fill_to`` that asks for 50 GB was attempted. A try is bounded by its budget: an
+    allocation beyond fails at once and the try does not fit; one within runs as before."""
+    from attnbench.host.memory import bounded_allocation
+    from attnbench.timing.failures import is_oom
+
+    huge = 8 * 2**30  # 8 GiB, asked for and never touched: unbounded, the kernel would map it
+    assert torch.empty(huge, dtype=torch.uint8).numel() == huge
+    with bounded_allocation(64 * 2**20):
+        assert torch.empty(16 * 2**20, dtype=torch.uint8).numel() == 16 * 2**20
+        with pytest.raises(Exception) as caught:
+            torch.empty(huge, dtype=torch.uint8)
+        assert is_oom(caught.value)
+    assert torch.empty(huge, dtype=torch.uint8).numel() == huge  # the bound is lifted after
+
+    meter = FakeRss(lambda b: 1000 * b)
+
+    def greedy(batch: int) -> int:  # a fill_to that asks for far more than the budget whatever the batch
+        meter.run(batch)
+        torch.empty(huge, dtype=torch.uint8)
+        return 0
+
+    with pytest.raises(MemoryError, match="not one sequence fits"):
+        _on_cpu(greedy, 64 * 2**20, 0, meter)  # type: ignore[arg-type]
