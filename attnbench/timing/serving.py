@@ -43,11 +43,13 @@ from attnbench.families.registry import (
     parameter_count,
     row_extras,
     torch_dtype,
+    torch_family,
 )
 from attnbench.families.serving import chunks
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, packed, reset_state, rollback, tensor_bytes, verify
 from attnbench.families.torch_family import Unsupported
+from attnbench.families.user.layers import check_output
 from attnbench.host.memory import RssPeak
 from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
@@ -294,6 +296,34 @@ def _setup(
         return CapacitySetup(model, case, device, dtype, rss)
 
 
+def _check_protocols(case: Case, model: nn.Module, setup: Setup, device: torch.device, dtype: torch.dtype) -> None:
+    """One checked call of every protocol method a user's model answers the question through, outside the timing
+    (issue 50 §3.3: ``forward`` alone was checked, and a ``packed`` returning (1, 1, d) or float64, a ``verify``
+    returning None, a rollback leaving a state of another batch, a capacity ``step`` returning (B, 2, d) or a
+    prefill chunk's (B, 1, d) were timed as ``ok``). Each output must be a tensor of the shape the call promises,
+    in the case's dtype, on the case's device (``check_output``: a ``UserModelError``, the row's reason)."""
+    d = case.d_model
+    if isinstance(setup, PackedSetup):
+        with torch.no_grad():
+            check_output(case, packed(model, setup.x, setup.lengths), (1, sum(setup.lengths), d), device)
+    elif isinstance(setup, PrefillSetup):
+        setup.prepare()
+        for start, end in setup.pieces:
+            out = setup.decoder.prefill(setup.prompt[:, start:end], setup.state, output=True)
+            check_output(case, out, (case.batch, end - start, d), device)
+        setup.prepare()
+    elif isinstance(setup, CapacitySetup):
+        check_output(case, setup.step(), (setup.case.batch, 1, d), device)
+    elif isinstance(setup, VerifySetup):
+        # On a state of its own: a verify after the rollback moves it past where the timed calls start.
+        probe = VerifySetup(model, case, device, dtype)
+        expected = (case.batch, probe.draft, d)
+        check_output(case, probe.verify(), expected, device)
+        probe.rollback()
+        # A rollback that left a state of another batch (or none a verify can continue) shows in the next call.
+        check_output(case, probe.verify(), expected, device)
+
+
 def _work(case: Case, setup: Setup, extra: Extra) -> None:
     """The useful FLOPs of what the call answers (module notes), where the family has a formula."""
     if not analytic(case) or case.mode == "verify":
@@ -327,6 +357,9 @@ def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result],
         if case.mode != "capacity":
             raise
         return Result(case, "unsupported", str(exc))
+    if not torch_family(case).trusted:  # a user's model: every protocol call checked once, untimed
+        with torch.inference_mode(), call_context(case, model):
+            _check_protocols(case, model, setup, tools.device, dtype)
     grad = contextlib.nullcontext if case.mode == "train" else torch.inference_mode
     clock = PreparedClock(tools.clock, setup.prepare)
     with grad(), call_context(case, model):
