@@ -107,10 +107,10 @@ def test_history_format_json_is_the_history() -> None:
 
 def test_calibrate_format_json_is_the_cached_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from attnbench.results.calibration import CACHE_ENV, save
-    from tests.measure.test_calibration import calibration, default_fingerprint
+    from tests.measure.test_calibration import own_calibration
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    cached = calibration(default_fingerprint(), skipped={"float16": "skipped in this test"})
+    cached = own_calibration(skipped={"float16": "skipped in this test"})
     save(cached)
     data = _json("calibrate", "--device", "cpu", "--noise-processes", "0", "-f", "json")
     assert data["schema"] == "attnbench.calibrate/1" and data["calibration"] == cached.to_dict()

@@ -530,15 +530,20 @@ def default_fingerprint() -> str:
         return collect_environment("cpu").fingerprint()
 
 
-def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
+def own_calibration(**changes: object) -> Calibration:
+    """``calibration()`` as ``attnbench calibrate --device cpu`` would have measured it here: this machine's
+    fingerprint, CPU, torch and default thread count (another's is measured again, issue 50 §3.2)."""
     from attnbench.host.devices import resolve_threads, threads_handed_back
     from attnbench.host.inventory import collect_environment
 
     with threads_handed_back(resolve_threads(None, "cpu")):  # as calibrate looks it up (default_fingerprint)
-        here = collect_environment("cpu")  # measured on this machine and stack: another's would be measured again
-    fingerprint = default_fingerprint()
+        here = collect_environment("cpu")
     own = {"device_name": here.cpu_model, "torch": here.torch, "torch_threads": here.torch_threads}
-    save(calibration(fingerprint, skipped={"float16": "skipped in this test"}, **own))
+    return calibration(here.fingerprint(), **{**own, **changes})
+
+
+def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
+    save(own_calibration(skipped={"float16": "skipped in this test"}))
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--noise-processes", "0"])
     assert result.exit_code == 0, result.output
     assert "calibrating" not in result.output  # nothing measured
