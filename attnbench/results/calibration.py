@@ -247,6 +247,7 @@ def foreign(calibration: Calibration, environment: Mapping[str, Any]) -> str | N
     under its key but measured elsewhere, would set another machine's noise floor and peaks (issue 50 §3.2)."""
     from attnbench.results.environment import Environment
 
+    fingerprint: object
     try:  # the fingerprint of what the run.json says, not the one it stores beside it (a copy may keep a stale one)
         fingerprint = Environment.from_dict(environment).fingerprint()
     except (TypeError, ValueError):  # a partial environment: the fingerprint it stores, if any
