@@ -85,3 +85,17 @@ def test_curves_of_different_serving_questions_stay_apart_and_are_not_paired() -
         ("sdpa-flash prefill_chunk=0", "lstm prefill_chunk=0"),
         ("sdpa-flash prefill_chunk=64", "lstm prefill_chunk=64"),
     }
+
+
+def test_a_search_that_did_not_settle_is_a_lower_bound_in_the_table() -> None:
+    """Issue 50 §3.7: the row keeps the largest batch a try held; the table marks it ≥, as a capped search's."""
+    from dataclasses import replace
+
+    from attnbench.report.capacity_md import point_text
+
+    rows = run()
+    rows[0] = replace(rows[0], extra={**rows[0].extra, "capacity_unsettled": "did not settle after 4 tries"})
+    (table,) = capacity_tables(rows)
+    first, second = table.curves[0].points[:2]
+    assert first.capped and not second.capped
+    assert point_text(first).startswith("≥400000") and not point_text(second).startswith("≥")
