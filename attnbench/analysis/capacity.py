@@ -38,7 +38,7 @@ class CapacityPoint:
     batch: int | None = None
     bytes_per_sequence: int | None = None
     tokens_per_s: float | None = None
-    capped: bool = False  # a lower bound: the search's largest batch, or one that did not settle (the budget holds more)
+    capped: bool = False  # a lower bound: the search's largest batch, or one that did not settle
     good: bool = False  # the timing is evidence enough for a crossover (``scaling.good_evidence``)
 
 
