@@ -215,7 +215,7 @@ def _by_status(key: str, case: Case, threshold: float, base: str, current: str, 
     if budget_flip(base, current):
         flip = (
             "ok ↔ too slow for the budget: whether enough samples fit in the time budget is a timing, not a status "
-            "change, so no verdict (a longer timing.max_case_s, or the same budget decision on both sides, decides)"
+            "change, so no verdict (a longer timing.max_case_s, or sweep --budget-from the base run, decides)"
         )
         verdict: Verdict = "noisy"
         note = "; ".join(part for part in (note, flip) if part)

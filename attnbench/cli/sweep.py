@@ -125,6 +125,16 @@ def sweep(
         bool,
         typer.Option("--run-once", help="Time one call per case after the warm-up (under nsys or ncu); no CI."),
     ] = False,
+    budget_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--budget-from",
+            help="A run whose budget decisions to keep: each case it timed ok takes timing.min_samples here even "
+            f"past timing.max_case_s, so that compare sees no ok ↔ too-slow flip; {LATEST_HELP}",
+            show_default=False,
+            callback=one_run,
+        ),
+    ] = None,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -169,6 +179,7 @@ def sweep(
         profile=profile,
         nvtx=nvtx,
         run_once=run_once,
+        budget_from=budget_from,
     )
     if dry_run:
         _print_plan(plan_sweep(request))

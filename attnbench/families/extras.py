@@ -40,6 +40,12 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ),
     ExtraSpec("process_warmup_s", float, "s", "the process warm-up that ran just before this case (its first)"),
     ExtraSpec("replicates", int, "", "fresh worker processes the case ran in (timing.processes)"),
+    ExtraSpec(
+        "budget_decided",
+        bool,
+        "",
+        "another run timed the case ok (sweep --budget-from): it took timing.min_samples even past timing.max_case_s",
+    ),
     ExtraSpec("telemetry_from", str, "", "which replicate's telemetry the row keeps"),
     ExtraSpec("telemetry_error", str, "", "why the telemetry failed (the timing stands)"),
     ExtraSpec("skipped", bool, "", "an oom row recorded without running: a shorter length already ran out of memory"),

@@ -80,6 +80,8 @@ class SweepRequest:
     profile: bool = False
     nvtx: bool = False
     run_once: bool = False
+    # A run whose budget decisions this one takes (--budget-from): the cases it timed ok are timed here too.
+    budget_from: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class SweepPlan:
     devices: tuple[str, ...] = ()  # a worker per device (--devices); empty: one executor on ``device``
     device_basis: str = ""  # a dry run tells "auto" without torch: what its answer rests on
     threads: int | None = None  # the config's, else on a CPU attnbench's default (resolve_threads); dry run: config's
+    decided_ok: frozenset[str] = frozenset()  # the keys --budget-from's run timed ok
 
     @property
     def budget_s(self) -> float:
@@ -123,6 +126,7 @@ class SweepPlan:
             inject_slowdown=self.request.inject_slowdown,
             nvtx=self.request.nvtx and self.device.startswith("cuda"),
             run_once=self.request.run_once,
+            decided_ok=self.decided_ok,
         )
 
 
@@ -221,7 +225,23 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
         devices,
         device_basis,
         threads,
+        _decided_ok(request.budget_from, cases, warnings),
     )
+
+
+def _decided_ok(budget_from: Path | None, cases: tuple[Case, ...], warnings: list[str]) -> frozenset[str]:
+    """The keys of this sweep's cases that ``--budget-from``'s run timed ok: their budget is decided (issue 51, a
+    case at the edge of its budget must not be ok in one run and too slow in the next)."""
+    if budget_from is None:
+        return frozenset()
+    base = load_run(budget_from)
+    wanted = {case.key for case in cases}
+    decided = frozenset(r.case.key for r in base.results if r.ok and r.case.key in wanted)
+    if not decided:
+        warnings.append(
+            f"--budget-from {budget_from}: it timed none of this sweep's cases ok, so every budget is decided here"
+        )
+    return decided
 
 
 def _stored_threads(stored: StoredRun) -> int | None:
