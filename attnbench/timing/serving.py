@@ -47,9 +47,9 @@ from attnbench.families.registry import (
 )
 from attnbench.families.serving import chunks
 from attnbench.families.state_bytes import state_bytes
-from attnbench.families.states import decodable, packed, reset_state, rollback, tensor_bytes, verify
+from attnbench.families.states import decodable, packed, reset_state, rollback, spans, tensor_bytes, verify
 from attnbench.families.torch_family import Unsupported
-from attnbench.families.user.layers import check_output
+from attnbench.families.user.layers import UserModelError, check_output
 from attnbench.host.memory import RssPeak
 from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
@@ -301,11 +301,17 @@ def _check_protocols(case: Case, model: nn.Module, setup: Setup, device: torch.d
     (issue 50 §3.3: ``forward`` alone was checked, and a ``packed`` returning (1, 1, d) or float64, a ``verify``
     returning None, a rollback leaving a state of another batch, a capacity ``step`` returning (B, 2, d) or a
     prefill chunk's (B, 1, d) were timed as ``ok``). Each output must be a tensor of the shape the call promises,
-    in the case's dtype, on the case's device (``check_output``: a ``UserModelError``, the row's reason)."""
+    in the case's dtype, on the case's device (``check_output``: a ``UserModelError``, the row's reason); and where
+    the question promises an equality, it holds at the case's size: packed = each sequence alone, and after a
+    rollback = the accepted drafts decoded for real (a packed call that ignores the boundaries, a rollback that does
+    nothing)."""
     d = case.d_model
     if isinstance(setup, PackedSetup):
         with torch.no_grad():
-            check_output(case, packed(model, setup.x, setup.lengths), (1, sum(setup.lengths), d), device)
+            out = packed(model, setup.x, setup.lengths)
+            check_output(case, out, (1, sum(setup.lengths), d), device)
+            alone = torch.cat([model(setup.x[:, start:end]) for start, end in spans(setup.lengths)], dim=1)
+            _agree(case, "packed", out, alone, "each sequence run alone")
     elif isinstance(setup, PrefillSetup):
         setup.prepare()
         for start, end in setup.pieces:
@@ -315,13 +321,48 @@ def _check_protocols(case: Case, model: nn.Module, setup: Setup, device: torch.d
     elif isinstance(setup, CapacitySetup):
         check_output(case, setup.step(), (setup.case.batch, 1, d), device)
     elif isinstance(setup, VerifySetup):
-        # On a state of its own: a verify after the rollback moves it past where the timed calls start.
-        probe = VerifySetup(model, case, device, dtype)
-        expected = (case.batch, probe.draft, d)
-        check_output(case, probe.verify(), expected, device)
-        probe.rollback()
-        # A rollback that left a state of another batch (or none a verify can continue) shows in the next call.
-        check_output(case, probe.verify(), expected, device)
+        _check_rollback(case, model, setup, device, dtype)
+
+
+def _check_rollback(case: Case, model: nn.Module, setup: VerifySetup, device: torch.device, dtype: torch.dtype) -> None:
+    """On states of their own (the timed calls start where the setup's stands): a verify, its rollback to n + r, and
+    a verify after it must match the same verify after n + r tokens prefilled for real."""
+    decoder, k, r = decodable(model), setup.draft, setup.accept
+    context = make_input(case, str(device), dtype)
+    drafts = setup.drafts
+    chunk = PREFILL_CHUNK if family_of(case).prefill_carries(case) else 0
+
+    def prefilled() -> Any:
+        state = decoder.init_state(case.batch, case.seq_len + 2 * k)  # room for a verify after the rollback
+        for start, end in chunks(case.seq_len, chunk):
+            decoder.prefill(context[:, start:end], state, output=False)
+        return state
+
+    expected = (case.batch, k, case.d_model)
+    rolled = prefilled()
+    check_output(case, verify(model, drafts, rolled), expected, device)
+    rollback(model, rolled, r)
+    after = verify(model, drafts, rolled)
+    # A rollback that left a state of another batch (or none a verify can continue) shows in the next call.
+    check_output(case, after, expected, device)
+    decoded = prefilled()
+    if r:
+        decoder.prefill(drafts[:, :r], decoded, output=False)
+    _agree(case, f"a verify after rollback({r})", after, verify(model, drafts, decoded), f"{r} drafts prefilled")
+
+
+def _agree(case: Case, what: str, got: torch.Tensor, reference: torch.Tensor, against: str) -> None:
+    """UserModelError unless ``got`` matches ``reference`` within the case's dtype's tolerance (a float32 call's
+    rounding, or a 16-bit one's)."""
+    tolerance = 1e-3 if got.dtype in (torch.float32, torch.float64) else 5e-2
+    scale = max(1.0, float(reference.abs().max()))
+    error = float((got.float() - reference.float()).abs().max())
+    if not error <= tolerance * scale:  # NaN included
+        user = case.user
+        where = f"{case.model} (factory {user.factory if user else '?'})"
+        raise UserModelError(
+            f"{where}: {what} differs from {against} by {error:.3g} (tolerance {tolerance * scale:.3g})"
+        )
 
 
 def _work(case: Case, setup: Setup, extra: Extra) -> None:

@@ -206,6 +206,16 @@ class PrefillLast(Decay):
         return None if y is None else y[:, -1:]  # (B, 1, d) for a chunk
 
 
+class PackedIgnore(Decay):
+    def packed(self, x, lengths):
+        return self(x)  # the boundaries ignored: one sequence's state runs into the next
+
+
+class RollbackNothing(Decay):
+    def rollback(self, state, accepted):
+        pass  # the state stays after all k drafts
+
+
 def liar(request):
     return globals()[request.options["cls"]](request.d_model, request.device, request.torch_dtype)
 """
@@ -218,14 +228,17 @@ LIES = {
     "RollbackBatch": "verify",
     "StepTwo": "capacity",
     "PrefillLast": "prefill",
+    "PackedIgnore": "forward",
+    "RollbackNothing": "verify",
 }
 
 
 @pytest.mark.slow
 def test_a_model_that_lies_through_a_serving_protocol_is_an_error_row(user_package: Path, tmp_path: Path) -> None:
     """Issue 50 §3.3: shapes, dtypes and devices are checked on every protocol call a serving question makes (packed,
-    verify, rollback, a capacity step, a prefill chunk), not only on forward: each lie is an ``error`` row with its
-    reason, where it was timed and reported ``ok``; the honest model beside them answers every question."""
+    verify, rollback, a capacity step, a prefill chunk), not only on forward, and the equalities the questions
+    promise (packed = each sequence alone; after a rollback = the accepted drafts decoded): each lie is an ``error``
+    row with its reason, where it was timed and reported ``ok``; the honest model beside them answers every one."""
     layers = user_package / "serving_layers" / "layers.py"
     layers.write_text(layers.read_text() + textwrap.dedent(LIARS))
     models = [{"name": "decay", "factory": "serving_layers.layers:decay", "kind": "recurrent"}]
