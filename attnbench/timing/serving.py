@@ -315,8 +315,8 @@ def _check_protocols(case: Case, model: nn.Module, setup: Setup, device: torch.d
     elif isinstance(setup, PrefillSetup):
         setup.prepare()
         for start, end in setup.pieces:
-            out = setup.decoder.prefill(setup.prompt[:, start:end], setup.state, output=True)
-            check_output(case, out, (case.batch, end - start, d), device)
+            chunk = setup.decoder.prefill(setup.prompt[:, start:end], setup.state, output=True)
+            check_output(case, chunk, (case.batch, end - start, d), device)
         setup.prepare()
     elif isinstance(setup, CapacitySetup):
         check_output(case, setup.step(), (setup.case.batch, 1, d), device)
