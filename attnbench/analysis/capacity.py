@@ -38,7 +38,7 @@ class CapacityPoint:
     batch: int | None = None
     bytes_per_sequence: int | None = None
     tokens_per_s: float | None = None
-    capped: bool = False  # the search's largest batch: the budget holds more
+    capped: bool = False  # a lower bound: the search's largest batch, or one that did not settle
     good: bool = False  # the timing is evidence enough for a crossover (``scaling.good_evidence``)
 
     @property
@@ -126,7 +126,8 @@ def _point(n: int, result: Result) -> CapacityPoint:
         _int(extra.get("capacity_batch")),
         _int(extra.get("bytes_per_sequence")),
         result.tokens_per_s if timed else None,
-        extra.get("capacity_capped") is True,
+        # A lower bound either way: the search's largest batch, or one that did not settle (``capacity_unsettled``).
+        extra.get("capacity_capped") is True or bool(extra.get("capacity_unsettled")),
         timed and good_evidence(result),
     )
 

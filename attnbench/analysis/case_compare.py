@@ -207,9 +207,26 @@ def _clip(text: str, limit: int = 320) -> str:
     return (head[:cut] if cut > limit // 2 else head).rstrip(" ;,:") + " …"
 
 
+# A case that went from ok to too slow for its budget, or back: whether enough samples fit in the time budget is a
+# timing too (a case at the edge of its budget flips on unchanged code: issue 51), so it is no status change.
+BUDGET_FLIP = frozenset({"ok", "too_slow_for_budget"})
+
+
+def budget_flip(base: str | None, current: str | None) -> bool:
+    """Whether a case's two statuses are ok and too_slow_for_budget, either way round."""
+    return {base, current} == BUDGET_FLIP
+
+
 def _by_status(key: str, case: Case, threshold: float, base: str, current: str, note: str) -> CaseComparison:
-    if base == "ok":
-        verdict: Verdict = "regressed"
+    if budget_flip(base, current):
+        flip = (
+            "ok ↔ too slow for the budget: whether enough samples fit in the time budget is a timing, not a status "
+            "change, so no verdict (a longer timing.max_case_s, or sweep --budget-from the base run, decides)"
+        )
+        verdict: Verdict = "noisy"
+        note = "; ".join(part for part in (note, flip) if part)
+    elif base == "ok":
+        verdict = "regressed"
     elif current == "ok":
         verdict = "improved"
     elif current in FAILED and base not in FAILED:

@@ -22,10 +22,11 @@ otherwise. A change must be both
 larger than the threshold *and* significant to regress, so noise alone cannot fail a build. Statuses decide before
 timings: ok → anything else (oom, unsupported, error, timeout, crashed, incorrect) is ``regressed``, a non-ok case
 that now runs is ``improved``, a case that newly ends error/timeout/crashed/incorrect is ``regressed``, two non-ok
-ends are ``same``; ``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that
-was contended (``Result.contended``: another process competed for the machine while it was timed) on either side
-is ``noisy``, and says which side — unless a side is a folder of runs with enough uncontended ones to judge on
-without them.
+ends are ``same``; ok ↔ too_slow_for_budget is no status change but ``noisy`` (how many samples fit a budget is a
+timing: a case at its budget's edge flips on unchanged code, ``case_compare.budget_flip``);
+``new`` and ``missing`` cases have no counterpart and never fail. A timed verdict on a row that was contended
+(``Result.contended``: another process competed for the machine while it was timed) on either side is ``noisy``,
+and says which side — unless a side is a folder of runs with enough uncontended ones to judge on without them.
 
 A comparison asks this of every case at once, so a timed regression or improvement must also survive the
 Benjamini–Hochberg procedure over all the timed cases, at 2.5 % per direction (``case_compare.control_discoveries``):
@@ -85,6 +86,7 @@ from attnbench.core.errors import (
     ResultsError,
 )
 from attnbench.core.units import format_percent
+from attnbench.results.calibration import foreign
 from attnbench.results.environment import FINGERPRINT_KEYS, Environment, packages_of
 from attnbench.results.records import Result
 from attnbench.results.store import RUN_FILE, StoredRun, load_run
@@ -539,13 +541,36 @@ def resolve_floor(policy: Policy, base: Side, current: Side) -> Policy:
         (stored.run.calibration.noise.floor, stored.run.run_id)
         for side in (base, current)
         for stored in side.runs
-        if stored.run.calibration is not None and stored.run.calibration.noise is not None
+        if stored.run.calibration is not None
+        and stored.run.calibration.noise is not None
+        and foreign(stored.run.calibration, stored.run.environment) is None
     ]
     if recorded:
         floor, run_id = max(recorded)
         source = f"measured on this machine by attnbench calibrate (the larger of the runs' figures, run {run_id})"
         return replace(policy, noise_floor=floor, floor_source=source)
     return replace(policy, noise_floor=DEFAULT_NOISE_FLOOR, floor_source=UNMEASURED_SOURCE)
+
+
+def _foreign_warnings(base: Side, current: Side, policy: Policy) -> list[str]:
+    """A recorded calibration another machine, device, torch or thread count measured is ignored: say so."""
+    if policy.noise_floor is not None:  # a floor given: no recorded one is used
+        return []
+    out = []
+    for side in (base, current):
+        for stored in side.runs:
+            calibration = stored.run.calibration
+            why = (
+                None
+                if calibration is None or calibration.noise is None
+                else foreign(calibration, stored.run.environment)
+            )
+            if why:
+                out.append(
+                    f"run {stored.run.run_id} records a calibration of another machine or stack ({why}): its "
+                    "noise floor is ignored; run `attnbench calibrate` on the machine that swept it"
+                )
+    return out
 
 
 def _floor_warning(comparison: Comparison) -> list[str]:
@@ -604,12 +629,13 @@ def _window_warning(comparison: Comparison) -> list[str]:
 def compare_sides(base: Side, current: Side, policy: Policy) -> Comparison:
     """Check the sides are comparable (raises ``NotComparableError``), then judge every case key."""
     allowed = check_comparable(base, current, policy.allow_mismatch)
+    ignored = _foreign_warnings(base, current, policy)
     policy = resolve_floor(policy, base, current)
     base_rows, current_rows = base.rows(), current.rows()
     keys = list(base_rows) + [k for k in current_rows if k not in base_rows]
     judged = [compare_case(k, base_rows.get(k, []), current_rows.get(k, []), policy) for k in keys]
     cases = control_discoveries(judged)
-    warnings = _side_warnings(base, "base") + _side_warnings(current, "current")
+    warnings = _side_warnings(base, "base") + _side_warnings(current, "current") + ignored
     overall = overall_verdict(base, current, cases, policy.thresholds.default)
     gated = policy.thresholds.gated
     gates = control_gates(gate_metrics(judged, base_rows, current_rows, policy.thresholds)) if gated else ()

@@ -20,7 +20,7 @@ from attnbench.core.cases import Case
 from attnbench.core.peaks import SHORT_NAMES, VendorPeak, vendor_peak
 from attnbench.core.units import format_bandwidth, format_flops, format_seconds, to_mib
 from attnbench.families.catalogue import peak_dtype
-from attnbench.results.calibration import Calibration
+from attnbench.results.calibration import Calibration, foreign
 from attnbench.results.records import Result, Run
 
 _TF32_NOTE = " (float32 on TF32 tensor cores, as the model's kernels run it)"
@@ -53,7 +53,10 @@ class PeakTable:
     def for_run(cls, run: Run | None) -> PeakTable:
         if run is None:
             return cls(None, None)
-        return cls(run.calibration, vendor_for(run.environment)[0])
+        calibration = run.calibration
+        if calibration is not None and foreign(calibration, run.environment) is not None:
+            calibration = None  # another machine's ceilings are no peak of this run's (issue 50 §3.2)
+        return cls(calibration, vendor_for(run.environment)[0])
 
     def for_dtype(self, dtype: str) -> Peak | None:
         """The calibrated figure for ``dtype``, else the vendor's, else None."""

@@ -5,8 +5,9 @@ for every case, and each verdict follows the median's rule — regressed only wh
 ratio current/base lies beyond the threshold *in the direction that is worse*, so noise alone cannot fail a build:
 
 * **tokens_per_s** and **gbps** are rates over the same call: tokens (or the compulsory bytes, ``bytes_moved``)
-  divided by the time per call. For one case both sides divide the same count, so the rate's ratio is the inverse
-  of the time's, and its interval is the median's interval inverted — the same evidence (processes, or samples
+  divided by the time per call. Each side divides its own count (``Result.tokens_per_call``: a capacity row's
+  batch found), so the rate's ratio is the inverse of the time's times the counts' ratio (1 but for capacity), and
+  its interval is the median's interval inverted and scaled — the same evidence (processes, or samples
   widened by the noise floor), the same contention rule. Lower is worse.
 * **peak_mem** is one reading per run (the allocator's peak over an extra call), which repeats to the byte for
   unchanged code. With several runs in all (three or more, as a case's processes), the interval is the Student t
@@ -82,24 +83,38 @@ def judge(lo: float, hi: float, threshold: float, higher_is_worse: bool) -> Verd
 
 
 def _count(result: Result, metric: GateMetric) -> float | None:
-    """What a rate divides by the time per call: tokens, or the stored compulsory bytes (None without them)."""
+    """What a rate divides by the time per call: tokens (``Result.tokens_per_call``, the one definition every reader
+    uses: a capacity row's batch found), or the stored compulsory bytes (None without them)."""
     if metric == "tokens_per_s":
         return float(result.tokens_per_call)
     moved = result.extra.get("bytes_moved")
     return float(moved) if isinstance(moved, int) and not isinstance(moved, bool) and moved > 0 else None
 
 
-def _rate(c: CaseComparison, base: Sequence[Result], metric: GateMetric, threshold: float) -> MetricVerdict | None:
-    count = _count(base[0], metric) if base else None
-    if count is None:  # a run without bytes_moved has no GB/s to gate
+def _side_count(rows: Sequence[Result], metric: GateMetric) -> float | None:
+    """A side's count over its runs: the median of each row's own (a capacity row found its batch on its own side,
+    so the two sides may divide different counts: a capacity that doubled is twice the tokens a call)."""
+    counts = [_count(r, metric) for r in rows]
+    if not counts or any(c is None for c in counts):
         return None
-    base_rate = None if c.base_s is None else count / c.base_s
-    current_rate = None if c.current_s is None else count / c.current_s
-    ratio = None if c.ratio is None else 1 / c.ratio
+    return float(statistics.median(c for c in counts if c is not None))
+
+
+def _rate(
+    c: CaseComparison, base: Sequence[Result], current: Sequence[Result], metric: GateMetric, threshold: float
+) -> MetricVerdict | None:
+    count_b, count_c = _side_count(base, metric), _side_count(current, metric)
+    if count_b is None or count_c is None:  # a run without bytes_moved has no GB/s to gate
+        return None
+    base_rate = None if c.base_s is None else count_b / c.base_s
+    current_rate = None if c.current_s is None else count_c / c.current_s
+    # rate ratio = (count_c / count_b) × (base_s / current_s): the time's ratio inverted, scaled by the counts'.
+    scale = count_c / count_b
+    ratio = None if c.ratio is None else scale / c.ratio
     if c.ci_low is None or c.ci_high is None or ratio is None:
         why = c.note or "no interval of the time per call"
         return MetricVerdict(metric, c.key, c.case, "noisy", threshold, ratio, None, None, base_rate, current_rate, why)
-    lo, hi = 1 / c.ci_high, 1 / c.ci_low
+    lo, hi = scale / c.ci_high, scale / c.ci_low
     verdict = "noisy" if c.contended else judge(lo, hi, threshold, higher_is_worse=False)
     df = c.base_n + c.current_n - 2 if c.evidence == "processes" else None
     return MetricVerdict(
@@ -147,7 +162,9 @@ def gate_metrics(
             if limit is None or c.base_status != "ok" or c.current_status != "ok" or c.evidence == "status":
                 continue
             base, current = base_rows.get(c.key, ()), current_rows.get(c.key, ())
-            judged = _memory(c, base, current, limit) if metric == "peak_mem" else _rate(c, base, metric, limit)
+            judged = (
+                _memory(c, base, current, limit) if metric == "peak_mem" else _rate(c, base, current, metric, limit)
+            )
             if judged is not None:
                 out.append(judged)
     return tuple(out)

@@ -7,8 +7,9 @@ every number a history reads (``history.point``), a few hundred bytes a case whe
 sample. Publishing into an existing site reads its digests back, adds the new runs', and builds the histories over
 all of them (``build_history`` with ``digest_reader``), so the site needs no run folder but the new ones.
 
-Schema history of a digest (``attnbench.site-run``): 1 — first version; ``contended`` (optional, true only) added
-later, so a digest without it reads as it always did.
+Schema history of a digest (``attnbench.site-run``): 1 — first version; ``contended`` (optional, true only) and
+``tokens`` (a row's tokens per call where not its case's: a capacity row's batch found) added later, optional, so
+older digests read back as they always did.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ class RowDigest:
     peak_bytes: int | None = None
     bytes_moved: int | None = None
     contended: bool = False  # timed on a busy machine: drawn apart on the case's page
+    tokens: int | None = None  # tokens per call (``Result.tokens_per_call``) where not the case's own
+
+    @property
+    def tokens_per_call(self) -> int:
+        return self.tokens if self.tokens is not None else self.case.tokens
 
     @classmethod
     def of(cls, result: Result) -> RowDigest:
@@ -70,7 +76,8 @@ class RowDigest:
         # An interval with an infinite or zero end (too few samples) is kept as none: no reader takes noise from it.
         bounded = 0 < s.ci_low <= s.ci_high and math.isfinite(s.ci_high)
         low, high = (s.ci_low, s.ci_high) if bounded else (None, None)
-        return cls(result.case, result.status, s.median, low, high, peak, good_moved, result.contended)
+        tokens = result.tokens_per_call if result.tokens_per_call != result.case.tokens else None
+        return cls(result.case, result.status, s.median, low, high, peak, good_moved, result.contended, tokens)
 
     def point(self, metric: Metric) -> Point:
         """The same point ``history.point`` reads from the row itself."""
@@ -81,7 +88,7 @@ class RowDigest:
             return Point(None, status=self.status)
         if metric == "median":
             return Point(self.median_s, self.ci_low_s, self.ci_high_s, self.status, self.contended)
-        count = float(self.case.tokens) if metric == "tokens_per_s" else self.bytes_moved
+        count = float(self.tokens_per_call) if metric == "tokens_per_s" else self.bytes_moved
         if count is None:
             return Point(None, status=self.status)
         low = None if self.ci_high_s is None else count / self.ci_high_s
@@ -95,6 +102,7 @@ class RowDigest:
             "ci_high_s": self.ci_high_s,
             "peak_bytes": self.peak_bytes,
             "bytes_moved": self.bytes_moved,
+            "tokens": self.tokens,
         }
         present: dict[str, Any] = {k: v for k, v in numbers.items() if v is not None}
         if self.contended:  # written only when true: a quiet run's digest reads as before
@@ -120,7 +128,7 @@ class RowDigest:
             out[key] = None if value is None else float(value)
         # Bounded as a stored row's are (results.records): a peak may be 0 (a tiny case the method cannot resolve),
         # the compulsory traffic may not (RowDigest.of keeps only a positive one).
-        for key, least in (("peak_bytes", 0), ("bytes_moved", 1)):
+        for key, least in (("peak_bytes", 0), ("bytes_moved", 1), ("tokens", 1)):
             value = data.get(key)
             out[key] = None if value is None else fields.integer(value, key, minimum=least)
         contended = data.get("contended", False)

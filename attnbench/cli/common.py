@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.segment import Segment
 from typer.core import TyperCommand, TyperGroup
 
+from attnbench.core.cases import MAX_THREADS
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.text import safe_text
 
@@ -173,6 +174,7 @@ ThreadsOpt = Annotated[
     typer.Option(
         "--threads",
         min=1,
+        max=MAX_THREADS,  # the config's own cap (a sweep's 'threads')
         help="torch threads (match a sweep's 'threads').",
         show_default="a sweep's: on a CPU every CPU but one",
     ),

@@ -86,7 +86,7 @@ def calibrate(
     from attnbench.host.devices import resolve_device, resolve_threads, threads_handed_back
     from attnbench.host.inventory import collect_environment
     from attnbench.instrument.ceilings import calibrate as measure_ceilings
-    from attnbench.results.calibration import cache_path, load_cached, save
+    from attnbench.results.calibration import cache_path, foreign, load_cached, save
 
     resolved = resolve_device(device or "auto")
     with threads_handed_back(resolve_threads(threads, resolved)):  # the count a sweep here runs with
@@ -95,6 +95,10 @@ def calibrate(
         wanted = _dtypes(dtype, device_type)
         fingerprint = environment.fingerprint()
         cached = None if (refresh or quick) else load_cached(fingerprint)
+        why = None if cached is None else foreign(cached, environment.to_dict())
+        if why:  # filed under this machine's key but measured elsewhere: measure this one instead
+            stderr.print(f"the cached calibration is not of this machine ({why}): measuring again", markup=False)
+            cached = None
         if cached is not None and all(d in {m.dtype for m in cached.matmul} | set(cached.skipped) for d in wanted):
             calibration = cached
             origin = f"cached calibration of {cached.created_utc} ({cache_path(fingerprint)}); --refresh measures again"

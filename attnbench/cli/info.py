@@ -42,6 +42,7 @@ def validate(
     """Check configs without running them: one line each, ok with the number of cases, or the error and a hint;
     exit 2 if any failed."""
     from attnbench.config.experiment import load_experiment
+    from attnbench.host.memory import check_budget
 
     paths = _config_files(configs)
     failed = 0
@@ -49,6 +50,8 @@ def validate(
     for path in paths:
         try:
             experiment = load_experiment(path, tuple(overrides or ()))
+            if "capacity" in experiment.axes.modes:  # a budget this machine cannot hold (a CPU's, torch-free)
+                check_budget(experiment.resolved.get("memory_budget"), experiment.device, str(path))
         except AttnbenchError as exc:
             if state["debug"]:
                 raise
@@ -149,6 +152,11 @@ def models(
     if (target is not None and config is None) or format == "json":
         _print_one_or_json(target if config is None else None, listing, format)
         return
+    _print_listing(listing, f"models on {resolved} ({dtype})")
+
+
+def _print_listing(listing: dict[str, Any], title: str) -> None:
+    """Every model one line (its own options; those every built-in takes said once below), then the presets."""
     everyone = _common_options([m for m in listing["models"] if m["source"] == "built-in"])
     rows = []
     for entry in listing["models"]:
@@ -164,7 +172,7 @@ def models(
                      entry["summary"], own])  # fmt: skip
     headers = ["model", "kind", "family", "source", "status", "what it is", "its own options"]
     widths = _one_line_widths(headers, rows, stdout.width)
-    table = Table(title=f"models on {resolved} ({dtype})", title_justify="left")
+    table = Table(title=title, title_justify="left")
     for column, width in zip(headers, widths, strict=True):
         table.add_column(column, no_wrap=True, overflow="ellipsis", width=width)
     for row in rows:

@@ -132,6 +132,16 @@ def sweep(
             help="Time without first holding each case's output to its family's reference (the config's check: off).",
         ),
     ] = False,
+    budget_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--budget-from",
+            help="A run whose budget decisions to keep: each case it timed ok takes timing.min_samples here even "
+            f"past timing.max_case_s, so that compare sees no ok ↔ too-slow flip; {LATEST_HELP}",
+            show_default=False,
+            callback=one_run,
+        ),
+    ] = None,
     inject_slowdown: Annotated[
         float,
         typer.Option(
@@ -177,6 +187,7 @@ def sweep(
         nvtx=nvtx,
         run_once=run_once,
         no_check=no_check,
+        budget_from=budget_from,
     )
     if dry_run:
         _print_plan(plan_sweep(request))

@@ -30,11 +30,16 @@ _SIZE_UNITS = {
 def parse_bytes(text: str) -> int:
     """``"4GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"1048576"`` as bytes (whole: a fraction of a byte rounds down);
     ValueError for anything else."""
+    allowed = "a number and a unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
     match = _SIZE.fullmatch(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a size: a number and a unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)")
+    # The pattern lets a unit's case slip ("kiB"): a unit it matches but does not know is the same mistake.
+    if match is None or (match.group(2) or "B") not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size: {allowed}")
     number, unit = match.groups()
-    return int(float(number) * _SIZE_UNITS[unit or "B"])
+    value = float(number) * _SIZE_UNITS[unit or "B"]
+    if not math.isfinite(value) or value > MAX_INTEGER:  # 400 digits overflow a float; callers bound it tighter
+        raise ValueError(f"{text!r} is too large a size: at most {MAX_INTEGER} bytes")
+    return int(value)
 
 
 def to_ms(seconds: float) -> float:

@@ -153,6 +153,9 @@ class ExtraSpec:
     help: str
     # A column of summary.csv (and of the frames and exports), after the columns every row has.
     column: bool = False
+    # The least a number may be: every count, size, time and rate is at least 0 (a stored file is untrusted, and a
+    # negative FLOP count or time would read as a negative rate); a capacity found is at least one sequence.
+    minimum: float = 0
 
     def fits(self, value: ExtraValue) -> bool:
         if value is None:
@@ -160,8 +163,16 @@ class ExtraSpec:
         if self.type is bool or isinstance(value, bool):
             return self.type is bool and isinstance(value, bool)
         if self.type is float:
-            return isinstance(value, int | float)
-        return isinstance(value, self.type)
+            return isinstance(value, int | float) and value >= self.minimum
+        return isinstance(value, self.type) and (not isinstance(value, int) or value >= self.minimum)
+
+    @property
+    def wanted(self) -> str:
+        """What ``fits`` accepts, for an error message."""
+        if self.type in (int, float):
+            least = f"{self.minimum:g}"
+            return f"{'an integer' if self.type is int else 'a number'} ≥ {least} or null ({self.help})"
+        return f"{self.type.__name__} or null ({self.help})"
 
 
 @dataclass(frozen=True)

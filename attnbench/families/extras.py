@@ -40,6 +40,12 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ),
     ExtraSpec("process_warmup_s", float, "s", "the process warm-up that ran just before this case (its first)"),
     ExtraSpec("replicates", int, "", "fresh worker processes the case ran in (timing.processes)"),
+    ExtraSpec(
+        "budget_decided",
+        bool,
+        "",
+        "another run timed the case ok (sweep --budget-from): it took timing.min_samples even past timing.max_case_s",
+    ),
     ExtraSpec("telemetry_from", str, "", "which replicate's telemetry the row keeps"),
     ExtraSpec("telemetry_error", str, "", "why the telemetry failed (the timing stands)"),
     ExtraSpec("skipped", bool, "", "an oom row recorded without running: a shorter length already ran out of memory"),
@@ -88,7 +94,13 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("state_mem_method", str, "", "how state_mem_bytes was measured: cuda-allocator, resident-pages"),
     ExtraSpec("prefill_s", float, "s", "the decode set-up's prefill of the context (untimed)"),
     # The serving questions (issue 41).
-    ExtraSpec("capacity_batch", int, "", "mode capacity: the largest batch whose decode step fits the memory budget"),
+    ExtraSpec(
+        "capacity_batch",
+        int,
+        "",
+        "mode capacity: the largest batch whose decode step fits the memory budget",
+        minimum=1,
+    ),
     ExtraSpec("bytes_per_sequence", int, "bytes", "mode capacity: the memory one more sequence adds, measured"),
     ExtraSpec(
         "memory_budget_bytes", int, "bytes", "mode capacity: the budget held to (a GPU's default where none given)"
@@ -104,6 +116,13 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ),
     ExtraSpec(
         "capacity_excluded_bytes", int, "bytes", "mode capacity: held by the sweep (the cold flush), outside the budget"
+    ),
+    ExtraSpec(
+        "capacity_unsettled",
+        str,
+        "",
+        "mode capacity: why the search did not settle (resident memory too noisy to confirm a batch); capacity_batch "
+        "is then the largest batch a try held within the budget, a lower bound",
     ),
     ExtraSpec("prefill_chunks", int, "", "mode prefill: the pieces the prompt was fed in"),
     ExtraSpec("verify_s", float, "s", "mode verify: the verify call alone, median"),

@@ -22,7 +22,8 @@ import ctypes
 import ctypes.util
 import gc
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,3 +124,64 @@ class ResidentPages:
             resident += bytes(vector)[skip:].translate(_RESIDENT_BIT).count(1)
             last_page = max(last_page, first + pages - 1)
         return resident * self.page
+
+
+def host_memory_bytes() -> int | None:
+    """The machine's physical memory in bytes (``sysconf``), or None where the platform does not say."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def check_budget(budget: int | None, device: str, where: str = "", *, total: int | None = None) -> None:
+    """Refuse a capacity ``memory_budget`` a CPU cannot hold: more than the machine's memory would be tried (a
+    32 GiB state on an 8 GiB machine) and its out-of-memory row would be the budget's doing, not the model's
+    (issue 50 §3.4). A GPU's budget is held to the device's memory where the search runs. ``total`` stands in for
+    the host's memory (tests)."""
+    if not budget or not device.startswith("cpu"):
+        return
+    from attnbench.core.errors import ConfigError
+    from attnbench.core.units import format_bytes
+
+    total = host_memory_bytes() if total is None else total
+    if total is not None and budget > total:
+        raise ConfigError(
+            f"memory_budget {format_bytes(budget)} is more than this machine's memory ({format_bytes(total)}): the "
+            "capacity search would try to allocate it",
+            where=where,
+            key="memory_budget",
+            hint=f"give at most the memory the machine can spare, e.g. memory_budget: {format_bytes(total // 2)}",
+        )
+
+
+# What a bounded try may allocate beyond its budget: the interpreter's and torch's own working memory for a step.
+BOUND_SLACK_BYTES = 256 * 2**20
+
+
+@contextmanager
+def bounded_allocation(budget: int) -> Iterator[None]:
+    """While the block runs, this process may map at most ``budget`` (+ ``BOUND_SLACK_BYTES``) more private memory
+    than it has now (``RLIMIT_DATA``, which Linux ≥ 4.7 counts private anonymous mappings against): an allocation
+    beyond fails at once with an out-of-memory error, rather than being made. A capacity try holds the budget so
+    (issue 50 §3.4): a plugin's ``fill_to`` that asks for 50 GB is refused, not attempted. Without the limit on
+    this platform the block runs unbounded."""
+    try:
+        import resource
+
+        held = _read_status_bytes("VmData")
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    limit = held + budget + BOUND_SLACK_BYTES
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft != resource.RLIM_INFINITY:
+        limit = min(limit, soft)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))

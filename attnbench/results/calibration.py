@@ -240,6 +240,34 @@ class Calibration:
         )
 
 
+def foreign(calibration: Calibration, environment: Mapping[str, Any]) -> str | None:
+    """Why ``calibration`` was not measured in ``environment`` (a run.json's, or ``Environment.to_dict()``), or None
+    when it was: the same machine fingerprint, device type, device, torch and torch threads. A calibration applies
+    only to what it measured: one copied from another machine into a run.json, or filed in this machine's cache
+    under its key but measured elsewhere, would set another machine's noise floor and peaks (issue 50 §3.2)."""
+    from attnbench.results.environment import Environment
+
+    fingerprint: object
+    try:  # the fingerprint of what the run.json says, not the one it stores beside it (a copy may keep a stale one)
+        fingerprint = Environment.from_dict(environment).fingerprint()
+    except (TypeError, ValueError):  # a partial environment: the fingerprint it stores, if any
+        fingerprint = environment.get("fingerprint")
+    device_type = str(environment.get("device_type") or environment.get("device") or "").split(":")[0]
+    name = environment.get("gpu_name") or environment.get("cpu_model")
+    checks = (
+        ("machine fingerprint", calibration.fingerprint, fingerprint),
+        ("device", calibration.device.split(":")[0], device_type),
+        ("device name", calibration.device_name, name),
+        ("torch", calibration.torch, environment.get("torch")),
+        ("torch threads", calibration.torch_threads, environment.get("torch_threads")),
+    )
+    for what, measured, here in checks:
+        # A field the run does not record (an older or partial run.json) cannot tell; every recorded one must match.
+        if here is not None and here != "" and measured != here:
+            return f"it was measured with {what} {measured!s:.60}, the run has {here!s:.60}"
+    return None
+
+
 _REQUIRED = ("schema_version", "fingerprint", "device", "device_name", "created_utc", "matmul")
 
 _OPTIONAL = ("torch", "torch_threads", "copy", "skipped", "notes", "quick", "noise")

@@ -28,7 +28,8 @@ Schema history (``SCHEMA_VERSION``):
       mode's parameters, ``core.cases.SERVING_PARAMS``) and ``packing`` (the packed lengths of a forward or train
       case); ``extra`` may carry ``capacity_batch``, ``bytes_per_sequence``, ``memory_budget_bytes``,
       ``weight_bytes``, ``capacity_method``, ``capacity_capped``, ``prefill_chunks``, ``verify_s``, ``rollback_s``,
-      ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``.
+      ``rollback_method``, ``padded_s`` and ``padded_tokens_per_s``; later ``capacity_unsettled`` (issue 50: a search
+      that did not settle, its batch a lower bound). Every numeric extra is at least 0, ``capacity_batch`` at least 1.
       Issue 48: run.json ``timing.flush`` (written when ``read``; absent: ``zero``, as every earlier run);
       ``extra`` may carry ``capacity_capped_by`` (memory, kernel-grid, search), ``capacity_excluded_bytes`` and
       ``fla_version``.
@@ -188,7 +189,7 @@ class Result:
         """Tokens one timed call produces: the case's (``Case.tokens``), or for a capacity row one per sequence of
         the batch it found (``capacity_batch``)."""
         found = _count(self.extra.get("capacity_batch")) if self.case.mode == "capacity" else None
-        return found if found is not None else self.case.tokens
+        return found if found is not None and found > 0 else self.case.tokens  # 0 only if built in memory
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -417,7 +418,7 @@ def _extra(data: object) -> dict[str, str | int | float | bool | None]:
             raise fields.expected(key, "a string, number, boolean or null", value)
         spec = known.get(name)
         if spec is not None and not spec.fits(value):
-            raise fields.expected(key, f"{spec.type.__name__} or null ({spec.help})", value)
+            raise fields.expected(key, spec.wanted, value)
         _bounded(value, key)
     return dict(data)
 

@@ -28,8 +28,9 @@ from attnbench.core.shards import Shard
 from attnbench.host.busy import logical_cores, wait_for_idle
 from attnbench.host.devices import device_slug, guess_device, resolve_device, resolve_threads, threads_handed_back
 from attnbench.host.inventory import code_identity, collect_environment
+from attnbench.host.memory import check_budget
 from attnbench.results import fields
-from attnbench.results.calibration import Calibration, load_cached
+from attnbench.results.calibration import Calibration, cache_path, foreign, load_cached
 from attnbench.results.contention import Contention
 from attnbench.results.environment import Environment
 from attnbench.results.files import remove_leftovers, utc_now
@@ -81,6 +82,8 @@ class SweepRequest:
     nvtx: bool = False
     run_once: bool = False
     no_check: bool = False  # time without the numerical check (--no-check; the config's ``check: off``)
+    # A run whose budget decisions this one takes (--budget-from): the cases it timed ok are timed here too.
+    budget_from: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class SweepPlan:
     devices: tuple[str, ...] = ()  # a worker per device (--devices); empty: one executor on ``device``
     device_basis: str = ""  # a dry run tells "auto" without torch: what its answer rests on
     threads: int | None = None  # the config's, else on a CPU attnbench's default (resolve_threads); dry run: config's
+    decided_ok: frozenset[str] = frozenset()  # the keys --budget-from's run timed ok
 
     @property
     def estimate(self) -> SweepEstimate:
@@ -130,6 +134,7 @@ class SweepPlan:
             nvtx=self.request.nvtx and self.device.startswith("cuda"),
             run_once=self.request.run_once,
             check=e.check and not self.request.no_check,
+            decided_ok=self.decided_ok,
         )
 
 
@@ -194,6 +199,8 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
             f"mode capacity on {device} needs memory_budget: only a GPU has free memory to default to",
             hint="add memory_budget (e.g. 4GiB) to the config, or run it on a GPU",
         )
+    if "capacity" in experiment.axes.modes:
+        check_budget(experiment.resolved.get("memory_budget"), device, experiment.source)
     # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
     kept = tuple(r for r in stored.results if r.ok or not request.retry_failed) if stored else ()
     done = {r.case.key for r in kept}
@@ -226,7 +233,23 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
         devices,
         device_basis,
         threads,
+        _decided_ok(request.budget_from, cases, warnings),
     )
+
+
+def _decided_ok(budget_from: Path | None, cases: tuple[Case, ...], warnings: list[str]) -> frozenset[str]:
+    """The keys of this sweep's cases that ``--budget-from``'s run timed ok: their budget is decided (issue 51, a
+    case at the edge of its budget must not be ok in one run and too slow in the next)."""
+    if budget_from is None:
+        return frozenset()
+    base = load_run(budget_from)
+    wanted = {case.key for case in cases}
+    decided = frozenset(r.case.key for r in base.results if r.ok and r.case.key in wanted)
+    if not decided:
+        warnings.append(
+            f"--budget-from {budget_from}: it timed none of this sweep's cases ok, so every budget is decided here"
+        )
+    return decided
 
 
 def _stored_threads(stored: StoredRun) -> int | None:
@@ -497,9 +520,17 @@ def _cached_calibration(environment: Environment) -> tuple[Calibration | None, s
     """The machine's cached ceilings, if 'attnbench calibrate' ran here: never measured implicitly (that takes a
     minute); without them pct_of_peak falls back to vendor peaks. A damaged cache costs a warning."""
     try:
-        return load_cached(environment.fingerprint()), ""
+        cached = load_cached(environment.fingerprint())
     except ResultsError as exc:
         return None, f"{exc.message}; pct_of_peak uses vendor peaks ({exc.hint})"
+    why = None if cached is None else foreign(cached, environment.to_dict())
+    if why:  # filed under this machine's key, but measured elsewhere: never copied into a run (issue 50 §3.2)
+        return None, (
+            f"the cached calibration {cache_path(environment.fingerprint())} is not of this machine ({why}): it is "
+            "ignored, so pct_of_peak uses vendor peaks and compare its default floor; 'attnbench calibrate "
+            "--refresh' measures this one"
+        )
+    return cached, ""
 
 
 def _new_run_folder(out: Path, experiment: Experiment, device: str) -> Path:

@@ -95,6 +95,7 @@ def measure(
     on_sampling: Callable[[], None] | None = None,
     timed: Callable[[Callable[[], object]], Callable[[], object]] | None = None,
     once: bool = False,
+    decided: bool = False,
 ) -> Measurement:
     """Warm up, then sample until the median's 95 % CI is within ±``policy.target_ci`` or the budget ends.
 
@@ -103,7 +104,9 @@ def measure(
     is called once, between warm-up and the first sample (telemetry measured over the sampling phase only).
     ``timed`` wraps the function for the timed calls only, not the warm-up's (an NVTX range that an ``nsys`` or
     ``ncu`` run filters on). ``once`` times a single call after the warm-up, for a profiler: a row, not a
-    measurement to compare (``stop_reason`` "run_once", never converged).
+    measurement to compare (``stop_reason`` "run_once", never converged). ``decided``: another run decided this
+    case fits its budget (``sweep --budget-from``), so the budget is stretched to what ``min_samples`` samples need
+    (``decided_policy``) instead of refusing the case.
 
     Four phases, each its own function: ``warm_up``, then (unless ``once``) the check that ``min_samples`` samples
     fit what the budget has left (``budget_refusal``), the sampling with its warm-up audit (``Sampling``), and the
@@ -127,6 +130,8 @@ def measure(
     per_call = warm.per_call_s
     grouped = per_call > 0 and policy.cache != "cold"
     calls = max(1, math.ceil(policy.min_sample_s / per_call)) if grouped else 1
+    if decided:
+        policy = decided_policy(clock, policy, start, warm, calls, injected)
     refused = budget_refusal(clock, policy, start, warm, calls, injected)
     if refused is not None:
         return refused
@@ -190,6 +195,21 @@ def run_once(
         warnings=(*warm.warnings, RUN_ONCE),
         injected_delay_s=injected,
     )
+
+
+# How far past what min_samples samples need a decided case's budget reaches: room for calls that run slower than
+# the fastest warm-up call promised.
+DECIDED_HEADROOM = 2.0
+
+
+def decided_policy(
+    clock: Clock, policy: TimingPolicy, start: float, warm: Warmup, calls: int, injected: float
+) -> TimingPolicy:
+    """``policy`` with its budget stretched, where it is short, to what ``min_samples`` samples of these calls need
+    (twice the fastest warm-up's estimate, ``DECIDED_HEADROOM``): for a case whose budget another run decided."""
+    fastest_sample_s = (min(warm.times) + injected) * calls + warm.untimed_s
+    needed = (clock.now() - start) + DECIDED_HEADROOM * fastest_sample_s * policy.min_samples
+    return replace(policy, max_case_s=max(policy.max_case_s, needed))
 
 
 def budget_refusal(

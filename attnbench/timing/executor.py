@@ -48,6 +48,10 @@ class ExecutorSettings:
     # Hold each case's output to its family's reference before timing it (timing.reference_check); off: config
     # ``check: off`` or ``sweep --no-check``.
     check: bool = True
+    # Case keys whose time budget another run decided (sweep --budget-from: it timed them ok): each takes
+    # timing.min_samples even past timing.max_case_s, so a case at the edge of its budget is ok on both sides or
+    # neither, and a slowdown is judged by its time, never hidden behind a flip to too_slow_for_budget (issue 51).
+    decided_ok: frozenset[str] = frozenset()
 
     @property
     def interval_s(self) -> float:

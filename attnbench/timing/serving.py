@@ -44,11 +44,13 @@ from attnbench.families.registry import (
     parameter_count,
     row_extras,
     torch_dtype,
+    torch_family,
 )
 from attnbench.families.serving import chunks
 from attnbench.families.state_bytes import state_bytes
-from attnbench.families.states import decodable, packed, reset_state, rollback, tensor_bytes, verify
+from attnbench.families.states import decodable, packed, reset_state, rollback, spans, tensor_bytes, verify
 from attnbench.families.torch_family import Unsupported
+from attnbench.families.user.layers import UserModelError, check_output
 from attnbench.host.memory import RssPeak
 from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
@@ -224,6 +226,7 @@ class CapacitySetup:
             "capacity_capped": found.capped,
             "capacity_capped_by": found.capped_by,
             "capacity_excluded_bytes": found.excluded_bytes,
+            **({"capacity_unsettled": found.unsettled} if found.unsettled else {}),
             "state_bytes": tensor_bytes(self.state),
         }
 
@@ -301,6 +304,75 @@ def _setup(
         return CapacitySetup(model, case, device, dtype, rss)
 
 
+def _check_protocols(case: Case, model: nn.Module, setup: Setup, device: torch.device, dtype: torch.dtype) -> None:
+    """One checked call of every protocol method a user's model answers the question through, outside the timing
+    (issue 50 §3.3: ``forward`` alone was checked, and a ``packed`` returning (1, 1, d) or float64, a ``verify``
+    returning None, a rollback leaving a state of another batch, a capacity ``step`` returning (B, 2, d) or a
+    prefill chunk's (B, 1, d) were timed as ``ok``). Each output must be a tensor of the shape the call promises,
+    in the case's dtype, on the case's device (``check_output``: a ``UserModelError``, the row's reason); and where
+    the question promises an equality, it holds at the case's size: packed = each sequence alone, and after a
+    rollback = the accepted drafts decoded for real (a packed call that ignores the boundaries, a rollback that does
+    nothing)."""
+    d = case.d_model
+    if isinstance(setup, PackedSetup):
+        with torch.no_grad():
+            out = packed(model, setup.x, setup.lengths)
+            check_output(case, out, (1, sum(setup.lengths), d), device)
+            alone = torch.cat([model(setup.x[:, start:end]) for start, end in spans(setup.lengths)], dim=1)
+            _agree(case, "packed", out, alone, "each sequence run alone")
+    elif isinstance(setup, PrefillSetup):
+        setup.prepare()
+        for start, end in setup.pieces:
+            chunk = setup.decoder.prefill(setup.prompt[:, start:end], setup.state, output=True)
+            check_output(case, chunk, (case.batch, end - start, d), device)
+        setup.prepare()
+    elif isinstance(setup, CapacitySetup):
+        check_output(case, setup.step(), (setup.case.batch, 1, d), device)
+    elif isinstance(setup, VerifySetup):
+        _check_rollback(case, model, setup, device, dtype)
+
+
+def _check_rollback(case: Case, model: nn.Module, setup: VerifySetup, device: torch.device, dtype: torch.dtype) -> None:
+    """On states of their own (the timed calls start where the setup's stands): a verify, its rollback to n + r, and
+    a verify after it must match the same verify after n + r tokens prefilled for real."""
+    decoder, k, r = decodable(model), setup.draft, setup.accept
+    context = make_input(case, str(device), dtype)
+    drafts = setup.drafts
+    chunk = PREFILL_CHUNK if family_of(case).prefill_carries(case) else 0
+
+    def prefilled() -> Any:
+        state = decoder.init_state(case.batch, case.seq_len + 2 * k)  # room for a verify after the rollback
+        for start, end in chunks(case.seq_len, chunk):
+            decoder.prefill(context[:, start:end], state, output=False)
+        return state
+
+    expected = (case.batch, k, case.d_model)
+    rolled = prefilled()
+    check_output(case, verify(model, drafts, rolled), expected, device)
+    rollback(model, rolled, r)
+    after = verify(model, drafts, rolled)
+    # A rollback that left a state of another batch (or none a verify can continue) shows in the next call.
+    check_output(case, after, expected, device)
+    decoded = prefilled()
+    if r:
+        decoder.prefill(drafts[:, :r], decoded, output=False)
+    _agree(case, f"a verify after rollback({r})", after, verify(model, drafts, decoded), f"{r} drafts prefilled")
+
+
+def _agree(case: Case, what: str, got: torch.Tensor, reference: torch.Tensor, against: str) -> None:
+    """UserModelError unless ``got`` matches ``reference`` within the case's dtype's tolerance (a float32 call's
+    rounding, or a 16-bit one's)."""
+    tolerance = 1e-3 if got.dtype in (torch.float32, torch.float64) else 5e-2
+    scale = max(1.0, float(reference.abs().max()))
+    error = float((got.float() - reference.float()).abs().max())
+    if not error <= tolerance * scale:  # NaN included
+        user = case.user
+        where = f"{case.model} (factory {user.factory if user else '?'})"
+        raise UserModelError(
+            f"{where}: {what} differs from {against} by {error:.3g} (tolerance {tolerance * scale:.3g})"
+        )
+
+
 def _work(case: Case, setup: Setup, extra: Extra) -> None:
     """The useful FLOPs of what the call answers (module notes), where the family has a formula."""
     if not analytic(case) or case.mode == "verify":
@@ -334,6 +406,9 @@ def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result],
         if case.mode != "capacity":
             raise
         return Result(case, "unsupported", str(exc))
+    if not torch_family(case).trusted:  # a user's model: every protocol call checked once, untimed
+        with torch.inference_mode(), call_context(case, model):
+            _check_protocols(case, model, setup, tools.device, dtype)
     grad = contextlib.nullcontext if case.mode == "train" else torch.inference_mode
     clock = PreparedClock(tools.clock, setup.prepare)
     with grad(), call_context(case, model):

@@ -381,6 +381,8 @@ class TorchExecutor:
         measurement."""
         cache = self.policy.cache_for(case.mode)
         extra["cache"] = cache
+        if case.key in self.settings.decided_ok:
+            extra["budget_decided"] = True
         policy = replace(self.policy, cache=cache)
         measurement: Measurement | None = None
         watch = ContentionWatch(str(self.device), torch.get_num_threads())  # NVML opened outside the window
@@ -394,6 +396,7 @@ class TorchExecutor:
                     on_sampling=sampler.mark_sampling,
                     timed=self._nvtx(case, extra),
                     once=self.settings.run_once,
+                    decided=case.key in self.settings.decided_ok,
                 )
             calls = measurement.warmup_calls + len(measurement.samples_s) * measurement.calls_per_sample
             return measurement, sampler.summary(calls=calls, tokens_per_call=case.tokens), watch.result()

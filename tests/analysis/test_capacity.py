@@ -120,3 +120,17 @@ def test_the_capacity_plot_draws_every_batch_found_and_marks_the_untimed_ones() 
     assert len(rate_ax.get_lines()) - len([x for x in table.crossing_points()]) == 1  # only sdpa-flash has a rate
     crosses = [c for c in batch_ax.collections if list(c.get_offsets()[:, 0]) == list(NS)]
     assert crosses, "the untimed batches carry their own marker"
+
+
+def test_a_search_that_did_not_settle_is_a_lower_bound_in_the_table() -> None:
+    """Issue 50 §3.7: the row keeps the largest batch a try held; the table marks it ≥, as a capped search's."""
+    from dataclasses import replace
+
+    from attnbench.report.capacity_md import point_text
+
+    rows = run()
+    rows[0] = replace(rows[0], extra={**rows[0].extra, "capacity_unsettled": "did not settle after 4 tries"})
+    (table,) = capacity_tables(rows)
+    first, second = table.curves[0].points[:2]
+    assert first.capped and not second.capped
+    assert point_text(first).startswith("≥400000") and not point_text(second).startswith("≥")

@@ -124,3 +124,44 @@ def test_a_sweep_that_resolves_to_a_cpu_refuses_a_capacity_without_a_budget(tmp_
     config.write_text(serving(device="auto", memory_budget=None))
     result = runner.invoke(app, ["sweep", str(config), "--device", "cpu", "--dry-run", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "memory_budget" in result.output
+
+
+@pytest.mark.parametrize("budget", ["1kiB", "1 kiB", "9" * 400, "9" * 400 + "GiB"])
+def test_a_budget_unit_typo_or_overflow_is_one_error_line(tmp_path: Path, budget: str) -> None:
+    """Issue 50 §3.5: ``1kiB`` was a KeyError and 400 digits an OverflowError, in a config and through --set."""
+    assert refusal(serving(memory_budget=budget)).key == "memory_budget"
+    config = tmp_path / "serving.yaml"
+    config.write_text(serving())
+    for args in (["validate", str(config)], ["sweep", str(config), "--dry-run"]):
+        extra = [] if args[0] == "validate" else ["--set", f"memory_budget={budget}"]
+        if args[0] == "validate":
+            config.write_text(serving(memory_budget=budget))
+        out = runner.invoke(app, [*args, *extra])
+        assert out.exit_code == 2 and not isinstance(out.exception, KeyError | OverflowError), out.output
+        assert "memory_budget" in out.output
+        config.write_text(serving())
+
+
+def test_a_budget_this_machine_cannot_hold_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """Issue 50 §3.4: ``memory_budget: 1024TiB`` (the cap), or more than the machine's memory, was tried: 32 GiB and
+    8 GiB allocations, and an oom row the budget caused. validate and sweep (a dry run too) refuse it, by key."""
+    from attnbench.core.units import GIB
+    from attnbench.host.memory import check_budget, host_memory_bytes
+
+    total = host_memory_bytes()
+    assert total is not None and total > 0
+    config = tmp_path / "serving.yaml"
+    for budget in ("1024TiB", f"{total * 3 // 2}"):
+        config.write_text(serving(memory_budget=budget, device="cpu"))
+        for args in (["validate", str(config)], ["sweep", str(config), "--dry-run", "--out", str(tmp_path / "o")]):
+            out = runner.invoke(app, args)
+            assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+            assert "memory_budget" in out.output
+        assert not (tmp_path / "o").exists()
+    config.write_text(serving(device="cpu"))  # 64 MiB: held
+    assert runner.invoke(app, ["validate", str(config)]).exit_code == 0
+    with pytest.raises(ConfigError) as caught:
+        check_budget(9 * GIB, "cpu", total=8 * GIB)
+    assert caught.value.key == "memory_budget"
+    check_budget(9 * GIB, "cuda:0", total=8 * GIB)  # a GPU's is held to the device where the search runs
+    check_budget(7 * GIB, "cpu", total=8 * GIB)

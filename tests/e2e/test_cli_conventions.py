@@ -107,10 +107,10 @@ def test_history_format_json_is_the_history() -> None:
 
 def test_calibrate_format_json_is_the_cached_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from attnbench.results.calibration import CACHE_ENV, save
-    from tests.measure.test_calibration import calibration, default_fingerprint
+    from tests.measure.test_calibration import own_calibration
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    cached = calibration(default_fingerprint(), skipped={"float16": "skipped in this test"})
+    cached = own_calibration(skipped={"float16": "skipped in this test"})
     save(cached)
     data = _json("calibrate", "--device", "cpu", "--noise-processes", "0", "-f", "json")
     assert data["schema"] == "attnbench.calibrate/1" and data["calibration"] == cached.to_dict()
@@ -210,3 +210,13 @@ def test_history_plots_dir_is_the_name_and_plots_the_old_alias() -> None:
     assert option.opts[:2] == ["--plots-dir", "--plots"]
     report = typer.main.get_command(app).commands["report"]  # type: ignore[attr-defined]
     assert any("--plots-dir" in p.opts for p in report.params)
+
+
+@pytest.mark.parametrize("command", ["calibrate", "selfcheck"])
+@pytest.mark.parametrize("threads", ["99999999999", "5000"])
+def test_threads_beyond_the_configs_cap_are_refused_before_anything_runs(command: str, threads: str) -> None:
+    """Issue 50 §3.5: ``--threads 99999999999`` was a ValueError from torch, and ``--threads 5000`` ran 5000 threads
+    where a config's ``threads`` stops at 4096 (``core.cases.MAX_THREADS``)."""
+    out = runner.invoke(app, [command, "--device", "cpu", "--threads", threads])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit)
+    assert "--threads" in out.output

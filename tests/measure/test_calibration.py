@@ -284,7 +284,10 @@ def test_pct_of_peak_uses_the_calibration_first() -> None:
 
 def test_vendor_peak_when_not_calibrated_or_dtype_missing() -> None:
     gpu = {"device_type": "cuda", "gpu_name": "NVIDIA H200"}
-    only_fp32 = calibration(matmul=(MatmulCeiling("float32", 5e13, 8192, ((8192, 5e13),)),), skipped={})
+    only_fp32 = calibration(  # measured on that GPU: another device's calibration is ignored
+        device="cuda:0", device_name="NVIDIA H200", matmul=(MatmulCeiling("float32", 5e13, 8192, ((8192, 5e13),)),)
+    )
+    only_fp32 = replace(only_fp32, skipped={})
     for cal in (None, only_fp32):
         peak = PeakTable.for_run(run_for(gpu, cal)).for_case(row(dtype="bfloat16", device="cuda:0").case)
         assert peak is not None and peak.source == "vendor NVIDIA H200 SXM bf16 dense"
@@ -315,7 +318,10 @@ def test_a_mig_slice_is_not_held_against_the_whole_gpu() -> None:
     assert vendor is None and why == MIG_NOTE
     assert "MIG slice" in vendor_line("NVIDIA H100 80GB HBM3", None, "cuda", why)
     # Its own calibration still applies: it was measured on the slice.
-    only_bf16 = calibration(matmul=(MatmulCeiling("bfloat16", 2e14, 8192, ((8192, 2e14),)),), skipped={})
+    only_bf16 = calibration(
+        device="cuda:0", device_name=mig["gpu_name"], matmul=(MatmulCeiling("bfloat16", 2e14, 8192, ((8192, 2e14),)),)
+    )
+    only_bf16 = replace(only_bf16, skipped={})
     calibrated = PeakTable.for_run(run_for(mig, only_bf16)).for_case(case)
     assert calibrated is not None and calibrated.source == "calibrated matmul bfloat16"
     whole = PeakTable.for_run(run_for({**mig, "gpu_mig": False})).for_case(case)
@@ -524,9 +530,20 @@ def default_fingerprint() -> str:
         return collect_environment("cpu").fingerprint()
 
 
+def own_calibration(**changes: object) -> Calibration:
+    """``calibration()`` as ``attnbench calibrate --device cpu`` would have measured it here: this machine's
+    fingerprint, CPU, torch and default thread count (another's is measured again, issue 50 §3.2)."""
+    from attnbench.host.devices import resolve_threads, threads_handed_back
+    from attnbench.host.inventory import collect_environment
+
+    with threads_handed_back(resolve_threads(None, "cpu")):  # as calibrate looks it up (default_fingerprint)
+        here = collect_environment("cpu")
+    own = {"device_name": here.cpu_model, "torch": here.torch, "torch_threads": here.torch_threads}
+    return calibration(here.fingerprint(), **{**own, **changes})
+
+
 def test_calibrate_cli_shows_the_cached_calibration(private_cache: Path) -> None:
-    fingerprint = default_fingerprint()
-    save(calibration(fingerprint, skipped={"float16": "skipped in this test"}))
+    save(own_calibration(skipped={"float16": "skipped in this test"}))
     result = runner.invoke(app, ["calibrate", "--device", "cpu", "--noise-processes", "0"])
     assert result.exit_code == 0, result.output
     assert "calibrating" not in result.output  # nothing measured
@@ -580,10 +597,16 @@ def _sweep(tmp_path: Path) -> tuple[Path, str]:
 
 @pytest.mark.slow
 def test_sweep_records_the_cached_calibration(tmp_path: Path) -> None:
-    save(calibration(_sweep_fingerprint()))
+    from attnbench.host.devices import threads_handed_back
+    from attnbench.host.inventory import collect_environment
+
+    with threads_handed_back(1):
+        here = collect_environment("cpu")
+    # Measured on this machine and stack, as calibrate would have: another's is not copied (issue 50 §3.2).
+    save(calibration(_sweep_fingerprint(), device_name=here.cpu_model, torch=here.torch, torch_threads=1))
     folder, _ = _sweep(tmp_path)
     stored = load_run(folder)
-    assert stored.run.calibration is not None and stored.run.calibration.device_name == "Test CPU"
+    assert stored.run.calibration is not None and stored.run.calibration.device_name == here.cpu_model
     (csv_row,) = csv.DictReader(io.StringIO(render_csv(stored.results, stored.run)))
     assert csv_row["peak_source"] == "calibrated matmul float32" and float(csv_row["pct_of_peak"]) > 0
 
@@ -632,7 +655,15 @@ def test_calibrating_one_more_dtype_keeps_the_ones_cached(monkeypatch: pytest.Mo
     def fake(device: str, wanted: tuple[str, ...], environment: Any, **_: Any) -> Calibration:
         asked.append(tuple(wanted))
         matmul = tuple(MatmulCeiling(d, 1e11, 256, ((256, 1e11),)) for d in wanted)
-        return Calibration(environment.fingerprint(), device, "cpu", "2026-12-02T00:00:00Z", None, None, matmul)
+        return Calibration(
+            environment.fingerprint(),
+            device,
+            environment.cpu_model,
+            "2026-12-02T00:00:00Z",
+            environment.torch,
+            environment.torch_threads,
+            matmul,
+        )
 
     monkeypatch.setattr(attnbench.instrument.ceilings, "calibrate", fake)
     noise = NoiseFloor(0.08, 0.02, 3, ("k",), (0.05,), "2026-12-03T00:00:00Z")
@@ -654,3 +685,36 @@ def test_the_commands_default_noise_processes_is_the_measurements() -> None:
     from attnbench.instrument.noise import DEFAULT_PROCESSES
 
     assert inspect.signature(calibrate).parameters["noise_processes"].default == DEFAULT_PROCESSES == 8
+
+
+def test_a_cached_calibration_measured_elsewhere_is_not_copied_into_a_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 50 §3.2: a calibration measured on an H100 but filed under this CPU's key was copied into a CPU run
+    without a word. It is ignored, saying so; this machine's own is copied as before, and calibrate measures anew."""
+    from attnbench.host.inventory import collect_environment
+    from attnbench.results.calibration import foreign, save
+    from attnbench.sweeps.runner import _cached_calibration
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
+    environment = collect_environment("cpu")
+    ceiling = (MatmulCeiling("float32", 1e15, 4096, ((4096, 1e15),)),)
+    own = Calibration(
+        environment.fingerprint(),
+        "cpu",
+        environment.cpu_model,
+        "2026-12-02T00:00:00Z",
+        environment.torch,
+        environment.torch_threads,
+        ceiling,
+    )
+    save(own)
+    assert _cached_calibration(environment) == (own, "")
+    for elsewhere in (
+        replace(own, device="cuda:0", device_name="NVIDIA H100 80GB HBM3"),
+        replace(own, torch="1.0.0"),
+        replace(own, torch_threads=(environment.torch_threads or 1) + 7),
+    ):
+        save(elsewhere)  # under this machine's key: the file's fingerprint is this machine's
+        calibration, problem = _cached_calibration(environment)
+        assert calibration is None and problem and foreign(elsewhere, environment.to_dict()) is not None

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from attnbench.analysis.compare import DEFAULT_NOISE_FLOOR, Policy, Side, compare_sides, load_side
+from attnbench.analysis.compare import (
+    DEFAULT_NOISE_FLOOR,
+    UNMEASURED_SOURCE,
+    Policy,
+    Side,
+    compare_sides,
+    load_side,
+)
 from attnbench.cli.device import noise_line
 from attnbench.core.stats import student_t_975
 from attnbench.instrument import noise as noise_module
 from attnbench.instrument.noise import measure_noise, noise_floor
 from attnbench.results.calibration import Calibration, NoiseFloor
+from attnbench.results.environment import Environment
 from attnbench.results.fields import FieldError
+from attnbench.results.records import Run
 from tests.support import DATA, mentions, numbers, quick_policy, tiny_case
 
 BASE, CURRENT = DATA / "compare" / "base", DATA / "compare" / "current"
@@ -56,10 +67,39 @@ def test_noise_is_stored_with_the_calibration_and_older_caches_read_back() -> No
     assert "not measured" in noise_line(_calibration(None))
 
 
-def _side(path, floor: float | None) -> Side:  # type: ignore[no-untyped-def]
+def _own(noise: NoiseFloor, environment: Mapping[str, Any]) -> Calibration:
+    """A calibration measured on the machine and stack ``environment`` describes (a run.json's)."""
+    fingerprint = Environment.from_dict(environment).fingerprint()
+    name = environment.get("gpu_name") or environment["cpu_model"]
+    threads = environment["torch_threads"]
+    return Calibration(fingerprint, "cpu", name, "2026-12-03T00:00:00Z", environment["torch"], threads, (), noise=noise)
+
+
+def _side(path, floor: float | None, *, foreign: bool = False) -> Side:  # type: ignore[no-untyped-def]
     side = load_side(path, "base")
-    calibration = None if floor is None else _calibration(_noise(floor))
-    return replace(side, runs=tuple(replace(s, run=replace(s.run, calibration=calibration)) for s in side.runs))
+
+    def calibration(run: Run) -> Calibration | None:
+        if floor is None:
+            return None
+        if foreign:  # measured on an H100 elsewhere, its run.json copied here
+            return replace(_calibration(_noise(floor)), fingerprint="f" * 16, device="cuda:0", device_name="H100")
+        return _own(_noise(floor), run.environment)
+
+    return replace(side, runs=tuple(replace(s, run=replace(s.run, calibration=calibration(s.run))) for s in side.runs))
+
+
+def test_a_calibration_of_another_machine_sets_no_floor_and_compare_says_so() -> None:
+    """Issue 50 §3.2: runs whose run.json carried another machine's calibration (another fingerprint, cuda:0, a
+    0.1 % floor) were judged with that floor, the output saying it was measured on this machine."""
+    alien = compare_sides(_side(BASE, 0.001, foreign=True), _side(CURRENT, 0.001, foreign=True), Policy())
+    assert alien.policy.noise_floor == DEFAULT_NOISE_FLOOR and alien.policy.floor_source == UNMEASURED_SOURCE
+    ignored = [w for w in alien.warnings if "another machine" in w]
+    assert len(ignored) == len(alien.base.runs) + len(alien.current.runs)
+    own = compare_sides(_side(BASE, 0.001), _side(CURRENT, 0.001), Policy())
+    assert own.policy.noise_floor == 0.001 and not [w for w in own.warnings if "another machine" in w]
+    # One side's own floor still counts; the other side's foreign one does not.
+    mixed = compare_sides(_side(BASE, 0.5, foreign=True), _side(CURRENT, 0.02), Policy())
+    assert mixed.policy.noise_floor == 0.02
 
 
 def test_compare_widens_by_the_larger_recorded_floor_and_says_so() -> None:

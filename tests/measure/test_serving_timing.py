@@ -303,3 +303,46 @@ def test_on_a_gpu_attention_capacity_stops_at_the_kernels_grid_and_the_flush_is_
     assert result.extra["capacity_batch"] == 65_535 // 16 and result.extra["capacity_capped_by"] == "kernel-grid"
     assert result.extra["capacity_excluded_bytes"] >= 256 * 2**20  # capacity is cold: the flush's buffer, outside
     executor.close()
+
+
+def test_a_search_that_does_not_settle_reports_the_largest_batch_that_held() -> None:
+    """Issue 50 §3.7: on a noisy machine no confirmation fitted (another job's pages, a heap's history), and the
+    valid case became an error row. The search now keeps the largest try that held within the budget, and says so."""
+    room = 1_000_000
+
+    def law(b: int) -> int:  # the growth points read clean; every confirmation reads over the budget
+        return 1000 * b if b in (1, 2, 16, 128) else room + 1
+
+    meter = FakeRss(law)
+    found = _on_cpu(meter.run, room, 0, meter)  # type: ignore[arg-type]
+    assert found.batch == 128 and law(found.batch) <= room
+    assert found.unsettled and not found.capped
+    assert len([b for b in meter.tries if b not in (1, 2, 16, 128)]) >= 1  # confirmations were tried
+    steady = FakeRss(lambda b: 1000 + 300 * b)
+    assert not _on_cpu(steady.run, room, 0, steady).unsettled  # type: ignore[arg-type]
+
+
+def test_a_try_may_not_allocate_beyond_its_budget() -> None:
+    """Issue 50 §3.4: a plugin's ``fill_to`` that asks for 50 GB was attempted. A try is bounded by its budget: an
+    allocation beyond fails at once and the try does not fit; one within runs as before."""
+    from attnbench.host.memory import bounded_allocation
+    from attnbench.timing.failures import is_oom
+
+    huge = 8 * 2**30  # 8 GiB, asked for and never touched: unbounded, the kernel would map it
+    assert torch.empty(huge, dtype=torch.uint8).numel() == huge
+    with bounded_allocation(64 * 2**20):
+        assert torch.empty(16 * 2**20, dtype=torch.uint8).numel() == 16 * 2**20
+        with pytest.raises(Exception) as caught:
+            torch.empty(huge, dtype=torch.uint8)
+        assert is_oom(caught.value)
+    assert torch.empty(huge, dtype=torch.uint8).numel() == huge  # the bound is lifted after
+
+    meter = FakeRss(lambda b: 1000 * b)
+
+    def greedy(batch: int) -> int:  # a fill_to that asks for far more than the budget whatever the batch
+        meter.run(batch)
+        torch.empty(huge, dtype=torch.uint8)
+        return 0
+
+    with pytest.raises(MemoryError, match="not one sequence fits"):
+        _on_cpu(greedy, 64 * 2**20, 0, meter)  # type: ignore[arg-type]

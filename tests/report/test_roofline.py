@@ -12,6 +12,7 @@ from attnbench.families.traffic import bytes_moved
 from attnbench.report.plots import render_plots
 from attnbench.report.rows import summary_rows
 from attnbench.results.calibration import Calibration, CopyBandwidth, MatmulCeiling
+from attnbench.results.environment import Environment
 from attnbench.results.records import Result, Run
 from attnbench.results.store import load_run
 from tests.support import DECODE_FIXTURE
@@ -29,8 +30,17 @@ def with_traffic(result: Result) -> Result:
 
 def calibrated(run: Run) -> Run:
     ceiling = MatmulCeiling("float32", MATMUL, 512, ((512, MATMUL),))
+    env = run.environment  # measured on the run's own machine and stack: another's would be ignored
+    fingerprint = Environment.from_dict(env).fingerprint()
     calibration = Calibration(
-        "x", "cpu", "Test CPU", "2026-12-04T00:00:00Z", "2.14", 2, (ceiling,), CopyBandwidth(COPY, 2**28)
+        fingerprint,
+        "cpu",
+        env["cpu_model"],
+        "2026-12-04T00:00:00Z",
+        env["torch"],
+        env["torch_threads"],
+        (ceiling,),
+        CopyBandwidth(COPY, 2**28),
     )
     return replace(run, calibration=calibration)
 

@@ -121,3 +121,23 @@ def test_the_capacity_tables_title_names_no_batch_of_1(stored: StoredRun) -> Non
     (capacity,) = [t for t in pivot_tables(stored.results) if t.mode == "capacity"]
     assert "batch 1 " not in capacity.title + " "
     assert {r.extra["capacity_batch"] for r in stored.results if r.case.mode == "capacity"} != {1}
+
+
+@pytest.mark.parametrize("batch", [0, -1000])
+@pytest.mark.parametrize("form", ["table", "md", "html"])
+def test_a_stored_capacity_out_of_bounds_is_one_error_line_in_every_report(
+    tmp_path: Path, batch: int, form: str
+) -> None:
+    """Issue 50 §3.5: a stored ``capacity_batch: 0`` divided by zero in report's pivot (a traceback), a negative one
+    read as a negative tokens/s: both are a damaged row, refused by key with exit 2."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "runs" / "tiny-serving-cpu", run)
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    (capacity,) = [r for r in rows if "mode=capacity" in r["key"] and r["case"]["seq_len"] == 16 and "lstm" in r["key"]]
+    capacity["extra"]["capacity_batch"] = batch
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["report", str(run), "-f", form])
+    assert result.exit_code == 2
+    assert "extra.capacity_batch" in result.output

@@ -58,3 +58,29 @@ def test_a_serving_field_out_of_its_bounds_is_refused_by_key(case: Case, change:
     with pytest.raises(FieldError) as caught:
         Result.from_dict(data)
     assert caught.value.key == f"case.{key}"
+
+
+@pytest.mark.parametrize(
+    ("case", "extra"),
+    [
+        (CAPACITY, {"capacity_batch": -1000}),
+        (CAPACITY, {"capacity_batch": 0}),
+        (CAPACITY, {"bytes_per_sequence": -5}),
+        (CAPACITY, {"weight_bytes": -1}),
+        (VERIFY, {"verify_s": -0.5}),
+        (VERIFY, {"rollback_s": -0.5}),
+        (PACKED, {"padded_s": -0.5}),
+        (PACKED, {"padded_tokens_per_s": -3.0}),
+        (PACKED, {"flops": -(10**9)}),
+        (PACKED, {"executed_flops": -1}),
+        (PACKED, {"bytes_moved": -(10**6)}),
+    ],
+)
+def test_a_stored_serving_value_out_of_its_bounds_is_refused_like_the_older_fields(
+    case: Case, extra: dict[str, Any]
+) -> None:
+    """Issue 50 §3.6: a negative batch, time, FLOP count or byte count read back as a number (a negative tokens/s,
+    % of peak or GB/s in every reader); a capacity of 0 divided by zero in report's pivot."""
+    with pytest.raises(FieldError) as caught:
+        Result.from_dict(stored(case, **extra))
+    assert caught.value.key == f"extra.{next(iter(extra))}"
