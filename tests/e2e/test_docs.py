@@ -366,7 +366,7 @@ def test_pythons_page_code_runs_and_pivots_one_mode(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MPLBACKEND", "Agg")
     from tests.support import FIXTURE
 
-    code = _python_block("python.md", "import attnbench")
+    code = _python_block("python.md", "import attnbench as ab\n\nruns")  # the reading block, not measure's
     code = code.replace('["results/runs/base", "results/runs/head"]', f"[{str(FIXTURE)!r}]")
     scope: dict[str, Any] = {}
     exec(compile(code, "python.md", "exec"), scope)

@@ -263,7 +263,8 @@ def test_a_case_too_slow_for_its_budget_on_a_busy_machine_is_no_regression() -> 
     back = compare_case("k", [slow], [_row(False)], Policy())
     assert back.verdict == "noisy" and back.contended == ("base",)
     quiet = replace(slow, contention=Contention(False, (), 1.0))
-    assert compare_case("k", [_row(False)], [quiet], Policy()).verdict == "regressed"  # slower than the budget
+    # Quiet too: a budget flip is never a regression (issue 51), only noisy, whatever the machine did.
+    assert compare_case("k", [_row(False)], [quiet], Policy()).verdict == "noisy"
     assert slow.contended and not slow.is_timed
 
 
