@@ -42,9 +42,7 @@ def machine_rounds(rng: random.Random, rounds: int, slowdown: float = 0.0) -> tu
 
 
 def session(rng: random.Random, cases: int, rounds: int, slowdown: float = 0.0) -> int:
-    judged = [
-        judge_rounds(f"k{i}", CASE, *machine_rounds(rng, rounds, slowdown), THRESHOLD) for i in range(cases)
-    ]
+    judged = [judge_rounds(f"k{i}", CASE, *machine_rounds(rng, rounds, slowdown), THRESHOLD) for i in range(cases)]
     return judge_session(judged, rounds).exit_code
 
 
