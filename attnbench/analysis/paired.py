@@ -42,6 +42,7 @@ _ANSWER: dict[Verdict, Answer] = {"regressed": "slower", "improved": "faster", "
 # Below this many paired rounds no 95 % interval of a median exists (``median_ci_ranks``).
 MIN_ROUNDS = 6
 
+_TIMING_STATUSES = {"ok", "too_slow_for_budget"}
 _FAILED_FIRST = ("crashed", "error", "timeout", "oom", "unsupported", "too_slow_for_budget")
 
 
@@ -136,10 +137,13 @@ def judge_rounds(
 
 def judge_status(key: str, case: Case, threshold: float, base: tuple[str, str], head: tuple[str, str]) -> PairedCase:
     """A case a side could not time, by status as ``compare`` judges one: a head that fails where the base ran
-    is slower, the reverse faster, both failing the same."""
+    is slower, the reverse faster, both failing the same; a side too slow for the budget where the other ran (or
+    was too slow too) is unclear, as ``compare`` holds it: how many samples fit in a budget is a timing."""
     base_status, head_status = base[0], head[0]
     verdict: Verdict
-    if base_status == "ok":
+    if {base_status, head_status} <= _TIMING_STATUSES:
+        verdict = "noisy"  # how many samples fit in a block's budget is a timing too, and a noisy machine's
+    elif base_status == "ok":
         verdict = "regressed"
     elif head_status == "ok":
         verdict = "improved"

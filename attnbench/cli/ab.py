@@ -114,7 +114,7 @@ def ab(
     rounds: Annotated[
         int, typer.Option("--rounds", help="Judged rounds: each one block a side per case, after a warm-up round.")
     ] = 12,
-    block: Annotated[float, typer.Option("--block", help="Seconds of sampling in each side's block.")] = 0.2,
+    block: Annotated[float, typer.Option("--block", help="Seconds of sampling in each side's block.")] = 0.1,
     fail_on: Annotated[
         list[str] | None,
         typer.Option(

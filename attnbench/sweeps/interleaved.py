@@ -46,7 +46,7 @@ ROLES: tuple[Role, ...] = ("base", "head")
 DEFAULT_ROUNDS = 12  # judged rounds: a 95 % sign-test interval of the median then spans ranks 3-10 of 12
 MIN_ROUNDS, MAX_ROUNDS = 6, 1000  # below 6 no 95 % interval of a median exists
 # Each side's block in a round: short, so the two blocks of a round are neighbours in time; long against a call.
-DEFAULT_BLOCK_S = 0.2
+DEFAULT_BLOCK_S = 0.1
 MIN_BLOCK_S, MAX_BLOCK_S = 0.01, 60.0
 _STDERR_TAIL = 400  # characters of a side's stderr quoted when its worker cannot start
 

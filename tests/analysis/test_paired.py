@@ -118,12 +118,19 @@ def test_a_lone_marginal_slowdown_among_many_cases_is_held_by_the_false_discover
 
 @pytest.mark.parametrize(
     ("base", "head", "answer"),
-    [("ok", "crashed", "slower"), ("error", "ok", "faster"), ("oom", "oom", "same")],
+    [
+        ("ok", "crashed", "slower"),
+        ("error", "ok", "faster"),
+        ("oom", "oom", "same"),
+        ("too_slow_for_budget", "ok", "unclear"),
+        ("ok", "too_slow_for_budget", "unclear"),
+    ],
 )
 def test_a_side_that_failed_is_judged_by_status(base: str, head: str, answer: str) -> None:
     judged = judge_status("k", CASE, THRESHOLD, (base, "why" if base != "ok" else ""), (head, ""))
     assert judged.answer == answer and judged.base_status == base and judged.head_status == head
-    assert judge_session([judged], 12).exit_code == (EXIT_CASE_FAILED if answer == "slower" else EXIT_OK)
+    code = {"slower": EXIT_CASE_FAILED, "unclear": EXIT_UNCLEAR}.get(answer, EXIT_OK)
+    assert judge_session([judged], 12).exit_code == code
 
 
 def test_the_session_answer_and_json_keys() -> None:
