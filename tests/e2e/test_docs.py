@@ -83,6 +83,8 @@ def documented_values() -> dict[str, tuple[float, ...]]:
         "--fail-on": (DEFAULT_THRESHOLD,),
         "--max-rounds": (MAX_ROUNDS_FACTOR,),
         "--budget-s": (_flag("selfcheck", "--budget-s").default,),
+        "--rounds": (_flag("ab", "--rounds").default,),
+        "--block": (_flag("ab", "--block").default,),
     }
 
 
