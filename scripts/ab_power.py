@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,7 +41,14 @@ def wrapper(folder: Path, slowdown: float) -> Path:
     return path
 
 
-def session(args: argparse.Namespace, out: Path, head: Path | None) -> dict[str, object]:
+@dataclass(frozen=True)
+class Session:
+    exit: int
+    answers: Counter[str]
+    seconds: float
+
+
+def session(args: argparse.Namespace, out: Path, head: Path | None) -> Session:
     command = [sys.executable, "-m", "attnbench", "ab", str(args.config), "--out", str(out), "-q", "-f", "json"]
     command += ["--rounds", str(args.rounds), "--block", str(args.block), "--no-plots"]
     for item in args.set or ():
@@ -57,7 +65,7 @@ def session(args: argparse.Namespace, out: Path, head: Path | None) -> dict[str,
         answers.update(case["answer"] for case in data["cases"])
     except (json.JSONDecodeError, KeyError, TypeError):
         print(done.stderr[-2000:], file=sys.stderr)
-    return {"exit": done.returncode, "answers": answers, "seconds": time.monotonic() - started}
+    return Session(done.returncode, answers, time.monotonic() - started)
 
 
 def load() -> str:
@@ -68,7 +76,7 @@ def load() -> str:
     return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
 
 
-def render(args: argparse.Namespace, series: dict[str, list[dict[str, object]]], loads: list[str]) -> str:
+def render(args: argparse.Namespace, series: dict[str, list[Session]], loads: list[str]) -> str:
     shown = args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
     lines = [
         f"# attnbench ab: A/A and {args.slowdown:.0%} slowdown sessions",
@@ -91,11 +99,11 @@ def render(args: argparse.Namespace, series: dict[str, list[dict[str, object]]],
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for name, runs in series.items():
-        exits = Counter(int(r["exit"]) for r in runs)  # type: ignore[call-overload]
+        exits = Counter(r.exit for r in runs)
         answers: Counter[str] = Counter()
         for r in runs:
-            answers.update(r["answers"])  # type: ignore[arg-type]
-        seconds = sorted(float(r["seconds"]) for r in runs)  # type: ignore[arg-type]
+            answers.update(r.answers)
+        seconds = sorted(r.seconds for r in runs)
         n = len(runs)
         other = n - exits[0] - exits[1] - exits[6]
         lines.append(
@@ -122,7 +130,7 @@ def main() -> int:
     parser.add_argument("--report", type=Path, default=ROOT / "results" / "ab-power-cpu.md")
     args = parser.parse_args()
     args.config = args.config.resolve()
-    series: dict[str, list[dict[str, object]]] = {"A/A": [], f"head slowed {args.slowdown:.0%}": []}
+    series: dict[str, list[Session]] = {"A/A": [], f"head slowed {args.slowdown:.0%}": []}
     aa, slowed = series.values()
     loads: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ab-power-") as tmp:
@@ -136,7 +144,7 @@ def main() -> int:
             loads.append(load())
             result = session(args, folder / f"s{index}", head if kind == "slowed" else None)
             (aa if kind == "aa" else slowed).append(result)
-            print(f"{index + 1}/{len(order)} {kind}: exit {result['exit']} {dict(result['answers'])}", flush=True)  # type: ignore[call-overload]
+            print(f"{index + 1}/{len(order)} {kind}: exit {result.exit} {dict(result.answers)}", flush=True)
             args.report.write_text(render(args, series, loads))
     print(render(args, series, loads))
     return 0
