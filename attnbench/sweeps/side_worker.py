@@ -81,13 +81,12 @@ def _prelude(conn: multiprocessing.connection.Connection) -> ExecutorSettings | 
     try:
         settings = settings_from_dict(conn.recv())
         settings = replace(settings, inject_slowdown=injected_slowdown(settings.device))
-        import attnbench
         from attnbench.host.devices import use_threads
         from attnbench.host.inventory import code_identity, collect_environment
 
         use_threads(settings.threads)  # before the environment records the count
         environment = collect_environment(settings.device).to_dict()
-        code = code_identity(Path(attnbench.__file__).resolve().parent)
+        code = code_identity(Path(__file__).resolve().parent.parent)  # the checkout attnbench was installed from
     except Exception as exc:  # whatever this environment cannot do is the parent's to report, as one line
         lines = str(exc).strip().splitlines()
         conn.send(("failed", f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()))
