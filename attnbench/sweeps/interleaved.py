@@ -221,6 +221,7 @@ class CaseBlocks:
 
     rows: list[Result] = field(default_factory=list)
     failed: Result | None = None
+    warmup: Result | None = None  # the warm-up round's block: the row of a side whose case then failed on the other
 
 
 @dataclass(frozen=True)
@@ -285,24 +286,28 @@ def run_session(plan: AbPlan, sides: dict[Role, SideExecutor], on_round: Listene
                     break
                 if round_ > 0:
                     held.rows.append(result)
+                else:
+                    held.warmup = result
     environments = {role: sides[role].environment for role in ROLES}
     return Session(plan, blocks, environments, {role: sides[role].code for role in ROLES})
 
 
 def side_row(role: Role, held: CaseBlocks) -> Result | None:
     """The row a side stores for a case: its failed block, else its judged blocks pooled (as replicates are
-    pooled, but the block medians are not kept as between-process evidence: one process timed them all)."""
+    pooled, but the block medians are not kept as between-process evidence: one process timed them all), else (the
+    other side failed in the warm-up round) its warm-up block."""
     if held.failed is not None:
         return held.failed
-    if not held.rows:
+    blocks = held.rows or ([held.warmup] if held.warmup is not None else [])
+    if not blocks:
         return None
-    merged = merge_replicates(held.rows)
+    merged = merge_replicates(blocks)
     assert merged.measurement is not None
     extra = {k: v for k, v in merged.extra.items() if k not in ("replicates", "telemetry_from")}
     return replace(
         merged,
         measurement=replace(merged.measurement, replicate_medians_s=()),
-        extra={**extra, "ab_blocks": len(held.rows), "ab_side": role},
+        extra={**extra, "ab_blocks": len(blocks), "ab_side": role},
     )
 
 
