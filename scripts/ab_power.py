@@ -10,7 +10,8 @@ session's ``--head-python`` is a wrapper script that sets ``ATTNBENCH_INJECT_SLO
 side busy-waits the fraction of its warm-up time per call). A/A and slowed sessions alternate, so drift of the
 machine hits both series alike. The report is rewritten after every session (a stopped script keeps what it had):
 per series the sessions, how many exited 0, 1 (a regression), 6 (unclear) or otherwise, the unclear rate, and the
-cases' answers. Targets: 0 of 20 A/A sessions exit 1; at least 9 of 10 slowed sessions exit 1.
+cases' answers; each session's cases (ratio, interval, per-round ratios) go to the report's ``.jsonl``. Targets: 0
+of 20 A/A sessions exit 1; at least 9 of 10 slowed sessions exit 1.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Session:
     exit: int
     answers: Counter[str]
     seconds: float
+    cases: tuple[dict[str, object], ...] = ()  # each case's answer, ratio and interval, as ab's JSON has them
 
 
 def session(args: argparse.Namespace, out: Path, head: Path | None) -> Session:
@@ -60,12 +62,15 @@ def session(args: argparse.Namespace, out: Path, head: Path | None) -> Session:
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
     answers: Counter[str] = Counter()
+    cases: list[dict[str, object]] = []
     try:
         data = json.loads(done.stdout)
         answers.update(case["answer"] for case in data["cases"])
+        keep = ("key", "answer", "ratio", "ci_low", "ci_high", "base_s", "head_s", "ratios")
+        cases = [{k: case[k] for k in keep} for case in data["cases"]]
     except (json.JSONDecodeError, KeyError, TypeError):
         print(done.stderr[-2000:], file=sys.stderr)
-    return Session(done.returncode, answers, time.monotonic() - started)
+    return Session(done.returncode, answers, time.monotonic() - started, tuple(cases))
 
 
 def load() -> str:
@@ -146,6 +151,8 @@ def main() -> int:
             (aa if kind == "aa" else slowed).append(result)
             print(f"{index + 1}/{len(order)} {kind}: exit {result.exit} {dict(result.answers)}", flush=True)
             args.report.write_text(render(args, series, loads))
+            with args.report.with_suffix(".jsonl").open("a") as log:  # every session's cases, for a closer look
+                log.write(json.dumps({"series": kind, "exit": result.exit, "cases": list(result.cases)}) + "\n")
     print(render(args, series, loads))
     return 0
 
