@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli import claims, compare, device, history, info, merge, publish, report, submit, sweep
+from attnbench.cli import ab, claims, compare, device, history, info, merge, publish, report, submit, sweep
 from attnbench.cli.common import Command, Group, interrupted, state, stdout
 
 app = typer.Typer(
@@ -67,6 +67,7 @@ for command in (
     info.env,
     claims.claims,
     compare.compare,
+    ab.ab,
     history.history,
     publish.publish,
     merge.merge,

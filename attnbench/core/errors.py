@@ -11,6 +11,7 @@ EXIT_BAD_INPUT = 2
 EXIT_NOT_COMPARABLE = 3
 EXIT_NO_BASELINE = 4
 EXIT_INCONCLUSIVE = 5  # selfcheck: no op disagreed, but the rounds could not tell some from the tolerance
+EXIT_UNCLEAR = 6  # ab: no case slower, but some case's paired interval straddled the threshold
 # A file of a run folder could not be written (disk full, quota, read-only file system, I/O error, permission).
 # sysexits.h's EX_IOERR: an outside failure, neither a bad input (2) nor a verdict (1, 3, 4); finished rows are kept.
 EXIT_WRITE_FAILED = 74
@@ -20,14 +21,16 @@ EXIT_WRITE_FAILED = 74
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success, cases recorded as oom, unsupported or too_slow_for_budget included",
     EXIT_CASE_FAILED: "a case ended error, crashed, timeout or incorrect (its output off its family's reference); "
-    "compare found a regression; history --fail-on-step "
-    "found a new step that made things worse; selfcheck disagreed (an interval beyond the tolerance); or a submit "
-    "task failed or left cases missing (--resume reruns them)",
+    "compare found a regression; history --fail-on-step found a new step that made things worse; ab found a case "
+    "slower; selfcheck disagreed (an interval beyond the tolerance); or a submit task failed or left cases missing "
+    "(--resume reruns them)",
     EXIT_BAD_INPUT: "bad input (a config, flag or file; a refused resume or merge; a missing submitit; an sbatch that "
     "refuses): one 'error:' line naming file, key or flag, and a 'hint:'",
     EXIT_NOT_COMPARABLE: "compare or merge refused runs that are not comparable; each difference is listed",
     EXIT_NO_BASELINE: "compare found no baseline run",
     EXIT_INCONCLUSIVE: "selfcheck inconclusive: no op disagreed, but some op's interval straddled the tolerance",
+    EXIT_UNCLEAR: "ab unclear: no case was slower, but some case's interval of paired ratios straddled the threshold "
+    "(neither a pass nor a failure; more --rounds narrow it)",
     EXIT_WRITE_FAILED: "a file of the run folder could not be written (disk full, read-only file system, I/O error); "
     "finished cases are saved: free space and resume",
 }

@@ -25,15 +25,31 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from attnbench.core.cases import Case
 from attnbench.results.records import Result
 from attnbench.timing.executor import ExecutorSettings, detach_cupti_after_profiling
 
 WorkerMain = Callable[[multiprocessing.connection.Connection, ExecutorSettings, Mapping[str, str] | None], None]
+
+
+class WorkerProcess(Protocol):
+    """What the executor needs of a worker process: a multiprocessing ``Process``, or ``ab``'s subprocess."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
 
 _PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 PROFILE_BUDGET_S = 60.0  # after the timed row, at most this long (or the case timeout) for the profiled call
@@ -135,7 +151,7 @@ class IsolatedExecutor:
         self.timeout_s = settings.timeout_s
         self._worker_main = worker_main
         self._context = mp.get_context("spawn")
-        self._process: BaseProcess | None = None
+        self._process: WorkerProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self.workers_started = 0
         self.start_failures = 0  # workers that could not start: what a pool counts against a device
@@ -145,8 +161,9 @@ class IsolatedExecutor:
     def worker_pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
-    def start(self) -> None:
-        """Start a worker now (``run`` starts one when there is none). Raises WorkerStartError."""
+    def _spawn(self) -> tuple[WorkerProcess, multiprocessing.connection.Connection]:
+        """A new worker process and our end of its pipe; the worker answers ``ready`` or ``failed`` first. The
+        seam ``ab``'s side executor replaces, to start the worker in another Python environment."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=self._worker_main,
@@ -156,6 +173,11 @@ class IsolatedExecutor:
         )
         process.start()
         child.close()
+        return process, parent
+
+    def start(self) -> None:
+        """Start a worker now (``run`` starts one when there is none). Raises WorkerStartError."""
+        process, parent = self._spawn()
         self._process, self._conn = process, parent
         self.workers_started += 1
         if not parent.poll(_START_TIMEOUT_S):

@@ -533,10 +533,10 @@ def _cached_calibration(environment: Environment) -> tuple[Calibration | None, s
     return cached, ""
 
 
-def _new_run_folder(out: Path, experiment: Experiment, device: str) -> Path:
+def _new_run_folder(out: Path, experiment: Experiment, device: str, suffix: str = "") -> Path:
     """A fresh folder. The name comes from the config, which only admits a slug ([a-z0-9][a-z0-9._-]*), so it
-    cannot climb out of --out."""
-    stem = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{experiment.name}-{device_slug(device)}"
+    cannot climb out of --out; ``suffix`` (a slug of ours: ``ab``'s side) tells two runs of one moment apart."""
+    stem = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{experiment.name}-{device_slug(device)}{suffix}"
     try:
         out.mkdir(parents=True, exist_ok=True)
         for n in range(1, 1000):

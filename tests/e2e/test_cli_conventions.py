@@ -133,7 +133,7 @@ def test_selfcheck_format_json_keeps_the_verdict_and_the_exit_code(monkeypatch: 
 
 
 @pytest.mark.parametrize(
-    "name", ["report", "claims", "compare", "history", "models", "env", "validate", "calibrate", "selfcheck"]
+    "name", ["report", "claims", "compare", "ab", "history", "models", "env", "validate", "calibrate", "selfcheck"]
 )
 def test_every_command_that_prints_data_has_format_json(name: str) -> None:
     command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
