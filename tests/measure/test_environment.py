@@ -93,7 +93,7 @@ def test_nvml_environment_without_nvml_or_device_is_a_reason() -> None:
 
 def test_environment_records_new_fields_and_old_run_json_reads_back() -> None:
     env = collect_environment("cpu")
-    assert env.sdpa_math_reduced_precision is True  # torch 2.13 has the switch; every executor turns it on
+    assert env.settings["sdpa_math_reduced_precision"] is True  # torch 2.13 has the switch; every executor turns it on
     data = json.loads(json.dumps(env.to_dict()))
     assert Environment.from_dict(data) == env
     # A run.json written before these fields: the same fingerprint, every new field unknown.
