@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -239,12 +239,7 @@ class TorchExecutor:
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         # What the family records of the implementation that runs: which kernel dispatch chose, the RNN path, …
         extra.update(row_extras(case, str(self.device)))
-        if analytic(case):
-            # Stored with the formula's id, so a later change of formula never silently changes an old row.
-            work = count_flops(case)
-            extra["flops"], extra["flops_formula"] = work.flops, work.formula
-            # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
-            extra["executed_flops"] = executed_flops(case, extra)
+        extra.update(formula_extras(case, extra))
 
         x: torch.Tensor | None = None
         decode: DecodeSetup | None = None
@@ -539,6 +534,17 @@ def _check_call(case: Case, model: nn.Module, x: torch.Tensor | None, decode: De
         elif x is not None:
             expected = (*x.shape, case.d_model) if not x.is_floating_point() else tuple(x.shape)
             family.check_output(case, model(x), expected, x.device)
+
+
+def formula_extras(case: Case, extra: Mapping[str, object]) -> dict[str, str | int | float | bool | None]:
+    """What a row of a model with a FLOP formula stores of it, given the row's extras so far (what ran): none for a
+    model without one."""
+    if not analytic(case):
+        return {}
+    # Stored with the formula's id, so a later change of formula never silently changes an old row.
+    work = count_flops(case)
+    # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
+    return {"flops": work.flops, "flops_formula": work.formula, "executed_flops": executed_flops(case, extra)}
 
 
 def counted_extras(counted: Counted) -> dict[str, str | int | float | bool | None]:
