@@ -103,6 +103,18 @@ def test_environment_records_new_fields_and_old_run_json_reads_back() -> None:
     assert old.gpu_mig is None and old.cudnn_compile is None and old.gpu_settings_note == ""
 
 
+def test_a_familys_process_settings_read_back_and_are_stored_as_run_json_always_had_them() -> None:
+    """Environment knows no family's setting by name: a committed run's ``sdpa_math_reduced_precision`` reads into
+    ``settings`` and is written back flat, where every run.json has it, with the same fingerprint."""
+    for path in sorted((ROOT / "results").rglob("run.json")):
+        stored = json.loads(path.read_text())["environment"]
+        env = Environment.from_dict(stored)
+        assert env.settings.get("sdpa_math_reduced_precision") == stored.get("sdpa_math_reduced_precision")
+        again = env.to_dict()
+        assert {k: v for k, v in stored.items() if k != "flash_attn"}.items() <= again.items()
+        assert again["fingerprint"] == stored["fingerprint"]
+
+
 @pytest.fixture
 def math_upcasts() -> Any:
     """torch's default (math upcasts fp16/bf16 to float32) for the test, whatever earlier tests set."""
