@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from attnbench.core.stats import student_t_975
 from attnbench.core.units import format_bytes
-from attnbench.families.catalogue import causal_from_grid, is_recurrent, kind_of, known, state_noun
+from attnbench.families.catalogue import SIDE_ORDER, causal_from_grid, is_recurrent, kind_of, known, state_noun
 
 if TYPE_CHECKING:
     from attnbench.results.records import Result
@@ -168,7 +168,7 @@ class Curve:
     def side(self) -> int | None:
         """Where the model stands between the two sides: attention 0, a hybrid stack 1, recurrent 2; None for a
         model this catalogue does not know."""
-        sides = {_SIDE_ORDER[kind_of(r.case)] for r in self.results.values() if known(r.case)}
+        sides = {SIDE_ORDER.index(kind_of(r.case)) for r in self.results.values() if known(r.case)}
         return min(sides) if sides else None
 
 
@@ -204,10 +204,6 @@ def _row_label(result: Result, varying: set[str]) -> str:
     # A serving question's parameters tell its curves apart (prefill_chunk 0 and 128 of one model are two curves).
     parts += [f"{k}={v}" for k, v in case.serving if k != "memory_budget"]
     return " ".join(parts)
-
-
-# Where each side stands between attention and a recurrence, for which curve of a crossover comes first.
-_SIDE_ORDER = {"attention": 0, "hybrid": 1, "recurrent": 2}
 
 
 def _varies(name: str, members: Sequence[Result]) -> bool:

@@ -345,7 +345,7 @@ def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[d
     from dataclasses import replace
 
     from attnbench.config.experiment import load_experiment
-    from attnbench.families.catalogue import HYBRID, option_summary
+    from attnbench.families.catalogue import family_of, option_summary
     from attnbench.families.registry import probe
 
     experiment = load_experiment(config)
@@ -353,11 +353,11 @@ def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[d
     out = []
     for name, case in first.items():
         assert case.hybrid is not None
-        spec = HYBRID.spec(case)
+        spec = family_of(case).spec(case)
         entry = {
             "name": name,
-            "kind": case.hybrid.kind,
-            "family": "hybrid",
+            "kind": spec.kind,
+            "family": spec.family,
             "source": "config",
             "available": (reason := probe(replace(case, dtype=dtype), device)) is None,
             "reason": reason,
@@ -372,7 +372,7 @@ def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[d
 def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict[str, Any]:
     """What ``models`` shows, as data: each model with its options (default and what else it takes)."""
     from attnbench.config.users import installed_plugins
-    from attnbench.families.catalogue import MODELS
+    from attnbench.families.catalogue import MODELS, USER
     from attnbench.families.plugins import plugin_options
 
     models: list[dict[str, Any]] = []
@@ -399,7 +399,7 @@ def _models_json(device: str, dtype: str, status: dict[str, str | None]) -> dict
             {
                 "name": plugin.name,
                 "kind": None if loaded is None else loaded.kind,
-                "family": "user",
+                "family": USER.name,
                 "source": plugin.source,
                 "available": None,  # built by its factory when swept: nothing to probe before
                 "reason": plugin.problem or None,

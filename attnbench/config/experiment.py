@@ -80,6 +80,7 @@ from attnbench.core.cases import (  # the size caps, re-exported here with the c
     MAX_THREADS,
     MAX_TOKENS,
     MODES,
+    SERVING_PARAMS,
     STATEFUL_MODES,
     CacheState,
     Case,
@@ -235,7 +236,7 @@ def load_experiment_text(
         model = ConfigModel.model_validate(data)
     except ValidationError as exc:
         raise from_validation(exc, ctx, SECTIONS) from None
-    return _build(model, ctx, force, known if isinstance(known, dict) else None)
+    return _build(model, ctx, force, known if isinstance(known, dict) else None, stored)
 
 
 def resolved_text(resolved: Mapping[str, Any]) -> str:
@@ -250,8 +251,31 @@ def stored_experiment(resolved: Mapping[str, Any], source: str) -> Experiment:
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str, Any] | None = None) -> Experiment:
-    """Checks that span fields, then the Experiment; ``known``: a stored run's record of its user models."""
+# Settings the Experiment takes as the validated model holds them, under the same name.
+_AS_GIVEN = (
+    "name",
+    "device",
+    "threads",
+    "seed",
+    "isolate",
+    "case_timeout_s",
+    "skip_larger_after_oom",
+    "telemetry",
+    "telemetry_interval_s",
+)
+# Top-level keys the resolved config holds elsewhere (the axes under grid, cache under timing) or as their own check
+# resolved them (the serving keys: ``config.serving``), so that equal experiments hash equal wherever a key was written.
+_ELSEWHERE = frozenset({*AXIS_NAMES, "cache", "packing", *(key for keys in SERVING_PARAMS.values() for key in keys)})
+# Keys added after the first configs: resolved only where a config sets them off their default, so that every
+# config written before them keeps the sha256 it had.
+_ADDED_LATER = frozenset({"presets", "decode", "order", "check"})
+
+
+def _build(
+    m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str, Any] | None = None, stored: bool = False
+) -> Experiment:
+    """Checks that span fields, then the Experiment; ``known``: a stored run's record of its user models;
+    ``stored``: ``m`` is a stored run's resolved config."""
     _check_name(m.name, ctx)
     if not DEVICE_REQUEST.fullmatch(m.device):
         raise ctx.error(
@@ -263,7 +287,103 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
     names, users = check_models(m, ctx, known)
     check_names(m.modes, MODES, "mode", ("modes",), ctx)
     check_names(m.dtype, DTYPES, "dtype", ("dtype",), ctx)
+    axes, paths = _axes(m, ctx)
+    # A model you bring is handed heads too; a hybrid stack has them where a member has.
+    members = [h.member(label).model for h in hybrids.values() for e in h.pattern for label in h.parts(e)]
+    if users or any(model in MODELS and has_heads(model) for model in (*names, *members)):
+        _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
+    given_axes = _check_option_axes(m, names, ctx)
+    option_values = {name: tuple(values) for name, (values, _) in given_axes.items()}
+    # Before any option set is built: six options of a hundred values each are 10**12 sets.
+    given_sets = {name: _listed_product(_given_options(m, name, users)) for name in names}
+    combinations = _crossed(given_sets, option_values, m.modes, m.dtype, [1] if m.grid.tokens else axes["batch"], axes)
+    _refuse_size(combinations, ctx, force, exact=False)
+    options, written_options = check_model_options(m, names, users, hybrids, axes, ctx)
+    user_models = {name: entry.user for name, entry in users.items()}
+    if STATEFUL_MODES & set(m.modes):
+        causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
+        check_decode(names, axes["causal"], causal_path, options, defined(user_models, hybrids), ctx)
+    decode, written_decode = decode_section(m, names, axes, options, user_models, hybrids, option_values, ctx)
+    order = _order(m, ctx)
+    serving = serving_axes(m, ctx)
+    presets, written_presets = check_presets(m, ctx, serving.serving)
+    _check_timing(m.timing, ctx)
+    cache = _cache(m, ctx)
+    timing = m.timing.model_dump(exclude_unset=stored)  # a stored run's as stored: one from before a key, without it
+    checked = {
+        "model_options": written_options,
+        "presets": written_presets,
+        "decode": written_decode,
+        "order": list(order),
+        "grid": _grid(m, axes, option_values),  # every axis under grid, wherever it was written
+        "timing": {**timing, "cache": cache},  # likewise cache under timing
+    }
+    # Only with models the user brought: what each was, so the stored run expands without their code.
+    extra = {"users": {name: entry.record() for name, entry in users.items()}} if users else {}
+    resolved = _resolved(m, checked, {**extra, **serving.resolved})
+    experiment = Experiment(
+        **{name: getattr(m, name) for name in _AS_GIVEN},
+        source=ctx.source,
+        axes=Axes(
+            models=tuple(names),
+            modes=tuple(cast(list[Mode], m.modes)),
+            dtypes=tuple(m.dtype),
+            **{axis: tuple(axes[axis]) for axis in ("batch", "seq_len", *AXIS_NAMES)},
+            device=m.device,
+            model_options=options,
+            option_axes=option_values,
+            users=user_models,
+            hybrids=hybrids,
+            serving=serving.serving,
+            packing=serving.packing,
+        ),
+        timing=TimingPolicy(**{**m.timing.model_dump(), "cache": cache}),
+        resolved=resolved,
+        sha256=hashlib.sha256(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()).hexdigest(),
+        tokens=m.grid.tokens,
+        presets=presets,
+        decode=decode,
+        order=order,
+        check=m.check == "on",
+    )
+    _check_size(experiment, ctx, force)
+    axis_paths = {name: path for name, (_, path) in given_axes.items()}
+    check_buildable(experiment.cases("cpu"), names, written_options, option_values, axis_paths, ctx)
+    return experiment
 
+
+def _resolved(m: ConfigModel, checked: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as validated, every key in one place and one form (itself a valid config), derived from the model:
+    each key as ``checked`` resolved it, else as the model holds it; ``after`` appended. A deep, plain copy."""
+    dumped = m.model_dump()
+    given = m.model_dump(exclude_defaults=True)
+    resolved = {
+        key: checked.get(key, dumped[key])
+        for key in dumped
+        if key not in _ELSEWHERE and key not in option_axes() and (key not in _ADDED_LATER or key in given)
+    }
+    return cast(dict[str, Any], json.loads(json.dumps({**resolved, **after})))
+
+
+def _order(m: ConfigModel, ctx: Context) -> tuple[str, ...]:
+    """Which section's cases run first: those ``order`` names, then the rest in ``SECTION_ORDER``."""
+    if m.order is None:
+        return SECTION_ORDER
+    check_unique(m.order, "section", ("order",), ctx)
+    return (*m.order, *(section for section in SECTION_ORDER if section not in m.order))
+
+
+def _grid(
+    m: ConfigModel, axes: Mapping[str, list[Any]], option_values: Mapping[str, tuple[Any, ...]]
+) -> dict[str, Any]:
+    """The grid as resolved: every axis under it, wherever it was written, and the option axes given."""
+    grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
+    grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
+    return grid | {name: list(listed) for name, listed in option_values.items()}
+
+
+def _axes(m: ConfigModel, ctx: Context) -> tuple[dict[str, list[Any]], dict[str, Path_ | None]]:
+    """The grid's axes, each given once (at the top level or under grid) or defaulted, and where each was given."""
     axes: dict[str, list[Any]] = {}
     paths: dict[str, Path_ | None] = {}
     for axis in AXIS_NAMES:
@@ -287,116 +407,9 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
     axes["batch"], paths["batch"] = m.grid.batch or [], ("grid", "batch")
     for axis, values in axes.items():
         check_unique(values, axis, paths[axis], ctx)
-
     if m.grid.tokens is not None:
         axes["batch"] = _tied_batches(m.grid.tokens, m.grid.seq_len, ctx)
-    # A model you bring is handed heads too; a hybrid stack has them where a member has.
-    with_heads = [model for model in names if model in MODELS and has_heads(model)]
-    if (
-        users
-        or with_heads
-        or any(has_heads(h.member(label).model) for h in hybrids.values() for e in h.pattern for label in h.parts(e))
-    ):
-        _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
-    given_axes = _check_option_axes(m, names, ctx)
-    option_values = {name: tuple(values) for name, (values, _) in given_axes.items()}
-    # Before any option set is built: six options of a hundred values each are 10**12 sets.
-    given_sets = {name: _listed_product(_given_options(m, name, users)) for name in names}
-    combinations = _crossed(given_sets, option_values, m.modes, m.dtype, [1] if m.grid.tokens else axes["batch"], axes)
-    _refuse_size(combinations, ctx, force, exact=False)
-    options, written_options = check_model_options(m, names, users, hybrids, axes, ctx)
-    user_models = {name: entry.user for name, entry in users.items()}
-    if STATEFUL_MODES & set(m.modes):
-        causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
-        check_decode(names, axes["causal"], causal_path, options, defined(user_models, hybrids), ctx)
-    decode, written_decode = decode_section(m, names, axes, options, user_models, hybrids, option_values, ctx)
-    order: tuple[str, ...] = SECTION_ORDER
-    if m.order is not None:
-        check_unique(m.order, "section", ("order",), ctx)
-        order = (*m.order, *(section for section in SECTION_ORDER if section not in m.order))
-    serving = serving_axes(m, ctx)
-    presets, written_presets = check_presets(m, ctx, serving.serving)
-    _check_timing(m.timing, ctx)
-
-    cache = _cache(m, ctx)
-    timing = TimingPolicy(**{**m.timing.model_dump(), "cache": cache})
-    axes_value = Axes(
-        models=tuple(names),
-        modes=tuple(cast(list[Mode], m.modes)),
-        dtypes=tuple(m.dtype),
-        batch=tuple(axes["batch"]),
-        seq_len=tuple(m.grid.seq_len),
-        d_model=tuple(axes["d_model"]),
-        heads=tuple(axes["heads"]),
-        layers=tuple(axes["layers"]),
-        causal=tuple(axes["causal"]),
-        device=m.device,
-        model_options=options,
-        option_axes=option_values,
-        users=user_models,
-        hybrids=hybrids,
-        serving=serving.serving,
-        packing=serving.packing,
-    )
-    grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
-    grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
-    for name, listed in option_values.items():  # only when given: configs without one keep the sha256 they had
-        grid[name] = list(listed)
-    # The axes all sit under grid here, wherever they were written, so that equal experiments hash equal;
-    # the result is itself a valid config.
-    resolved: dict[str, Any] = {
-        "name": m.name,
-        "description": m.description,
-        "device": m.device,
-        "models": [entry if isinstance(entry, str) else entry.model_dump() for entry in m.models],
-        "model_options": written_options,
-        # Only when given, so that configs without presets keep the sha256 they always had.
-        **({"presets": written_presets} if written_presets is not None else {}),
-        **({"decode": written_decode} if written_decode is not None else {}),
-        **({"order": list(order)} if m.order is not None else {}),  # only when given: the sha256 stays as it was
-        "modes": m.modes,
-        "dtype": m.dtype,
-        "grid": grid,
-        "threads": m.threads,
-        "seed": m.seed,
-        "timing": {**m.timing.model_dump(), "cache": cache},  # under timing wherever it was written
-        "isolate": m.isolate,
-        "case_timeout_s": m.case_timeout_s,
-        "skip_larger_after_oom": m.skip_larger_after_oom,
-        "telemetry": m.telemetry,
-        "telemetry_interval_s": m.telemetry_interval_s,
-        **({"check": m.check} if m.check != "on" else {}),  # only when off: other configs keep their sha256
-        # Only with models the user brought: what each was, so the stored run expands without their code.
-        **({"users": {name: entry.record() for name, entry in users.items()}} if users else {}),
-        **serving.resolved,  # only the serving keys given: a config without them keeps its sha256
-    }
-    resolved = json.loads(json.dumps(resolved))  # a deep, plain copy
-    sha = hashlib.sha256(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    experiment = Experiment(
-        name=m.name,
-        source=ctx.source,
-        device=m.device,
-        axes=axes_value,
-        timing=timing,
-        threads=m.threads,
-        seed=m.seed,
-        resolved=resolved,
-        sha256=sha,
-        tokens=m.grid.tokens,
-        isolate=m.isolate,
-        case_timeout_s=m.case_timeout_s,
-        skip_larger_after_oom=m.skip_larger_after_oom,
-        telemetry=m.telemetry,
-        telemetry_interval_s=m.telemetry_interval_s,
-        presets=presets,
-        decode=decode,
-        order=order,
-        check=m.check == "on",
-    )
-    _check_size(experiment, ctx, force)
-    axis_paths = {name: path for name, (_, path) in given_axes.items()}
-    check_buildable(experiment.cases("cpu"), names, written_options, option_values, axis_paths, ctx)
-    return experiment
+    return axes, paths
 
 
 def _cache(m: ConfigModel, ctx: Context) -> CacheState | None:

@@ -25,8 +25,7 @@ from attnbench.core.cases import (
     Serving,
     UserModel,
 )
-from attnbench.families.catalogue import HYBRID, MODELS, ModelSpec, decode_inert, family_named, has_heads
-from attnbench.families.user.spec import USER
+from attnbench.families.catalogue import MODELS, ModelSpec, decode_inert, family_named, family_of, has_heads
 
 __all__ = ["Axes", "expand"]
 
@@ -105,31 +104,15 @@ def expand(axes: Axes) -> list[Case]:
         if mode in ("decode", "capacity"):  # one decode step: what only the whole sequence uses is inert
             options = tuple(o for o in options if o[0] not in decode_inert(model))
         user, hybrid = axes.users.get(model), axes.hybrids.get(model)
-        if hybrid is not None:
+        if hybrid is not None or user is not None:  # a model the config defines: the case itself says what it is
             probe = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
-            spec = HYBRID.spec(replace(probe, hybrid=hybrid))
-            causal = HYBRID.causal(spec, dict(options), causal)
-            case_heads = heads if spec.heads else None
-            case = Case(
-                model,
-                mode,
-                dtype,
-                axes.device,
-                batch,
-                seq_len,
-                d_model,
-                case_heads,
-                layers,
-                causal,
-                options,
-                None,
-                hybrid,
+            probe = replace(probe, user=user, hybrid=hybrid)
+            family = family_of(probe)
+            spec = family.spec(probe)
+            # A user model always carries heads; a stack has them where a member has.
+            case = replace(
+                probe, heads=heads if spec.heads else None, causal=family.causal(spec, dict(options), causal)
             )
-        elif user is not None:
-            probe = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options, user)
-            spec = USER.spec(probe)
-            causal = USER.causal(spec, dict(options), causal)
-            case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options, user)
         else:
             spec = MODELS[model]
             family = family_named(spec.family)

@@ -93,7 +93,7 @@ class ModelSpec:
 
     name: str
     kind: Side
-    family: str  # the family's name: attnbench.families.<family> and attnbench.families.registry.<family>
+    family: str  # the family's name: its folder, attnbench.families.<family> (spec and layers)
     summary: str
     # Devices the kernel exists for at all; finer limits (dtype, head dim) are found by probing a tiny input.
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -340,8 +340,9 @@ class Family:
         """Forward and backward FLOPs of one call, by part (see ``attnbench.families.flops``)."""
         raise NotImplementedError(f"{self.name} has no FLOP formula")
 
-    def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
-        """Whether ``case``'s core computes all n² scores though its mask keeps fewer (executed ≠ useful FLOPs)."""
+    def scores_in_full(self, case: Case, extra: Mapping[str, object]) -> bool:
+        """Whether ``case``'s core computes all n² scores though its mask keeps fewer (executed ≠ useful FLOPs),
+        given the row's ``extra`` (what ran)."""
         return False
 
     def parameters(self, case: Case) -> int | None:

@@ -44,6 +44,8 @@ __all__ = [
     "PRESET_CORE_DEFAULT",
     "PRESET_NAMES",
     "PUBLISHED",
+    "SIDE_ORDER",
+    "USER",
     "ModelSpec",
     "OptionSpec",
     "Preset",
@@ -148,6 +150,10 @@ def kind_of(case: Case) -> Side:
     if case.hybrid is not None:
         return case.hybrid.kind
     return MODELS[case.model].kind
+
+
+# The sides as they stand between attention and a recurrence: which curve of a crossover comes first.
+SIDE_ORDER: tuple[Side, ...] = ("attention", "hybrid", "recurrent")
 
 
 def is_recurrent(case: Case) -> bool:

@@ -31,12 +31,14 @@ Conventions, shared by every formula:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from attnbench.core.cases import Case
 from attnbench.families.base import FlopCount
 from attnbench.families.catalogue import family_of
 from attnbench.families.shared import (
+    COUNTED_FORMULA,
     DECODE_SUFFIX,
     GQA_SUFFIX,
     WINDOW_SUFFIX,
@@ -48,6 +50,7 @@ from attnbench.families.shared import (
 )
 
 __all__ = [
+    "COUNTED_FORMULA",
     "DECODE_SUFFIX",
     "GQA_SUFFIX",
     "WINDOW_SUFFIX",
@@ -92,15 +95,15 @@ def formula_id(case: Case) -> str:
     return family_of(case).formula(case)
 
 
-def scores_in_full(case: Case, sdpa_kernel: str | None = None) -> bool:
-    """Whether ``case``'s core computes all n² scores though its mask keeps fewer (``sdpa_kernel``: the backend
-    dispatch chose for model sdpa, where that decides it)."""
-    return family_of(case).scores_in_full(case, sdpa_kernel)
+def scores_in_full(case: Case, extra: Mapping[str, object] = MappingProxyType({})) -> bool:
+    """Whether ``case``'s core computes all n² scores though its mask keeps fewer (``extra``: the row's, which say
+    what ran, such as the backend dispatch chose: the family reads its own)."""
+    return family_of(case).scores_in_full(case, extra)
 
 
-def executed_flops(case: Case, sdpa_kernel: str | None = None) -> int:
+def executed_flops(case: Case, extra: Mapping[str, object] = MappingProxyType({})) -> int:
     """FLOPs one call executes: ``count_flops`` with the full score matrix where the core computes it all."""
-    return count_flops(case, full_scores=scores_in_full(case, sdpa_kernel)).flops
+    return count_flops(case, full_scores=scores_in_full(case, extra)).flops
 
 
 def count_parameters(case: Case) -> int | None:

@@ -1,7 +1,7 @@
 """Every family's torch half, found by name, and the probe that says whether a case can run here.
 
 The catalogue (torch-free) says which models exist and which family each belongs to; this module finds the
-family's torch half (``attnbench.families.registry.<family>``, its ``TORCH``) and asks it to build, and finds out,
+family's torch half (``attnbench.families.<family>.layers``, its ``TORCH``) and asks it to build, and finds out,
 with a tiny input, whether the kernel behind a case runs on this device and dtype. An unsupported backend is data
 — a reason string — never an exception, so a sweep records ``status=unsupported`` and moves on. Nothing here
 names a model.

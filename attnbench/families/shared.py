@@ -27,6 +27,8 @@ MATMUL_BACKWARD = 2
 GQA_SUFFIX = "-gqa"
 WINDOW_SUFFIX = "-window"
 DECODE_SUFFIX = "-decode"
+# The formula id of FLOPs counted on the device over one call (a model with no formula: a user's), not computed.
+COUNTED_FORMULA = "counted-v1"
 
 # ---------------------------------------------------------------------------------------------------- options
 SCOPE = OptionSpec(

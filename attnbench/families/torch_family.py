@@ -1,4 +1,4 @@
-"""The torch half of a model family: what ``attnbench.families.registry.<family>`` defines as ``TORCH``.
+"""The torch half of a model family: what ``attnbench.families.<family>.layers`` defines as ``TORCH``.
 
 The torch-free half (``attnbench.families.<family>``) says which names, options and formulas exist; this half
 builds the module, says before building why a kernel cannot run here, shrinks a case for the probe, and adds what
@@ -194,6 +194,18 @@ class TorchFamily:
         """Entered around every call the executor makes of ``model`` (the timed calls, the peak-memory call, the
         profile): what a call needs set once rather than per layer (a forced kernel backend). Nothing by default."""
         return contextlib.nullcontext()
+
+    # ------------------------------------------------------- asked only of an untrusted family (a user's models)
+    def check_output(self, case: Case, output: object, expected: tuple[int, ...], device: torch.device) -> None:
+        """Raises unless one untimed call's ``output`` is a tensor of shape ``expected``, dtype and device right."""
+
+    def disagrees(self, case: Case, message: str) -> Exception:
+        """What a call raises that disagrees with what its own protocol promises (the row's reason)."""
+        return ValueError(f"{case.model}: {message}")
+
+    def exited(self, case: Case, exc: SystemExit) -> str | None:
+        """The row's reason where the model raised ``SystemExit`` and that ends its row; None: it ends the sweep."""
+        return None
 
 
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)")

@@ -88,7 +88,7 @@ def nvml_environment(
     device: str, nvml: NvmlLoader = load_nvml, identity: IdentityLookup = cuda_identity
 ) -> dict[str, Any]:
     """The NVML part of an ``Environment`` for ``device``: ``nvml`` (available or why not), ``driver`` and, on a
-    CUDA device NVML can find, the GPU's settings (``measure.telemetry.settings``). ``nvml`` and ``identity`` are
+    CUDA device NVML can find, the GPU's settings (``host.sensors.settings``). ``nvml`` and ``identity`` are
     the telemetry package's seams (a fake pynvml in tests)."""
     try:
         bindings = nvml()
@@ -172,7 +172,7 @@ def collect_environment(device: str = "cpu") -> Environment:
         from attnbench.families.registry import process_settings
 
         # What every executor runs with (TorchExecutor makes the settings in its process; this one only asks).
-        gpu.update(process_settings())
+        gpu["settings"] = process_settings()
         torch_version = torch.__version__
         torch_cuda = torch.version.cuda
         cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None

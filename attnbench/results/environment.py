@@ -1,9 +1,9 @@
 """What the numbers were measured on (the ``Environment`` value), and the keys that must match before two runs
 may be compared (pyperf's idea). Torch-free: ``compare`` and ``report`` read it back from run.json; collecting it
-from the machine is ``measure.environment``'s job.
+from the machine is ``host.inventory``'s job.
 
 Fields added after the first version are optional (``None`` when unknown), so an older run.json reads back:
-``cudnn_compile``, ``sdpa_math_reduced_precision``, ``gpu_l2_bytes`` and the GPU settings NVML reports
+``cudnn_compile``, the families' process settings (``settings``), ``gpu_l2_bytes`` and the GPU settings NVML reports
 (``gpu_power_*``, ``gpu_*_clock_mhz``, ``gpu_persistence_mode``, ``gpu_ecc*``, ``gpu_mig*``, ``gpu_settings_note``).
 None of them is in the fingerprint, so runs recorded before them stay comparable with runs recorded after.
 """
@@ -20,6 +20,8 @@ from typing import Any
 from attnbench.results import fields
 
 _COMMIT = re.compile(r"[0-9a-f]{7,64}")
+# Keys of a stored environment that are neither fields nor a family's setting: computed, or an older field's name.
+_NOT_SETTINGS = frozenset({"fingerprint", "flash_attn", "settings"})
 
 # Keys that must match before two runs may be compared (pyperf's idea): different hardware or software stacks
 # make a timing difference meaningless as a regression signal.
@@ -65,11 +67,8 @@ class Environment:
     # The cuDNN torch was built against ("9.13.0"): it, not the runtime's (``cudnn``), decides whether bf16
     # LSTM/GRU may run on cuDNN (9.13 and newer); each recurrent row says which path ran (``rnn_path``).
     cudnn_compile: str | None = None
-    # Whether SDPA's math backend computed fp16/bf16 in the input dtype (attnbench turns torch's switch on; None:
-    # this torch has no switch). Each sdpa row in fp16/bf16 records the value its worker ran with.
-    sdpa_math_reduced_precision: bool | None = None
     gpu_l2_bytes: int | None = None
-    # What the GPU was set to (NVML; ``measure.telemetry.settings``): limits in W, clocks in MHz.
+    # What the GPU was set to (NVML; ``host.sensors.settings``): limits in W, clocks in MHz.
     gpu_power_limit_w: float | None = None  # enforced now: also tells an H200 NVL (600 W) from an SXM (700 W)
     gpu_power_default_limit_w: float | None = None
     gpu_power_max_limit_w: float | None = None
@@ -91,6 +90,10 @@ class Environment:
     # .packages``: flash-attn, flash-linear-attention, mamba-ssm). Replaces the ``flash_attn`` field of earlier
     # run.json files, which read back into it.
     packages: Mapping[str, str] = field(default_factory=dict)
+    # What every family's ``prepare_process`` sets in a process that times cases, asked (``families.registry
+    # .process_settings``): setting → value, a family's own names (the attention family's SDPA math switch). Stored
+    # flat beside the fields above, as run.json always had them; whatever else an environment holds reads back here.
+    settings: Mapping[str, bool | str | None] = field(default_factory=dict)
 
     @property
     def driver_major(self) -> str | None:
@@ -110,6 +113,8 @@ class Environment:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        settings = data.pop("settings")
+        data.update({k: v for k, v in settings.items() if k not in data and k not in _NOT_SETTINGS})
         data["fingerprint"] = self.fingerprint()
         return data
 
@@ -125,8 +130,13 @@ class Environment:
     def from_dict(cls, data: Mapping[str, Any]) -> Environment:
         """Raises TypeError when a required field is missing (a damaged run.json)."""
         known = cls.__dataclass_fields__
-        values = {k: v for k, v in data.items() if k in known}
+        values = {k: v for k, v in data.items() if k in known and k != "settings"}
         values["packages"] = packages_of(data)
+        values["settings"] = {
+            k: v
+            for k, v in data.items()
+            if k not in known and k not in _NOT_SETTINGS and isinstance(k, str) and isinstance(v, bool | str | None)
+        }
         return cls(**values)
 
 

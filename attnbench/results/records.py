@@ -74,7 +74,7 @@ from attnbench.core.cases import (
 from attnbench.core.shards import MAX_SHARDS, Shard
 from attnbench.families.catalogue import HYBRID, MODEL_NAMES, MODELS, cannot_build
 from attnbench.families.extras import declared
-from attnbench.families.user.spec import FACTORY
+from attnbench.families.plugins import FACTORY
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration
 from attnbench.results.contention import Contention

@@ -165,42 +165,7 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
         device_type = resolve(requested or "auto").split(":")[0] if request.config is None else "cpu"
         experiment = load_experiment(request.config, request.overrides, device_type=device_type, force=request.force)
         device = resolve(requested or experiment.device)
-    if request.inject_slowdown and not device.startswith("cpu"):
-        raise AttnbenchError(
-            f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
-            hint="use it on --device cpu, where it exists to validate `attnbench compare`",
-        )
-    if request.nvtx and not device.startswith("cuda"):
-        warnings.append(f"--nvtx does nothing on {device}: NVTX ranges mark CUDA work for nsys; timing goes on without")
-    timing = experiment.timing
-    if timing.cuda_graph and not device.startswith("cuda"):
-        raise AttnbenchError(
-            f"timing.cuda_graph applies to CUDA devices; this sweep runs on {device}",
-            hint="set timing.cuda_graph: false for CPU runs",
-        )
-    if timing.processes > 1 and request.isolate is False:
-        raise AttnbenchError(
-            f"timing.processes = {timing.processes} runs each case in fresh worker processes, which --no-isolate "
-            "forbids",
-            hint="drop --no-isolate, or set timing.processes: 1",
-        )
-    isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device) or pool is not None
-    if not isolate and experiment.case_timeout_s is not None:
-        warnings.append(
-            "case_timeout_s applies only with isolation (--isolate); in-process cases are bounded by "
-            "timing.max_case_s alone"
-        )
-    if (
-        not device.startswith("cuda")
-        and "capacity" in experiment.axes.modes
-        and not experiment.resolved.get("memory_budget")
-    ):
-        raise AttnbenchError(
-            f"mode capacity on {device} needs memory_budget: only a GPU has free memory to default to",
-            hint="add memory_budget (e.g. 4GiB) to the config, or run it on a GPU",
-        )
-    if "capacity" in experiment.axes.modes:
-        check_budget(experiment.resolved.get("memory_budget"), device, experiment.source)
+    isolate = _check_on_device(request, experiment, device, pool is not None, warnings)
     # The rows a resume keeps (and does not rerun): all of them, or with --retry-failed only the ok ones.
     kept = tuple(r for r in stored.results if r.ok or not request.retry_failed) if stored else ()
     done = {r.case.key for r in kept}
@@ -235,6 +200,50 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
         threads,
         _decided_ok(request.budget_from, cases, warnings),
     )
+
+
+def _check_on_device(
+    request: SweepRequest, experiment: Experiment, device: str, pooled: bool, warnings: list[str]
+) -> bool:
+    """The options and settings that only some devices can honour, checked against ``device`` (an error, or a
+    warning added to ``warnings``); whether the cases run isolated."""
+    if request.inject_slowdown and not device.startswith("cpu"):
+        raise AttnbenchError(
+            f"--inject-slowdown busy-waits on the host, which does not slow work queued on {device}",
+            hint="use it on --device cpu, where it exists to validate `attnbench compare`",
+        )
+    if request.nvtx and not device.startswith("cuda"):
+        warnings.append(f"--nvtx does nothing on {device}: NVTX ranges mark CUDA work for nsys; timing goes on without")
+    timing = experiment.timing
+    if timing.cuda_graph and not device.startswith("cuda"):
+        raise AttnbenchError(
+            f"timing.cuda_graph applies to CUDA devices; this sweep runs on {device}",
+            hint="set timing.cuda_graph: false for CPU runs",
+        )
+    if timing.processes > 1 and request.isolate is False:
+        raise AttnbenchError(
+            f"timing.processes = {timing.processes} runs each case in fresh worker processes, which --no-isolate "
+            "forbids",
+            hint="drop --no-isolate, or set timing.processes: 1",
+        )
+    isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device) or pooled
+    if not isolate and experiment.case_timeout_s is not None:
+        warnings.append(
+            "case_timeout_s applies only with isolation (--isolate); in-process cases are bounded by "
+            "timing.max_case_s alone"
+        )
+    if (
+        not device.startswith("cuda")
+        and "capacity" in experiment.axes.modes
+        and not experiment.resolved.get("memory_budget")
+    ):
+        raise AttnbenchError(
+            f"mode capacity on {device} needs memory_budget: only a GPU has free memory to default to",
+            hint="add memory_budget (e.g. 4GiB) to the config, or run it on a GPU",
+        )
+    if "capacity" in experiment.axes.modes:
+        check_budget(experiment.resolved.get("memory_budget"), device, experiment.source)
+    return isolate
 
 
 def _decided_ok(budget_from: Path | None, cases: tuple[Case, ...], warnings: list[str]) -> frozenset[str]:

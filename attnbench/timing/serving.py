@@ -50,7 +50,6 @@ from attnbench.families.serving import chunks
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, packed, reset_state, rollback, spans, tensor_bytes, verify
 from attnbench.families.torch_family import Unsupported
-from attnbench.families.user.layers import UserModelError, check_output
 from attnbench.host.memory import RssPeak
 from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
@@ -309,7 +308,7 @@ def _check_protocols(case: Case, model: nn.Module, setup: Setup, device: torch.d
     (issue 50 §3.3: ``forward`` alone was checked, and a ``packed`` returning (1, 1, d) or float64, a ``verify``
     returning None, a rollback leaving a state of another batch, a capacity ``step`` returning (B, 2, d) or a
     prefill chunk's (B, 1, d) were timed as ``ok``). Each output must be a tensor of the shape the call promises,
-    in the case's dtype, on the case's device (``check_output``: a ``UserModelError``, the row's reason); and where
+    in the case's dtype, on the case's device (the family's ``check_output``: its error is the row's reason); and where
     the question promises an equality, it holds at the case's size: packed = each sequence alone, and after a
     rollback = the accepted drafts decoded for real (a packed call that ignores the boundaries, a rollback that does
     nothing)."""
@@ -317,17 +316,17 @@ def _check_protocols(case: Case, model: nn.Module, setup: Setup, device: torch.d
     if isinstance(setup, PackedSetup):
         with torch.no_grad():
             out = packed(model, setup.x, setup.lengths)
-            check_output(case, out, (1, sum(setup.lengths), d), device)
+            torch_family(case).check_output(case, out, (1, sum(setup.lengths), d), device)
             alone = torch.cat([model(setup.x[:, start:end]) for start, end in spans(setup.lengths)], dim=1)
             _agree(case, "packed", out, alone, "each sequence run alone")
     elif isinstance(setup, PrefillSetup):
         setup.prepare()
         for start, end in setup.pieces:
             chunk = setup.decoder.prefill(setup.prompt[:, start:end], setup.state, output=True)
-            check_output(case, chunk, (case.batch, end - start, d), device)
+            torch_family(case).check_output(case, chunk, (case.batch, end - start, d), device)
         setup.prepare()
     elif isinstance(setup, CapacitySetup):
-        check_output(case, setup.step(), (setup.case.batch, 1, d), device)
+        torch_family(case).check_output(case, setup.step(), (setup.case.batch, 1, d), device)
     elif isinstance(setup, VerifySetup):
         _check_rollback(case, model, setup, device, dtype)
 
@@ -348,11 +347,11 @@ def _check_rollback(case: Case, model: nn.Module, setup: VerifySetup, device: to
 
     expected = (case.batch, k, case.d_model)
     rolled = prefilled()
-    check_output(case, verify(model, drafts, rolled), expected, device)
+    torch_family(case).check_output(case, verify(model, drafts, rolled), expected, device)
     rollback(model, rolled, r)
     after = verify(model, drafts, rolled)
     # A rollback that left a state of another batch (or none a verify can continue) shows in the next call.
-    check_output(case, after, expected, device)
+    torch_family(case).check_output(case, after, expected, device)
     decoded = prefilled()
     if r:
         decoder.prefill(drafts[:, :r], decoded, output=False)
@@ -366,11 +365,8 @@ def _agree(case: Case, what: str, got: torch.Tensor, reference: torch.Tensor, ag
     scale = max(1.0, float(reference.abs().max()))
     error = float((got.float() - reference.float()).abs().max())
     if not error <= tolerance * scale:  # NaN included
-        user = case.user
-        where = f"{case.model} (factory {user.factory if user else '?'})"
-        raise UserModelError(
-            f"{where}: {what} differs from {against} by {error:.3g} (tolerance {tolerance * scale:.3g})"
-        )
+        message = f"{what} differs from {against} by {error:.3g} (tolerance {tolerance * scale:.3g})"
+        raise torch_family(case).disagrees(case, message)
 
 
 def _work(case: Case, setup: Setup, extra: Extra) -> None:
@@ -383,10 +379,9 @@ def _work(case: Case, setup: Setup, extra: Extra) -> None:
         parts = [replace(case, mode="forward", serving=())]
     else:
         parts = [replace(setup.case, mode="decode", serving=())]
-    kernel = extra.get("sdpa_kernel")
     counts = [count_flops(part) for part in parts]
     extra["flops"], extra["flops_formula"] = sum(c.flops for c in counts), counts[0].formula
-    extra["executed_flops"] = sum(executed_flops(p, kernel if isinstance(kernel, str) else None) for p in parts)
+    extra["executed_flops"] = sum(executed_flops(p, extra) for p in parts)
 
 
 def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result], None] | None = None) -> Result:

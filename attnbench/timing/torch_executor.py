@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnbench.core.cases import CacheState, Case, Level
-from attnbench.families.flops import analytic, count_flops, executed_flops
+from attnbench.families.flops import COUNTED_FORMULA, analytic, count_flops, executed_flops
 from attnbench.families.registry import (
     build_model,
     call_context,
@@ -35,8 +35,6 @@ from attnbench.families.registry import (
 )
 from attnbench.families.torch_family import Unsupported
 from attnbench.families.traffic import bytes_moved
-from attnbench.families.user.layers import check_output, exited
-from attnbench.families.user.spec import COUNTED_FORMULA
 from attnbench.host.busy import ContentionWatch
 from attnbench.host.memory import RssPeak
 from attnbench.host.sensors import open_telemetry
@@ -133,11 +131,13 @@ class TorchExecutor:
         except Exception as exc:  # every failure of the work becomes a row; Ctrl-C is BaseException
             result = Result(case, "oom" if is_oom(exc) else "error", describe(exc))
         except BaseException as exc:
-            if not (isinstance(exc, SystemExit) and case.user is not None):
+            # A user model's sys.exit(n) ends its row, not the sweep: its family says so.
+            reason = torch_family(case).exited(case, exc) if isinstance(exc, SystemExit) else None
+            if reason is None:
                 with contextlib.suppress(Exception):  # Ctrl-C propagates whatever state the device is in
                     self._release()
                 raise
-            result = Result(case, "error", exited(case, exc))  # a user model's sys.exit(n) ends its row, not the sweep
+            result = Result(case, "error", reason)
         if result.check is None and self._case_check is not None:  # a case that raised after its check passed
             result = replace(result, check=self._case_check)
         failure = self._release()
@@ -239,13 +239,7 @@ class TorchExecutor:
         extra: dict[str, str | int | float | bool | None] = {"torch_threads": torch.get_num_threads()}
         # What the family records of the implementation that runs: which kernel dispatch chose, the RNN path, …
         extra.update(row_extras(case, str(self.device)))
-        if analytic(case):
-            # Stored with the formula's id, so a later change of formula never silently changes an old row.
-            work = count_flops(case)
-            extra["flops"], extra["flops_formula"] = work.flops, work.formula
-            # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
-            sdpa_kernel = extra.get("sdpa_kernel")
-            extra["executed_flops"] = executed_flops(case, sdpa_kernel if isinstance(sdpa_kernel, str) else None)
+        extra.update(formula_extras(case, extra))
 
         x: torch.Tensor | None = None
         decode: DecodeSetup | None = None
@@ -533,12 +527,24 @@ def _whole_sequence(
 def _check_call(case: Case, model: nn.Module, x: torch.Tensor | None, decode: DecodeSetup | None) -> None:
     """One call of a model only its factory knows, outside the timing: it must keep the input's shape, in the
     case's dtype, on the case's device."""
+    family = torch_family(case)
     with torch.no_grad():
         if decode is not None:
-            check_output(case, decode.step(), (case.batch, 1, case.d_model), decode.device)
+            family.check_output(case, decode.step(), (case.batch, 1, case.d_model), decode.device)
         elif x is not None:
             expected = (*x.shape, case.d_model) if not x.is_floating_point() else tuple(x.shape)
-            check_output(case, model(x), expected, x.device)
+            family.check_output(case, model(x), expected, x.device)
+
+
+def formula_extras(case: Case, extra: Mapping[str, object]) -> dict[str, str | int | float | bool | None]:
+    """What a row of a model with a FLOP formula stores of it, given the row's extras so far (what ran): none for a
+    model without one."""
+    if not analytic(case):
+        return {}
+    # Stored with the formula's id, so a later change of formula never silently changes an old row.
+    work = count_flops(case)
+    # A causal core that masks after computing does the full n² (pct_of_peak stays on the useful count).
+    return {"flops": work.flops, "flops_formula": work.formula, "executed_flops": executed_flops(case, extra)}
 
 
 def counted_extras(counted: Counted) -> dict[str, str | int | float | bool | None]:

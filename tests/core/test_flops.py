@@ -364,8 +364,10 @@ def test_executed_equals_useful_where_nothing_is_computed_to_be_masked() -> None
     ):
         assert executed_flops(case) == count_flops(case).flops, case.model
     dispatch = sized("sdpa", causal=True)
-    assert executed_flops(dispatch, "FLASH_ATTENTION") == count_flops(dispatch).flops
-    assert executed_flops(dispatch, "MATH") == count_flops(sized("sdpa")).flops  # dispatch fell back to math
+    assert executed_flops(dispatch, {"sdpa_kernel": "FLASH_ATTENTION"}) == count_flops(dispatch).flops
+    assert (
+        executed_flops(dispatch, {"sdpa_kernel": "MATH"}) == count_flops(sized("sdpa")).flops
+    )  # dispatch fell back to math
 
 
 def test_counter_vanilla_train() -> None:

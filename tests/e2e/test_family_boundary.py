@@ -1,6 +1,9 @@
 """A family is one folder: no module outside ``attnbench/families`` (and ``claims``, which judges the article's
 models by name) names a built-in model, an option only some families have, or branches on a model's kind as a
-stand-in for what its family does; and a family's torch-free half imports no torch, at import time or later.
+stand-in for what its family does; none imports a family's folder (``attnbench.families.<family>``: the catalogue and
+the registry are the way in), reads a row extra a family declares by its name (the family reads its own, through a
+hook), and no value of ``core`` or ``results`` holds a family's type; and a family's torch-free half imports no
+torch, at import time or later.
 
 Docstrings and ``__all__`` lists are prose and exports, not code, and are not read; the few string literals that
 happen to equal a name and mean something else are listed in ``ALLOWED`` with the reason.
@@ -19,8 +22,8 @@ import pytest
 import yaml
 
 from attnbench.families import shared
-from attnbench.families.catalogue import MODEL_NAMES, MODELS
-from tests.e2e.test_layers import FAMILY_TORCH
+from attnbench.families.catalogue import FAMILIES, HYBRID, MODEL_NAMES, MODELS, USER
+from tests.e2e.test_layers import FAMILY_TORCH, imports_of
 from tests.support import QUICK_TIMING, ROOT
 
 PACKAGE = ROOT / "attnbench"
@@ -37,6 +40,16 @@ ALLOWED = {
     ("attnbench/results/environment.py", "flash-attn"): "the distribution an older run.json's flash_attn field named",
 }
 OUTSIDE = ("families", "claims")
+# The families' folders, and the row extras they declare (``Family.extras``): only a family reads its own.
+FAMILY_FOLDERS = tuple(sorted(p.parent.name for p in (PACKAGE / "families").glob("*/spec.py")))
+EXTRA_KEYS = {spec.name for family in (*FAMILIES, HYBRID, USER) for spec in family.extras}
+# The rooms whose values every other room passes on and stores (ARCHITECTURE §3).
+VALUE_ROOMS = ("core", "results")
+# (module, class.field): a family's type a core value still holds, and why. Shrink it; never grow it.
+KNOWN_FAMILY_TYPES = {
+    ("attnbench/core/cases.py", "Case.user"): "a user model's factory and side travel in every stored row (issue 47)",
+    ("attnbench/core/cases.py", "Case.hybrid"): "a hybrid stack's pattern travels in every stored row (issue 47)",
+}
 
 
 def _prose(tree: ast.Module) -> set[int]:
@@ -89,6 +102,94 @@ def test_no_module_outside_the_families_names_a_model_an_option_or_a_kind() -> N
     assert naming_outside_the_families(PACKAGE) == []
 
 
+def _outside(module: str) -> bool:
+    parts = module.split(".")
+    return len(parts) < 2 or parts[1] not in OUTSIDE
+
+
+def family_folder_imports(root: Path) -> list[str]:
+    """``module:line`` and the family folder it imports, for every module outside the families and claims (lazy and
+    ``TYPE_CHECKING`` imports included)."""
+    _, found = imports_of(root, type_checking=True)
+    folders = tuple(f"{root.name}.families.{name}" for name in FAMILY_FOLDERS)
+    return sorted(
+        f"{i.source}:{i.line} imports {i.target}"
+        for i in found
+        if _outside(i.source) and any(i.target == f or i.target.startswith(f + ".") for f in folders)
+    )
+
+
+def extra_keys_read_outside(root: Path) -> list[str]:
+    """``path:line`` and the key, for every string outside the families and claims that spells a row extra a family
+    declares (``row.extra.get("sdpa_kernel")``): the family's hook reads it, handed the row's extras."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel.split("/")[1] in OUTSIDE:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        prose = _prose(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in EXTRA_KEYS and id(node) not in prose:
+                found.append(f"{rel}:{node.lineno} reads the extra {node.value!r}")
+    return found
+
+
+def _family_types(root: Path) -> set[str]:
+    """The classes a family's folder defines, and the names that begin with a family's (``HybridModel``)."""
+    defined = {
+        node.name
+        for path in (root / "families").glob("*/*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+    }
+    return defined | {name.capitalize() for name in FAMILY_FOLDERS}
+
+
+def family_types_in_core_values(root: Path) -> dict[tuple[str, str], str]:
+    """(module, class.field) → the family's type, for every field of a class in ``core`` or ``results`` whose
+    annotation names a family's type; classes that are themselves a family's type are that family's, not core's."""
+    types = _family_types(root)
+
+    def family_type(name: str) -> bool:
+        return name in types or any(name.startswith(t) and name[len(t) : len(t) + 1].isupper() for t in types)
+
+    found: dict[tuple[str, str], str] = {}
+    for room in VALUE_ROOMS:
+        for path in sorted((root / room).rglob("*.py")):
+            rel = path.relative_to(root.parent).as_posix()
+            for cls in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(cls, ast.ClassDef) or family_type(cls.name):
+                    continue
+                for item in cls.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        names = [n.id for n in ast.walk(item.annotation) if isinstance(n, ast.Name)]
+                        names += [
+                            w
+                            for n in ast.walk(item.annotation)
+                            if isinstance(n, ast.Constant)
+                            for w in str(n.value).split()
+                        ]
+                        held = [n for n in names if family_type(n.strip("[](),|"))]
+                        if held:
+                            found[(rel, f"{cls.name}.{item.target.id}")] = held[0]
+    return found
+
+
+def test_no_module_outside_the_families_imports_a_family_folder() -> None:
+    assert FAMILY_FOLDERS and "attention" in FAMILY_FOLDERS
+    assert family_folder_imports(PACKAGE) == []
+
+
+def test_no_module_outside_the_families_reads_a_family_extra_by_name() -> None:
+    assert "sdpa_kernel" in EXTRA_KEYS and "rnn_path" in EXTRA_KEYS
+    assert extra_keys_read_outside(PACKAGE) == []
+
+
+def test_no_core_value_holds_a_family_type_but_the_known_ones() -> None:
+    assert set(family_types_in_core_values(PACKAGE)) == set(KNOWN_FAMILY_TYPES)
+
+
 @pytest.fixture
 def planted(tmp_path: Path) -> Path:
     copy = tmp_path / "attnbench"
@@ -108,6 +209,36 @@ def test_each_kind_of_naming_is_caught(planted: Path) -> None:
     assert len(found) == 4 and all(f.startswith("attnbench/report/pivot.py:") for f in found)
     assert sum("branches on a kind" in f for f in found) == 2
     assert any("the model 'mamba2'" in f for f in found) and any("the option 'bidirectional'" in f for f in found)
+
+
+def test_each_kind_of_leak_is_caught(planted: Path) -> None:
+    """One of each kind of leak planted in a copy of the package, and each one found."""
+    pivot = planted / "report" / "pivot.py"
+    pivot.write_text(
+        pivot.read_text() + "\n\nfrom typing import TYPE_CHECKING\n"
+        "from attnbench.families.attention.spec import FAMILY as _PLANTED\n"
+        "from attnbench.families import rnn as _planted_rnn\n"
+        "if TYPE_CHECKING:\n"
+        "    import attnbench.families.mamba2.layers\n\n\n"
+        "def _planted_leak(row):\n"
+        "    from attnbench.families.user.layers import check_output\n"
+        "    return row.extra.get('sdpa_kernel'), row.extra['rnn_path'], check_output\n"
+    )
+    cases = planted / "core" / "cases.py"
+    cases.write_text(
+        cases.read_text() + "\n\n@dataclass(frozen=True)\nclass _Planted:\n"
+        "    family: 'AttentionFamily | None' = None\n"
+        "    models: tuple[RnnFamily, ...] = ()\n"
+        "    spec: Mamba2Spec | None = None\n"
+        "    fine: Case | None = None\n"
+    )
+    imports = family_folder_imports(planted)
+    assert len(imports) == 4 and all(i.startswith("attnbench.report.pivot:") for i in imports)
+    assert {i.rsplit(" ", 1)[1].split(".")[2] for i in imports} == {"attention", "rnn", "mamba2", "user"}
+    extras = extra_keys_read_outside(planted)
+    assert len(extras) == 2 and {e.rsplit(" ", 1)[1] for e in extras} == {"'sdpa_kernel'", "'rnn_path'"}
+    held = set(family_types_in_core_values(planted)) - set(KNOWN_FAMILY_TYPES)
+    assert held == {("attnbench/core/cases.py", f"_Planted.{f}") for f in ("family", "models", "spec")}
 
 
 def test_the_families_torch_free_half_imports_no_torch() -> None:

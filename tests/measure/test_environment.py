@@ -93,7 +93,7 @@ def test_nvml_environment_without_nvml_or_device_is_a_reason() -> None:
 
 def test_environment_records_new_fields_and_old_run_json_reads_back() -> None:
     env = collect_environment("cpu")
-    assert env.sdpa_math_reduced_precision is True  # torch 2.13 has the switch; every executor turns it on
+    assert env.settings["sdpa_math_reduced_precision"] is True  # torch 2.13 has the switch; every executor turns it on
     data = json.loads(json.dumps(env.to_dict()))
     assert Environment.from_dict(data) == env
     # A run.json written before these fields: the same fingerprint, every new field unknown.
@@ -101,6 +101,18 @@ def test_environment_records_new_fields_and_old_run_json_reads_back() -> None:
     old = Environment.from_dict(stored)
     assert old.fingerprint() == stored["fingerprint"]
     assert old.gpu_mig is None and old.cudnn_compile is None and old.gpu_settings_note == ""
+
+
+def test_a_familys_process_settings_read_back_and_are_stored_as_run_json_always_had_them() -> None:
+    """Environment knows no family's setting by name: a committed run's ``sdpa_math_reduced_precision`` reads into
+    ``settings`` and is written back flat, where every run.json has it, with the same fingerprint."""
+    for path in sorted((ROOT / "results").rglob("run.json")):
+        stored = json.loads(path.read_text())["environment"]
+        env = Environment.from_dict(stored)
+        assert env.settings.get("sdpa_math_reduced_precision") == stored.get("sdpa_math_reduced_precision")
+        again = env.to_dict()
+        assert {k: v for k, v in stored.items() if k != "flash_attn"}.items() <= again.items()
+        assert again["fingerprint"] == stored["fingerprint"]
 
 
 @pytest.fixture

@@ -269,13 +269,14 @@ class AttentionFamily(Family):
         core = 4 * case.batch * shared.q_width(case, opt) * pairs  # H·D per pair: d_model unless head_dim is set
         return shared.attention_like_work(case, opt, core, _CORE_BACKWARD)
 
-    def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
-        """A causal case on a ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend; a window
-        on any SDPA model too (its band is an explicit mask, applied to every tile). Never a decode step."""
+    def scores_in_full(self, case: Case, extra: Mapping[str, object]) -> bool:
+        """A causal case on a ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend (its row's
+        ``sdpa_kernel``); a window on any SDPA model too (its band is an explicit mask, applied to every tile). Never
+        a decode step."""
         window = self.window(case)
         if case.mode == "decode" or not (case.causal or window):
             return False
-        full = case.model in FULL_SCORE_MODELS or (case.model == "sdpa" and sdpa_kernel == "MATH")
+        full = case.model in FULL_SCORE_MODELS or (case.model == "sdpa" and extra.get("sdpa_kernel") == "MATH")
         return full or (bool(window) and case.model.startswith("sdpa"))
 
     def parameters(self, case: Case) -> int:

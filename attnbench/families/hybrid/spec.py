@@ -210,8 +210,8 @@ class HybridFamily(Family):
             backward["ffn"] = backward.get("ffn", 0) + shared.MATMUL_BACKWARD * ffn
         return forward, backward
 
-    def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
-        return any(self.resolve(m).scores_in_full(m, sdpa_kernel) for m in self.distinct(case))
+    def scores_in_full(self, case: Case, extra: Mapping[str, object]) -> bool:
+        return any(self.resolve(m).scores_in_full(m, extra) for m in self.distinct(case))
 
     def parameters(self, case: Case) -> int | None:
         counts = [self.resolve(m).parameters(m) for m in self.members(case)]

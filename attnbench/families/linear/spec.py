@@ -144,7 +144,7 @@ class LinearFamily(Family):
             core = 4 * b * heads * d * (pairs + shared.causal_pairs(rest, rest)) + readout + update
         return shared.attention_like_work(case, opt, core, (shared.MATMUL_BACKWARD, 1))
 
-    def scores_in_full(self, case: Case, sdpa_kernel: str | None) -> bool:
+    def scores_in_full(self, case: Case, extra: Mapping[str, object]) -> bool:
         """The parallel form computes the whole T × T score matrix and masks it after."""
         return self.option(case, "form") == "parallel" and case.mode != "decode"
 

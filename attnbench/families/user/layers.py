@@ -66,6 +66,10 @@ def request(case: Case, device: str, dtype: torch.dtype) -> ModelRequest:
     )
 
 
+def _where(case: Case) -> str:
+    return f"{case.model} (factory {case.user.factory if case.user else '?'})"
+
+
 class UserTorch(TorchFamily):
     # The model is the user's: a copy at another size may not even exist (a fixed length), so the case's own
     # build and first call are its probe, and that call is checked before anything is timed.
@@ -73,6 +77,32 @@ class UserTorch(TorchFamily):
 
     def probes(self, case: Case) -> bool:
         return False
+
+    def exited(self, case: Case, exc: SystemExit) -> str | None:
+        """The reason of the row whose model (its import, factory or a call) raised ``SystemExit``: in-process it
+        would end the sweep with the model's exit code. ``os._exit`` cannot be caught this way; ``isolate: true``
+        turns it into a ``crashed`` row."""
+        return f"{_where(case)} called sys.exit({one_line(repr(exc.code), 80)}): a model must not end the process"
+
+    def check_output(self, case: Case, output: object, expected: tuple[int, ...], device: torch.device) -> None:
+        """UserModelError unless one call's ``output`` is a tensor of the input's shape, in the case's dtype and on
+        ``device``: a float64 result, or a meta tensor that did no work, would otherwise be timed as the case."""
+        where = _where(case)
+        if not isinstance(output, torch.Tensor):
+            raise UserModelError(f"{where} returned {type(output).__name__} from a call, not a tensor")
+        if tuple(output.shape) != expected:
+            raise UserModelError(
+                f"{where} maps {expected} to {tuple(output.shape)}: a model must keep (batch, seq_len, d_model)"
+            )
+        dtype = torch_dtype(case.dtype)
+        if output.dtype != dtype:
+            raise UserModelError(f"{where} returned {output.dtype}, not {dtype} (the case's dtype {case.dtype})")
+        held = output.device
+        if held.type != device.type or (device.index is not None and held.index not in (None, device.index)):
+            raise UserModelError(f"{where} returned a tensor on {held}, not on {device}")
+
+    def disagrees(self, case: Case, message: str) -> Exception:
+        return UserModelError(f"{_where(case)}: {message}")
 
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         user = case.user
@@ -158,34 +188,6 @@ def dtype_problem(module: nn.Module, dtype: torch.dtype) -> str | None:
         f"{held / total:.0%} of its floating-point parameter elements are {dtype}, where at least "
         f"{BULK_SHARE:.0%} must be; the largest other is {name}, {largest.dtype}"
     )
-
-
-def exited(case: Case, exc: SystemExit) -> str:
-    """The reason of the row whose model (its import, factory or a call) raised ``SystemExit``: in-process it
-    would end the sweep with the model's exit code. ``os._exit`` cannot be caught this way; ``isolate: true``
-    turns it into a ``crashed`` row."""
-    user = case.user
-    where = f"{case.model} (factory {user.factory if user else '?'})"
-    return f"{where} called sys.exit({one_line(repr(exc.code), 80)}): a model must not end the process"
-
-
-def check_output(case: Case, output: object, expected: tuple[int, ...], device: torch.device) -> None:
-    """UserModelError unless one call's ``output`` is a tensor of the input's shape, in the case's dtype and on
-    ``device``: a float64 result, or a meta tensor that did no work, would otherwise be timed as the case."""
-    user = case.user
-    where = f"{case.model} (factory {user.factory if user else '?'})"
-    if not isinstance(output, torch.Tensor):
-        raise UserModelError(f"{where} returned {type(output).__name__} from a call, not a tensor")
-    if tuple(output.shape) != expected:
-        raise UserModelError(
-            f"{where} maps {expected} to {tuple(output.shape)}: a model must keep (batch, seq_len, d_model)"
-        )
-    dtype = torch_dtype(case.dtype)
-    if output.dtype != dtype:
-        raise UserModelError(f"{where} returned {output.dtype}, not {dtype} (the case's dtype {case.dtype})")
-    held = output.device
-    if held.type != device.type or (device.index is not None and held.index not in (None, device.index)):
-        raise UserModelError(f"{where} returned a tensor on {held}, not on {device}")
 
 
 TORCH = UserTorch()

@@ -17,9 +17,7 @@ from attnbench.families import shared
 from attnbench.families.base import ExtraValue, Family, ModelSpec, OptionSpec
 from attnbench.families.plugins import FACTORY, OPTION_HELP
 
-__all__ = ["COUNTED_FORMULA", "FACTORY", "OPTION_HELP", "USER", "UserFamily", "UserModel"]
-
-COUNTED_FORMULA = "counted-v1"
+__all__ = ["FACTORY", "OPTION_HELP", "USER", "UserFamily", "UserModel"]
 
 
 class UserFamily(Family):
@@ -50,7 +48,7 @@ class UserFamily(Family):
         return {"heads_kv": case.heads}
 
     def formula(self, case: Case) -> str:
-        return COUNTED_FORMULA
+        return shared.COUNTED_FORMULA
 
 
 USER = UserFamily()  # not `FAMILY`: it has no models of its own, and the catalogue adds it apart
