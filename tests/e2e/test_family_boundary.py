@@ -97,15 +97,15 @@ def planted(tmp_path: Path) -> Path:
 
 
 def test_each_kind_of_naming_is_caught(planted: Path) -> None:
-    pivot = planted / "report" / "pivot.py"
-    pivot.write_text(
-        pivot.read_text() + "\n\ndef _planted(case, kind):\n"
+    cells = planted / "report" / "cells.py"
+    cells.write_text(
+        cells.read_text() + "\n\ndef _planted(case, kind):\n"
         "    if case.kind == 'recurrent' or kind != 'attention':\n"
         "        return case.model == 'mamba2' or 'bidirectional' in case.options\n"
         "    return 'scope'  # a network's option: allowed\n"
     )
     found = naming_outside_the_families(planted)
-    assert len(found) == 4 and all(f.startswith("attnbench/report/pivot.py:") for f in found)
+    assert len(found) == 4 and all(f.startswith("attnbench/report/cells.py:") for f in found)
     assert sum("branches on a kind" in f for f in found) == 2
     assert any("the model 'mamba2'" in f for f in found) and any("the option 'bidirectional'" in f for f in found)
 
