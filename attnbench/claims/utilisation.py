@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from attnbench.claims.selection import kind, label, pct_of_peak, peak_of
 from attnbench.claims.verdicts import GPU_CONFIG, ClaimResult, Verdict, not_measurable
+from attnbench.core.units import format_pct
 from attnbench.results.records import Result, Run
 
 RNN_UTIL = (30.0, 40.0)
@@ -43,10 +44,6 @@ def _representative(rows: Sequence[Result]) -> Result:
     return max(train, key=lambda r: (r.case.tokens, r.case.d_model, r.case.layers))
 
 
-def _pct(value: object) -> str:
-    return f"{value:.0f} %" if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
-
-
 def _util_line(run: Run, r: Result) -> str:
     """'lstm: NVML 97 % · SM 12 % · tensor 0 % · 0.8 % of peak (vendor … tf32 dense) · kernels busy 31 % of the
     call (the case)'."""
@@ -61,8 +58,8 @@ def _util_line(run: Run, r: Result) -> str:
     busy = kernel_busy_pct(r)
     profiled = "" if busy is None else f" · kernels busy {busy:.0f} % of the call"
     return (
-        f"{r.case.model}: NVML {_pct(m.get('gpu_util_pct'))} · SM {_pct(m.get('gpm_sm_util_pct'))} · "
-        f"tensor {_pct(m.get('gpm_tensor_util_pct'))} · {of_peak}{profiled} ({label(r.case)})"
+        f"{r.case.model}: NVML {format_pct(m.get('gpu_util_pct'))} · SM {format_pct(m.get('gpm_sm_util_pct'))} · "
+        f"tensor {format_pct(m.get('gpm_tensor_util_pct'))} · {of_peak}{profiled} ({label(r.case)})"
     )
 
 
