@@ -106,3 +106,13 @@ def test_a_reading_is_a_frozen_value_its_renderers_share() -> None:
     assert {t.baseline for t in reading.tables} == {"vanilla"}
     with pytest.raises(AttributeError):
         reading.baseline = None  # type: ignore[misc]
+
+
+def test_the_claims_hold_every_row_against_peaks_derived_once(derived: Counter[str]) -> None:
+    """Claims 1 and 2 hold rows against their peaks (a busy device, % of peak): once per run, not once per row."""
+    from tests.claims.test_claims import claims, curve, telemetry
+
+    no_gpm = telemetry(level="basic", gpu_util_pct=99.0)  # without GPM, % of peak says whether the GPU was busy
+    rows = [*curve("lstm", 1.0, tele=no_gpm, extra={"flops": 10**9}), *curve("vanilla", 1.0, tele=no_gpm)]
+    assert {c.claim_id for c in claims(rows)} >= {"1a", "1b", "2a", "2b"}
+    assert derived["for_run"] == 1
