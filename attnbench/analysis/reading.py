@@ -10,12 +10,12 @@ exactly once however many formats are drawn from it. Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 from attnbench.analysis.capacity import CapacityTable, capacity_tables
-from attnbench.analysis.consistency import TrainCheck, train_checks
+from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
 from attnbench.analysis.efficiency import (
     PeakTable,
     Prediction,
@@ -69,6 +69,11 @@ class Reading:
         return tuple(train_checks(self.results))
 
     @cached_property
+    def train_summary(self) -> str:
+        """The train checks in one line ("" when no case ran all three modes)."""
+        return train_check_summary(self.train_checks) if self.train_checks else ""
+
+    @cached_property
     def over_peak(self) -> tuple[str, ...]:
         """The rows above 100 % of their peak (impossible), one line each."""
         return tuple(peak_flags(self.peaks, self.results))
@@ -79,6 +84,6 @@ class Reading:
         return tuple(below_roofline_flags(self.peaks, self.results))
 
     @cached_property
-    def faster_than_roofline(self) -> dict[str, tuple[Prediction, float]]:
+    def faster_than_roofline(self) -> Mapping[str, tuple[Prediction, float]]:
         """The rows (by case key) faster than their roofline time: their prediction and measured / predicted."""
         return faster_than_roofline(self.peaks, self.results)

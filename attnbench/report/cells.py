@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from attnbench.analysis.consistency import TrainCheck, train_check_summary
+from attnbench.analysis.consistency import TrainCheck
 from attnbench.analysis.pivot import Cell, PivotTable
 from attnbench.analysis.reading import Reading
 from attnbench.core.units import count_of, format_bytes, format_seconds, to_mib
@@ -196,7 +196,6 @@ BELOW_ROOFLINE_NOTE = "(measured / predicted below 1: a count or a peak is wrong
 
 
 def run_checks(reading: Reading) -> RunChecks:
-    checks = reading.train_checks
-    flagged = tuple(c for c in checks if c.flagged)
-    summary = train_check_summary(checks) + (", flagged:" if flagged else ".") if checks else ""
+    flagged = tuple(c for c in reading.train_checks if c.flagged)
+    summary = reading.train_summary + (", flagged:" if flagged else ".") if reading.train_summary else ""
     return RunChecks(summary, flagged, reading.over_peak, reading.below_roofline)
