@@ -196,11 +196,22 @@ def prediction_for(table: PeakTable, result: Result) -> Prediction | None:
     return predict(result, table.for_case(result.case), table.bandwidth())
 
 
-def below_roofline_flags(run: Run | None, results: Iterable[Result]) -> list[str]:
+def faster_than_roofline(table: PeakTable, results: Iterable[Result]) -> dict[str, tuple[Prediction, float]]:
+    """The rows (by case key) that ran faster than their roofline time, each with its prediction and measured /
+    predicted (below 1), in run order."""
+    found: dict[str, tuple[Prediction, float]] = {}
+    for result in results:
+        prediction = prediction_for(table, result)
+        ratio = measured_over_predicted(result, prediction)
+        if prediction is not None and ratio is not None and ratio < 1.0:
+            found[result.case.key] = (prediction, ratio)
+    return found
+
+
+def below_roofline_flags(table: PeakTable, results: Iterable[Result]) -> list[str]:
     """One line per ok row that ran faster than its roofline time (measured / predicted below 1), with the cause
     the prediction makes likelier: a memory-bound row's bytes came from cache (a warm cache it fits in) or are
     over-counted; a compute-bound row's FLOPs are over-counted or its peak is below what its kernels reach."""
-    table = PeakTable.for_run(run)
     lines: list[str] = []
     for result in results:
         prediction = prediction_for(table, result)
@@ -226,10 +237,9 @@ def below_roofline_flags(run: Run | None, results: Iterable[Result]) -> list[str
     return lines
 
 
-def peak_flags(run: Run | None, results: Iterable[Result]) -> list[str]:
-    """One line per row above 100 % of its peak: physically impossible, so a FLOP formula, a timer or a
-    calibration is wrong, and the report must say so rather than print the number as if it were fine."""
-    table = PeakTable.for_run(run)
+def peak_flags(table: PeakTable, results: Iterable[Result]) -> list[str]:
+    """One line per row above 100 % of its peak (``table``'s): physically impossible, so a FLOP formula, a timer
+    or a calibration is wrong, and the report must say so rather than print the number as if it were fine."""
     lines: list[str] = []
     for result in results:
         peak = table.for_case(result.case)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from attnbench.analysis.scaling import crossovers, good_evidence
 from attnbench.families.catalogue import (
+    PRESET_CORE_DEFAULT,
     PUBLISHED,
     Published,
     decode_inert,
@@ -33,7 +34,16 @@ from attnbench.families.catalogue import (
 from attnbench.families.state_bytes import state_bytes
 from attnbench.results.records import Result
 
-__all__ = ["MixerState", "PresetCrossover", "StackState", "preset_crossovers", "stack_state", "stack_states"]
+__all__ = [
+    "MixerState",
+    "PresetCrossover",
+    "PresetsSection",
+    "StackState",
+    "preset_crossovers",
+    "presets_section",
+    "stack_state",
+    "stack_states",
+]
 
 # A context long enough that every window is full, so that what grows per token is what grows for good.
 _LONG = 1 << 20
@@ -180,3 +190,36 @@ def preset_crossovers(results: Sequence[Result]) -> list[PresetCrossover]:
                 PresetCrossover(name, mode, dtype, r, a, tuple(ns), tuple(c.x for c in crossings), faster, ratio)
             )
     return found
+
+
+@dataclass(frozen=True)
+class PresetsSection:
+    """What a run says about the published models its preset rows belong to: each model's whole-stack decode
+    state (None where no state is known for it), in the order the run first names them, and each model's own
+    crossovers."""
+
+    states: tuple[tuple[str, StackState | None], ...]
+    crossings: tuple[PresetCrossover, ...]
+
+
+def presets_section(results: Sequence[Result]) -> PresetsSection | None:
+    """The published models' section of a run, or None for a run without published presets' rows."""
+    found: dict[str, tuple[str, str]] = {}  # name -> (dtype, attention core)
+    for result in results:
+        name = dict(result.case.options).get("preset")
+        if isinstance(name, str) and name in PUBLISHED and name not in found:
+            found[name] = (result.case.dtype, _core(name, results))
+    if not found:
+        return None
+    states = tuple((name, stack_state(PUBLISHED[name], dtype, core)) for name, (dtype, core) in found.items())
+    return PresetsSection(states, tuple(preset_crossovers(results)))
+
+
+def _core(name: str, results: Sequence[Result]) -> str:
+    """The attention core a model's attention rows ran on (its mixers without a model of their own), else the
+    default."""
+    models = {m.model for m in PUBLISHED[name].mixers}
+    for result in results:
+        if dict(result.case.options).get("preset") == name and result.case.model not in models:
+            return result.case.model
+    return PRESET_CORE_DEFAULT[0]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from attnbench.core.stats import student_t_975
-from attnbench.core.units import format_bytes
+from attnbench.core.units import format_approx, format_bytes, format_fixed, format_number
 from attnbench.families.catalogue import SIDE_ORDER, causal_from_grid, is_recurrent, kind_of, known, state_noun
 
 if TYPE_CHECKING:
@@ -358,7 +358,7 @@ class ScalingLine:
             if self.state.exponent == 0:  # the same bytes at every n: a fit says nothing a number does not
                 computed = f"{what} fixed at {format_bytes(self.state.prefactor)}"
             else:
-                computed = f"{what} ∝ n^{_num(self.state.exponent)}"
+                computed = f"{what} ∝ n^{format_fixed(self.state.exponent)}"
             measured = self.notes[-1] if self.memory is None and self.notes else "not measured"
             if self.memory is not None:
                 measured = _law_text("measured", self.memory, self.memory_top, self.state)
@@ -368,28 +368,20 @@ class ScalingLine:
         return f"{self.label}: " + ", ".join(parts)
 
 
-def _num(x: float) -> str:
-    return f"{x:.2f}".replace("-0.00", "0.00")
-
-
-def _n(x: float) -> str:
-    return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.3g}"
-
-
 def _law_text(name: str, fit: PowerLaw, top: PowerLaw | None, like: PowerLaw | None) -> str:
     details = []
     if fit.points > 2:
-        low, high = _num(fit.exponent_low), _num(fit.exponent_high)
+        low, high = format_fixed(fit.exponent_low), format_fixed(fit.exponent_high)
         details.append(f"95 % CI {low} to {high}" if fit.exponent_low < 0 else f"95 % CI {low}–{high}")
-    span = f"n={_n(fit.x_min)}–{_n(fit.x_max)}"
+    span = f"n={format_number(fit.x_min)}–{format_number(fit.x_max)}"
     if like is None or (like.x_min, like.x_max, like.points) != (fit.x_min, fit.x_max, fit.points):
         details.append(f"{span}, {fit.points} points" if fit.points > 2 else f"{span}, 2-point fit: no CI")
     elif fit.points == 2:
         details.append("2-point fit: no CI")
-    text = f"{name} ∝ n^{_num(fit.exponent)} (" + ", ".join(details)
+    text = f"{name} ∝ n^{format_fixed(fit.exponent)} (" + ", ".join(details)
     if top is not None and abs(top.exponent - fit.exponent) >= BEND:
         bend = "steepening" if top.exponent > fit.exponent else "flattening"
-        text += f"; {bend} to n^{_num(top.exponent)} at n={_n(top.x_min)}–{_n(top.x_max)}"
+        text += f"; {bend} to n^{format_fixed(top.exponent)} at n={format_number(top.x_min)}–{format_number(top.x_max)}"
     return text + ")"
 
 
@@ -586,11 +578,11 @@ class CrossoverLine:
 
     def _where(self, c: Crossover) -> str:
         if c.low_x == c.high_x:
-            return f"n = {_n(c.x)} (measured)"
+            return f"n = {format_number(c.x)} (measured)"
         ratio = dict(zip(self.seq_lens, self.ratios, strict=True))
         if ratio.get(int(c.low_x)) == 1:
-            return f"n ≈ {_approx(c.x)} (equal from {_n(c.low_x)} to {_n(c.high_x)})"
-        return f"n ≈ {_approx(c.x)} (between {_n(c.low_x)} and {_n(c.high_x)})"
+            return f"n ≈ {format_approx(c.x)} (equal from {format_number(c.low_x)} to {format_number(c.high_x)})"
+        return f"n ≈ {format_approx(c.x)} (between {format_number(c.low_x)} and {format_number(c.high_x)})"
 
 
 # How a crossover of these modes reads, in the faster model's words.
@@ -602,13 +594,6 @@ _FROM_WORDS = {
 
 def _verdict(ratio: float) -> str:
     return "slower" if ratio > 1 else "faster" if ratio < 1 else "as fast"
-
-
-def _approx(x: float) -> str:
-    """Two significant figures: an interpolated length is no more precise than that."""
-    if x < 100:
-        return f"{x:.0f}"
-    return f"{round(x, 1 - math.floor(math.log10(x))):.0f}"
 
 
 def _pairs(group: CurveGroup, baseline_model: str | None) -> list[tuple[Curve, Curve]]:

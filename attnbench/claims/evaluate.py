@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from attnbench.analysis.efficiency import PeakTable
 from attnbench.claims.descriptive import claim_heads, claim_positional, claim_structure
 from attnbench.claims.flash import claim_flash
 from attnbench.claims.hybrid import hybrid_notes
@@ -63,9 +64,10 @@ def evaluate_claims(run: Run, results: Sequence[Result]) -> ClaimsReport:
     results = [r for r in latest_rows(results) if r.case.mode not in SERVING_PARAMS and not r.case.packing]
     # Decode rows speak to claim 1 only (``claims.decode``): the other claims are about a whole sequence's work.
     whole = [r for r in results if r.case.mode != "decode"]
+    peaks = PeakTable.for_run(run)  # once for every claim that holds a row against its peak
     rows = [
-        *claim_sequential(run, results),
-        *claim_utilisation(run, whole),
+        *claim_sequential(run, results, peaks),
+        *claim_utilisation(run, whole, peaks),
         *claim_training(run, whole),
         *claim_flash(run, whole),
         claim_heads(whole),

@@ -15,7 +15,7 @@ from attnbench.analysis import efficiency as peak_use
 from attnbench.analysis.efficiency import Peak, PeakTable
 from attnbench.core.cases import Case, OptionValue
 from attnbench.families.catalogue import claim_role, known, option_of
-from attnbench.results.records import Result, Run
+from attnbench.results.records import Result
 
 K = TypeVar("K", int, str)  # what varies within a group of otherwise equal cases (heads, an option's value)
 
@@ -54,14 +54,15 @@ def parallel_recurrence(case: Case) -> bool:
     return role is not None and role.parallel
 
 
-def peak_of(run: Run, result: Result) -> Peak | None:
-    """The peak FLOP/s a row is held against (calibrated, else vendor; ``peak_use``), or None where unknown."""
-    return PeakTable.for_run(run).for_case(result.case)
+def peak_of(peaks: PeakTable, result: Result) -> Peak | None:
+    """The peak FLOP/s a row is held against (calibrated, else vendor: ``peaks``, the run's, derived once by
+    ``evaluate_claims``), or None where unknown."""
+    return peaks.for_case(result.case)
 
 
-def pct_of_peak(run: Run, result: Result) -> float | None:
+def pct_of_peak(peaks: PeakTable, result: Result) -> float | None:
     """Achieved FLOP/s (analytic ``extra["flops"]`` / median) as a percentage of the row's peak."""
-    return peak_use.pct_of_peak(result, peak_of(run, result)) if result.is_timed else None
+    return peak_use.pct_of_peak(result, peak_of(peaks, result)) if result.is_timed else None
 
 
 def label(case: Case) -> str:

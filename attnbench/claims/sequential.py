@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from attnbench.analysis.efficiency import PeakTable
 from attnbench.analysis.scaling import PowerLaw, fit_power_law
 from attnbench.claims.decode import decode_rows
 from attnbench.claims.selection import (
@@ -109,7 +110,7 @@ def _launches(s: Series) -> str:
 # Latency: sequential depth
 
 
-def _busy(run: Run, r: Result) -> bool | None:
+def _busy(peaks: PeakTable, r: Result) -> bool | None:
     """Was the device busy during this case? None when the run cannot tell."""
     t = r.telemetry
     m = t.metrics if t is not None else {}
@@ -119,7 +120,7 @@ def _busy(run: Run, r: Result) -> bool | None:
     sm, dram = m.get("gpm_sm_util_pct"), m.get("gpm_dram_bw_util_pct")
     if isinstance(sm, float | int) and isinstance(dram, float | int):
         return max(sm, dram) >= UNDERUSED_UTIL_PCT
-    pct = pct_of_peak(run, r)
+    pct = pct_of_peak(peaks, r)
     return None if pct is None else pct >= UNDERUSED_PEAK_PCT
 
 
@@ -163,7 +164,7 @@ def _attention_steps(fit: PowerLaw, busy: Sequence[bool | None]) -> tuple[Verdic
     )
 
 
-def _latency_row(run: Run, s: Series) -> ClaimResult:
+def _latency_row(peaks: PeakTable, s: Series) -> ClaimResult:
     recurrent = kind(s.shape) == "recurrent"
     if recurrent:
         cid, claim = "1a", f"RNN/LSTM need O(n) sequential steps: {variant(s.shape)}"
@@ -184,9 +185,9 @@ def _latency_row(run: Run, s: Series) -> ClaimResult:
     if thin:
         verdict, why = "inconclusive", thin
     elif recurrent:
-        verdict, why = _recurrent_steps(s.shape, fit, [_busy(run, r) for r in s.points])
+        verdict, why = _recurrent_steps(s.shape, fit, [_busy(peaks, r) for r in s.points])
     else:
-        verdict, why = _attention_steps(fit, [_busy(run, r) for r in s.points])
+        verdict, why = _attention_steps(fit, [_busy(peaks, r) for r in s.points])
     return ClaimResult(cid, claim, figure, measured, keys, verdict, why)
 
 
@@ -251,8 +252,9 @@ def _memory_row(s: Series) -> ClaimResult | None:
     return ClaimResult(cid, claim, figure, measured, tuple(r.case.key for r in points), verdict, why)
 
 
-def claim_sequential(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
-    """Claim 1: latency and peak-memory exponents of seq_len, per model variant; then the decode view."""
+def claim_sequential(run: Run, results: Sequence[Result], peaks: PeakTable | None = None) -> list[ClaimResult]:
+    """Claim 1: latency and peak-memory exponents of seq_len, per model variant; then the decode view (``peaks``:
+    the run's, derived once by ``evaluate_claims``; derived here when not given)."""
     chosen = _slope_series(results)
     decode_latency, decode_memory = decode_rows(results)
     if not chosen and not (decode_latency or decode_memory):
@@ -268,7 +270,8 @@ def claim_sequential(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
     # Recurrent rows first (the premise), attention after; within each, catalogue order.
     order = {name: i for i, name in enumerate(MODELS)}
     chosen.sort(key=lambda s: (kind(s.shape) != "recurrent", order.get(s.shape.model, len(order)), s.shape.options))
-    rows = [_latency_row(run, s) for s in chosen] + decode_latency
+    held = peaks if peaks is not None else PeakTable.for_run(run)
+    rows = [_latency_row(held, s) for s in chosen] + decode_latency
     memory = [row for row in (_memory_row(s) for s in chosen) if row is not None] + decode_memory
     # 1a before 1b, and 1c (attention ∝ n²) before 1d (RNN fixed), as the article's table reads; decode rows after
     # the whole-sequence rows of the same claim (a stable sort).

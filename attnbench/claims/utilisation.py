@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from attnbench.analysis.efficiency import PeakTable
 from attnbench.claims.selection import kind, label, pct_of_peak, peak_of
 from attnbench.claims.verdicts import GPU_CONFIG, ClaimResult, Verdict, not_measurable
+from attnbench.core.units import format_pct
 from attnbench.results.records import Result, Run
 
 RNN_UTIL = (30.0, 40.0)
@@ -43,15 +45,11 @@ def _representative(rows: Sequence[Result]) -> Result:
     return max(train, key=lambda r: (r.case.tokens, r.case.d_model, r.case.layers))
 
 
-def _pct(value: object) -> str:
-    return f"{value:.0f} %" if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
-
-
-def _util_line(run: Run, r: Result) -> str:
+def _util_line(peaks: PeakTable, r: Result) -> str:
     """'lstm: NVML 97 % · SM 12 % · tensor 0 % · 0.8 % of peak (vendor … tf32 dense) · kernels busy 31 % of the
     call (the case)'."""
     m = r.telemetry.metrics if r.telemetry is not None else {}
-    peak, pct = peak_of(run, r), pct_of_peak(run, r)
+    peak, pct = peak_of(peaks, r), pct_of_peak(peaks, r)
     if peak is None:
         of_peak = "% of peak n/a (no peak for this device and dtype)"
     elif pct is None:
@@ -61,8 +59,8 @@ def _util_line(run: Run, r: Result) -> str:
     busy = kernel_busy_pct(r)
     profiled = "" if busy is None else f" · kernels busy {busy:.0f} % of the call"
     return (
-        f"{r.case.model}: NVML {_pct(m.get('gpu_util_pct'))} · SM {_pct(m.get('gpm_sm_util_pct'))} · "
-        f"tensor {_pct(m.get('gpm_tensor_util_pct'))} · {of_peak}{profiled} ({label(r.case)})"
+        f"{r.case.model}: NVML {format_pct(m.get('gpu_util_pct'))} · SM {format_pct(m.get('gpm_sm_util_pct'))} · "
+        f"tensor {format_pct(m.get('gpm_tensor_util_pct'))} · {of_peak}{profiled} ({label(r.case)})"
     )
 
 
@@ -73,7 +71,7 @@ def _util_verdict(value: float, claimed: tuple[float, float], high_is_claimed: b
     return "supported" if value <= hi else "contradicted" if value > hi + UTIL_MARGIN else "inconclusive"
 
 
-def _also_in_range(run: Run, reps: Sequence[Result], claimed: tuple[float, float]) -> str:
+def _also_in_range(peaks: PeakTable, reps: Sequence[Result], claimed: tuple[float, float]) -> str:
     """Which of the other metrics would fall in the article's range."""
     names = {"gpm_sm_util_pct": "GPM SM util", "gpm_tensor_util_pct": "tensor util"}
     hits = []
@@ -81,14 +79,14 @@ def _also_in_range(run: Run, reps: Sequence[Result], claimed: tuple[float, float
         values = [r.telemetry.metrics.get(name) for r in reps if r.telemetry is not None]
         if values and all(isinstance(v, int | float) and claimed[0] <= v <= claimed[1] for v in values):
             hits.append(words)
-    peaks = [pct_of_peak(run, r) for r in reps]
-    if peaks and all(p is not None and claimed[0] <= p <= claimed[1] for p in peaks):
+    pcts = [pct_of_peak(peaks, r) for r in reps]
+    if pcts and all(p is not None and claimed[0] <= p <= claimed[1] for p in pcts):
         hits.append("% of peak")
     return f"; {', '.join(hits)} would fall in the article's range" if hits else ""
 
 
 def _util_row(
-    run: Run,
+    peaks: PeakTable,
     cid: str,
     family_rows: Sequence[Result],
     claim: str,
@@ -103,7 +101,7 @@ def _util_row(
     trusted = {m: [r for r in rows if r.telemetry is not None and r.telemetry.reliable] for m, rows in by_model.items()}
     reps = [_representative(trusted[m] or rows) for m, rows in by_model.items()]
     keys = tuple(r.case.key for r in reps)
-    measured = "; ".join(_util_line(run, r) for r in reps)
+    measured = "; ".join(_util_line(peaks, r) for r in reps)
     unreliable = [r for r in reps if r.telemetry is None or not r.telemetry.reliable]
     values = [r.telemetry.metrics.get("gpu_util_pct") for r in reps if r.telemetry is not None]
     if unreliable:
@@ -122,7 +120,7 @@ def _util_row(
         f"{UTIL_MARGIN:.0f} points, on the other side",
         "inconclusive": "models disagree, or a reading lies within the 5-point margin of the range",
     }[verdict]
-    return ClaimResult(cid, claim, figure, measured, keys, verdict, why + _also_in_range(run, reps, claimed))
+    return ClaimResult(cid, claim, figure, measured, keys, verdict, why + _also_in_range(peaks, reps, claimed))
 
 
 def _cpu_util(rows: Sequence[Result]) -> str:
@@ -138,8 +136,10 @@ def _cpu_util(rows: Sequence[Result]) -> str:
     return f"cpu_util_pct {span} % over {cases} (process; 100 = every core)"
 
 
-def claim_utilisation(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
-    """Claim 2: NVML time-utilisation (the article's metric) beside GPM SM/tensor utilisation and % of peak."""
+def claim_utilisation(run: Run, results: Sequence[Result], peaks: PeakTable | None = None) -> list[ClaimResult]:
+    """Claim 2: NVML time-utilisation (the article's metric) beside GPM SM/tensor utilisation and % of peak
+    (``peaks``: the run's, derived once by ``evaluate_claims``; derived here when not given)."""
+    held = peaks if peaks is not None else PeakTable.for_run(run)
     timed = [r for r in results if r.is_timed]
     sides = (
         (
@@ -180,5 +180,5 @@ def claim_utilisation(run: Run, results: Sequence[Result]) -> list[ClaimResult]:
         elif all(r.telemetry is None or r.telemetry.level == "off" for r in on_gpu):
             out.append(not_measurable(cid, claim, figure, "telemetry was off; rerun with --telemetry basic (or full)"))
         else:
-            out.append(_util_row(run, cid, on_gpu, claim, figure, claimed, high))
+            out.append(_util_row(held, cid, on_gpu, claim, figure, claimed, high))
     return out

@@ -56,7 +56,7 @@ def report(
             f"--baseline: no model {baseline!r} in this run", hint=f"the run's models: {', '.join(models)}"
         )
     print_warnings(stored.warnings)
-    view = RunView(stored, baseline)
+    view = RunView.of(stored, baseline)
     if plots or plots_dir is not None or (REPORT_FORMATS[format].figures and not telemetry):
         view = _with_plots(view, plots or plots_dir is not None, plots_dir)
     if telemetry and format not in TELEMETRY_FORMATS:
@@ -74,7 +74,7 @@ def _with_plots(view: RunView, write: bool, plots_dir: Path | None) -> RunView:
     from attnbench.report.plots import plots_or_notice, write_plots
 
     stored = view.stored
-    figures, notice = plots_or_notice(stored.run, stored.results, view.baseline)
+    figures, notice = plots_or_notice(view.reading)
     if notice is not None:
         stderr.print(f"note: {notice}", markup=False)
     elif write:

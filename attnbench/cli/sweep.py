@@ -38,8 +38,8 @@ from attnbench.results.records import FAILED, Result
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from attnbench.analysis.reading import Reading
     from attnbench.results.contention import Contention
-    from attnbench.results.store import StoredRun
     from attnbench.sweeps.runner import Sweep, SweepPlan, SweepRequest
 
 
@@ -360,24 +360,24 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
         _write_summaries(run.folder, plots=plots)
         raise
     # Whatever ended the loop, the folder was closed by run(); the summaries are rendered from what was stored.
-    stored, paths, problem = _write_summaries(run.folder, plots=plots)
+    reading, paths, problem = _write_summaries(run.folder, plots=plots)
     failure = failure or problem
     if not quiet:
         # A terminal gets rich tables; a pipe or CI log gets the same tables as plain markdown.
         if stdout.is_terminal:
-            stdout.print(comparison_tables(stored.results, run=stored.run))
+            stdout.print(comparison_tables(reading))
         else:
-            stdout.print(render_markdown(stored.run, stored.results), markup=False, highlight=False)
+            stdout.print(render_markdown(reading), markup=False, highlight=False)
     sidecar = [run.folder / TELEMETRY_FILE] if (run.folder / TELEMETRY_FILE).exists() else []
     print_wrote([run.folder / RUN_FILE, run.folder / RESULTS_FILE, *sidecar, *paths])
-    if stored.run.traces:
+    if reading.run.traces:
         stdout.print(
-            f"wrote {run.folder / TRACES}/ ({len(stored.run.traces)} Chrome traces: ui.perfetto.dev, chrome://tracing)",
+            f"wrote {run.folder / TRACES}/ ({len(reading.run.traces)} Chrome traces: ui.perfetto.dev, chrome://tracing)",
             markup=False,
             highlight=False,
         )
     # Counted on disk: a row stored just as a signal came is finished, whether or not the display heard of it.
-    keys = {r.case.key for r in stored.results}
+    keys = {r.case.key for r in reading.results}
     done = sum(case.key in keys for case in run.plan.cases)
     saved = f"{done} of {len(run.plan.cases)} cases finished and are saved in {run.folder}"
     resume = f"resume with: attnbench sweep --resume {run.folder}"
@@ -390,22 +390,23 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
         stderr.print(resume, markup=False)
         state["interrupt_said"] = True
         return 128 + stopped
-    return EXIT_CASE_FAILED if any(r.status in FAILED for r in stored.results) else 0
+    return EXIT_CASE_FAILED if any(r.status in FAILED for r in reading.results) else 0
 
 
-def _write_summaries(folder: Path, *, plots: bool) -> tuple[StoredRun, list[Path], ResultsError | None]:
+def _write_summaries(folder: Path, *, plots: bool) -> tuple[Reading, list[Path], ResultsError | None]:
     """summary.csv, summary.md and (``plots``) the plots of what is stored; a summary the disk (or a planted link)
     refuses is returned as the problem, never raised: the rows are safe either way."""
+    from attnbench.analysis.reading import Reading
     from attnbench.report.run_files import write_run_files
     from attnbench.results.store import load_run
 
     try:
-        stored, paths, notice = write_run_files(folder, plots=plots)
+        reading, paths, notice = write_run_files(folder, plots=plots)
     except ResultsError as exc:
-        return load_run(folder), [], exc
+        return Reading.of(load_run(folder)), [], exc
     if notice is not None:
         stderr.print(notice, markup=False)
-    return stored, paths, None
+    return reading, paths, None
 
 
 def _threads(plan: SweepPlan, threads: int | None) -> str:

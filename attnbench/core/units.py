@@ -118,6 +118,37 @@ def format_bandwidth(bytes_per_s: float) -> str:
     return f"{bytes_per_s:.3g} B/s"
 
 
+def format_fixed(x: float, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals, a negative zero read as zero: a fitted exponent (``"1.98"``, ``"0.00"``)."""
+    text = f"{x:.{digits}f}"
+    return text[1:] if text == "-" + f"{0:.{digits}f}" else text
+
+
+def format_number(x: float) -> str:
+    """A whole number in full, anything else to 3 significant digits: a length that may be a fitted one."""
+    return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.3g}"
+
+
+def format_approx(x: float) -> str:
+    """Two significant figures (below 100: a whole number): an interpolated length is no more precise than that."""
+    if x < 100:
+        return f"{x:.0f}"
+    return f"{round(x, 1 - math.floor(math.log10(x))):.0f}"
+
+
+def format_metric(value: object, digits: int = 1) -> str:
+    """A stored metric (any JSON value) for a table cell: empty for None, a float with ``digits`` decimals, anything
+    else as stored."""
+    if value is None:
+        return ""
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def format_pct(value: object) -> str:
+    """A stored percentage (already × 100; any JSON value) as a whole percent, ``"n/a"`` where it is no number."""
+    return f"{value:.0f} %" if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
+
+
 def format_percent(fraction: float) -> str:
     """``0.05`` → ``"5 %"``: a threshold, a noise floor or a change, 3 significant digits."""
     return f"{fraction * 100:.3g} %"

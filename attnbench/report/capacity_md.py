@@ -7,11 +7,10 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from attnbench.analysis.capacity import CapacityPoint, CapacityTable, capacity_tables
+from attnbench.analysis.capacity import CapacityPoint, CapacityTable
 from attnbench.core.text import md_cell, md_text
 from attnbench.core.units import format_bytes, format_rate
-from attnbench.report.pivot import STATUS_TEXT
-from attnbench.results.records import Result
+from attnbench.report.cells import STATUS_TEXT
 
 LEGEND = (
     "Each cell: the largest batch whose decode step at context n fits the budget (weights, every sequence's KV cache "
@@ -58,6 +57,6 @@ def table_lines(table: CapacityTable) -> list[str]:
     return lines
 
 
-def capacity_markdown(results: Sequence[Result]) -> list[str]:
-    """Every capacity table of a run, as markdown lines (none without capacity rows)."""
-    return [line for table in capacity_tables(results) for line in table_lines(table)]
+def capacity_markdown(tables: Sequence[CapacityTable]) -> list[str]:
+    """Every capacity table of a run (``Reading.capacity``), as markdown lines (none without capacity rows)."""
+    return [line for table in tables for line in table_lines(table)]

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnbench.analysis.capacity import CapacityTable, capacity_tables
+from attnbench.analysis.capacity import CapacityTable
 from attnbench.core.units import format_bytes
 from attnbench.report.plot_style import device_name, line_style, slug
-from attnbench.results.records import Result, Run
+from attnbench.results.records import Run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -31,11 +31,11 @@ class CapacityPlot:
     png: bytes
 
 
-def capacity_plots(run: Run, results: Sequence[Result], colours: dict[str, int]) -> list[CapacityPlot]:
-    """One figure per capacity table with a point to draw; ``colours`` maps row labels to colour indices (the run's
-    other plots'), and a label not in it is added."""
+def capacity_plots(run: Run, tables: Sequence[CapacityTable], colours: dict[str, int]) -> list[CapacityPlot]:
+    """One figure per capacity table (``Reading.capacity``) with a point to draw; ``colours`` maps row labels to
+    colour indices (the run's other plots'), and a label not in it is added."""
     plots = []
-    for table in capacity_tables(results):
+    for table in tables:
         if not any(p.batch is not None for c in table.curves for p in c.points):
             continue
         png = _draw(run, table, colours)

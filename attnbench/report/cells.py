@@ -5,11 +5,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from attnbench.analysis.consistency import TrainCheck, train_check_summary, train_checks
-from attnbench.analysis.efficiency import below_roofline_flags, peak_flags
+from attnbench.analysis.consistency import TrainCheck
+from attnbench.analysis.pivot import Cell, PivotTable
+from attnbench.analysis.reading import Reading
 from attnbench.core.units import count_of, format_bytes, format_seconds, to_mib
-from attnbench.report.pivot import Cell, PivotTable
 from attnbench.results.records import Result, Run
+
+# A status in a table cell, short enough for a narrow column.
+STATUS_TEXT = {
+    "oom": "OOM",
+    "unsupported": "n/a",
+    "error": "error",
+    "timeout": "timeout",
+    "crashed": "crashed",
+    "too_slow_for_budget": "too slow",
+    "incorrect": "wrong",
+}
+
+
+def status_text(cell: Cell) -> str:
+    """A cell's status as a table shows it in place of a time."""
+    return STATUS_TEXT.get(cell.result.status, cell.result.status)
+
 
 LEGEND = (
     "Median time per call; in brackets the speed-up against {baseline} at the same length (> 1× = faster). "
@@ -71,7 +88,7 @@ def time_text(cell: Cell | None, speedup: bool = True) -> str:
         return ""
     mark = CONTENDED_MARK if cell.result.contended else ""
     if cell.median_s is None:
-        return mark + cell.status_text
+        return mark + status_text(cell)
     text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if speedup and cell.speedup is not None:
         text += f" ({cell.speedup:.2f}×{ESTIMATE_MARK if cell.estimate else ''})"
@@ -83,7 +100,7 @@ def speedup_text(cell: Cell | None) -> str:
     if cell is None:
         return ""
     if cell.median_s is None:
-        return cell.status_text
+        return status_text(cell)
     if cell.speedup is None:
         return ""
     return ("~" if cell.noisy else "") + f"{cell.speedup:.2f}×" + (ESTIMATE_MARK if cell.estimate else "")
@@ -115,7 +132,7 @@ def state_text(cell: Cell | None) -> str:
         return ""
     r = cell.result
     if not r.ok:
-        return cell.status_text
+        return status_text(cell)
     computed = "?" if r.state_bytes is None else format_bytes(r.state_bytes)
     measured = "?" if r.state_mem_bytes is None else format_bytes(r.state_mem_bytes)
     return f"{computed} / {measured}"
@@ -126,7 +143,7 @@ def memory_text(cell: Cell | None) -> str:
         return ""
     memory = cell.result.memory
     if not cell.result.ok:
-        return cell.status_text
+        return status_text(cell)
     if memory is None or memory.peak_bytes is None:
         return "?"
     return f"{to_mib(memory.peak_bytes):.1f}"
@@ -178,9 +195,7 @@ BELOW_ROOFLINE = "Faster than the roofline allows"
 BELOW_ROOFLINE_NOTE = "(measured / predicted below 1: a count or a peak is wrong, or the data stayed in cache)"
 
 
-def run_checks(run: Run | None, results: Sequence[Result]) -> RunChecks:
-    checks = train_checks(results)
-    flagged = tuple(c for c in checks if c.flagged)
-    summary = train_check_summary(checks) + (", flagged:" if flagged else ".") if checks else ""
-    below = tuple(below_roofline_flags(run, results))
-    return RunChecks(summary, flagged, tuple(peak_flags(run, results)), below)
+def run_checks(reading: Reading) -> RunChecks:
+    flagged = tuple(c for c in reading.train_checks if c.flagged)
+    summary = reading.train_summary + (", flagged:" if flagged else ".") if reading.train_summary else ""
+    return RunChecks(summary, flagged, reading.over_peak, reading.below_roofline)

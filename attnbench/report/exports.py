@@ -29,8 +29,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from attnbench.analysis.pivot import Cell
 from attnbench.core.units import format_rate, to_mib, to_ms
-from attnbench.report.pivot import Cell
 from attnbench.results.records import Result
 
 GAB_TOOL = "customSmallerIsBetter"

@@ -18,6 +18,7 @@ from attnbench.core.units import plural
 if TYPE_CHECKING:
     from attnbench.analysis.compare import Comparison
     from attnbench.analysis.history import History
+    from attnbench.analysis.reading import Reading
     from attnbench.report.plots import Plot
     from attnbench.results.store import StoredRun
 
@@ -60,43 +61,50 @@ class Format(Generic[T]):
 
 @dataclass(frozen=True)
 class RunView:
-    """What ``report`` renders: a stored run, the model its speed-ups are against, and the plots an HTML page
-    embeds (or the notice that says why there are none)."""
+    """What ``report`` renders: a stored run and its one reading (with the model its speed-ups are against), and
+    the plots an HTML page embeds (or the notice that says why there are none)."""
 
     stored: StoredRun
-    baseline: str | None = None
+    reading: Reading
     figures: tuple[Plot, ...] = ()
     notice: str = ""
+
+    @classmethod
+    def of(cls, stored: StoredRun, baseline: str | None = None) -> RunView:
+        """The view of a stored run, read once (``analysis.reading``) for every format drawn from it."""
+        from attnbench.analysis.reading import Reading
+
+        return cls(stored, Reading.of(stored, baseline))
 
 
 def _markdown(view: RunView) -> str:
     from attnbench.report.markdown import render_markdown
 
-    return render_markdown(view.stored.run, view.stored.results, view.baseline)
+    return render_markdown(view.reading)
 
 
 def _terminal(view: RunView) -> Any:
     from attnbench.report.terminal import comparison_tables
 
-    return comparison_tables(view.stored.results, view.baseline, memory=True, run=view.stored.run)
+    return comparison_tables(view.reading, memory=True)
 
 
 def _csv(view: RunView) -> str:
     from attnbench.report.rows import render_csv
 
-    return render_csv(view.stored.results, view.stored.run)
+    return render_csv(view.reading)
 
 
 def _json(view: RunView) -> str:
     from attnbench.report.jsonfmt import render_json
 
-    return render_json(view.stored.run, view.stored.results)
+    return render_json(view.reading)
 
 
 def _html(view: RunView) -> str:
     from attnbench.report.html import render_html
 
-    return render_html(view.stored.run, view.stored.results, view.baseline, list(view.figures), view.notice)
+    return render_html(view.reading, list(view.figures), view.notice)
 
 
 def _export(name: str) -> Format[RunView]:

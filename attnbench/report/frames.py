@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnbench.analysis.reading import Reading
 from attnbench.core.errors import AttnbenchError
 from attnbench.families.catalogue import MODELS
 from attnbench.report.rows import COLUMN_TYPES, COLUMNS, summary_rows
@@ -56,7 +57,7 @@ def frame(runs: Sequence[StoredRun]) -> pd.DataFrame:
     own = _user_option_types(runs)
     for stored in runs:
         identity = _run_columns(stored)
-        for result, row in zip(stored.results, summary_rows(stored.results, stored.run), strict=True):
+        for result, row in zip(stored.results, summary_rows(stored.results, Reading.of(stored).peaks), strict=True):
             options = _typed_options(result.case.options, {**OPTION_TYPES, **own})
             rows.append({**identity, **row, **{name: options.get(name) for name in (*OPTION_COLUMNS, *own)}})
     table = pd.DataFrame(rows, columns=[*RUN_COLUMNS, *COLUMNS, *OPTION_COLUMNS, *own])

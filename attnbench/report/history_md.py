@@ -21,7 +21,7 @@ from attnbench.core.units import (
     format_seconds,
     plural,
 )
-from attnbench.report.pivot import STATUS_TEXT
+from attnbench.report.cells import STATUS_TEXT
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -1,6 +1,6 @@
 """``--format html``: one self-contained page (inline CSS, plots as data URIs) to open, mail or attach to a CI run.
 
-Torch-free. The tables are ``pivot_tables``'s, the same the markdown and terminal renderers draw, with
+Torch-free. The tables are the run's reading's (``Reading.tables``), the same the markdown and terminal draw, with
 the run header, every table's crossover and scaling lines, the plots of each table under it (when matplotlib
 drew them) and the cases without a timing. Nothing is fetched from anywhere: no scripts, fonts or stylesheets.
 """
@@ -12,6 +12,8 @@ import json
 from collections.abc import Callable, Sequence
 from html import escape
 
+from attnbench.analysis.pivot import Cell, PivotTable
+from attnbench.analysis.reading import Reading
 from attnbench.core.units import format_bytes, format_seconds, plural
 from attnbench.report.cells import (
     BELOW_ROOFLINE,
@@ -26,11 +28,11 @@ from attnbench.report.cells import (
     run_checks,
     state_legend,
     state_text,
+    status_text,
     time_legend,
 )
-from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.plots import Plot
-from attnbench.results.records import Result, Run
+from attnbench.results.records import Run
 
 _CSS = """
 :root { color-scheme: light; --fg: #1d2329; --muted: #5b6670; --line: #d8dde2; --head: #f3f5f7;
@@ -95,7 +97,7 @@ def _time_cell(cell: Cell | None) -> str:
     if cell is None:
         return '<td class="num"></td>'
     if cell.median_s is None:
-        return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
+        return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(status_text(cell))}</td>'
     mark = CONTENDED_MARK if cell.result.contended else ""
     text = mark + ("~" if cell.noisy else "") + format_seconds(cell.median_s)
     if cell.speedup is not None:
@@ -113,7 +115,7 @@ def _no_reading(cell: Cell | None) -> str | None:
     if cell is None:
         return '<td class="num"></td>'
     if not cell.result.ok:
-        return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(cell.status_text)}</td>'
+        return f'<td class="num fail" title="{_e(_cell_title(cell))}">{_e(status_text(cell))}</td>'
     return None
 
 
@@ -191,9 +193,9 @@ def _table_section(index: int, table: PivotTable, plots: Sequence[Plot]) -> list
     return out
 
 
-def _checks_section(run: Run, results: Sequence[Result]) -> list[str]:
+def _checks_section(reading: Reading) -> list[str]:
     """The run's self-consistency checks, as the markdown has them; nothing when there is nothing to check."""
-    checks = run_checks(run, results)
+    checks = run_checks(reading)
     if not checks:
         return []
     out = ['<section id="checks">', "<h2>Checks</h2>"]
@@ -221,16 +223,10 @@ def _key_values(rows: Sequence[tuple[str, object]]) -> str:
     return f'<table class="kv"><tbody>{body}</tbody></table>'
 
 
-def render_html(
-    run: Run,
-    results: Sequence[Result],
-    baseline_model: str | None = None,
-    plots: Sequence[Plot] = (),
-    plots_note: str = "",
-) -> str:
+def render_html(reading: Reading, plots: Sequence[Plot] = (), plots_note: str = "") -> str:
     """The page. ``plots`` (from ``render_plots``) are placed under their table; ``plots_note`` says why there
     are none (matplotlib missing), and is shown instead."""
-    tables = pivot_tables(results, baseline_model)
+    run, results, tables = reading.run, reading.results, reading.tables
     ok = sum(r.ok for r in results)
     body = [
         "<header>",
@@ -255,7 +251,7 @@ def render_html(
         body += ["<nav><strong>Contents</strong><ul>", *links, "</ul></nav>"]
     for i, table in enumerate(tables, start=1):
         body += _table_section(i, table, plots)
-    body += _checks_section(run, results)
+    body += _checks_section(reading)
     if failed:
         items = "".join(
             f"<li><code>{_e(r.case.label)}</code>: <strong>{_e(r.status)}</strong> — {_e(r.reason)}</li>"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
+from attnbench.analysis.reading import Reading
 from attnbench.report.rows import summary_rows
-from attnbench.results.records import Result, Run
 
 
-def render_json(run: Run, results: Sequence[Result]) -> str:
-    payload = {"run": run.to_dict(), "rows": summary_rows(results, run)}
+def render_json(reading: Reading) -> str:
+    """The run's metadata and its summary rows, as the CSV holds them."""
+    payload = {"run": reading.run.to_dict(), "rows": summary_rows(reading.results, reading.peaks)}
     return json.dumps(payload, indent=2, allow_nan=False) + "\n"

@@ -4,10 +4,9 @@ a tag, a link or a code span of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from tabulate import tabulate
 
+from attnbench.analysis.reading import Reading
 from attnbench.core.text import md_cell, md_code, md_text
 from attnbench.core.units import plural
 from attnbench.report.capacity_md import capacity_markdown
@@ -26,14 +25,12 @@ from attnbench.report.cells import (
     time_legend,
     time_text,
 )
-from attnbench.report.pivot import pivot_tables
 from attnbench.report.presets_md import presets_markdown
-from attnbench.results.records import Result, Run
 
 
-def _checks(run: Run, results: Sequence[Result]) -> list[str]:
+def _checks(reading: Reading) -> list[str]:
     """The Checks section; nothing when there is nothing to check."""
-    checks = run_checks(run, results)
+    checks = run_checks(reading)
     if not checks:
         return []
     lines = ["", "## Checks"]
@@ -54,7 +51,9 @@ def _checks(run: Run, results: Sequence[Result]) -> list[str]:
     return lines
 
 
-def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | None = None) -> str:
+def render_markdown(reading: Reading) -> str:
+    """The run as markdown: its pivot tables, capacity, published models, checks and the cases without a timing."""
+    run, results = reading.run, reading.results
     lines = [
         f"# attnbench run {md_code(run.run_id)}",
         "",
@@ -67,7 +66,7 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
     headline, busy = contention_lines(results)
     if headline:
         lines += ["", f"**{headline}**", ""] + [f"- {md_text(line)}" for line in busy]
-    for table in pivot_tables(results, baseline_model):
+    for table in reading.tables:
         headers = ["model", *column_headers(table)]
         lines += ["", f"## {md_text(table.title)}", ""]
         if table.baseline or table.decode:
@@ -90,9 +89,9 @@ def render_markdown(run: Run, results: Sequence[Result], baseline_model: str | N
         lines.append(tabulate(memory_rows, headers=headers, tablefmt="github", disable_numparse=True))
         if table.scaling:
             lines += ["", SCALING_LEGEND, ""] + [f"- {md_text(line.text)}" for line in table.scaling]
-    lines += capacity_markdown(results)
-    lines += presets_markdown(results)
-    lines += _checks(run, results)
+    lines += capacity_markdown(reading.capacity)
+    lines += presets_markdown(reading.presets)
+    lines += _checks(reading)
     failed = [r for r in results if not r.ok]
     if failed:
         lines += ["", "## Cases without a timing", ""]

@@ -1,6 +1,6 @@
 """PNG plots of a stored run: latency, peak memory, tokens/s and speed-up against sequence length.
 
-Torch-free. One PNG per metric per pivot table (``pivot_tables`` decides the grouping, so a plot
+Torch-free. One PNG per metric per pivot table (``Reading.tables`` decides the grouping, so a plot
 always shows exactly the rows of one table). matplotlib is a dependency of the package, imported only inside the
 drawing functions; an install without it (``--no-deps``) skips the plots with a one-line notice. Figures are drawn
 on an Agg canvas directly, without pyplot, so no GUI backend is ever chosen, no window can open and no global
@@ -21,15 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from attnbench.analysis.pivot import Cell, PivotTable
+from attnbench.analysis.reading import Reading
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.text import safe_text
 from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.capacity_plots import capacity_plots
-from attnbench.report.pivot import Cell, PivotTable, pivot_tables
+from attnbench.report.cells import status_text
 from attnbench.report.plot_style import device_name, line_style, plain_texts, slug
 from attnbench.report.roofline import roofline_plots
 from attnbench.results.files import make_subfolder, write_atomic
-from attnbench.results.records import Result, Run
+from attnbench.results.records import Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -118,7 +120,7 @@ def _point(metric: Metric, n: int, cell: Cell, decode: bool = False) -> Point | 
     table's memory is the state a step reads, computed."""
     r = cell.result
     if not r.ok:
-        return Point(n, None, status=cell.status_text)
+        return Point(n, None, status=status_text(cell))
     if metric == "memory" and decode:
         return None if r.state_bytes is None else Point(n, float(r.state_bytes))
     m = r.measurement
@@ -573,14 +575,14 @@ def _colour_indices(tables: Sequence[PivotTable]) -> dict[str, int]:
     return order
 
 
-def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None = None) -> list[Plot]:
+def render_plots(reading: Reading) -> list[Plot]:
     """Every plot of a run: for each pivot table, latency, memory, throughput and (with a baseline) speed-up; a
     roofline per kind of device and dtype; and a capacity figure per table of capacity rows.
     A plot with nothing to draw (no case timed) is left out. Raises ``PlotsUnavailable`` without matplotlib."""
     notice = missing_matplotlib()
     if notice is not None:
         raise PlotsUnavailable(notice, hint=INSTALL_HINT)
-    tables = pivot_tables(results, baseline_model)
+    run, tables = reading.run, reading.tables
     colours = _colour_indices(tables)
     plots: list[Plot] = []
     names: set[str] = set()
@@ -597,20 +599,18 @@ def render_plots(run: Run, results: Sequence[Result], baseline_model: str | None
                 title = f"{_title(table, metric)} · {table.title}"
                 plots.append(Plot(metric, table.title, f"{metric}-{stem}.png", title, png))
     # A roofline per kind of device and dtype, over every table's rows (issue 27).
-    for roof in roofline_plots(run, results, colours):
+    for roof in roofline_plots(reading, colours):
         plots.append(Plot("roofline", roof.group, roof.filename, roof.title, roof.png))
     # Capacity under the memory budget, and its tokens/s, against n (issue 41).
-    for figure in capacity_plots(run, results, colours):
+    for figure in capacity_plots(run, reading.capacity, colours):
         plots.append(Plot("capacity", figure.group, figure.filename, figure.title, figure.png))
     return plots
 
 
-def plots_or_notice(
-    run: Run, results: Sequence[Result], baseline_model: str | None = None
-) -> tuple[list[Plot], str | None]:
+def plots_or_notice(reading: Reading) -> tuple[list[Plot], str | None]:
     """``render_plots``, or no plots and the one-line notice when matplotlib is missing."""
     try:
-        return render_plots(run, results, baseline_model), None
+        return render_plots(reading), None
     except PlotsUnavailable as exc:
         return [], exc.message
 
@@ -645,11 +645,11 @@ def write_plots(plots: Sequence[Png], folder: Path, *, in_run: bool = False) -> 
     return paths
 
 
-def write_run_plots(run: Run, results: Sequence[Result], folder: Path) -> tuple[list[Path], str | None]:
+def write_run_plots(reading: Reading, folder: Path) -> tuple[list[Path], str | None]:
     """For ``sweep``: draw and write every plot, never raising. Returns the paths written and, when plots could
     not be drawn, the line to print instead (a notice without matplotlib, a warning on any failure)."""
     try:
-        plots, notice = plots_or_notice(run, results)
+        plots, notice = plots_or_notice(reading)
         if notice is not None:
             return [], f"note: {notice}"
         return write_plots(plots, folder, in_run=True), None

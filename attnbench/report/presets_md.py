@@ -4,15 +4,11 @@ its own attention mixer (``analysis.presets``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from tabulate import tabulate
 
-from attnbench.analysis.presets import preset_crossovers, stack_state
+from attnbench.analysis.presets import PresetsSection
 from attnbench.core.text import md_cell, md_text
 from attnbench.core.units import format_bytes
-from attnbench.families.catalogue import PRESET_CORE_DEFAULT, PUBLISHED
-from attnbench.results.records import Result
 
 __all__ = ["presets_markdown"]
 
@@ -25,18 +21,12 @@ LEGEND = (
 CONTEXTS = (8192, 131072)
 
 
-def presets_markdown(results: Sequence[Result]) -> list[str]:
+def presets_markdown(section: PresetsSection | None) -> list[str]:
     """The section's markdown lines; none for a run without published presets' rows."""
-    found: dict[str, tuple[str, str]] = {}  # name -> (dtype, attention core)
-    for result in results:
-        name = dict(result.case.options).get("preset")
-        if isinstance(name, str) and name in PUBLISHED and name not in found:
-            found[name] = (result.case.dtype, _core(name, results))
-    if not found:
+    if section is None:
         return []
     rows = []
-    for name, (dtype, core) in found.items():
-        state = stack_state(PUBLISHED[name], dtype, core)
+    for name, state in section.states:
         if state is None:
             continue
         mixers = ", ".join(f"{m.label} × {m.layers}" for m in state.mixers)
@@ -52,17 +42,6 @@ def presets_markdown(results: Sequence[Result]) -> list[str]:
     headers = ["model", "layers", "per sequence", "per token", *(f"at n={n}" for n in CONTEXTS)]
     lines = ["", "## Published models: decode state and their own crossovers", "", LEGEND, ""]
     lines.append(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
-    crossings = preset_crossovers(results)
-    if crossings:
-        lines += [""] + [f"- {md_text(c.text())}" for c in crossings]
+    if section.crossings:
+        lines += [""] + [f"- {md_text(c.text())}" for c in section.crossings]
     return lines
-
-
-def _core(name: str, results: Sequence[Result]) -> str:
-    """The attention core a model's attention rows ran on (its mixers without a model of their own), else the
-    default."""
-    models = {m.model for m in PUBLISHED[name].mixers}
-    for result in results:
-        if dict(result.case.options).get("preset") == name and result.case.model not in models:
-            return result.case.model
-    return PRESET_CORE_DEFAULT[0]

@@ -22,12 +22,11 @@ from attnbench.analysis.efficiency import (
     PeakTable,
     achieved_flops_per_s,
     arithmetic_intensity,
-    measured_over_predicted,
-    prediction_for,
 )
+from attnbench.analysis.reading import Reading
 from attnbench.core.units import format_bandwidth, format_flops
 from attnbench.report.plot_style import device_name, line_style, plain_texts, slug
-from attnbench.results.records import Result, Run
+from attnbench.results.records import Result
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -48,17 +47,11 @@ _BELOW_LABELS = {
 }
 
 
-def below_roofline(run: Run, results: Sequence[Result]) -> dict[str, Literal["compute", "memory"]]:
-    """The rows (by case key) that ran faster than their roofline time, each with the ceiling its prediction sits
-    under: the likelier cause."""
-    table = PeakTable.for_run(run)
-    marked: dict[str, Literal["compute", "memory"]] = {}
-    for result in results:
-        prediction = prediction_for(table, result)
-        ratio = measured_over_predicted(result, prediction)
-        if prediction is not None and ratio is not None and ratio < 1.0:
-            marked[result.case.key] = prediction.bound
-    return marked
+def below_roofline(reading: Reading, results: Sequence[Result]) -> dict[str, Literal["compute", "memory"]]:
+    """Those of ``results`` (by case key) that ran faster than their roofline time, each with the ceiling its
+    prediction sits under: the likelier cause."""
+    faster = reading.faster_than_roofline
+    return {r.case.key: faster[r.case.key][0].bound for r in results if r.case.key in faster}
 
 
 def _points(results: Sequence[Result]) -> list[tuple[Result, float, float]]:
@@ -90,11 +83,11 @@ def _colour_for(model: str, colours: dict[str, int]) -> str:
     return line_style(colours[model])[0]
 
 
-def roofline_plots(run: Run, results: Sequence[Result], colours: dict[str, int]) -> list[Roofline]:
+def roofline_plots(reading: Reading, colours: dict[str, int]) -> list[Roofline]:
     """One roofline per (kind of device, dtype) with a point to draw; ``colours`` maps labels to colour indices
     (the run's other plots'), and a model not in it is added."""
     groups: dict[tuple[str, str], list[Result]] = {}
-    for result in results:
+    for result in reading.results:
         groups.setdefault((result.case.device.split(":")[0], result.case.dtype), []).append(result)
     plots = []
     for (device, dtype), rows in groups.items():
@@ -102,17 +95,17 @@ def roofline_plots(run: Run, results: Sequence[Result], colours: dict[str, int])
         if not points:
             continue
         title = f"roofline · {dtype} · {device}"
-        png = _draw(run, dtype, points, colours, title)
+        png = _draw(reading, dtype, points, colours, title)
         plots.append(Roofline(title, f"roofline-{slug(f'{dtype}-{device}')}.png", title, png))
     return plots
 
 
 def ceilings(
-    run: Run, dtype: str, points: Sequence[tuple[Result, float, float]]
+    peaks: PeakTable, dtype: str, points: Sequence[tuple[Result, float, float]]
 ) -> tuple[Peak | None, BandwidthPeak | None, bool]:
-    """The compute and bandwidth ceilings the roofline draws, and whether they are the run's own best (no
-    calibrated or vendor figure known, ``MEASURED_SOURCE``): a roofline without roofs reads as nothing."""
-    peaks = PeakTable.for_run(run)
+    """The compute and bandwidth ceilings the roofline draws (``peaks``: the run's), and whether they are the run's
+    own best (no calibrated or vendor figure known, ``MEASURED_SOURCE``): a roofline without roofs reads as
+    nothing."""
     compute, bandwidth = peaks.for_dtype(dtype), peaks.bandwidth()
     if (compute is not None and bandwidth is not None) or not points:
         return compute, bandwidth, False
@@ -124,9 +117,9 @@ def ceilings(
 
 
 def _draw(
-    run: Run, dtype: str, points: Sequence[tuple[Result, float, float]], colours: dict[str, int], title: str
+    reading: Reading, dtype: str, points: Sequence[tuple[Result, float, float]], colours: dict[str, int], title: str
 ) -> bytes:
-    fig = roofline_figure(run, dtype, points, colours)
+    fig = roofline_figure(reading, dtype, points, colours)
     buffer = io.BytesIO()
     plain_texts(fig)
     fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
@@ -134,14 +127,15 @@ def _draw(
 
 
 def roofline_figure(
-    run: Run, dtype: str, points: Sequence[tuple[Result, float, float]], colours: dict[str, int]
+    reading: Reading, dtype: str, points: Sequence[tuple[Result, float, float]], colours: dict[str, int]
 ) -> Figure:
     """The roofline figure of one kind of device and dtype."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    compute, bandwidth, measured = ceilings(run, dtype, points)
+    run = reading.run
+    compute, bandwidth, measured = ceilings(reading.peaks, dtype, points)
     roof = ":" if measured else "-"
     fig = Figure(figsize=(8.4, 5.0), dpi=120)
     FigureCanvasAgg(fig)
@@ -182,7 +176,7 @@ def roofline_figure(
             linewidths=1.3,
             zorder=3,
         )
-    below = below_roofline(run, [r for r, _, _ in points])
+    below = below_roofline(reading, [r for r, _, _ in points])
     for result, x, y in points:
         bound = below.get(result.case.key)
         if bound is not None:

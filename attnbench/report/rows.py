@@ -5,7 +5,7 @@ Values are SI inside attnbench; this is where they become the units named in the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from attnbench.analysis.efficiency import (
@@ -18,12 +18,13 @@ from attnbench.analysis.efficiency import (
     pct_of_peak_bw,
     prediction_for,
 )
+from attnbench.analysis.reading import Reading
 from attnbench.core.cases import Case, packing_text
 from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.families.catalogue import case_column_values, kind_of, known
 from attnbench.families.extras import family_columns
-from attnbench.results.records import Result, Run
+from attnbench.results.records import Result
 from attnbench.results.telemetry import (
     ADDED_METRICS,
     FIRST_METRICS,
@@ -468,19 +469,20 @@ def telemetry_note(t: TelemetrySummary) -> str:
     return "; ".join(parts)
 
 
-def summary_rows(results: Iterable[Result], run: Run | None = None) -> list[dict[str, Any]]:
-    """Rows for ``results``; with the ``run`` they came from, pct_of_peak and peak_source are filled in."""
-    peaks = PeakTable.for_run(run)
-    return [summary_row(r, peaks) for r in results]
+def summary_rows(results: Iterable[Result], peaks: PeakTable | None = None) -> list[dict[str, Any]]:
+    """Rows for ``results``; with the ``peaks`` of the run they came from (``Reading.peaks``), pct_of_peak,
+    peak_source and the roofline's columns are filled in."""
+    held = peaks if peaks is not None else PeakTable(None, None)
+    return [summary_row(r, held) for r in results]
 
 
-def render_csv(results: Sequence[Result], run: Run | None = None) -> str:
+def render_csv(reading: Reading) -> str:
     """The contract CSV. pandas does the quoting; floats keep 6 significant digits; text cells that a spreadsheet
-    would run as a formula are neutralised (``core.text.csv_cell``). Without ``run`` there is no peak to hold rows
-    against, and pct_of_peak stays empty."""
+    would run as a formula are neutralised (``core.text.csv_cell``). A run without a calibration or a known GPU has
+    no peak to hold rows against, and pct_of_peak stays empty."""
     import pandas as pd
 
-    rows = [{name: csv_cell(value) for name, value in row.items()} for row in summary_rows(results, run)]
+    rows = [{name: csv_cell(v) for name, v in row.items()} for row in summary_rows(reading.results, reading.peaks)]
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     # Nullable integers, so an empty cell stays empty instead of turning the column into floats ("2.0").
     for column in (name for name, kind in COLUMN_TYPES.items() if kind is int):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tabulate import tabulate
 
 from attnbench.core.text import md_cell, md_text
-from attnbench.core.units import to_mib
+from attnbench.core.units import format_metric, to_mib
 from attnbench.report.rows import telemetry_note
 from attnbench.results.records import Result
 
@@ -40,10 +40,6 @@ INTRO = (
 )
 
 
-def _num(value: object, digits: int = 1) -> str:
-    return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
 def telemetry_rows(results: Sequence[Result]) -> list[list[str]]:
     rows = []
     for r in results:
@@ -55,27 +51,29 @@ def telemetry_rows(results: Sequence[Result]) -> list[list[str]]:
         rss = m.get("rss_max_bytes")
         jpt = m.get("joules_per_token")
         util = (
-            "" if m.get("gpu_util_pct") is None else f"{_num(m.get('gpu_util_pct'))}/{_num(m.get('gpu_util_max_pct'))}"
+            ""
+            if m.get("gpu_util_pct") is None
+            else f"{format_metric(m.get('gpu_util_pct'))}/{format_metric(m.get('gpu_util_max_pct'))}"
         )
         clocks = (
             ""
             if m.get("sm_clock_min_mhz") is None
-            else (f"{_num(m.get('sm_clock_min_mhz'), 0)}/{_num(m.get('sm_clock_max_mhz'), 0)}")
+            else (f"{format_metric(m.get('sm_clock_min_mhz'), 0)}/{format_metric(m.get('sm_clock_max_mhz'), 0)}")
         )
         rows.append(
             [
                 r.case.label,
                 str(t.samples),
                 f"{t.window_s:.2f}",
-                _num(m.get("cpu_util_pct")),
-                _num(m.get("cpu_util_per_core_mean_pct")),
+                format_metric(m.get("cpu_util_pct")),
+                format_metric(m.get("cpu_util_per_core_mean_pct")),
                 "" if not isinstance(rss, int) else f"{to_mib(rss):.0f}",
                 util,
-                _num(m.get("power_w")),
-                _num(m.get("energy_j"), 2),
+                format_metric(m.get("power_w")),
+                format_metric(m.get("energy_j"), 2),
                 "" if not isinstance(jpt, float) else f"{jpt * 1e6:.3g}",
                 clocks,
-                _num(m.get("throttled")),
+                format_metric(m.get("throttled")),
                 "yes" if t.reliable else "no",
                 telemetry_note(t),
             ]

@@ -9,6 +9,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from attnbench.analysis.pivot import Cell, PivotTable
+from attnbench.analysis.reading import Reading
 from attnbench.core.units import format_bytes, format_rate, format_seconds
 from attnbench.report.cells import (
     column_headers,
@@ -19,9 +21,8 @@ from attnbench.report.cells import (
     state_text,
     time_text,
 )
-from attnbench.report.pivot import Cell, PivotTable, pivot_tables
 from attnbench.report.telemetry import INTRO, telemetry_table
-from attnbench.results.records import Result, Run
+from attnbench.results.records import Result
 
 
 def case_line(result: Result) -> str:
@@ -40,15 +41,14 @@ def case_line(result: Result) -> str:
     return f"{head}: " + " · ".join(parts)
 
 
-def comparison_tables(
-    results: Sequence[Result], baseline_model: str | None = None, memory: bool = False, run: Run | None = None
-) -> Group:
+def comparison_tables(reading: Reading, memory: bool = False) -> Group:
+    """The run's pivot tables for a terminal (with the memory tables when ``memory``), then its checks."""
     renderables: list[RenderableType] = []
-    headline, busy = contention_lines(results)
+    headline, busy = contention_lines(reading.results)
     if headline:
         renderables.append(Text(headline, style="bold yellow"))
         renderables += [Text(f"  {line}", style="yellow") for line in busy]
-    for table in pivot_tables(results, baseline_model):
+    for table in reading.tables:
         renderables.append(Fitted(_time_layouts(table)))
         if memory:
             what, cell_text = (
@@ -59,7 +59,7 @@ def comparison_tables(
             renderables.append(Text(f"  {line}", style="italic"))
         for scaling in table.scaling:
             renderables.append(Text(f"  {scaling.text}", style="italic"))
-    renderables += _checks(run, results)
+    renderables += _checks(reading)
     return Group(*renderables)
 
 
@@ -123,10 +123,10 @@ class Fitted:
         yield from self.layouts[-1]
 
 
-def _checks(run: Run | None, results: Sequence[Result]) -> list[Text]:
+def _checks(reading: Reading) -> list[Text]:
     """train / (forward + backward): one summary line, then each flagged case with its reason; then any row
     above 100 % of its peak."""
-    checks = run_checks(run, results)
+    checks = run_checks(reading)
     out = [Text(checks.summary, style="bold")] if checks.summary else []
     out += [Text(f"  {c.text} — {c.reason}", style="yellow") for c in checks.flagged]
     out += [Text(f"above 100 % of peak: {line}", style="bold red") for line in checks.over_peak]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnbench.analysis.presets import preset_crossovers, stack_state
+from attnbench.analysis.presets import preset_crossovers, presets_section, stack_state
 from attnbench.core.cases import Case
 from attnbench.families.catalogue import PUBLISHED, published_problem
 from attnbench.report.presets_md import presets_markdown
@@ -83,7 +83,7 @@ def test_a_models_own_crossover_is_found_in_its_rows() -> None:
     assert (found.recurrent, found.attention, found.mode) == ("linear_attention", "full_attention", "forward")
     assert len(found.at) == 1 and 512 < found.at[0] < 2048 and found.recurrent_faster_from is True
     assert found.ratio_at_longest == pytest.approx(8.0 / 64.0)
-    lines = presets_markdown(rows)
+    lines = presets_markdown(presets_section(rows))
     assert any("qwen3-next-80b-a3b" in line and "48 KiB" in line for line in lines)  # float32 rows
     (crossing,) = [line for line in lines if line.startswith("- ")]
     assert "becomes faster" in crossing and f"{found.at[0]:,.0f}" in crossing
@@ -93,4 +93,4 @@ def test_a_run_without_published_presets_has_no_section() -> None:
     plain = Case("sdpa", "forward", "float32", "cpu", 1, 64, 64, 4, 1, True)
     samples = tuple(1.0 for _ in range(11))
     result = Result(plain, "ok", measurement=Measurement(samples, 1, 3, 0.0, True, "converged", 0.01))  # type: ignore[arg-type]
-    assert presets_markdown([result]) == [] and preset_crossovers([result]) == []
+    assert presets_markdown(presets_section([result])) == [] and preset_crossovers([result]) == []

@@ -9,6 +9,8 @@ import pytest
 from rich.console import Console
 
 from attnbench.analysis.consistency import TRAIN_BAND, train_check_summary, train_checks
+from attnbench.analysis.pivot import pivot_tables
+from attnbench.analysis.reading import Reading
 from attnbench.analysis.scaling import (
     FASTER,
     INDICATIVE,
@@ -22,7 +24,6 @@ from attnbench.analysis.scaling import (
 )
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.report.markdown import render_markdown
-from attnbench.report.pivot import pivot_tables
 from attnbench.report.terminal import comparison_tables
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Memory, Result, Run
@@ -372,7 +373,7 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 def test_markdown_lists_each_tables_crossovers_and_laws_and_the_flagged_train_check() -> None:
     results = report_run()
-    text = render_markdown(RUN, results)
+    text = render_markdown(Reading(RUN, results))
     tables = pivot_tables(results)
     assert len(tables) == 3
     for table in tables:
@@ -400,9 +401,9 @@ def test_train_lines_differ_per_mode_and_pivot_carries_them() -> None:
 
 def test_terminal_shows_the_same_lines() -> None:
     console = Console(width=200, record=True, color_system=None)
-    console.print(comparison_tables(report_run()))
+    console.print(comparison_tables(Reading(RUN, report_run())))
     text = console.export_text()
-    markdown = render_markdown(RUN, report_run())
+    markdown = render_markdown(Reading(RUN, report_run()))
     (forward, *_) = pivot_tables(report_run())
     for said in [line.text for line in forward.crossings] + [line.text for line in forward.scaling]:
         assert said in text and said in markdown
@@ -459,7 +460,7 @@ def test_decode_crossovers_read_as_who_decodes_faster_from_where() -> None:
 
 
 def test_markdown_and_terminal_show_decode_tables_with_the_state() -> None:
-    text = render_markdown(RUN, decode_run())
+    text = render_markdown(Reading(RUN, decode_run()))
     assert [line for line in text.splitlines() if line.startswith("## ")] == [
         "## decode · float32 · cpu · d_model 64, batch 1 · layers 1"
     ]
@@ -474,7 +475,7 @@ def test_markdown_and_terminal_show_decode_tables_with_the_state() -> None:
     assert rows["sdpa"] == ["512 KiB / 516 KiB", "2 MiB / 2 MiB", "8 MiB / 8 MiB", "32 MiB / 32 MiB"]
     assert len([line for line in text.splitlines() if line.startswith("| model ")]) == 2
     console = Console(width=200, record=True, color_system=None)
-    console.print(comparison_tables(decode_run(), memory=True))
+    console.print(comparison_tables(Reading(RUN, decode_run()), memory=True))
     shown = console.export_text()
     assert "512 KiB / 516 KiB" in shown and "(0.14×)" in shown  # the state table, and the speed-ups vs lstm
 

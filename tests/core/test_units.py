@@ -37,3 +37,16 @@ def test_plural_adds_an_s_unless_one() -> None:
         "1 interleaved round",
         "3 interleaved rounds",
     ]
+
+
+def test_the_number_formatters_the_readings_share() -> None:
+    """The formatters analysis, report and claims once each kept to themselves (issue 47): one place now."""
+    from attnbench.core.units import format_approx, format_fixed, format_metric, format_number, format_pct
+
+    assert [format_fixed(x) for x in (1.984, -0.001, -1.5, 0.0)] == ["1.98", "0.00", "-1.50", "0.00"]
+    assert format_fixed(-0.01, 1) == "0.0"
+    assert [format_number(x) for x in (512.0, 1024, 1500.5, 0.123456)] == ["512", "1024", "1.5e+03", "0.123"]
+    assert [format_approx(x) for x in (42.4, 99.6, 1234.0, 15678.9)] == ["42", "100", "1200", "16000"]
+    assert [format_metric(v) for v in (None, 1.25, 3, "x")] == ["", "1.2", "3", "x"]
+    assert format_metric(4.25, 2) == "4.25" and format_metric(1800.4, 0) == "1800"
+    assert [format_pct(v) for v in (97.4, 12, None, True, "x")] == ["97 %", "12 %", "n/a", "n/a", "n/a"]

@@ -198,22 +198,22 @@ def planted(tmp_path: Path) -> Path:
 
 
 def test_each_kind_of_naming_is_caught(planted: Path) -> None:
-    pivot = planted / "report" / "pivot.py"
-    pivot.write_text(
-        pivot.read_text() + "\n\ndef _planted(case, kind):\n"
+    cells = planted / "report" / "cells.py"
+    cells.write_text(
+        cells.read_text() + "\n\ndef _planted(case, kind):\n"
         "    if case.kind == 'recurrent' or kind != 'attention':\n"
         "        return case.model == 'mamba2' or 'bidirectional' in case.options\n"
         "    return 'scope'  # a network's option: allowed\n"
     )
     found = naming_outside_the_families(planted)
-    assert len(found) == 4 and all(f.startswith("attnbench/report/pivot.py:") for f in found)
+    assert len(found) == 4 and all(f.startswith("attnbench/report/cells.py:") for f in found)
     assert sum("branches on a kind" in f for f in found) == 2
     assert any("the model 'mamba2'" in f for f in found) and any("the option 'bidirectional'" in f for f in found)
 
 
 def test_each_kind_of_leak_is_caught(planted: Path) -> None:
     """One of each kind of leak planted in a copy of the package, and each one found."""
-    pivot = planted / "report" / "pivot.py"
+    pivot = planted / "report" / "cells.py"  # any module outside the families
     pivot.write_text(
         pivot.read_text() + "\n\nfrom typing import TYPE_CHECKING\n"
         "from attnbench.families.attention.spec import FAMILY as _PLANTED\n"
@@ -233,7 +233,7 @@ def test_each_kind_of_leak_is_caught(planted: Path) -> None:
         "    fine: Case | None = None\n"
     )
     imports = family_folder_imports(planted)
-    assert len(imports) == 4 and all(i.startswith("attnbench.report.pivot:") for i in imports)
+    assert len(imports) == 4 and all(i.startswith("attnbench.report.cells:") for i in imports)
     assert {i.rsplit(" ", 1)[1].split(".")[2] for i in imports} == {"attention", "rnn", "mamba2", "user"}
     extras = extra_keys_read_outside(planted)
     assert len(extras) == 2 and {e.rsplit(" ", 1)[1] for e in extras} == {"'sdpa_kernel'", "'rnn_path'"}

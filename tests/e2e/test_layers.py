@@ -242,10 +242,10 @@ def test_a_planted_circle_is_caught(planted: Path) -> None:
 
 @pytest.mark.slow
 def test_a_planted_torch_import_outside_the_measuring_rooms_is_caught(planted: Path) -> None:
-    pivot = planted / "report" / "pivot.py"
-    pivot.write_text(pivot.read_text() + "\n\ndef _later() -> None:\n    import torch.nn\n")
+    cells = planted / "report" / "cells.py"
+    cells.write_text(cells.read_text() + "\n\ndef _later() -> None:\n    import torch.nn\n")
     problems = upward_imports(planted)
-    assert len(problems) == 1 and problems[0].startswith("attnbench.report.pivot:") and " torch, " in problems[0]
+    assert len(problems) == 1 and problems[0].startswith("attnbench.report.cells:") and " torch, " in problems[0]
 
 
 @pytest.mark.slow

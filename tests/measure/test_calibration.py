@@ -25,6 +25,7 @@ from attnbench.analysis.efficiency import (
     vendor_for,
     vendor_line,
 )
+from attnbench.analysis.reading import Reading
 from attnbench.cli import app
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.errors import ResultsError
@@ -372,19 +373,21 @@ def test_peak_flags_name_each_impossible_row() -> None:
     fine, at_peak = row(flops=10**11), row(flops=2 * 10**11)
     impossible = row("sdpa-flash", flops=3 * 10**11)
     failed = Result(row().case, "oom", reason="out of memory")
-    flags = peak_flags(run, [fine, at_peak, impossible, failed])
+    flags = peak_flags(PeakTable.for_run(run), [fine, at_peak, impossible, failed])
     assert len(flags) == 1
     (line,) = flags
     # The row, its % of peak, what it achieved against which peak and FLOP formula, and the command to re-measure.
     assert line.startswith(impossible.case.key) and numbers(line.removeprefix(impossible.case.key))[0] == 150
     assert "300 GFLOP/s" in line and "calibrated matmul float32" in line and "attention-v1" in line
     assert "attnbench calibrate --refresh" in line
-    assert peak_flags(run_for({"device_type": "cpu"}), [impossible]) == []  # no peak, nothing to flag
+    no_peak = PeakTable.for_run(run_for({"device_type": "cpu"}))
+    assert peak_flags(no_peak, [impossible]) == []  # no peak, nothing to flag
 
 
 def test_peak_flags_against_a_vendor_peak() -> None:
     run = run_for({"device_type": "cuda", "gpu_name": "Tesla T4"})
-    (line,) = peak_flags(run, [row(dtype="float16", device="cuda:0", flops=10**14)])  # 100 TFLOP/s > 65
+    # 100 TFLOP/s > 65
+    (line,) = peak_flags(PeakTable.for_run(run), [row(dtype="float16", device="cuda:0", flops=10**14)])
     assert "vendor NVIDIA T4 fp16 dense" in line and {100, 65} <= set(numbers(line))  # 100 TFLOP/s above 65
 
 
@@ -397,18 +400,18 @@ def test_csv_columns_come_after_flops_formula() -> None:
 
 def test_csv_values_from_the_run() -> None:
     results = [row(flops=10**11), row("lstm", flops=None)]  # type: ignore[arg-type]
-    with_run = list(csv.DictReader(io.StringIO(render_csv(results, run_for({}, calibration())))))
+    with_run = list(csv.DictReader(io.StringIO(render_csv(Reading(run_for({}, calibration()), results)))))
     assert float(with_run[0]["pct_of_peak"]) == pytest.approx(50.0)
     assert with_run[0]["peak_source"] == "calibrated matmul float32"
     assert with_run[1]["pct_of_peak"] == "" and with_run[1]["peak_source"] == ""  # no FLOP count
-    without = list(csv.DictReader(io.StringIO(render_csv(results))))
+    without = list(csv.DictReader(io.StringIO(render_csv(Reading(run_for({}), results)))))
     assert without[0]["pct_of_peak"] == "" and without[0]["peak_source"] == ""
-    assert summary_rows(results, run_for({}, calibration()))[0]["pct_of_peak"] == pytest.approx(50.0)
+    assert summary_rows(results, PeakTable.for_run(run_for({}, calibration())))[0]["pct_of_peak"] == pytest.approx(50.0)
 
 
 def test_rows_without_a_flop_count_have_no_pct_of_peak() -> None:
     # The stored fixture predates FLOP counts: its rows read back and simply leave both columns empty.
-    rows = summary_rows(fixture_results(), run_for({}, calibration()))
+    rows = summary_rows(fixture_results(), PeakTable.for_run(run_for({}, calibration())))
     assert rows and all(r["pct_of_peak"] is None and r["peak_source"] is None for r in rows)
 
 
@@ -607,7 +610,7 @@ def test_sweep_records_the_cached_calibration(tmp_path: Path) -> None:
     folder, _ = _sweep(tmp_path)
     stored = load_run(folder)
     assert stored.run.calibration is not None and stored.run.calibration.device_name == here.cpu_model
-    (csv_row,) = csv.DictReader(io.StringIO(render_csv(stored.results, stored.run)))
+    (csv_row,) = csv.DictReader(io.StringIO(render_csv(Reading(stored.run, stored.results))))
     assert csv_row["peak_source"] == "calibrated matmul float32" and float(csv_row["pct_of_peak"]) > 0
 
 

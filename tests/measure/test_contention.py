@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis.compare import Comparison, Policy, Side, compare_case
+from attnbench.analysis.reading import Reading
 from attnbench.analysis.scaling import LEFT_OUT
 from attnbench.cli import app
 from attnbench.core.cases import TimingPolicy
@@ -243,7 +244,7 @@ def test_a_contended_row_is_flagged_stored_and_exported() -> None:
 def test_the_report_headlines_contended_cases_and_marks_their_cells() -> None:
     run = Run("r", "2026-12-03T00:00:00Z", "tiny.yaml", {}, "0" * 64, TimingPolicy(), {})
     busy = replace(_row(True), case=tiny_case(seq_len=32))
-    text = render_markdown(run, [_row(False), busy])
+    text = render_markdown(Reading(run, [_row(False), busy]))
     lines = text.splitlines()
     # A bold headline (1 of 2 cases, their cells marked !), the fit that left n=32 out, and the watch's reason.
     assert mentions([line for line in lines if line.startswith("**")], "!", values=(1, 2))
@@ -251,7 +252,7 @@ def test_the_report_headlines_contended_cases_and_marks_their_cells() -> None:
     assert busy.contention is not None and busy.contention.reasons[0] in text
     table = text.split("## ")[1]
     assert "| !" in table and table.count("!") == 1  # the busy cell, not the quiet one
-    assert "ran on a busy machine" not in render_markdown(run, [_row(False)])
+    assert "ran on a busy machine" not in render_markdown(Reading(run, [_row(False)]))
 
 
 def test_a_case_too_slow_for_its_budget_on_a_busy_machine_is_no_regression() -> None:

@@ -14,11 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.analysis.compare import Policy, compare_paths
+from attnbench.analysis.pivot import pivot_tables
+from attnbench.analysis.reading import Reading
 from attnbench.cli import app
 from attnbench.families.extras import family_columns
 from attnbench.report.exports import BMF_STATE, BMF_THROUGHPUT, bmf_document, gab_entries
 from attnbench.report.html import render_html
-from attnbench.report.pivot import pivot_tables
 from attnbench.report.plots import missing_matplotlib, render_plots, series
 from attnbench.report.rows import COLUMNS, render_csv
 from attnbench.results.store import StoredRun, load_run
@@ -67,7 +68,7 @@ def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> Non
         "peak_bw_source",
         "arithmetic_intensity",
     )
-    rows = list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
+    rows = list(csv.DictReader(io.StringIO(render_csv(Reading(stored.run, stored.results)))))
     for r, row in zip(stored.results, rows, strict=True):
         assert int(row["state_bytes"]) == r.state_bytes and int(row["state_mem_bytes"]) == r.state_mem_bytes
         assert row["state_mem_method"] == "resident-pages"
@@ -94,10 +95,10 @@ def test_memory_plot_series_are_the_state_computed_and_measured(stored: StoredRu
 @pytest.mark.skipif(missing_matplotlib() is not None, reason="matplotlib is not installed")
 @pytest.mark.slow
 def test_decode_plots_and_html(stored: StoredRun) -> None:
-    plots = render_plots(stored.run, stored.results)
+    plots = render_plots(Reading(stored.run, stored.results))
     assert [p.metric for p in plots] == ["latency", "memory", "throughput", "speedup"]
     assert len({p.title for p in plots}) == len(plots)  # each plot its own title
-    page = render_html(stored.run, stored.results, plots=plots)
+    page = render_html(Reading(stored.run, stored.results), plots=plots)
     # The decode tables: per-token time, then the state as computed / measured bytes, not a call's peak memory.
     assert re.search(r'<td class="num"[^>]*>[^<]*B / [^<]*B</td>', page)
     assert "Peak memory of one call" not in page

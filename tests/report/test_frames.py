@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import attnbench as ab
+from attnbench.analysis.reading import Reading
 from attnbench.families.catalogue import MODELS
 from attnbench.report.frames import OPTION_COLUMNS, OPTION_TYPES, RUN_COLUMNS, frame, samples_frame
 from attnbench.report.rows import COLUMN_TYPES, COLUMNS, render_csv
@@ -37,7 +38,7 @@ def test_every_summary_column_is_there_typed(table: pd.DataFrame) -> None:
 
 def test_the_values_are_the_csvs(table: pd.DataFrame) -> None:
     stored = load_run(FIXTURE)
-    rows = list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
+    rows = list(csv.DictReader(io.StringIO(render_csv(Reading(stored.run, stored.results)))))
     assert len(table) == len(rows) == len(stored.results)
     for (_, got), want in zip(table.iterrows(), rows, strict=True):
         assert got["key"] == want["key"] and got["status"] == want["status"]

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from attnbench.analysis.pivot import pivot_tables
+from attnbench.analysis.reading import Reading
 from attnbench.cli import app
 from attnbench.core.cases import Case
 from attnbench.report.html import render_html
-from attnbench.report.pivot import pivot_tables
 from attnbench.report.plots import Plot, render_plots
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
@@ -38,8 +39,8 @@ def normalised(html: str) -> str:
 @pytest.mark.slow
 def test_golden_html_with_plots(stored: StoredRun) -> None:
     pytest.importorskip("matplotlib")
-    plots = render_plots(stored.run, stored.results)
-    check_golden("tiny-cpu.html", normalised(render_html(stored.run, stored.results, plots=plots)))
+    plots = render_plots(Reading(stored.run, stored.results))
+    check_golden("tiny-cpu.html", normalised(render_html(Reading(stored.run, stored.results), plots=plots)))
 
 
 def test_plots_are_embedded_byte_for_byte_under_their_table(stored: StoredRun) -> None:
@@ -47,7 +48,7 @@ def test_plots_are_embedded_byte_for_byte_under_their_table(stored: StoredRun) -
         Plot("latency", t.title, f"latency-{i}.png", f"Latency {i}", PNG_SIGNATURE + bytes([i]) * 40)
         for i, t in enumerate(pivot_tables(stored.results))
     ]
-    page = render_html(stored.run, stored.results, plots=fake)
+    page = render_html(Reading(stored.run, stored.results), plots=fake)
     payloads = [base64.b64decode(m) for m in DATA_URI.findall(page)]
     assert payloads == [p.png for p in fake]
     # Each figure sits inside its own table's section, after that table's heading.
@@ -59,14 +60,14 @@ def test_plots_are_embedded_byte_for_byte_under_their_table(stored: StoredRun) -
 @pytest.mark.slow
 def test_real_plots_decode_to_pngs(stored: StoredRun) -> None:
     pytest.importorskip("matplotlib")
-    page = render_html(stored.run, stored.results, plots=render_plots(stored.run, stored.results))
+    page = render_html(Reading(stored.run, stored.results), plots=render_plots(Reading(stored.run, stored.results)))
     payloads = [base64.b64decode(m) for m in DATA_URI.findall(page)]
     assert len(payloads) == 8  # 2 tables x latency, memory, throughput, speed-up
     assert all(p.startswith(PNG_SIGNATURE) for p in payloads)
 
 
 def test_page_is_self_contained(stored: StoredRun) -> None:
-    page = render_html(stored.run, stored.results)
+    page = render_html(Reading(stored.run, stored.results))
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "<style>" in page
     for external in ("<script", "<link", 'src="http', 'href="http', "url(", "@import"):
@@ -74,7 +75,7 @@ def test_page_is_self_contained(stored: StoredRun) -> None:
 
 
 def test_page_has_every_table_its_lines_and_the_failed_cases(stored: StoredRun) -> None:
-    page = render_html(stored.run, stored.results)
+    page = render_html(Reading(stored.run, stored.results))
     tables = pivot_tables(stored.results)
     for table in tables:
         assert f"<h2>{table.title}</h2>" in page
@@ -94,7 +95,7 @@ def test_page_has_every_table_its_lines_and_the_failed_cases(stored: StoredRun) 
 def test_user_text_is_escaped(stored: StoredRun) -> None:
     case = Case("vanilla", "forward", "float32", "cpu", 1, 8, 16, 2, 1, False)
     evil = Result(case, "error", reason='<script>alert("x")</script> & more')
-    page = render_html(stored.run, [*stored.results, evil])
+    page = render_html(Reading(stored.run, [*stored.results, evil]))
     assert "<script>" not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in page
 
@@ -106,13 +107,13 @@ def test_any_mode_renders_including_backward(stored: StoredRun) -> None:
         for model, heads in (("lstm", None), ("sdpa-flash", 4))
         for n in (16, 64)
     ]
-    page = render_html(stored.run, rows)
+    page = render_html(Reading(stored.run, rows))
     assert "<h2>backward · float32 · cpu" in page
 
 
 def test_note_replaces_plots_when_matplotlib_is_missing(stored: StoredRun) -> None:
     note = "plots skipped: matplotlib is not installed"
-    page = render_html(stored.run, stored.results, plots_note=note)
+    page = render_html(Reading(stored.run, stored.results), plots_note=note)
     assert note in page and "<img" not in page
 
 
@@ -143,8 +144,8 @@ def test_checks_section_as_in_the_markdown(stored: StoredRun) -> None:
     for mode, seconds in (("forward", 1e-3), ("backward", 2e-3), ("train", 4e-3)):
         m = Measurement((seconds,) * 10, 1, 3, 0.0, True, "converged", 0.01)
         rows.append(Result(Case("lstm", mode, "float32", "cpu", 2, 16, 32, None, 1, True), "ok", measurement=m))
-    page = render_html(stored.run, rows)
+    page = render_html(Reading(stored.run, rows))
     section = page.split('<section id="checks">', 1)[1].split("</section>", 1)[0]
     assert "flagged:" in section and mentions(section, values=(1.33, 4, 1, 2))  # the ratio, and its three times
 
-    assert '<section id="checks">' not in render_html(stored.run, stored.results)  # no backward rows, no check
+    assert '<section id="checks">' not in render_html(Reading(stored.run, stored.results))  # no backward rows, no check

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from attnbench.analysis.pivot import pivot_tables
+from attnbench.analysis.reading import Reading
 from attnbench.cli import app
 from attnbench.report import plots as plots_module
-from attnbench.report.pivot import pivot_tables
 from attnbench.report.plots import (
     MISSING_NOTICE,
     PlotsUnavailable,
@@ -157,7 +158,7 @@ def test_ticks_are_round_and_inside_the_range() -> None:
 @needs_matplotlib
 @pytest.mark.slow
 def test_render_plots_draws_each_metric_for_each_table(stored: StoredRun) -> None:
-    plots = render_plots(stored.run, stored.results)
+    plots = render_plots(Reading(stored.run, stored.results))
     stem = "float32-cpu-d-model-32-batch-2-layers-1.png"
     assert [p.filename for p in plots] == [
         f"{metric}-{mode}-{stem}" for mode in ("forward", "train") for metric in plots_module.METRICS
@@ -167,7 +168,7 @@ def test_render_plots_draws_each_metric_for_each_table(stored: StoredRun) -> Non
     for p in plots:
         width, height = png_size(p.png)
         assert 800 <= width <= 1600 and 450 <= height <= 1000  # readable, not a poster
-    assert render_plots(stored.run, stored.results) == plots  # same run, same bytes
+    assert render_plots(Reading(stored.run, stored.results)) == plots  # same run, same bytes
 
 
 @needs_matplotlib
@@ -179,7 +180,7 @@ def test_one_length_draws_without_a_numpy_warning() -> None:
     stored = load_run(DATA / "runs" / "aa-cpu-one-length")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plots = render_plots(stored.run, stored.results)
+        plots = render_plots(Reading(stored.run, stored.results))
     assert {p.metric for p in plots} == set(plots_module.METRICS)
 
 
@@ -187,7 +188,7 @@ def test_one_length_draws_without_a_numpy_warning() -> None:
 @pytest.mark.slow
 def test_no_speedup_plot_without_a_baseline(stored: StoredRun) -> None:
     attention_only = [r for r in stored.results if r.case.model not in ("lstm", "gru")]
-    metrics = {p.metric for p in render_plots(stored.run, attention_only)}
+    metrics = {p.metric for p in render_plots(Reading(stored.run, attention_only))}
     assert metrics == {"latency", "memory", "throughput"}
 
 
@@ -196,7 +197,8 @@ def test_drawing_uses_agg_and_never_pyplot() -> None:
     # In a fresh interpreter: pyplot (which picks a GUI backend and can open windows) must never be imported.
     code = (
         "import sys; from attnbench.results.store import load_run; from attnbench.report.plots import render_plots; "
-        f"s = load_run({str(FIXTURE)!r}); assert render_plots(s.run, s.results); "
+        "from attnbench.analysis.reading import Reading; "
+        f"s = load_run({str(FIXTURE)!r}); assert render_plots(Reading(s.run, s.results)); "
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'; print('ok')"
     )
     if missing_matplotlib() is not None:
@@ -209,7 +211,7 @@ def test_drawing_uses_agg_and_never_pyplot() -> None:
 @needs_matplotlib
 @pytest.mark.slow
 def test_write_plots_writes_each_png(stored: StoredRun, tmp_path: Path) -> None:
-    plots = render_plots(stored.run, stored.results)[:2]
+    plots = render_plots(Reading(stored.run, stored.results))[:2]
     paths = write_plots(plots, tmp_path / "new" / "plots")
     assert [p.name for p in paths] == [p.filename for p in plots]
     assert [p.read_bytes() for p in paths] == [p.png for p in plots]
@@ -249,7 +251,7 @@ def test_without_matplotlib_render_raises_and_report_notes_it_once(
     block_matplotlib(monkeypatch)
     assert missing_matplotlib() == MISSING_NOTICE
     with pytest.raises(PlotsUnavailable):
-        render_plots(stored.run, stored.results)
+        render_plots(Reading(stored.run, stored.results))
     result = runner.invoke(app, ["report", str(run_copy), "--plots", "-f", "csv", "-o", "-"])
     assert result.exit_code == 0, result.output
     assert result.stderr.strip().splitlines() == [f"note: {MISSING_NOTICE}"]
@@ -280,7 +282,7 @@ def test_a_plotting_failure_is_one_warning_line(
     assert [p.name for p in paths] == ["summary.csv", "summary.md"]
     assert problem is not None and problem.startswith("warning:") and "RuntimeError: a font went missing" in problem
     assert capsys.readouterr().err == ""
-    written, problem = write_run_plots(load_run(run_copy).run, (), run_copy / "plots")
+    written, problem = write_run_plots(Reading(load_run(run_copy).run, ()), run_copy / "plots")
     assert written == [] and problem is not None and problem.startswith("warning:")
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from attnbench.analysis.pivot import pivot_tables
+from attnbench.analysis.reading import Reading
 from attnbench.core.cases import Case
+from attnbench.report.cells import status_text
 from attnbench.report.jsonfmt import render_json
 from attnbench.report.markdown import render_markdown
-from attnbench.report.pivot import pivot_tables
 from attnbench.report.rows import render_csv
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
@@ -18,10 +20,10 @@ from tests.support import FIXTURE, check_golden, numbers
 @pytest.mark.parametrize(
     ("name", "render"),
     [
-        ("tiny-cpu.md", lambda s: render_markdown(s.run, s.results)),
-        ("tiny-cpu-vs-vanilla.md", lambda s: render_markdown(s.run, s.results, "vanilla")),
-        ("tiny-cpu.csv", lambda s: render_csv(s.results)),
-        ("tiny-cpu.json", lambda s: render_json(s.run, s.results)),
+        ("tiny-cpu.md", lambda s: render_markdown(Reading(s.run, s.results))),
+        ("tiny-cpu-vs-vanilla.md", lambda s: render_markdown(Reading(s.run, s.results, "vanilla"))),
+        ("tiny-cpu.csv", lambda s: render_csv(Reading(s.run, s.results))),
+        ("tiny-cpu.json", lambda s: render_json(Reading(s.run, s.results))),
     ],
 )
 def test_golden(name: str, render) -> None:  # type: ignore[no-untyped-def]
@@ -72,7 +74,7 @@ def test_pivot_marks_failures_and_splits_varying_heads() -> None:
     (table,) = pivot_tables(results)
     labels = [label for label, _ in table.rows]
     assert labels == ["lstm", "vanilla h=4", "vanilla h=8"]
-    assert dict(table.rows)["vanilla h=8"][128].status_text == "OOM"
+    assert status_text(dict(table.rows)["vanilla h=8"][128]) == "OOM"
 
 
 def test_pivot_ties_batch_to_seq_len_for_constant_token_grids() -> None:
@@ -109,7 +111,7 @@ def test_one_case_on_one_thread_is_counted_in_the_singular() -> None:
     run = replace(stored.run, environment={**stored.run.environment, "torch_threads": 1, "device_type": "cpu"})
     busy = Contention(True, ("load",), 1.0, threads=1, cpu_share=0.5)
     row = replace(next(r for r in stored.results if r.is_timed), contention=busy)
-    texts = [render_markdown(run, [row]), render_html(run, [row]), busy.evidence]
+    texts = [render_markdown(Reading(run, [row])), render_html(Reading(run, [row])), busy.evidence]
     for text in texts:
         assert not re.search(r"(?<!of )\b1 (cases|threads|runs)\b", text), text  # "1 of 1 cases" reads right
     assert re.search(r"\b1 case\b", texts[0]) and re.search(r"\b1 thread\b", texts[0] + busy.evidence)

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from attnbench.analysis.efficiency import PeakTable
+from attnbench.analysis.reading import Reading
 from attnbench.families.flops import count_parameters
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.traffic import bytes_moved
@@ -53,7 +55,7 @@ def stored() -> tuple[Run, list[Result]]:
 
 def test_every_ok_decode_row_gets_its_bandwidth_and_intensity(stored: tuple[Run, list[Result]]) -> None:
     run, results = stored
-    for result, row in zip(results, summary_rows(results, run), strict=True):
+    for result, row in zip(results, summary_rows(results, PeakTable.for_run(run)), strict=True):
         moved = result.extra["bytes_moved"]
         assert isinstance(moved, int) and row["bytes_moved"] == moved
         assert row["gbps"] == pytest.approx(moved / result.median_s / 1e9)
@@ -67,14 +69,14 @@ def test_every_ok_decode_row_gets_its_bandwidth_and_intensity(stored: tuple[Run,
 
 def test_without_a_ceiling_the_rate_stays_and_the_percentage_is_empty(stored: tuple[Run, list[Result]]) -> None:
     run, results = stored
-    row = summary_rows(results[:1], replace(run, calibration=None))[0]
+    row = summary_rows(results[:1], PeakTable.for_run(replace(run, calibration=None)))[0]
     assert row["gbps"] is not None and row["pct_of_peak_bw"] is None and row["peak_bw_source"] is None
 
 
 @pytest.mark.slow
 def test_a_roofline_per_device_and_dtype(stored: tuple[Run, list[Result]]) -> None:
     run, results = stored
-    roofs = [p for p in render_plots(run, results) if p.metric == "roofline"]
+    roofs = [p for p in render_plots(Reading(run, results)) if p.metric == "roofline"]
     assert [p.filename for p in roofs] == ["roofline-float32-cpu.png"]
     assert roofs[0].png.startswith(b"\x89PNG")
 
@@ -91,7 +93,7 @@ def test_every_ok_row_is_predicted_the_longer_of_its_compute_and_memory_time(
     stored: tuple[Run, list[Result]],
 ) -> None:
     run, results = stored
-    for result, row in zip(results, summary_rows(results, run), strict=True):
+    for result, row in zip(results, summary_rows(results, PeakTable.for_run(run)), strict=True):
         # the FLOPs its kernels execute where the row says (this fixture's rows predate executed_flops: its flops)
         flops = int(result.extra.get("executed_flops", result.extra["flops"]))  # type: ignore[arg-type]
         moved = int(result.extra["bytes_moved"])  # type: ignore[arg-type]
@@ -100,11 +102,11 @@ def test_every_ok_row_is_predicted_the_longer_of_its_compute_and_memory_time(
         assert row["predicted_bound"] == ("compute" if flops / MATMUL >= moved / COPY else "memory")
         assert row["measured_over_predicted"] == pytest.approx(result.median_s / predicted)
     # Without a ceiling there is nothing to predict with.
-    assert summary_rows(results[:1], replace(run, calibration=None))[0]["predicted_ms"] is None
+    assert summary_rows(results[:1], PeakTable.for_run(replace(run, calibration=None)))[0]["predicted_ms"] is None
 
 
 def test_rows_faster_than_their_roofline_are_flagged_with_the_likelier_cause(stored: tuple[Run, list[Result]]) -> None:
-    from attnbench.analysis.efficiency import PeakTable, prediction_for
+    from attnbench.analysis.efficiency import prediction_for
     from attnbench.report.cells import run_checks
     from attnbench.report.markdown import render_markdown
     from attnbench.report.roofline import below_roofline
@@ -116,15 +118,15 @@ def test_rows_faster_than_their_roofline_are_flagged_with_the_likelier_cause(sto
     assert prediction is not None and prediction.bound == "memory"  # a decode step: its bytes set the time
     fast = replace(timed_at(first, prediction.seconds / 2), extra={**first.extra, "cache": "warm"})
     rows = [fast, *results[1:]]
-    assert summary_rows([fast], run)[0]["measured_over_predicted"] == pytest.approx(0.5)
-    assert below_roofline(run, rows) == {fast.case.key: "memory"}
-    flagged = run_checks(run, rows).below_roofline
+    assert summary_rows([fast], PeakTable.for_run(run))[0]["measured_over_predicted"] == pytest.approx(0.5)
+    assert below_roofline(Reading(run, rows), rows) == {fast.case.key: "memory"}
+    flagged = run_checks(Reading(run, rows)).below_roofline
     assert len(flagged) == 1 and flagged[0].startswith(fast.case.key) and "memory-bound" in flagged[0]
-    markdown = render_markdown(run, rows)
+    markdown = render_markdown(Reading(run, rows))
     assert markdown.index(fast.case.key) > markdown.index("## Checks")
     # A row its prediction calls compute-bound: the FLOP count or the peak is the likelier culprit.
     heavy = replace(first, extra={**first.extra, "executed_flops": 10**15, "flops": 10**15})
-    assert below_roofline(run, [timed_at(heavy, 1e-3)]) == {heavy.case.key: "compute"}
+    assert below_roofline(Reading(run, [timed_at(heavy, 1e-3)]), [timed_at(heavy, 1e-3)]) == {heavy.case.key: "compute"}
 
 
 @pytest.mark.slow
@@ -133,7 +135,7 @@ def test_the_roofline_rings_a_row_that_beats_its_prediction(
 ) -> None:
     from matplotlib.axes import Axes
 
-    from attnbench.analysis.efficiency import PeakTable, prediction_for
+    from attnbench.analysis.efficiency import prediction_for
 
     run, results = stored
     prediction = prediction_for(PeakTable.for_run(run), results[0])
@@ -148,7 +150,7 @@ def test_the_roofline_rings_a_row_that_beats_its_prediction(
 
     monkeypatch.setattr(Axes, "scatter", spy)
     rows = [timed_at(results[0], prediction.seconds / 2), *results[1:]]
-    roofs = [p for p in render_plots(run, rows) if p.metric == "roofline"]
+    roofs = [p for p in render_plots(Reading(run, rows)) if p.metric == "roofline"]
     assert roofs and rings == ["o"]  # one row, memory-bound: ringed round
 
 
@@ -160,14 +162,14 @@ def test_an_uncalibrated_roofline_draws_the_runs_best_as_its_ceilings(stored: tu
     run, results = stored
     bare = replace(run, calibration=None)
     points = _points(results)
-    compute, bandwidth, measured = ceilings(bare, "float32", points)
+    compute, bandwidth, measured = ceilings(PeakTable.for_run(bare), "float32", points)
     assert measured and compute is not None and bandwidth is not None
     assert compute.flops_per_s == pytest.approx(max(y for _, _, y in points))
     assert bandwidth.bytes_per_s == pytest.approx(max(y / x for _, x, y in points))
     assert all(y <= compute.flops_per_s * (1 + 1e-9) and y <= bandwidth.bytes_per_s * x * (1 + 1e-9)
                for _, x, y in points)  # fmt: skip
-    assert ceilings(run, "float32", points)[2] is False  # calibrated: the calibration's, as before
-    fig = roofline_figure(bare, "float32", points, {})
+    assert ceilings(PeakTable.for_run(run), "float32", points)[2] is False  # calibrated: the calibration's, as before
+    fig = roofline_figure(Reading(bare, [r for r, _, _ in points]), "float32", points, {})
     (ax,) = fig.axes
     roofs = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert len(roofs) == 2  # the sloped and the flat roof

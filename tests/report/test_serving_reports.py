@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from attnbench.analysis.capacity import capacity_tables
 from attnbench.analysis.compare import Policy, compare_paths
+from attnbench.analysis.pivot import pivot_tables
+from attnbench.analysis.reading import Reading
 from attnbench.cli import app
 from attnbench.report.markdown import render_markdown
-from attnbench.report.pivot import pivot_tables
 from attnbench.report.plots import missing_matplotlib, render_plots, series
 from attnbench.report.rows import render_csv
 from attnbench.results.store import StoredRun, load_run
@@ -34,7 +35,7 @@ def stored() -> StoredRun:
 
 @pytest.fixture(scope="module")
 def rows(stored: StoredRun) -> list[dict[str, str]]:
-    return list(csv.DictReader(io.StringIO(render_csv(stored.results, stored.run))))
+    return list(csv.DictReader(io.StringIO(render_csv(Reading(stored.run, stored.results)))))
 
 
 def test_the_fixture_asks_every_question_of_both_sides(stored: StoredRun) -> None:
@@ -71,7 +72,7 @@ def test_the_capacity_table_keeps_the_recurrence_and_shrinks_attention(stored: S
     batches = {c.model: [p.batch or 0 for p in c.points] for c in table.curves}
     assert max(batches["lstm"]) <= 1.1 * min(batches["lstm"])  # its state does not grow with n
     assert batches["sdpa-flash"][-1] <= batches["sdpa-flash"][0] / 5  # a KV cache 16× longer
-    page = render_markdown(stored.run, stored.results)
+    page = render_markdown(Reading(stored.run, stored.results))
     assert "## capacity · float32 · cpu · d_model 16 · layers 1 · budget 32 MiB" in page
     assert "serves more tokens/s under the memory budget than" in page
 
@@ -79,7 +80,7 @@ def test_the_capacity_table_keeps_the_recurrence_and_shrinks_attention(stored: S
 @pytest.mark.skipif(missing_matplotlib() is not None, reason="matplotlib is not installed")
 @pytest.mark.slow
 def test_the_plots_include_one_capacity_figure(stored: StoredRun) -> None:
-    plots = [p for p in render_plots(stored.run, stored.results) if p.metric == "capacity"]
+    plots = [p for p in render_plots(Reading(stored.run, stored.results)) if p.metric == "capacity"]
     assert len(plots) == 1 and plots[0].filename.startswith("capacity-") and plots[0].png[:4] == b"\x89PNG"
 
 

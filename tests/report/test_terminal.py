@@ -7,9 +7,12 @@ import re
 import pytest
 from rich.console import Console
 
+from attnbench.analysis.reading import Reading
 from attnbench.report.terminal import comparison_tables
 from attnbench.results.records import Result
+from attnbench.results.store import load_run
 from tests.report.test_report import fake
+from tests.support import FIXTURE
 
 # A row folded onto a second line starts with an empty model cell.
 CONTINUATION = re.compile(r"^│ +│")
@@ -21,7 +24,7 @@ def _grid(models: list[str], lengths: list[int]) -> list[Result]:
 
 def _render(results: list[Result], width: int) -> str:
     console = Console(width=width, record=True, color_system=None)
-    console.print(comparison_tables(results, memory=True))
+    console.print(comparison_tables(Reading(load_run(FIXTURE).run, results), memory=True))
     return console.export_text()
 
 

@@ -3,7 +3,7 @@
 Decode rows have tables of their own (their mode differs): columns are then the context length n, a cell the time
 of one step, and the speed-ups are against the first recurrent model as everywhere.
 
-Pure Python. Both the markdown and the terminal renderers draw from ``pivot_tables``, so they always agree. Which
+Pure Python, derived once per run (``analysis.reading.Reading.tables``), so every renderer draws the same tables. Which
 results form a row is ``attnbench.analysis.scaling.group_curves``'s call, so every fitted line and crossover describes
 exactly one row of one table.
 """
@@ -27,17 +27,6 @@ from attnbench.analysis.scaling import (
 from attnbench.families.catalogue import is_recurrent
 from attnbench.results.records import Result
 
-# A status in a table cell, short enough for a narrow column.
-STATUS_TEXT = {
-    "oom": "OOM",
-    "unsupported": "n/a",
-    "error": "error",
-    "timeout": "timeout",
-    "crashed": "crashed",
-    "too_slow_for_budget": "too slow",
-    "incorrect": "wrong",
-}
-
 
 @dataclass(frozen=True)
 class Cell:
@@ -56,10 +45,6 @@ class Cell:
     def noisy(self) -> bool:
         m = self.result.measurement
         return m is not None and m.noisy
-
-    @property
-    def status_text(self) -> str:
-        return STATUS_TEXT.get(self.result.status, self.result.status)
 
 
 @dataclass(frozen=True)
