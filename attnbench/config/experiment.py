@@ -337,6 +337,7 @@ def _build(m: ConfigModel, ctx: Context, force: bool = False, known: Mapping[str
         hybrids=hybrids,
         serving=serving.serving,
         packing=serving.packing,
+        kept=serving.kept,
     )
     grid: dict[str, Any] = {"tokens": m.grid.tokens} if m.grid.tokens is not None else {"batch": m.grid.batch}
     grid.update(seq_len=m.grid.seq_len, **{axis: axes[axis] for axis in AXIS_NAMES})
