@@ -165,8 +165,9 @@ def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:
     that is the model's default keeps nothing (the case as it is, so the key stays the one it always was)."""
     family = family_of(case)
     keys = [key for key in given if key in family.kept_keys(case)]
-    # Left out, a KV cache is kept in the case's dtype, a recurrent state in its family's (float32 for some 16-bit).
-    default = {"kv_dtype": case.dtype, "state_dtype": family.state_dtype(case)}
+    # Left out, a KV cache is kept in the case's dtype, a recurrent state in its family's (float32 for some 16-bit);
+    # a hybrid's members each keep their own, so no one value is its default: every value it is given is kept.
+    default = {"kv_dtype": case.dtype, "state_dtype": family.state_dtype(case) if case.hybrid is None else None}
     variants = []
     for values in itertools.product(*(given[key] for key in keys)):
         kept = tuple(sorted((key, value) for key, value in zip(keys, values, strict=True) if value != default[key]))

@@ -46,12 +46,10 @@ def test_each_key_crosses_only_the_stateful_cases_of_the_models_it_applies_to() 
     assert by["sdpa-flash", "decode"] == [(), (("kv_dtype", "bfloat16"),), (("kv_dtype", "int8"),)]
     assert by["lstm", "prefill"] == [(), (("state_dtype", "bfloat16"),)]  # kv_dtype is not crossed into it
     assert by["mla", "decode"] == [()]  # a latent cache keeps no kv_dtype of its own: neither key is crossed
+    # A hybrid's members keep their own states: no value is its default, so each is kept by name.
     assert by["hy", "decode"] == sorted(
-        tuple(sorted(p)) for p in [
-            (), (("kv_dtype", "int8"),), (("kv_dtype", "bfloat16"),), (("state_dtype", "bfloat16"),),
-            (("kv_dtype", "int8"), ("state_dtype", "bfloat16")),
-            (("kv_dtype", "bfloat16"), ("state_dtype", "bfloat16")),
-        ]
+        (*kv, ("state_dtype", state)) for kv in [(), (("kv_dtype", "bfloat16"),), (("kv_dtype", "int8"),)]
+        for state in ("bfloat16", "float32")
     )  # fmt: skip
     assert all(c.kept == () for c in cases if c.mode == "forward")
     key = next(c.key for c in cases if c.model == "sdpa-flash" and c.kept == (("kv_dtype", "int8"),))
@@ -109,3 +107,19 @@ def test_a_dtype_the_device_cannot_hold_is_refused_at_validate(monkeypatch: pyte
         load(kept(kv_dtype=["int8", "float8_e5m2"]))
     assert caught.value.key == "kv_dtype[1]"
     assert load(kept(kv_dtype=["int8"])).cases("cpu")
+
+
+def test_the_engines_config_validates_and_crosses_every_dtype_into_its_models() -> None:
+    """configs/serving-engines-cpu.yaml, as `attnbench validate` reads it (exit 0), with the cases it promises."""
+    config = Path(__file__).parents[2] / "configs" / "serving-engines-cpu.yaml"
+    result = runner.invoke(app, ["validate", str(config)])
+    assert result.exit_code == 0, result.output
+    cases = load_experiment_text(config.read_text(encoding="utf-8"), config.name).cases("cpu")
+    assert len(cases) == 60
+    assert {c.kept for c in cases if c.model == "sdpa-flash"} == {
+        (),
+        (("kv_dtype", "float8_e4m3fn"),),
+        (("kv_dtype", "int8"),),
+    }
+    assert {c.kept for c in cases if c.model == "mamba2"} == {(), (("state_dtype", "bfloat16"),)}
+    assert {c.param("memory_budget") for c in cases if c.mode == "capacity"} == {2**30}
