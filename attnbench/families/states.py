@@ -173,7 +173,7 @@ class KVCache:
     def _loaded(self, held: torch.Tensor, which: int) -> torch.Tensor:
         """Stored (B, H_kv, S, D) slots in the compute dtype (the same tensor where nothing is converted)."""
         loaded = held.to(self.compute)
-        return loaded if self.scales is None else loaded * self.scales[which].to(self.compute)[None, :, None, None]
+        return loaded if self.scales is None else loaded.mul_(self.scales[which].to(self.compute)[None, :, None, None])
 
     def _stored(self, src: torch.Tensor, which: int) -> torch.Tensor:
         if self.scales is None:
