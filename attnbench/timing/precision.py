@@ -41,7 +41,7 @@ class KeptState:
 
     def __init__(self, inner: Any, dtype: torch.dtype) -> None:
         self.inner, self.held, self.saved = inner, list(inner.tensors()), None
-        self.stored = [t.to(dtype) for t in self.held]
+        self.stored = [t.to(dtype, copy=True) for t in self.held]  # a copy even in its own dtype: the held are emptied
         self._drop()
 
     def _drop(self) -> None:
