@@ -36,25 +36,29 @@ class KeptState:
     """A recurrent layer's state stored in ``state_dtype`` between calls (vLLM's ``mamba_ssm_cache_dtype``), so only
     the layer computing holds its state in the compute dtype. ``opened`` lends the layer its state converted up (each
     tensor's ``.data`` swapped, so the layer's own state object is the one it gets) and, for a call that commits (a
-    prefill, ``advance``, a rollback), converts it back down; a decode step keeps its next state aside and commits
-    nothing."""
+    prefill, ``advance``, a rollback), converts it back down; a decode step commits only the next state it computes
+    aside (a family's scratch buffers, kept narrow as well, as an engine writes the next state into its cache)."""
 
     def __init__(self, inner: Any, dtype: torch.dtype) -> None:
         self.inner, self.held, self.saved = inner, list(inner.tensors()), None
-        self.stored = [t.to(dtype, copy=True) for t in self.held]  # a copy even in its own dtype: the held are emptied
+        self.spare = list(scratch_tensors(inner))
+        # Copies even in their own dtype: the held tensors are emptied between calls.
+        self.stored = [t.to(dtype, copy=True) for t in self.held]
+        self.spare_stored = [t.to(dtype, copy=True) for t in self.spare]
         self._drop()
 
     def _drop(self) -> None:
-        for t in self.held:
+        for t in (*self.held, *self.spare):
             t.data = t.data.new_empty(0)  # keeps its dtype: what ``opened`` converts back to
 
     @contextmanager
     def opened(self, *, commit: bool) -> Iterator[Any]:
-        for t, kept in zip(self.held, self.stored, strict=True):
+        pairs = list(zip((*self.held, *self.spare), (*self.stored, *self.spare_stored), strict=True))
+        for t, kept in pairs:
             t.data = kept.to(t.dtype)
         try:
             yield self.inner
-            for t, kept in zip(self.held, self.stored, strict=True) if commit else ():
+            for t, kept in pairs if commit else pairs[len(self.held) :]:
                 kept.copy_(t)
         finally:
             self._drop()
@@ -75,9 +79,10 @@ class KeptState:
 
     def drop_scratch(self) -> None:
         drop_scratch(self.inner)
+        self.spare, self.spare_stored = [], []
 
     def scratch(self) -> Iterator[torch.Tensor]:
-        yield from scratch_tensors(self.inner)
+        yield from self.spare_stored
 
 
 @dataclass(frozen=True)
