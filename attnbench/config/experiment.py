@@ -53,7 +53,7 @@ from attnbench.config.model import (
     UserModelEntry,
 )
 from attnbench.config.options import check_buildable, check_model_options, check_presets
-from attnbench.config.serving import serving_axes
+from attnbench.config.serving import KEY_MODES, serving_axes
 from attnbench.config.source import (
     BUILTIN,
     MAX_DEPTH,
@@ -265,7 +265,8 @@ _AS_GIVEN = (
 )
 # Top-level keys the resolved config holds elsewhere (the axes under grid, cache under timing) or as their own check
 # resolved them (the serving keys: ``config.serving``), so that equal experiments hash equal wherever a key was written.
-_ELSEWHERE = frozenset({*AXIS_NAMES, "cache", "packing", *(key for keys in SERVING_PARAMS.values() for key in keys)})
+# Every serving key (``config.serving.KEY_MODES``) resolves as ``serving.resolved`` gives it: only where given.
+_ELSEWHERE = frozenset({*AXIS_NAMES, "cache", *KEY_MODES, *(key for keys in SERVING_PARAMS.values() for key in keys)})
 # Keys added after the first configs: resolved only where a config sets them off their default, so that every
 # config written before them keeps the sha256 it had.
 _ADDED_LATER = frozenset({"presets", "decode", "order", "check"})
@@ -336,6 +337,7 @@ def _build(
             hybrids=hybrids,
             serving=serving.serving,
             packing=serving.packing,
+            kept=serving.kept,
         ),
         timing=TimingPolicy(**{**m.timing.model_dump(), "cache": cache}),
         resolved=resolved,

@@ -58,6 +58,8 @@ class Axes:
     serving: Mapping[str, tuple[Serving, ...]] = field(default_factory=dict)
     # Packed lengths (``Case.packing``): they stand in for batch × seq_len in the forward and train cases.
     packing: tuple[int, ...] = ()
+    # kv_dtype and state_dtype as a config lists them (``Case.kept``): crossed into each stateful case they apply to.
+    kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def expand(axes: Axes) -> list[Case]:
@@ -126,10 +128,26 @@ def expand(axes: Axes) -> list[Case]:
             case = replace(case, serving=serving, batch=1 if mode == "capacity" else case.batch)
         if mode in PACKING_MODES and axes.packing:
             case = replace(case, batch=len(axes.packing), seq_len=max(axes.packing), packing=axes.packing)
-        if case not in seen:
-            seen.add(case)
-            cases.append(case)
+        for variant in _kept(case, axes.kept) if mode in STATEFUL_MODES else (case,):
+            if variant not in seen:
+                seen.add(variant)
+                cases.append(variant)
     return cases
+
+
+def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:
+    """``case`` once per combination of the kept dtypes that apply to its model (``catalogue.kept_keys``); a value
+    that is the model's default keeps nothing (the case as it is, so the key stays the one it always was)."""
+    family = family_of(case)
+    keys = [key for key in given if key in family.kept_keys(case)]
+    # Left out, a KV cache is kept in the case's dtype, a recurrent state in its family's (float32 for some 16-bit);
+    # a hybrid's members each keep their own, so no one value is its default: every value it is given is kept.
+    default = {"kv_dtype": case.dtype, "state_dtype": family.state_dtype(case) if case.hybrid is None else None}
+    variants = []
+    for values in itertools.product(*(given[key] for key in keys)):
+        kept = tuple(sorted((key, value) for key, value in zip(keys, values, strict=True) if value != default[key]))
+        variants.append(replace(case, kept=kept))
+    return variants
 
 
 def _with_axes(spec: ModelSpec, options: Options, names: tuple[str, ...], values: tuple[OptionValue, ...]) -> Options:

@@ -88,6 +88,12 @@ Seconds = Annotated[float, Field(gt=0)]
 _POLICY = TimingPolicy()
 # The serving questions' keys (issue 41): each one value or a list, crossed like a grid axis.
 Chunks = Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEQ_LEN)]], BeforeValidator(as_list), Field(min_length=1)]
+KvDtypes = Annotated[
+    list[Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8"]],
+    BeforeValidator(as_list),
+    Field(min_length=1),
+]
+StateDtypes = Annotated[list[Literal["float32", "bfloat16", "float16"]], BeforeValidator(as_list), Field(min_length=1)]
 Drafts = Annotated[list[Annotated[int, Field(gt=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
 Accepts = Annotated[list[Annotated[int, Field(ge=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
 Lengths = Annotated[list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]], Field(min_length=1, max_length=MAX_PACKED)]
@@ -372,6 +378,14 @@ class _Config(_Strict):
     prefill_chunk: Chunks | None = None
     """mode prefill: tokens per chunk the prompt is fed in (0 = the whole prompt at once; the default); a list crosses
     them."""
+    kv_dtype: KvDtypes | None = None
+    """decode, capacity, prefill, verify: the dtype an attention cache is stored in, converted to the case's dtype
+    to compute (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, or int8 with a scale per layer and key/value
+    head); left out, the case's own. A list crosses them, into the models that keep a KV cache only."""
+    state_dtype: StateDtypes | None = None
+    """decode, capacity, prefill, verify: the dtype a recurrent state is stored in between tokens, converted to what
+    its layer computes in (float32, bfloat16, float16); left out, the family's own. A list crosses them, into the
+    models that keep a recurrent state only."""
     draft: Drafts | None = None
     """mode verify: draft tokens k one call checks after the context; a list crosses them."""
     accept: Accepts | None = None

@@ -18,11 +18,21 @@ from typing import Any
 from attnbench.config.checks import check_unique
 from attnbench.config.messages import Context
 from attnbench.config.model import ConfigModel, PackingModel
-from attnbench.core.cases import MAX_MEMORY_BUDGET, MAX_PACKED, MAX_SEQ_LEN, PACKING_MODES, SERVING_PARAMS, Serving
+from attnbench.core.cases import (
+    HOLDABLE,
+    KEPT_DTYPES,
+    MAX_MEMORY_BUDGET,
+    MAX_PACKED,
+    MAX_SEQ_LEN,
+    PACKING_MODES,
+    SERVING_PARAMS,
+    Serving,
+)
 from attnbench.core.units import format_bytes, parse_bytes
 
 __all__ = ["KEY_MODES", "ServingAxes", "draw_lengths", "serving_axes"]
 
+STATEFUL: tuple[str, ...] = ("decode", "capacity", "prefill", "verify")
 # Which modes use each key: a key none of the config's modes uses is refused.
 KEY_MODES: dict[str, tuple[str, ...]] = {
     "memory_budget": ("capacity",),
@@ -30,6 +40,8 @@ KEY_MODES: dict[str, tuple[str, ...]] = {
     "draft": ("verify",),
     "accept": ("verify",),
     "packing": PACKING_MODES,
+    "kv_dtype": STATEFUL,
+    "state_dtype": STATEFUL,
 }
 
 
@@ -41,6 +53,8 @@ class ServingAxes:
     serving: Mapping[str, tuple[Serving, ...]] = field(default_factory=dict)
     packing: tuple[int, ...] = ()
     resolved: Mapping[str, Any] = field(default_factory=dict)
+    # kv_dtype and state_dtype as given (each a list), crossed into the stateful cases they apply to (``config.grid``).
+    kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def serving_axes(m: ConfigModel, ctx: Context) -> ServingAxes:
@@ -82,7 +96,31 @@ def serving_axes(m: ConfigModel, ctx: Context) -> ServingAxes:
     if m.packing is not None:
         packing = _packing(m.packing, ctx)
         resolved["packing"] = m.packing.model_dump() if isinstance(m.packing, PackingModel) else list(m.packing)
-    return ServingAxes(serving, packing, resolved)
+    kept: dict[str, tuple[str, ...]] = {}
+    for key in KEPT_DTYPES:
+        values = getattr(m, key)
+        if values is None:
+            continue
+        check_unique(values, key, (key,), ctx)
+        _holdable(key, values, m.device, ctx)
+        kept[key] = tuple(values)
+        resolved[key] = list(values)
+    return ServingAxes(serving, packing, resolved, kept)
+
+
+def _holdable(key: str, values: list[str], device: str, ctx: Context) -> None:
+    """Each dtype one the config's device can hold (``HOLDABLE``), refused here rather than attempted; ``auto``
+    resolves at the sweep and is checked against both kinds of device."""
+    kinds = ("cpu", "cuda") if device == "auto" else (device.split(":", 1)[0],)
+    for i, value in enumerate(values):
+        for kind in kinds:
+            if value not in HOLDABLE.get(kind, frozenset()):
+                allowed = ", ".join(v for v in KEPT_DTYPES[key] if v in HOLDABLE.get(kind, frozenset()))
+                raise ctx.error(
+                    f"{key} {value} cannot be held on a {kind} device: {allowed or 'none'} can",
+                    ctx.item((key,), i),
+                    hint=f"give {key} one of {allowed}" if allowed else f"remove {key}",
+                )
 
 
 def _budget(m: ConfigModel, modes: list[str], ctx: Context) -> int:

@@ -69,6 +69,31 @@ OptionValue = bool | int | float | str
 Options = tuple[tuple[str, OptionValue], ...]
 # A serving mode's parameters, sorted by name (``SERVING_PARAMS``): ("prefill_chunk", 128), ("accept", 2), ….
 Serving = tuple[tuple[str, int], ...]
+# What a decoder keeps between tokens may be stored narrower than it computes (issue 52), as an engine stores it:
+# ``kv_dtype`` an attention cache (torch's dtype names; int8 with a scale per layer and key/value head, float8 as
+# vLLM's fp8 cache at its default scale of 1), ``state_dtype`` a recurrent state. Either is crossed like a grid axis
+# for the stateful modes, and only into a model it applies to (``Family.kept_keys``); absent, the case's own.
+KV_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8")
+STATE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+KEPT_DTYPES: dict[str, tuple[str, ...]] = {"kv_dtype": KV_DTYPES, "state_dtype": STATE_DTYPES}
+# Bytes of one element of each dtype a case computes or keeps in.
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+}
+# The dtypes torch holds on each device type a case may run on (float8 storage and its casts run on any CPU or CUDA
+# device since torch 2.1; only its matmuls need sm_89, and a kept cache is converted before it is computed with).
+HOLDABLE: dict[str, frozenset[str]] = {
+    "cpu": frozenset(DTYPE_BYTES),
+    "cuda": frozenset(DTYPE_BYTES),
+}
+# What a case keeps in: (("kv_dtype", "int8"),), sorted by name, only the keys set to other than the default.
+Kept = tuple[tuple[str, str], ...]
 
 
 def serving_text(key: str, value: int) -> str:
@@ -221,6 +246,7 @@ class Case:
     hybrid: HybridModel | None = None
     serving: Serving = ()
     packing: tuple[int, ...] = ()
+    kept: Kept = ()
 
     @property
     def tokens(self) -> int:
@@ -243,6 +269,11 @@ class Case:
         if self.mode == "verify":
             return self.seq_len + self.param("draft")
         return self.seq_len
+
+    def kept_dtype(self, name: str) -> str | None:
+        """The dtype the case keeps its KV cache (``kv_dtype``) or recurrent state (``state_dtype``) in, or None
+        where it keeps the default (the case's own; a family may keep a state wider)."""
+        return next((value for key, value in self.kept if key == name), None)
 
     def param(self, name: str) -> int:
         """The serving parameter ``name`` the case carries (``SERVING_PARAMS``), 0 where it carries none."""
@@ -278,6 +309,7 @@ class Case:
         parts += [f"{k}={v}" for k, v in self.serving]
         if self.packing:
             parts.append(f"packing={packing_text(self.packing)}")
+        parts += [f"{k}={v}" for k, v in self.kept]
         return "|".join(parts)
 
     @property
@@ -288,6 +320,7 @@ class Case:
         extra += "".join(f" {option_text(k, v)}" for k, v in self.options)
         extra += "".join(f" {k}={serving_text(k, v)}" for k, v in self.serving)
         extra += f" packing={packing_text(self.packing)}" if self.packing else ""
+        extra += "".join(f" {k}={v}" for k, v in self.kept)
         return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
 
     def to_dict(self) -> dict[str, object]:
@@ -309,6 +342,10 @@ class Case:
             data["packing"] = list(self.packing)
         else:
             del data["packing"]
+        if self.kept:  # likewise for the dtypes a state is kept in
+            data["kept"] = dict(self.kept)
+        else:
+            del data["kept"]
         return data
 
     @classmethod
@@ -324,12 +361,15 @@ class Case:
         assert isinstance(serving, Mapping)
         packing = raw.pop("packing", []) or []
         assert isinstance(packing, list | tuple)
+        kept = raw.pop("kept", {}) or {}
+        assert isinstance(kept, Mapping)
         return cls(
             options=tuple(sorted(options.items())),
             user=None if user is None else UserModel.from_dict(user),
             hybrid=None if hybrid is None else HybridModel.from_dict(hybrid),
             serving=tuple(sorted((str(k), int(v)) for k, v in serving.items())),
             packing=tuple(int(n) for n in packing),
+            kept=tuple(sorted((str(k), str(v)) for k, v in kept.items())),
             **raw,  # type: ignore[arg-type]
         )
 

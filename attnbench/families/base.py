@@ -351,8 +351,13 @@ class Family:
         return None
 
     def state_dtype(self, case: Case) -> str:
-        """The dtype a decode state is kept in."""
-        return case.dtype
+        """The dtype a decode state is kept in: the case's ``state_dtype`` where it sets one."""
+        return case.kept_dtype("state_dtype") or case.dtype
+
+    def kept_keys(self, case: Case) -> tuple[str, ...]:
+        """Which of ``core.cases.KEPT_DTYPES`` apply to ``case`` (crossed into its cases only): a cache's ``kv_dtype``,
+        a recurrence's ``state_dtype``; () where its state cannot be kept narrower."""
+        return ("kv_dtype",) if self.spec(case).kind == "attention" else ("state_dtype",)
 
     def state_bytes(self, case: Case) -> int | None:
         """Bytes of the KV cache or recurrent state a decode step at context ``case.seq_len`` reads; None where

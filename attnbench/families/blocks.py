@@ -35,6 +35,8 @@ from attnbench.families.states import (
     NetworkState,
     StackState,
     decodable,
+    keep,
+    opened,
     packed,
     rollback,
     spans,
@@ -204,27 +206,31 @@ class Network(nn.Module):
         return x if self.final_norm is None else self.final_norm(x)
 
     def init_state(self, batch: int, capacity: int) -> NetworkState:
-        return NetworkState(decodable(self.body).init_state(batch, capacity))
+        return NetworkState(keep(decodable(self.body).init_state(batch, capacity)))
 
     def prefill(self, x: torch.Tensor, state: NetworkState, *, output: bool = True) -> torch.Tensor | None:
         """The context from the state's position on (a recurrent body may take a long context in chunks)."""
-        y = decodable(self.body).prefill(self._front(x, state.position), state.body, output=output)
+        with opened(state.body, commit=True) as body:
+            y = decodable(self.body).prefill(self._front(x, state.position), body, output=output)
         state.position += x.shape[1]
         return None if y is None else self._finish(y)
 
     def step(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
         """One token per sequence ((B, 1) ids or (B, 1, d)) at position n -> (B, 1, d_model)."""
-        return self._finish(decodable(self.body).step(self._front(x, state.position), state.body))
+        with opened(state.body, commit=False) as body:
+            return self._finish(decodable(self.body).step(self._front(x, state.position), body))
 
     def verify(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
         """k draft tokens at positions n…n+k−1 -> (B, k, d_model); the body keeps what the rollback needs."""
-        y = verify(self.body, self._front(x, state.position), state.body)
+        with opened(state.body, commit=True) as body:
+            y = verify(self.body, self._front(x, state.position), body)
         state.verified_from = state.position
         state.position += x.shape[1]
         return self._finish(y)
 
     def rollback(self, state: NetworkState, accepted: int) -> None:
-        rollback(self.body, state.body, accepted)
+        with opened(state.body, commit=True) as body:
+            rollback(self.body, body, accepted)
         state.position = state.verified_from + accepted
 
     def packed(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:

@@ -125,6 +125,8 @@ EXTRAS: tuple[ExtraSpec, ...] = (
         "is then the largest batch a try held within the budget, a lower bound",
     ),
     ExtraSpec("prefill_chunks", int, "", "mode prefill: the pieces the prompt was fed in"),
+    ExtraSpec("kept_error_max", float, "", "kv_dtype/state_dtype: largest |output − full precision's|, 256 steps"),
+    ExtraSpec("kept_error_mean", float, "", "kv_dtype/state_dtype: mean |output − full precision's|, 256 steps"),
     ExtraSpec("verify_s", float, "s", "mode verify: the verify call alone, median"),
     ExtraSpec("rollback_s", float, "s", "mode verify: the rollback alone, median"),
     ExtraSpec("rollback_method", str, "", "mode verify: how the layers roll back: truncate, checkpoint, replay"),

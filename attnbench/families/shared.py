@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from attnbench.core.cases import DTYPE_BYTES as CASE_DTYPE_BYTES
 from attnbench.core.cases import Case, Options
 from attnbench.families.base import ExtraSpec, OptionSpec, Problem, ValueOf
 from attnbench.families.published import PUBLISHED_NAMES
@@ -20,7 +21,14 @@ COMPILE_MODES: tuple[str, ...] = ("none", "default", "reduce-overhead", "max-aut
 BERT_VOCAB = 30522
 # Matched-parameter recurrent blocks land within this fraction of the attention block they stand in for.
 MATCH_TOLERANCE = 0.01
-DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+DTYPE_BYTES = CASE_DTYPE_BYTES  # the dtypes a case computes or keeps in (core.cases)
+
+
+def kept(case: Case, default: str) -> str:
+    """A recurrent state's dtype (all its tensors): the case's ``state_dtype``, else ``default`` (the family's)."""
+    return case.kept_dtype("state_dtype") or default
+
+
 # A matmul Y = X·W needs dX = dY·Wᵀ and dW = Xᵀ·dY in backward: twice its forward (Kaplan et al. 2020, §2.1).
 MATMUL_BACKWARD = 2
 # Inserted before a formula's version: attention-gqa-v1, attention-block-window-v1, lstm-block-decode-v1, …

@@ -30,6 +30,8 @@ whose ``step`` reads it; a new recurrence adds a state (a d×d matrix for linear
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -87,6 +89,18 @@ def parameter_of(module: nn.Module) -> torch.Tensor:
     return next(module.parameters())
 
 
+# How the states allocated now are stored (issue 52), set around a case by the executor (``timing.precision``),
+# so the decode protocol keeps its signature: None as they compute, else its ``kv`` dtype for a KV cache and its
+# ``keep`` for a recurrent layer's state (``keep`` below).
+KEPT: ContextVar[Any] = ContextVar("kept", default=None)
+
+
+def kv_kept() -> torch.dtype | None:
+    """The dtype a KV cache allocated now is stored in (None: the one it computes in)."""
+    keeping = KEPT.get()
+    return None if keeping is None else keeping.kv
+
+
 class KVCache:
     """K and V of one attention layer for ``capacity`` positions, preallocated as one zeroed tensor.
 
@@ -113,12 +127,17 @@ class KVCache:
         device: torch.device,
         dtype: torch.dtype,
         window: int = 0,
+        kept: torch.dtype | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"a KV cache needs at least one position, got capacity {capacity}")
         self.slots = min(capacity, window) if window else capacity
         shape = (2, batch, heads, self.slots, head_dim) if layout == "bhnd" else (2, batch, self.slots, heads, head_dim)
-        self.storage = torch.zeros(shape, device=device, dtype=dtype)
+        # Stored in ``kept`` (kv_dtype) where given, converted to ``compute`` as it is read. int8: a float32 scale per
+        # key/value and head (vLLM's k/v scales), set by the first write's largest magnitude and kept (±127 clamps).
+        self.compute = dtype
+        self.storage = torch.zeros(shape, device=device, dtype=kept or dtype)
+        self.scales = torch.zeros(2, heads, device=device, dtype=torch.float32) if kept == torch.int8 else None
         self.layout: Layout = layout
         self.capacity = capacity
         self.window = window
@@ -146,10 +165,23 @@ class KVCache:
 
     def keys(self, end: int) -> torch.Tensor:
         """K of the slots holding positions [0, end) (the last ``window`` of them in a ring), (B, H_kv, ·, D)."""
-        return self._bhnd(self.k)[:, :, : min(end, self.slots)]
+        return self._loaded(self._bhnd(self.k)[:, :, : min(end, self.slots)], 0)
 
     def values(self, end: int) -> torch.Tensor:
-        return self._bhnd(self.v)[:, :, : min(end, self.slots)]
+        return self._loaded(self._bhnd(self.v)[:, :, : min(end, self.slots)], 1)
+
+    def _loaded(self, held: torch.Tensor, which: int) -> torch.Tensor:
+        """Stored (B, H_kv, S, D) slots in the compute dtype (the same tensor where nothing is converted)."""
+        loaded = held.to(self.compute)
+        return loaded if self.scales is None else loaded.mul_(self.scales[which].to(self.compute)[None, :, None, None])
+
+    def _stored(self, src: torch.Tensor, which: int) -> torch.Tensor:
+        if self.scales is None:
+            return src.to(self.storage.dtype)
+        scale = self.scales[which]
+        first = src.detach().abs().amax(dim=(0, 2, 3)).float().clamp_min(1e-8) / 127
+        scale.copy_(torch.where(scale == 0, first, scale))  # a head's first write sets its scale
+        return (src.float() / scale[None, :, None, None]).round_().clamp_(-127, 127).to(torch.int8)
 
     def write(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
         """Store (B, H_kv, T, D) keys and values of positions start…start+T−1, in place (a ring keeps the last
@@ -161,6 +193,7 @@ class KVCache:
             k, v, start = k[:, :, -self.slots :], v[:, :, -self.slots :], end - self.slots
         first = start % self.slots
         head = min(end - start, self.slots - first)  # up to the ring's end, then from slot 0
+        k, v = self._stored(k, 0), self._stored(v, 1)
         for src, dst in ((k, self._bhnd(self.k)), (v, self._bhnd(self.v))):
             dst[:, :, first : first + head].copy_(src[:, :, :head])
             if head < end - start:
@@ -196,7 +229,14 @@ class KVCache:
         the slots, not what is in them."""
         if length > self.capacity:
             raise ValueError(f"{length} positions do not fit a KV cache of {self.capacity}")
-        self.storage.normal_()
+        if self.storage.element_size() > 1:
+            self.storage.normal_()
+        else:  # float8 and int8 draw no noise of their own: a sequence's at a time, never a copy of the whole cache
+            for held in self.storage.flatten(0, 1):
+                noise = torch.randn(held.shape, device=held.device, dtype=self.compute)
+                held.copy_(noise.mul_(127 / 4).round_().clamp_(-127, 127) if self.scales is not None else noise)
+            if self.scales is not None:
+                self.scales.fill_(4 / 127)
         self._set_length(length)
 
     def check_room(self) -> None:
@@ -217,12 +257,29 @@ class KVCache:
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield self.storage
+        if self.scales is not None:
+            yield self.scales
 
     def drop_scratch(self) -> None:
         self.seqlens = self.visible = None  # flash-attn's per-sequence lengths: bookkeeping, not K and V
 
     def scratch(self) -> Iterator[torch.Tensor]:
         return iter(())  # a step writes its token into the cache itself (``tensors``)
+
+
+def keep(state: Any) -> Any:
+    """A layer's state as the executor keeps it (``KEPT``'s ``keep``), unless it is a cache of positions."""
+    keeping = KEPT.get()
+    plain = keeping is None or getattr(state, "holds_positions", False)
+    return state if plain or isinstance(state, KVCache | StackState | NetworkState) else keeping.keep(state)
+
+
+@contextmanager
+def opened(state: Any, *, commit: bool) -> Iterator[Any]:
+    """The state a layer computes with: a kept one's converted (its ``opened``), any other itself."""
+    lend = getattr(state, "opened", None)
+    with lend(commit=commit) if callable(lend) else nullcontext(state) as held:
+        yield held
 
 
 @dataclass
@@ -365,7 +422,7 @@ def tensor_bytes(state: State) -> int:
 
 
 def stack_init(layers: nn.Module, batch: int, capacity: int) -> StackState:
-    return StackState([decodable(layer).init_state(batch, capacity) for layer in layers.children()])
+    return StackState([keep(decodable(layer).init_state(batch, capacity)) for layer in layers.children()])
 
 
 def stack_prefill(layers: nn.Module, x: torch.Tensor, state: StackState, *, output: bool) -> torch.Tensor | None:
@@ -374,13 +431,15 @@ def stack_prefill(layers: nn.Module, x: torch.Tensor, state: StackState, *, outp
     y: torch.Tensor | None = x
     for i, (layer, layer_state) in enumerate(zip(children, state.layers, strict=True)):
         assert y is not None
-        y = decodable(layer).prefill(y, layer_state, output=output or i < len(children) - 1)
+        with opened(layer_state, commit=True) as held:
+            y = decodable(layer).prefill(y, held, output=output or i < len(children) - 1)
     return y
 
 
 def stack_step(layers: nn.Module, x: torch.Tensor, state: StackState) -> torch.Tensor:
     for layer, layer_state in zip(layers.children(), state.layers, strict=True):
-        x = decodable(layer).step(x, layer_state)
+        with opened(layer_state, commit=False) as held:
+            x = decodable(layer).step(x, held)
     return x
 
 
@@ -515,13 +574,15 @@ def _saved(state: Any) -> Any:
 def stack_verify(layers: nn.Module, x: torch.Tensor, state: Any) -> torch.Tensor:
     """Each layer's verify in turn (a ``StackState``: one state per layer)."""
     for layer, layer_state in zip(layers.children(), state.layers, strict=True):
-        x = verify(layer, x, layer_state)
+        with opened(layer_state, commit=True) as held:
+            x = verify(layer, x, held)
     return x
 
 
 def stack_rollback(layers: nn.Module, state: Any, accepted: int) -> None:
     for layer, layer_state in zip(layers.children(), state.layers, strict=True):
-        rollback(layer, layer_state, accepted)
+        with opened(layer_state, commit=True) as held:
+            rollback(layer, held, accepted)
 
 
 def stack_packed(layers: nn.Module, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:

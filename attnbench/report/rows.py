@@ -154,6 +154,12 @@ COLUMNS: tuple[str, ...] = (
     "check_max_abs_err",
     "check_rel_err",
     "check_tol",
+    # Issue 52: the dtypes a stateful row kept its KV cache or recurrent state in (empty: as it computes), and the
+    # error that costs against the full-precision decode.
+    "kv_dtype",
+    "state_dtype",
+    "kept_error_max",
+    "kept_error_mean",
     # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
     # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
     *(spec.name for spec, _ in FAMILY_COLUMNS),
@@ -189,7 +195,7 @@ _TEXT_COLUMNS = frozenset(
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "state_mem_method"),
         *("contention", "kind", "source", "bytes_formula", "peak_bw_source", "cache", "predicted_bound"),
-        *("packing", "rollback_method", "check_status"),
+        *("packing", "rollback_method", "check_status", "kv_dtype", "state_dtype"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -319,6 +325,10 @@ COLUMN_MEANINGS: dict[str, str] = {
     "check_rel_err": "the check's largest absolute difference over the reference's largest absolute value",
     "check_tol": "the relative error the row's dtype may show (float32 5e-3, bfloat16 0.1, …); above it the row is "
     "incorrect, never timed",
+    "kv_dtype": "the dtype the KV cache was stored in, converted to dtype to compute (empty: dtype itself)",
+    "state_dtype": "the dtype the recurrent state was stored in between tokens (empty: the family's own)",
+    "kept_error_max": "kv_dtype/state_dtype: the largest |output − full precision's| over a 256-token decode",
+    "kept_error_mean": "kv_dtype/state_dtype: the mean |output − full precision's| over a 256-token decode",
 }
 
 
@@ -449,6 +459,9 @@ def serving_columns(result: Result) -> dict[str, Any]:
         seconds = extra.get(f"{name}_s")
         row[f"{name}_ms"] = to_ms(seconds) if isinstance(seconds, float) else None
     row["padded_tokens_per_s"] = extra.get("padded_tokens_per_s")
+    row.update(kv_dtype=case.kept_dtype("kv_dtype"), state_dtype=case.kept_dtype("state_dtype"))
+    for name in ("kept_error_max", "kept_error_mean"):
+        row[name] = extra.get(name)
     return row
 
 

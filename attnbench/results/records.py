@@ -39,6 +39,9 @@ Schema history (``SCHEMA_VERSION``):
       the published presets' names as values of ``preset``.
       Issue 50: row ``check`` (``results.numerics.NumericCheck``: the numerical check against the family's
       reference, with its errors and tolerance) and the status ``incorrect`` (the check failed; never timed).
+      Issue 52: a stateful case may carry ``kept`` ({kv_dtype, state_dtype}: the dtypes its KV cache or recurrent
+      state was stored in, ``core.cases.KEPT_DTYPES``); ``extra`` may carry ``kept_error_max`` and
+      ``kept_error_mean`` (at least 0: the error that costs against the full-precision decode).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
@@ -51,6 +54,7 @@ from typing import Any, Literal
 
 from attnbench.core.cases import (
     DTYPES,
+    KEPT_DTYPES,
     KINDS,
     MAX_BATCH,
     MAX_D_MODEL,
@@ -274,7 +278,7 @@ _CASE_CAPS = {
 }
 
 _CASE_REQUIRED = ("model", "mode", "dtype", "device", "batch", "seq_len", "d_model", "heads", "layers", "causal")
-_CASE_OPTIONAL = ("options", "user", "hybrid", "serving", "packing")
+_CASE_OPTIONAL = ("options", "user", "hybrid", "serving", "packing", "kept")
 # The bounds of each serving parameter a stored case may carry (accept is held to its draft besides).
 _SERVING_BOUNDS = {
     "memory_budget": (0, MAX_MEMORY_BUDGET),
@@ -322,6 +326,17 @@ def _check_sizes(c: Mapping[str, Any]) -> None:
             fields.integer(c[name], name, maximum=cap)
     fields.flag(c["causal"], "causal")
     _serving(c)
+    _kept(c)
+
+
+def _kept(c: Mapping[str, Any]) -> None:
+    """The dtypes a stateful case keeps its state in: known keys, each one of its dtypes."""
+    if "kept" not in c:
+        return
+    if c["mode"] not in STATEFUL_MODES:
+        raise fields.expected("kept", f"no kept dtypes (mode {c['mode']} keeps no state)", c["kept"])
+    for name, value in fields.record(c["kept"], "kept", (), tuple(KEPT_DTYPES)).items():
+        fields.choice(value, fields.path("kept", name), KEPT_DTYPES[name], name)
 
 
 def _serving(c: Mapping[str, Any]) -> None:

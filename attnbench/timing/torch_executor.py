@@ -60,6 +60,7 @@ from attnbench.timing.decode_setup import DecodeSetup
 from attnbench.timing.executor import ExecutorSettings, detach_cupti_after_profiling
 from attnbench.timing.failures import describe, is_oom
 from attnbench.timing.gpu_timing import graphed, l2_flusher, launch_bound, profile_kernels, profile_refusal
+from attnbench.timing.precision import keeping, kept_error
 from attnbench.timing.process_warmup import warm_process
 from attnbench.timing.profiling import TRACES, nvtx_range, trace_name, trace_refusal, write_trace
 from attnbench.timing.reference_check import check_size, run_check
@@ -209,7 +210,12 @@ class TorchExecutor:
             reason = f"output off its reference ({check.reference}): {check.reason}"
             return Result(case, "incorrect", reason, check=check)
         early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
-        return replace(self._measure(case, early), check=check)
+        # Every state the case allocates is kept as it asks (kv_dtype, state_dtype): decode, capacity, prefill, verify.
+        with keeping(case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype")):
+            result = replace(self._measure(case, early), check=check)
+        if result.ok and case.kept:  # what the narrower state costs in accuracy, beside what it saves in time
+            result = replace(result, extra={**result.extra, **kept_error(case, self.device, self.seed)})
+        return result
 
     def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
         if serves(case):  # capacity, prefill, verify, packed lengths: set up and timed by timing.serving

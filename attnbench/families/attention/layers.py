@@ -61,7 +61,7 @@ from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, fr
 from attnbench.families.catalogue import family_of
 from attnbench.families.positional import Rotary
 from attnbench.families.shared import flag, head_dim, kv_heads
-from attnbench.families.states import KVCache, LayerStack, Layout, spans
+from attnbench.families.states import KVCache, LayerStack, Layout, kv_kept, spans
 from attnbench.families.torch_family import LaunchLimit, torch_dtype
 
 # SDPA's enable_gqa (torch 2.5+): K/V with fewer heads than Q, read in place. Older torch repeats them.
@@ -445,6 +445,8 @@ class FlashAttnCore(nn.Module):
         attends to slots 0…n. Its causal mask is aligned bottom-right, so one query sees every slot either way."""
         if self._kvcache is None:
             raise NotImplementedError("this flash_attn release has no flash_attn_with_kvcache (added in 2.2)")
+        if cache.storage.dtype != q.dtype:
+            raise NotImplementedError("flash_attn_with_kvcache reads the cache in the model's dtype: no kv_dtype")
         cache.check_room()
         if cache.visible is not None:
             # A window's ring: the kernel would write at slot cache_seqlens, but the token's slot is n mod W. So
@@ -706,6 +708,7 @@ class SelfAttention(nn.Module):
             device=weight.device,
             dtype=weight.dtype,
             window=window,
+            kept=kv_kept(),
         )
 
     def prefill(self, x: torch.Tensor, state: KVCache, *, output: bool = True) -> torch.Tensor | None:

@@ -290,7 +290,9 @@ class AttentionFamily(Family):
         window = self.window(case)
         slots = min(case.span, window) if window else case.span
         width = shared.kv_width(case, self.values(case))
-        return 2 * case.layers * case.batch * slots * width * shared.DTYPE_BYTES[case.dtype]
+        kept = case.kept_dtype("kv_dtype") or case.dtype  # int8 adds a float32 scale per layer, K or V, and head
+        scales = 2 * case.layers * shared.kv_heads(case, self.values(case)) * 4 if kept == "int8" else 0
+        return 2 * case.layers * case.batch * slots * width * shared.DTYPE_BYTES[kept] + scales
 
     def takes_tokens(self, case: Case) -> bool:
         return self.option(case, "scope") == "model"

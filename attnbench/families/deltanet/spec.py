@@ -175,7 +175,7 @@ def solve_flops(c: int, d_k: int, d_v: int) -> int:
 
 def state_dtype(case: Case) -> str:
     """The matrix memory's dtype: float32 for 16-bit models (the cores accumulate in it, as fla's kernels do)."""
-    return "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype
+    return shared.kept(case, "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype)
 
 
 def form_of(case: Case, option: str) -> str:
@@ -294,7 +294,11 @@ class DeltaNetFamily(Family):
 
     def state_bytes(self, case: Case) -> int:
         heads, (d_k, d_v) = self.value_heads(case), self.head_dims(case)
-        conv = (int(self.option(case, "d_conv")) - 1) * self.conv_dim(case) * shared.DTYPE_BYTES[case.dtype]
+        conv = (
+            (int(self.option(case, "d_conv")) - 1)
+            * self.conv_dim(case)
+            * shared.DTYPE_BYTES[shared.kept(case, case.dtype)]
+        )
         matrix = heads * d_k * d_v * shared.DTYPE_BYTES[self.state_dtype(case)]
         return case.layers * case.batch * (conv + matrix)
 

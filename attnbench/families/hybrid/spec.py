@@ -21,6 +21,7 @@ a member without its own heads takes the case's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from attnbench.core.cases import STATEFUL_MODES, Case, HybridMember, HybridModel
 from attnbench.families import shared
@@ -115,8 +116,10 @@ class HybridFamily(Family):
                 options[name] = self.option(case, name)
         causal = case.causal if spec.kind == "attention" else True
         heads = (member.heads or case.heads) if spec.heads else None
-        return Case(member.model, case.mode, case.dtype, case.device, case.batch, case.seq_len, case.d_model, heads,
+        made = Case(member.model, case.mode, case.dtype, case.device, case.batch, case.seq_len, case.d_model, heads,
                     1, causal, tuple(sorted(options.items())), serving=case.serving, packing=case.packing)  # fmt: skip
+        keys = self.resolve(made).kept_keys(made) if case.kept else ()  # kv_dtype to caches, state_dtype to states
+        return replace(made, kept=tuple(item for item in case.kept if item[0] in keys)) if keys else made
 
     def member(self, case: Case, i: int) -> Case:
         """Block ``i``'s case where it has one member (the first of several side by side)."""
@@ -222,6 +225,9 @@ class HybridFamily(Family):
 
     def state_dtype(self, case: Case) -> str:
         return case.dtype  # each member keeps its own; the sum is in bytes
+
+    def kept_keys(self, case: Case) -> tuple[str, ...]:
+        return tuple(sorted({key for m in self.members(case) for key in self.resolve(m).kept_keys(m)}))
 
     def state_bytes(self, case: Case) -> int | None:
         sizes = [self.resolve(m).state_bytes(m) for m in self.members(case)]

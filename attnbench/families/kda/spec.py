@@ -159,7 +159,11 @@ class KDAFamily(Family):
 
     def state_bytes(self, case: Case) -> int:
         heads, (d_k, d_v) = case.heads or 0, self.head_dims(case)
-        conv = (int(self.option(case, "d_conv")) - 1) * self.conv_dim(case) * shared.DTYPE_BYTES[case.dtype]
+        conv = (
+            (int(self.option(case, "d_conv")) - 1)
+            * self.conv_dim(case)
+            * shared.DTYPE_BYTES[shared.kept(case, case.dtype)]
+        )
         matrix = heads * d_k * d_v * shared.DTYPE_BYTES[self.state_dtype(case)]
         return case.layers * case.batch * (conv + matrix)
 

@@ -153,7 +153,7 @@ class LinearFamily(Family):
         return shared.network_parameters(case, opt, case.layers * shared.attention_layer_parameters(case, opt))
 
     def state_dtype(self, case: Case) -> str:
-        return "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype
+        return shared.kept(case, "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype)
 
     def state_bytes(self, case: Case) -> int:
         head_dim = case.d_model // (case.heads or 1)

@@ -180,10 +180,12 @@ class Mamba2Family(Family):
 
     # ------------------------------------------------------------------------------------------------ decode
     def state_dtype(self, case: Case) -> str:
-        return "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype
+        return shared.kept(case, "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype)
 
     def state_bytes(self, case: Case) -> int:
-        conv = self.conv_dim(case) * int(self.option(case, "d_conv")) * shared.DTYPE_BYTES[case.dtype]
+        conv = (
+            self.conv_dim(case) * int(self.option(case, "d_conv")) * shared.DTYPE_BYTES[shared.kept(case, case.dtype)]
+        )
         ssm = self.ssm_heads(case) * int(self.option(case, "head_dim")) * int(self.option(case, "d_state"))
         ssm_bytes = ssm * shared.DTYPE_BYTES[self.state_dtype(case)]
         return case.layers * case.batch * (conv + ssm_bytes)

@@ -212,7 +212,7 @@ class Mamba3Family(Family):
 
     # ------------------------------------------------------------------------------------------------ decode
     def state_dtype(self, case: Case) -> str:
-        return core_dtype(case.dtype)
+        return shared.kept(case, core_dtype(case.dtype))
 
     def state_bytes(self, case: Case) -> int:
         heads, p, n, rank = self.sizes(case)

@@ -70,7 +70,7 @@ class MinRnnFamily(RecurrentFamily):
         return 2 * self.gates[model] * tokens * inputs * hidden
 
     def state_dtype(self, case: Case) -> str:
-        return "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype
+        return shared.kept(case, "float32" if shared.DTYPE_BYTES[case.dtype] < 4 else case.dtype)
 
 
 FAMILY = MinRnnFamily()

@@ -46,6 +46,8 @@ class LatentCache:
     """One MLA layer's cache: [c_t ; k^R_t] (B, capacity, d_c + d_R) per token, preallocated and zeroed; ``length``
     positions hold the context, a step writes slot ``length`` (the protocol of ``attnbench.families.states``)."""
 
+    holds_positions = True  # never kept as a recurrent state (``states.keep``)
+
     def __init__(self, batch: int, capacity: int, width: int, *, device: torch.device, dtype: torch.dtype) -> None:
         if capacity < 1:
             raise ValueError(f"a latent cache needs at least one position, got capacity {capacity}")

@@ -225,6 +225,9 @@ class MLAFamily(Family):
         d_c, _, _, d_r, _ = self.dims(case)
         return d_c + d_r
 
+    def kept_keys(self, case: Case) -> tuple[str, ...]:
+        return ()  # the latent cache is kept in the case's dtype: no kv_dtype of its own (yet)
+
     def state_bytes(self, case: Case) -> int:
         return case.layers * case.batch * case.span * self.latent_width(case) * shared.DTYPE_BYTES[case.dtype]
 

@@ -24,7 +24,7 @@ from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.rnn.spec import FAMILY
-from attnbench.families.states import RecurrentState, spans
+from attnbench.families.states import RecurrentState, keep, opened, spans
 from attnbench.families.torch_family import make_input, rng_untouched, torch_dtype
 
 Cell = Literal["lstm", "gru"]
@@ -95,10 +95,20 @@ class Recurrent(nn.Module):
         weight = next(self.rnn.parameters())
         shape = (self.rnn.num_layers, batch, self.rnn.hidden_size)
         h = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
-        return RecurrentState(h, torch.zeros_like(h) if self.cell == "lstm" else None)
+        return keep(  # kept here too: this module may be the whole model, with no stack to keep it
+            RecurrentState(h, torch.zeros_like(h) if self.cell == "lstm" else None)
+        )
 
     def prefill(self, x: torch.Tensor, state: RecurrentState, *, output: bool = True) -> torch.Tensor | None:
         """The whole-sequence module from the carried state (zero at first); the state after the last token."""
+        with opened(state, commit=True) as held:
+            return self._prefill(x, held, output=output)
+
+    def step(self, x: torch.Tensor, state: RecurrentState) -> torch.Tensor:
+        with opened(state, commit=False) as held:
+            return self._step(x, held)
+
+    def _prefill(self, x: torch.Tensor, state: RecurrentState, *, output: bool) -> torch.Tensor | None:
         if x.shape[1] == 0:  # an empty context (nn.LSTM refuses one) leaves the state as it was
             return x.new_zeros(x.shape[0], 0, self.rnn.hidden_size) if output else None
         if state.c is not None:
@@ -109,7 +119,7 @@ class Recurrent(nn.Module):
         state.h.copy_(h)
         return out if output else None
 
-    def step(self, x: torch.Tensor, state: RecurrentState) -> torch.Tensor:
+    def _step(self, x: torch.Tensor, state: RecurrentState) -> torch.Tensor:
         """(B, 1, inputs) -> (B, 1, hidden): one cell step per layer from (h, c), which stay as they were."""
         y = x[:, 0]  # (B, inputs)
         hs, cs = [], []

@@ -163,7 +163,7 @@ class RWKV7Family(Family):
 
     def state_bytes(self, case: Case) -> int:
         n = self.head_dim(case)
-        shift = case.d_model * shared.DTYPE_BYTES[case.dtype]
+        shift = case.d_model * shared.DTYPE_BYTES[shared.kept(case, case.dtype)]
         memory = (case.heads or 0) * n * n * shared.DTYPE_BYTES[self.state_dtype(case)]
         return case.layers * case.batch * (shift + memory)
 

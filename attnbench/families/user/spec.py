@@ -50,5 +50,8 @@ class UserFamily(Family):
     def formula(self, case: Case) -> str:
         return shared.COUNTED_FORMULA
 
+    def kept_keys(self, case: Case) -> tuple[str, ...]:
+        return ()  # a user's state is the user's: it is never converted
+
 
 USER = UserFamily()  # not `FAMILY`: it has no models of its own, and the catalogue adds it apart
