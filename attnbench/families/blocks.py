@@ -48,7 +48,7 @@ from attnbench.families.states import (
     stack_verify,
     verify,
 )
-from attnbench.families.torch_family import TorchFamily
+from attnbench.families.torch_family import TorchFamily, with_options
 
 Front = tuple[nn.Embedding | None, nn.Module | None]
 # The probe's vocabulary: building a BERT-base embedding just to ask whether its kernels run here would cost seconds.
@@ -302,3 +302,19 @@ class NetworkFamily(TorchFamily):
             return small
         options = {**dict(small.options), "max_len": small.seq_len + (case.span - case.seq_len)}
         return replace(small, options=tuple(sorted(options.items())))
+
+
+class ChunkedFormFamily(NetworkFamily):
+    """A family whose fast form is chunked (options ``form``, ``chunk``, ``kernel``) beside its per-token
+    recurrence: the numerical check runs two whole chunks and part of a third, so the state a chunked form carries
+    across chunks is on the path, and holds the case to the recurrent form in plain torch, what the chunked form
+    and the fused kernels compute faster."""
+
+    def check_seq_len(self, case: Case) -> int:
+        family = family_of(case)
+        if family.option(case, "form") != "chunked":
+            return super().check_seq_len(case)
+        return 2 * int(family.option(case, "chunk")) + 3
+
+    def reference_case(self, case: Case) -> Case:
+        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})

@@ -53,10 +53,10 @@ from torch import Tensor, nn
 
 from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
-from attnbench.families.blocks import NetworkFamily, recurrent_network
+from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.spec import FAMILY, FORMS, GATED, PLAIN
 from attnbench.families.states import ConstantState, LayerStack
-from attnbench.families.torch_family import package_problem, with_options
+from attnbench.families.torch_family import package_problem
 
 KERNELS = ("torch", "fla")
 _NORM_EPS = 1e-5  # fla's norm_eps
@@ -471,7 +471,7 @@ def kernel_problem(case: Case, device_type: str, kernel: tuple[str, str]) -> str
     return None
 
 
-class DeltaNetTorch(NetworkFamily):
+class DeltaNetTorch(ChunkedFormFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         options = {**_options(case), "device": device, "dtype": dtype}
         heads = case.heads or 1
@@ -492,17 +492,6 @@ class DeltaNetTorch(NetworkFamily):
 
     def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
         return fla_extras(case, str(FAMILY.option(case, "kernel")))
-
-    def check_seq_len(self, case: Case) -> int:
-        """Two whole chunks and part of a third: the state a chunked form carries across chunks is on the path."""
-        if FAMILY.option(case, "form") != "chunked":
-            return super().check_seq_len(case)
-        return 2 * int(FAMILY.option(case, "chunk")) + 3
-
-    def reference_case(self, case: Case) -> Case:
-        """The recurrent form, one token at a time in plain torch: what the chunked form and the fused kernels
-        compute faster."""
-        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})
 
 
 TORCH = DeltaNetTorch()

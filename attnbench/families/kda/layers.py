@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.cases import Case
-from attnbench.families.blocks import NetworkFamily, recurrent_network
+from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.layers import (
     KERNELS,
     DecodingLayer,
@@ -62,7 +62,7 @@ from attnbench.families.deltanet.layers import (
 from attnbench.families.deltanet.spec import FORMS
 from attnbench.families.kda.spec import FAMILY
 from attnbench.families.states import LayerStack
-from attnbench.families.torch_family import package_problem, with_options
+from attnbench.families.torch_family import package_problem
 
 FLA_KERNEL = ("fla.ops.kda", "chunk_kda")
 FLA_MAX_HEAD_DIM = 256  # chunk_kda asserts K <= 256
@@ -269,7 +269,7 @@ def kernel_problem(case: Case, device_type: str) -> str | None:
     return None
 
 
-class KDATorch(NetworkFamily):
+class KDATorch(ChunkedFormFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         options = {**_options(case), "device": device, "dtype": dtype}
         heads = case.heads or 1
@@ -287,17 +287,6 @@ class KDATorch(NetworkFamily):
         if FAMILY.option(case, "kernel") != "fla":
             return None
         return kernel_problem(case, device_type) or package_problem("kda kernel fla", FLA_KERNEL[0])
-
-    def check_seq_len(self, case: Case) -> int:
-        """Two whole chunks and part of a third: the state a chunked form carries across chunks is on the path."""
-        if FAMILY.option(case, "form") != "chunked":
-            return super().check_seq_len(case)
-        return 2 * int(FAMILY.option(case, "chunk")) + 3
-
-    def reference_case(self, case: Case) -> Case:
-        """The recurrent form, one token at a time in plain torch: what the chunked form and the fused kernel
-        compute faster."""
-        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})
 
 
 TORCH = KDATorch()

@@ -52,10 +52,10 @@ from torch import Tensor, nn
 from attnbench.core.cases import Case
 from attnbench.families.attention.layers import SelfAttention, attention_network
 from attnbench.families.base import ExtraValue
-from attnbench.families.blocks import NetworkFamily
+from attnbench.families.blocks import ChunkedFormFamily
 from attnbench.families.linear.spec import FAMILY
 from attnbench.families.states import ConstantState, checkpoint_rollback, checkpoint_verify
-from attnbench.families.torch_family import package_problem, with_options
+from attnbench.families.torch_family import package_problem
 
 Form = Literal["recurrent", "parallel", "chunked"]
 Feature = Literal["elu", "relu"]
@@ -386,7 +386,7 @@ class LinearAttention(SelfAttention):
         return self._merge(y)
 
 
-class LinearTorch(NetworkFamily):
+class LinearTorch(ChunkedFormFamily):
     def probe_seq_len(self, case: Case) -> int:
         """fla's kernel refuses T < H: its probe keeps at least as many tokens as heads."""
         length = super().probe_seq_len(case)
@@ -421,17 +421,6 @@ class LinearTorch(NetworkFamily):
         # count, so its keys and values are repeated for it first.
         fla = FAMILY.option(case, "kernel") == "fla" and case.mode != "decode"
         return {"gqa_path": "repeat" if fla else "grouped"}
-
-    def check_seq_len(self, case: Case) -> int:
-        """Two whole chunks and part of a third: the state a chunked form carries across chunks is on the path."""
-        if FAMILY.option(case, "form") != "chunked":
-            return super().check_seq_len(case)
-        return 2 * int(FAMILY.option(case, "chunk")) + 3
-
-    def reference_case(self, case: Case) -> Case:
-        """The recurrent form, one token at a time in plain torch: what the chunked form and the fused kernels
-        compute faster."""
-        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})
 
 
 TORCH = LinearTorch()

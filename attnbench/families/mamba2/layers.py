@@ -41,10 +41,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.cases import Case
-from attnbench.families.blocks import NetworkFamily, recurrent_network
+from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.mamba2.spec import FAMILY
 from attnbench.families.states import ConstantState, LayerStack
-from attnbench.families.torch_family import package_problem, with_options
+from attnbench.families.torch_family import package_problem
 
 FORMS = ("chunked", "recurrent")
 KERNELS = ("torch", "mamba_ssm")
@@ -344,7 +344,7 @@ def _options(case: Case) -> dict[str, Any]:
     }
 
 
-class Mamba2Torch(NetworkFamily):
+class Mamba2Torch(ChunkedFormFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         options = {**_options(case), "device": device, "dtype": dtype}
         return recurrent_network(
@@ -363,17 +363,6 @@ class Mamba2Torch(NetworkFamily):
         if device_type != "cuda":
             return "mamba2 kernel mamba_ssm: the mamba-ssm package's kernels are Triton, CUDA only"
         return package_problem("mamba2 kernel mamba_ssm", "mamba_ssm.ops.triton.ssd_combined")
-
-    def check_seq_len(self, case: Case) -> int:
-        """Two whole chunks and part of a third: the state a chunked form carries across chunks is on the path."""
-        if FAMILY.option(case, "form") != "chunked":
-            return super().check_seq_len(case)
-        return 2 * int(FAMILY.option(case, "chunk")) + 3
-
-    def reference_case(self, case: Case) -> Case:
-        """The recurrent form, one token at a time in plain torch: what the chunked form and the fused kernels
-        compute faster."""
-        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})
 
 
 TORCH = Mamba2Torch()

@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.cases import Case
-from attnbench.families.blocks import NetworkFamily, recurrent_network
+from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.layers import chunk_blocks, core_dtype
 from attnbench.families.mamba3.spec import FAMILY, FORMS, KERNELS
 from attnbench.families.states import ConstantState, LayerStack
-from attnbench.families.torch_family import package_problem, with_options
+from attnbench.families.torch_family import package_problem
 
 _NORM_EPS = 1e-5  # mamba_ssm's B_norm, C_norm
 A_FLOOR = 1e-4  # mamba_ssm's A_floor: A ≤ −1e-4
@@ -377,7 +377,7 @@ def kernel_problem(case: Case, device_type: str) -> str | None:
     return None
 
 
-class Mamba3Torch(NetworkFamily):
+class Mamba3Torch(ChunkedFormFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         options = {**_options(case), "device": device, "dtype": dtype}
         return recurrent_network(
@@ -393,17 +393,6 @@ class Mamba3Torch(NetworkFamily):
         if FAMILY.option(case, "kernel") != "mamba_ssm":
             return None
         return kernel_problem(case, device_type) or package_problem("mamba3 kernel mamba_ssm", MAMBA_SSM_KERNEL[0])
-
-    def check_seq_len(self, case: Case) -> int:
-        """Two whole chunks and part of a third: the state a chunked form carries across chunks is on the path."""
-        if FAMILY.option(case, "form") != "chunked":
-            return super().check_seq_len(case)
-        return 2 * int(FAMILY.option(case, "chunk")) + 3
-
-    def reference_case(self, case: Case) -> Case:
-        """The recurrent form, one token at a time in plain torch: what the chunked form and the fused kernel
-        compute faster."""
-        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})
 
 
 TORCH = Mamba3Torch()

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
-from attnbench.families.blocks import NetworkFamily, recurrent_network
+from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.layers import (
     KERNELS,
     DecodingLayer,
@@ -63,7 +63,6 @@ from attnbench.families.deltanet.layers import (
 from attnbench.families.deltanet.spec import FORMS
 from attnbench.families.rwkv7.spec import FAMILY, default_ranks
 from attnbench.families.states import LayerStack
-from attnbench.families.torch_family import with_options
 
 # fla's decay bound: log w = −e^{−1/2}·σ(·) ∈ (−0.607, 0).
 DECAY_SCALE = math.exp(-0.5)
@@ -304,7 +303,7 @@ def _options(case: Case) -> dict[str, Any]:
     return {name: FAMILY.option(case, name) for name in names}
 
 
-class RWKV7Torch(NetworkFamily):
+class RWKV7Torch(ChunkedFormFamily):
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
         options = {**_options(case), "device": device, "dtype": dtype}
         heads = case.heads or 1
@@ -325,17 +324,6 @@ class RWKV7Torch(NetworkFamily):
 
     def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
         return fla_extras(case, str(FAMILY.option(case, "kernel")))
-
-    def check_seq_len(self, case: Case) -> int:
-        """Two whole chunks and part of a third: the state a chunked form carries across chunks is on the path."""
-        if FAMILY.option(case, "form") != "chunked":
-            return super().check_seq_len(case)
-        return 2 * int(FAMILY.option(case, "chunk")) + 3
-
-    def reference_case(self, case: Case) -> Case:
-        """The recurrent form, one token at a time in plain torch: what the chunked form and the fused kernels
-        compute faster."""
-        return with_options(super().reference_case(case), {"form": "recurrent", "kernel": "torch"})
 
 
 TORCH = RWKV7Torch()
