@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -389,3 +390,97 @@ def test_a_disagreement_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     result = runner.invoke(app, ["selfcheck", "--device", "cpu"])
     assert result.exit_code == EXIT_INCONCLUSIVE == 5
     assert summary_line(judge(undecided)) in " ".join(result.output.split())
+
+
+def test_a_block_holds_several_calls_of_a_long_op() -> None:
+    from attnbench.instrument.agreement import CALLS_PER_BLOCK, block_s_for
+
+    assert block_s_for(1e-5, 0.05) == 0.05  # a short op: the block's length as before
+    assert block_s_for(0.02, 0.05) == pytest.approx(CALLS_PER_BLOCK * 0.02)  # a 20 ms op: CALLS_PER_BLOCK calls
+
+
+@pytest.mark.slow
+def test_every_timer_times_the_same_prepared_closure_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``_check_op``: one closure, built once, is what attnbench and torch.utils.benchmark both time; each
+    block has the same length (CALLS_PER_BLOCK calls of the op, from the warm-up measurement) and starts after the
+    same PRIME_CALLS untimed calls, and the order alternates between rounds."""
+    import contextlib
+    import time
+
+    import torch
+    from torch.utils.benchmark import Timer
+
+    from attnbench.instrument.agreement import CALLS_PER_BLOCK, PRIME_CALLS
+    from attnbench.timing import adaptive
+
+    call_s = 2e-3
+    events: list[tuple[str, object]] = []
+
+    def fn() -> None:
+        events.append(("call", None))
+        end = time.perf_counter() + call_s
+        while time.perf_counter() < end:
+            pass
+
+    @contextlib.contextmanager
+    def built(op: SelfcheckOp, dev: torch.device) -> object:
+        yield fn
+
+    real_measure, real_autorange = adaptive.measure, Timer.blocked_autorange
+
+    def measure(f: object, clock: object, policy: TimingPolicy) -> object:
+        events.append(("attnbench", (f is fn, policy.min_time_s)))
+        return real_measure(f, clock, policy)  # type: ignore[arg-type]
+
+    def blocked_autorange(self: Timer, callback: object = None, min_run_time: float = 0.2) -> object:
+        events.append((TIMER, (self._globals["fn"] is fn, min_run_time)))
+        return real_autorange(self, min_run_time=min_run_time)
+
+    monkeypatch.setattr(measure_selfcheck, "_built", built)
+    monkeypatch.setattr(adaptive, "measure", measure)
+    monkeypatch.setattr(Timer, "blocked_autorange", blocked_autorange)
+    op = SelfcheckOp("matmul", "float32", size=8)
+    timed = measure_selfcheck._check_op(OpTimings(op), torch.device("cpu"), loose_policy(), (4, 4), 1e-3, [TIMER], None)
+    assert len(timed.ours_s) == len(dict(timed.references)[TIMER]) == 4
+    blocks = [(i, who, what) for i, (who, what) in enumerate(events) if who != "call"]
+    warm_up, rounds = blocks[0], blocks[1:]
+    assert warm_up[1] == "attnbench"  # the warm-up measurement, before any round
+    assert [who for _, who, _ in rounds] == ["attnbench", TIMER, TIMER, "attnbench"] * 2  # the order alternates
+    assert {what for _, _, what in rounds} == {(True, rounds[0][2][1])}  # the same closure, the same block length
+    assert rounds[0][2][1] >= CALLS_PER_BLOCK * call_s  # long enough for CALLS_PER_BLOCK calls
+    for (i, _, _), (before, _, _) in zip(rounds, [warm_up, *rounds[:-1]], strict=True):
+        # Each block starts after PRIME_CALLS calls that belong to no timer (the previous block ended before them).
+        assert events[i - PRIME_CALLS : i] == [("call", None)] * PRIME_CALLS and i - before > PRIME_CALLS
+    calls = [
+        sum(1 for who, _ in events[i + 1 : j] if who == "call")
+        for (i, _, _), (j, _, _) in zip(rounds, [*rounds[1:], (len(events) + PRIME_CALLS, "", None)], strict=True)
+    ]
+    # Each block made about its CALLS_PER_BLOCK calls (fewer when the machine stalled a call: blocks are timed),
+    # never the one or two a block of the old fixed length held for an op this long.
+    timed_calls = [n - PRIME_CALLS for n in calls[:-1]]
+    assert min(timed_calls) >= 3 and statistics.median(timed_calls) >= CALLS_PER_BLOCK - 1, timed_calls
+
+
+def test_the_written_out_attention_faults_no_pages_in_inside_steady_heap() -> None:
+    """Why vanilla's rounds spread (issue 50 §4): by default its n×n buffers went back to the kernel after a call and
+    were faulted in anew by the next; inside ``steady_heap`` a warm call faults in none."""
+    import resource
+    import sys
+
+    import torch
+
+    from attnbench.host.memory import steady_heap
+    from attnbench.instrument.agreement import _built
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's malloc")
+    op = next(op for op in ops_for("cpu") if op.name == "vanilla" and op.case is not None and op.case.seq_len == 512)
+    with steady_heap() as steady, _built(op, torch.device("cpu")) as fn, torch.inference_mode():
+        assert steady
+        for _ in range(3):
+            fn()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(5):
+            fn()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 5 * 10, faults  # a page or two of bookkeeping at most, against hundreds a call by default
