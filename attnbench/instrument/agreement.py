@@ -10,7 +10,15 @@ short rounds give a tight interval in the time a few long ones took (issue 38: l
 whole measurement of seconds, left 7 of 8 ops undecided after two minutes on a quiet 2-core VM).
 
 * attnbench: ``measure`` with a block's policy (``block_policy``: sampling for one block's time, no CI target,
-  one warm-up call as the op is warm already), after one full measurement that warms the op up.
+  a short warm-up as the op is warm already), after one full measurement that warms the op up and says how long a
+  call is. Every timer's block is the same length, at least ``CALLS_PER_BLOCK`` calls of the op (at 50 ms,
+  blocked_autorange's median of a 20 ms op rested on two or three calls), times the same closure, and starts after
+  the same ``PRIME_CALLS`` untimed calls; the order rotates each round.
+* the whole check runs in ``host.memory.steady_heap``: the written-out attention's n×n buffers (three of 8 MiB a
+  call at b=2, n=512) went back to the kernel after each call and were faulted in again, zeroed, by the next —
+  hundreds to a thousand page faults a call, as many as what the timer did between calls left free — which spread
+  that op's per-round ratios 2–4 times as wide as the LSTM's in the same minutes (issue 50 §4,
+  ``results/selfcheck-vanilla-spread-cpu.md``); no other op faulted a page.
 * ``torch.utils.benchmark.Timer(...).blocked_autorange(min_run_time=block)`` with ``num_threads`` set to torch's
   real thread count (Timer's default is 1). It picks a block size — calls per timed block, powers of 10 —
   until timer overhead is ≤ 0.01 % of a block (or a block exceeds min_run_time), then times blocks until

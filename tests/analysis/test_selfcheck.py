@@ -484,3 +484,29 @@ def test_the_written_out_attention_faults_no_pages_in_inside_steady_heap() -> No
             fn()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     assert faults < 5 * 10, faults  # a page or two of bookkeeping at most, against hundreds a call by default
+
+
+def _cases_made_by_hand(source: str) -> list[int]:
+    """Lines of ``source`` that call ``Case(…)`` themselves (deciding heads and causality outside the families)."""
+    import ast
+
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Case"
+    ]
+
+
+def test_the_instrument_makes_its_cases_through_the_families_hook() -> None:
+    """Issue 47: the selfcheck's and calibrate's reference ops are made by ``families.references.reference_case``,
+    so no module of the instrument knows that an LSTM has no heads and is causal."""
+    from attnbench.families.references import STEPWISE_RECURRENCE, reference_case
+    from tests.support import ROOT
+
+    planted = 'Case("lstm", "forward", "float32", "cpu", 4, 64, 256, None, 1, True)\n'
+    assert _cases_made_by_hand("x = 1\n" + planted) == [2]  # the rule catches what it is for
+    for path in sorted((ROOT / "attnbench" / "instrument").glob("*.py")):
+        assert _cases_made_by_hand(path.read_text(encoding="utf-8")) == [], path.name
+    recurrent = [op.case for op in ops_for("cpu") if op.name == STEPWISE_RECURRENCE]
+    assert recurrent and all(c is not None and c.heads is None and c.causal for c in recurrent)
+    assert recurrent[0] == reference_case(STEPWISE_RECURRENCE, "forward", "float32", "cpu", 4, 64, 256, 4)
