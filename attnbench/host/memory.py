@@ -185,3 +185,37 @@ def bounded_allocation(budget: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+# glibc's mallopt parameters (mallopt(3)), and where its dynamic thresholds settle once a process has freed a
+# 32 MiB block (the mmap threshold's most on 64-bit, and twice that for the trim): a process that has run a model.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_SETTLED_TRIM, _SETTLED_MMAP = 64 * 2**20, 32 * 2**20
+# Large enough that no block an op of ``selfcheck`` frees goes back to the kernel (an int: mallopt takes one).
+_STEADY = 2**30
+
+
+@contextmanager
+def steady_heap() -> Iterator[bool]:
+    """While inside, glibc keeps every freed block in its heap (no ``mmap`` per large block, no trim of the heap's
+    top), so an op that allocates and frees the same large buffers each call reuses pages it has touched already.
+
+    By default a freed block of more than 128 KiB… 32 MiB goes back to the kernel when the heap's free top exceeds
+    twice the dynamic threshold, and the next call faults its pages in again, zeroed: ``selfcheck``'s written-out
+    attention (three 8 MiB score-sized tensors a call at b=2, n=512) took 200–1 700 page faults a call, a number
+    that depended on what the timer did between calls, where every other op took none. Yields whether the
+    tuning applies (glibc only). On leaving, the thresholds are set where glibc's own dynamic ones settle in a
+    process that has run a model (any mallopt of them turns the dynamic adjustment off for good, and its 128 KiB
+    start would mmap every large block). A sweep never enters it (see the module's note on ``mallopt``)."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
+    if mallopt is None or not hasattr(libc, "malloc_trim"):
+        yield False
+        return
+    mallopt(_M_MMAP_THRESHOLD, _STEADY)
+    mallopt(_M_TRIM_THRESHOLD, _STEADY)
+    try:
+        yield True
+    finally:
+        mallopt(_M_MMAP_THRESHOLD, _SETTLED_MMAP)
+        mallopt(_M_TRIM_THRESHOLD, _SETTLED_TRIM)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.stats import student_t_975
-from attnbench.families.references import EXPLICIT_ATTENTION, FUSED_ATTENTION, STEPWISE_RECURRENCE
+from attnbench.families.references import EXPLICIT_ATTENTION, FUSED_ATTENTION, STEPWISE_RECURRENCE, reference_case
 from attnbench.results.calibration import NoiseFloor
 from attnbench.results.files import utc_now
 from attnbench.sweeps.events import Progress
@@ -39,14 +40,14 @@ def reference_cases(device: str) -> tuple[Case, ...]:
     few ms per call on the device (long against clock resolution, short enough for several processes)."""
     if device.startswith("cuda"):
         return (
-            Case(STEPWISE_RECURRENCE, "forward", "float32", device, 8, 512, 1024, None, 1, True),
-            Case(EXPLICIT_ATTENTION, "train", "bfloat16", device, 8, 1024, 1024, 16, 1, False),
-            Case(FUSED_ATTENTION, "forward", "bfloat16", device, 8, 2048, 1024, 16, 4, False),
+            reference_case(STEPWISE_RECURRENCE, "forward", "float32", device, 8, 512, 1024, 16),
+            reference_case(EXPLICIT_ATTENTION, "train", "bfloat16", device, 8, 1024, 1024, 16),
+            replace(reference_case(FUSED_ATTENTION, "forward", "bfloat16", device, 8, 2048, 1024, 16), layers=4),
         )
     return (
-        Case(STEPWISE_RECURRENCE, "forward", "float32", device, 4, 256, 256, None, 1, True),
-        Case(EXPLICIT_ATTENTION, "train", "float32", device, 4, 256, 256, 4, 1, False),
-        Case(FUSED_ATTENTION, "forward", "float32", device, 4, 256, 256, 4, 1, False),
+        reference_case(STEPWISE_RECURRENCE, "forward", "float32", device, 4, 256, 256, 4),
+        reference_case(EXPLICIT_ATTENTION, "train", "float32", device, 4, 256, 256, 4),
+        reference_case(FUSED_ATTENTION, "forward", "float32", device, 4, 256, 256, 4),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -389,3 +390,127 @@ def test_a_disagreement_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     result = runner.invoke(app, ["selfcheck", "--device", "cpu"])
     assert result.exit_code == EXIT_INCONCLUSIVE == 5
     assert summary_line(judge(undecided)) in " ".join(result.output.split())
+
+
+def test_a_block_holds_several_calls_of_a_long_op() -> None:
+    from attnbench.instrument.agreement import CALLS_PER_BLOCK, block_s_for
+
+    assert block_s_for(1e-5, 0.05) == 0.05  # a short op: the block's length as before
+    assert block_s_for(0.02, 0.05) == pytest.approx(CALLS_PER_BLOCK * 0.02)  # a 20 ms op: CALLS_PER_BLOCK calls
+
+
+@pytest.mark.slow
+def test_every_timer_times_the_same_prepared_closure_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``_check_op``: one closure, built once, is what attnbench and torch.utils.benchmark both time; each
+    block has the same length (CALLS_PER_BLOCK calls of the op, from the warm-up measurement) and starts after the
+    same PRIME_CALLS untimed calls, and the order alternates between rounds."""
+    import contextlib
+    import time
+
+    import torch
+    from torch.utils.benchmark import Timer
+
+    from attnbench.instrument.agreement import CALLS_PER_BLOCK, PRIME_CALLS
+    from attnbench.timing import adaptive
+
+    call_s = 2e-3
+    events: list[tuple[str, object]] = []
+
+    def fn() -> None:
+        events.append(("call", None))
+        end = time.perf_counter() + call_s
+        while time.perf_counter() < end:
+            pass
+
+    @contextlib.contextmanager
+    def built(op: SelfcheckOp, dev: torch.device) -> object:
+        yield fn
+
+    real_measure, real_autorange = adaptive.measure, Timer.blocked_autorange
+
+    def measure(f: object, clock: object, policy: TimingPolicy) -> object:
+        events.append(("attnbench", (f is fn, policy.min_time_s)))
+        return real_measure(f, clock, policy)  # type: ignore[arg-type]
+
+    def blocked_autorange(self: Timer, callback: object = None, min_run_time: float = 0.2) -> object:
+        events.append((TIMER, (self._globals["fn"] is fn, min_run_time)))
+        return real_autorange(self, min_run_time=min_run_time)
+
+    monkeypatch.setattr(measure_selfcheck, "_built", built)
+    monkeypatch.setattr(adaptive, "measure", measure)
+    monkeypatch.setattr(Timer, "blocked_autorange", blocked_autorange)
+    op = SelfcheckOp("matmul", "float32", size=8)
+    timed = measure_selfcheck._check_op(OpTimings(op), torch.device("cpu"), loose_policy(), (4, 4), 1e-3, [TIMER], None)
+    assert len(timed.ours_s) == len(dict(timed.references)[TIMER]) == 4
+    blocks = [(i, who, what) for i, (who, what) in enumerate(events) if who != "call"]
+    warm_up, rounds = blocks[0], blocks[1:]
+    assert warm_up[1] == "attnbench"  # the warm-up measurement, before any round
+    assert [who for _, who, _ in rounds] == ["attnbench", TIMER, TIMER, "attnbench"] * 2  # the order alternates
+    assert {what for _, _, what in rounds} == {(True, rounds[0][2][1])}  # the same closure, the same block length
+    assert rounds[0][2][1] >= CALLS_PER_BLOCK * call_s  # long enough for CALLS_PER_BLOCK calls
+    for (i, _, _), (before, _, _) in zip(rounds, [warm_up, *rounds[:-1]], strict=True):
+        # Each block starts after PRIME_CALLS calls that belong to no timer (the previous block ended before them).
+        assert events[i - PRIME_CALLS : i] == [("call", None)] * PRIME_CALLS and i - before > PRIME_CALLS
+    calls = [
+        sum(1 for who, _ in events[i + 1 : j] if who == "call")
+        for (i, _, _), (j, _, _) in zip(rounds, [*rounds[1:], (len(events) + PRIME_CALLS, "", None)], strict=True)
+    ]
+    # Each block made about its CALLS_PER_BLOCK calls (fewer when the machine stalled a call: blocks are timed),
+    # never the one or two a block of the old fixed length held for an op this long.
+    timed_calls = [n - PRIME_CALLS for n in calls[:-1]]
+    assert min(timed_calls) >= 3 and statistics.median(timed_calls) >= CALLS_PER_BLOCK - 1, timed_calls
+
+
+@pytest.mark.slow
+def test_the_written_out_attention_faults_no_pages_in_inside_steady_heap() -> None:
+    """Why vanilla's rounds spread (issue 50 §4): by default its n×n buffers went back to the kernel after a call and
+    were faulted in anew by the next; inside ``steady_heap`` a warm call faults in none. Counted in a fresh process:
+    a test worker's other threads (a finished test's sampler, torch's pool) fault pages of their own."""
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's malloc")
+    script = """
+import resource, torch
+from attnbench.host.memory import steady_heap
+from attnbench.instrument.agreement import _built, ops_for
+op = next(op for op in ops_for("cpu") if op.name == "vanilla" and op.case is not None and op.case.seq_len == 512)
+with steady_heap() as steady, _built(op, torch.device("cpu")) as fn, torch.inference_mode():
+    assert steady
+    for _ in range(3):
+        fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        fn()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    faults = int(done.stdout.split()[-1])
+    assert faults < 5 * 10, faults  # a page or two of bookkeeping at most, against hundreds a call by default
+
+
+def _cases_made_by_hand(source: str) -> list[int]:
+    """Lines of ``source`` that call ``Case(…)`` themselves (deciding heads and causality outside the families)."""
+    import ast
+
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Case"
+    ]
+
+
+def test_the_instrument_makes_its_cases_through_the_families_hook() -> None:
+    """Issue 47: the selfcheck's and calibrate's reference ops are made by ``families.references.reference_case``,
+    so no module of the instrument knows that an LSTM has no heads and is causal."""
+    from attnbench.families.references import STEPWISE_RECURRENCE, reference_case
+    from tests.support import ROOT
+
+    planted = 'Case("lstm", "forward", "float32", "cpu", 4, 64, 256, None, 1, True)\n'
+    assert _cases_made_by_hand("x = 1\n" + planted) == [2]  # the rule catches what it is for
+    for path in sorted((ROOT / "attnbench" / "instrument").glob("*.py")):
+        assert _cases_made_by_hand(path.read_text(encoding="utf-8")) == [], path.name
+    recurrent = [op.case for op in ops_for("cpu") if op.name == STEPWISE_RECURRENCE]
+    assert recurrent and all(c is not None and c.heads is None and c.causal for c in recurrent)
+    assert recurrent[0] == reference_case(STEPWISE_RECURRENCE, "forward", "float32", "cpu", 4, 64, 256, 4)
