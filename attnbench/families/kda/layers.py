@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.cases import Case
+from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.layers import (
     KERNELS,
@@ -51,7 +52,9 @@ from attnbench.families.deltanet.layers import (
     as_chunks,
     chunk_blocks,
     core_dtype,
+    fla_extras,
     fla_function,
+    fla_layout,
     l2norm,
     outer,
     short_conv,
@@ -233,6 +236,7 @@ class KDA(DecodingLayer):
             scale=self.d_k**-0.5,
             initial_state=memory,
             output_final_state=final,
+            **fla_layout(kernel),
         )
         if state is None:  # a forward keeps no state
             state = q.new_empty(0)
@@ -281,6 +285,9 @@ class KDATorch(ChunkedFormFamily):
             device,
             dtype,
         )
+
+    def extras(self, case: Case, device: str) -> dict[str, ExtraValue]:
+        return fla_extras(case, str(FAMILY.option(case, "kernel")))
 
     def unavailable(self, case: Case, device_type: str) -> str | None:
         """Why the fused kernel (``kernel: fla``) cannot run here, found before building."""

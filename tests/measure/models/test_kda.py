@@ -375,6 +375,25 @@ def test_kernel_fla_routes_through_chunk_kda(monkeypatch: pytest.MonkeyPatch) ->
     assert calls[0]["q"] == (B, 13, HEADS, 4) and calls[0]["g"] == (B, 13, HEADS, 4) and calls[0]["scale"] == 0.5
 
 
+def test_kernel_fla_passes_head_first_false_where_the_installed_chunk_kda_names_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the delta rules (issue 48): an fla whose default is head-first would read (B, T, H, D) as (B, H, T, D)."""
+    seen: list[object] = []
+
+    def chunk_kda(q, k, v, g, beta, *, scale, initial_state, output_final_state, head_first=True):  # type: ignore[no-untyped-def]
+        seen.append(head_first)
+        o, s = kda_chunked(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), 64, initial_state)
+        return o.transpose(1, 2), s if output_final_state else None
+
+    package = types.ModuleType("fla.ops.kda")
+    package.chunk_kda = chunk_kda  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fla.ops.kda", package)
+    with torch.no_grad():
+        layer(kernel="fla")(inputs(13))
+    assert seen == [False]
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
