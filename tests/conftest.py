@@ -26,12 +26,30 @@ os.environ["ATTNBENCH_CACHE"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Two xdist workers on two cores, each with torch's default of a thread per core: every tiny op's OpenMP
+        # team waited on a core the other worker held (test_kept_states' decodes took 3x as long). A sweep sets
+        # its own threads from its config (subprocesses inherit nothing from this), so only in-process tests
+        # see this; the serial pass, which compares timings, runs outside xdist and keeps torch's default.
+        import torch
+
+        torch.set_num_threads(1)
     # Declared here, not in pyproject, so a suite that copies this conftest (tests/e2e/test_gpu_check.py) knows it.
     config.addinivalue_line(
         "markers",
         "compiles(limit_s): compiles with inductor or Triton on a possibly cold cache: runs last in a time-limited "
         "run, under limit_s instead of ATTNBENCH_TEST_TIMEOUT_S",
     )
+
+
+def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:
+    """README's serial pass (``-m serial``) runs two tests: importing all ~120 test modules to deselect the rest
+    took it 15-20 s. There, a module that never names the marker is not collected at all."""
+    if config.getoption("markexpr", "") != "serial" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return "mark.serial" not in collection_path.read_text(encoding="utf-8", errors="replace")
 
 
 def compile_heavy(item: Any) -> bool:
