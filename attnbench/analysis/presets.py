@@ -2,11 +2,11 @@
 attention mixer, and the decode state its whole stack pays. Torch-free.
 
 A run's preset rows (``presets: {names, scope: core}``) hold one layer of each mixer of each model at its real
-dimensions. ``preset_crossovers`` pairs, per model, mode and dtype, each recurrent mixer's curve over n with each
-attention mixer's, and finds where their ratio crosses 1 (``scaling.crossovers``, on the rows that are evidence
-enough: ``scaling.good_evidence``). The pivot tables' own crossover lines already compare every recurrent curve
-with every attention curve of a table (one d_model, so one model's mixers, save where two presets share a width);
-these keep each model's mixers to themselves and name the model.
+dimensions. ``preset_crossovers`` pairs, per model, mode and dtype, each attention mixer's curve over n with each
+recurrent mixer's, and reads them as the pivot tables do (``scaling.crossover_line``: on the rows that are evidence
+enough, else — a busy machine's run — over every length both timed, a best estimate marked as one). The pivot
+tables' own lines compare every curve of a table (one d_model: one model's mixers, save where two presets share a
+width); these keep each model's mixers to themselves and name the model.
 
 ``stack_states`` needs no run: the families' own state formulas (the same ``state_bytes`` a decode row stores and a
 test holds to the allocated state) times how many of the model's layers each mixer is, split into what a sequence
@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from attnbench.analysis.scaling import crossovers, good_evidence
+from attnbench.analysis.scaling import CrossoverLine, Curve, CurveGroup, crossover_line
 from attnbench.families.catalogue import (
     PRESET_CORE_DEFAULT,
     PUBLISHED,
@@ -45,6 +45,7 @@ __all__ = [
     "stack_states",
 ]
 
+_MODES = ("forward", "train", "decode")  # the modes whose rows time one call alike on both sides
 # A context long enough that every window is full, so that what grows per token is what grows for good.
 _LONG = 1 << 20
 
@@ -107,36 +108,38 @@ def stack_states(dtype: str, core: str, names: Sequence[str] | None = None) -> l
 
 @dataclass(frozen=True)
 class PresetCrossover:
-    """Where, in one model's own mixers, the recurrent one's cost crosses the attention one's."""
+    """Where, in one model's own mixers, the attention one's time crosses the recurrent one's: the pivot tables'
+    line (``scaling.crossover_line``: interpolated between measured lengths, noise and left-out lengths said, and
+    over contended rows a best estimate, marked), None where no length has both timed."""
 
     name: str
     mode: str
     dtype: str
     recurrent: str  # the mixer labels
     attention: str
-    seq_lens: tuple[int, ...]  # the lengths both were timed at with good evidence
-    at: tuple[float, ...]  # each crossing's interpolated n
-    recurrent_faster_from: bool | None  # after the (last) crossing, whether the recurrent mixer is the faster one
-    ratio_at_longest: float | None  # recurrent / attention time at the longest common n
+    line: CrossoverLine | None
+
+    @property
+    def evidence(self) -> CrossoverLine | None:
+        """The line that has numbers: over the lengths that are evidence, else the marked estimate over all."""
+        if self.line is None or self.line.seq_lens:
+            return self.line
+        return self.line.indicative
+
+    @property
+    def estimate(self) -> bool:
+        """Whether the numbers rest on rows that are no evidence (contended or noisy): a best estimate."""
+        return self.line is not None and not self.line.seq_lens and self.evidence is not None
+
+    @property
+    def at(self) -> tuple[float, ...]:
+        """Each crossing's interpolated n."""
+        return tuple(c.x for c in self.evidence.crossings) if self.evidence is not None else ()
 
     def text(self) -> str:
-        if not self.seq_lens:
-            both = f"{self.recurrent} and {self.attention}"
-            return f"{self.name} {self.mode}: no length with good evidence for both {both}"
-        longest = self.seq_lens[-1]
-        ratio = f"{self.ratio_at_longest:.2f}×" if self.ratio_at_longest is not None else "?"
-        if not self.at:
-            side = "faster" if self.ratio_at_longest is not None and self.ratio_at_longest < 1 else "slower"
-            return (
-                f"{self.name} {self.mode}: {self.recurrent} is {side} than {self.attention} at every n from "
-                f"{self.seq_lens[0]} to {longest} ({ratio} its time at n={longest})"
-            )
-        where = ", ".join(f"n ≈ {x:,.0f}" for x in self.at)
-        after = "faster" if self.recurrent_faster_from else "slower"
-        return (
-            f"{self.name} {self.mode}: {self.recurrent} becomes {after} than {self.attention} at {where} "
-            f"({ratio} its time at n={longest})"
-        )
+        if self.line is None:
+            return f"{self.name} {self.mode}: {self.attention} vs {self.recurrent}: no length both were timed at"
+        return f"{self.name} {self.mode}: {self.line.text}"
 
 
 def _mixer_label(preset: Published, result: Result) -> str | None:
@@ -162,34 +165,45 @@ def _default(result: Result, name: str, value: object) -> bool:
 
 
 def preset_crossovers(results: Sequence[Result]) -> list[PresetCrossover]:
-    """Per published model in the run, mode and dtype, each recurrent mixer against each attention mixer."""
-    rows: dict[tuple[str, str, str, str], dict[int, Result]] = {}
+    """Per published model in the run, mode, dtype and batch, each attention mixer against each recurrent one, over
+    the lengths both were timed at."""
+    rows: dict[tuple[str, str, str, int, str], dict[int, Result]] = {}
     for result in results:
         case = result.case
         name = dict(case.options).get("preset")
         if not isinstance(name, str) or name not in PUBLISHED or case.hybrid is not None:
             continue
         label = _mixer_label(PUBLISHED[name], result)
-        if label is not None and case.mode in ("forward", "train", "decode") and good_evidence(result):
-            rows.setdefault((name, case.mode, case.dtype, label), {})[case.seq_len] = result
+        if label is not None and case.mode in _MODES:
+            timed = rows.setdefault((name, case.mode, case.dtype, case.batch, label), {})
+            if result.is_timed:
+                timed[case.seq_len] = result
     found = []
-    for (name, mode, dtype), group in itertools.groupby(sorted(rows), key=lambda k: k[:3]):
+    order = sorted(rows, key=lambda k: (list(PUBLISHED).index(k[0]), _MODES.index(k[1]), k[2:]))
+    for (name, mode, dtype, batch), group in itertools.groupby(order, key=lambda k: k[:4]):
         preset = PUBLISHED[name]
-        labels = {key[3] for key in group}
+        labels = {key[4] for key in group}
         recurrent = [m.label for m in preset.mixers if m.recurrent and m.label in labels]
         attention = [m.label for m in preset.mixers if not m.recurrent and m.label in labels]
         for r, a in itertools.product(recurrent, attention):
-            a_rows, r_rows = rows[(name, mode, dtype, a)], rows[(name, mode, dtype, r)]
-            ns = sorted(set(a_rows) & set(r_rows))
-            ys_r = [r_rows[n].median_s for n in ns]
-            ys_a = [a_rows[n].median_s for n in ns]
-            crossings = crossovers(ns, ys_r, ys_a) if ns else []
-            ratio = ys_r[-1] / ys_a[-1] if ns else None
-            faster = (ratio < 1) if crossings and ratio is not None else None
-            found.append(
-                PresetCrossover(name, mode, dtype, r, a, tuple(ns), tuple(c.x for c in crossings), faster, ratio)
-            )
+            a_rows, r_rows = rows[(name, mode, dtype, batch, a)], rows[(name, mode, dtype, batch, r)]
+            line = None
+            if a_rows and r_rows:  # one mixer untimed at every length (too slow, out of memory): no line to draw
+                curve_a, curve_r = _curve(a, batch, a_rows), _curve(r, batch, r_rows)
+                first = next(iter(a_rows.values())).case
+                ns = tuple(sorted({*a_rows, *r_rows}))
+                table = CurveGroup(
+                    mode, dtype, first.device, first.d_model, first.layers, ns, (batch,), None, (curve_a, curve_r)
+                )
+                line = crossover_line(table, curve_a, curve_r)
+            found.append(PresetCrossover(name, mode, dtype, r, a, line))
     return found
+
+
+def _curve(label: str, batch: int, results: dict[int, Result]) -> Curve:
+    """One mixer's rows as a pivot table's curve, labelled by the mixer and its family's model."""
+    model = next(iter(results.values())).case.model
+    return Curve(f"{label} ({model})", model, batch, results)
 
 
 @dataclass(frozen=True)

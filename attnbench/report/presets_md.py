@@ -27,7 +27,8 @@ def presets_markdown(section: PresetsSection | None) -> list[str]:
         return []
     rows = []
     for name, state in section.states:
-        if state is None:
+        if state is None:  # said, not dropped: the table lists every model the run has rows of
+            rows.append([md_cell(name), "not counted: a mixer's family is not in this release", *[""] * 4])
             continue
         mixers = ", ".join(f"{m.label} × {m.layers}" for m in state.mixers)
         rows.append(

@@ -4,12 +4,16 @@ recurrent and attention mixers in a run's rows."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 
-from attnbench.analysis.presets import preset_crossovers, presets_section, stack_state
+from attnbench.analysis.presets import PresetsSection, preset_crossovers, presets_section, stack_state
 from attnbench.core.cases import Case
 from attnbench.families.catalogue import PUBLISHED, published_problem
 from attnbench.report.presets_md import presets_markdown
+from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
 
@@ -81,12 +85,43 @@ def test_a_models_own_crossover_is_found_in_its_rows() -> None:
     rows = qwen_rows({512: (2.0, 1.0), 2048: (4.0, 4.0 * 1.5), 8192: (8.0, 64.0)})
     (found,) = preset_crossovers(rows)
     assert (found.recurrent, found.attention, found.mode) == ("linear_attention", "full_attention", "forward")
-    assert len(found.at) == 1 and 512 < found.at[0] < 2048 and found.recurrent_faster_from is True
-    assert found.ratio_at_longest == pytest.approx(8.0 / 64.0)
+    assert len(found.at) == 1 and 512 < found.at[0] < 2048 and not found.estimate
+    assert found.line is not None and found.line.seq_lens == (512, 2048, 8192)
+    assert found.line.ratios[-1] == pytest.approx(64.0 / 8.0)  # attention's time over the recurrent mixer's
     lines = presets_markdown(presets_section(rows))
     assert any("qwen3-next-80b-a3b" in line and "48 KiB" in line for line in lines)  # float32 rows
     (crossing,) = [line for line in lines if line.startswith("- ")]
-    assert "becomes faster" in crossing and f"{found.at[0]:,.0f}" in crossing
+    assert "qwen3-next-80b-a3b" in crossing and {"512", "2048"} <= set(re.findall(r"\d+", crossing))
+
+
+def contended(result: Result) -> Result:
+    return replace(result, contention=Contention(True, ("other processes kept 1.9 of 2 cores busy",), 1.0))
+
+
+def test_a_crossover_on_a_busy_machine_is_a_marked_estimate_with_its_interval() -> None:
+    """Issue 51's spirit: every row contended is no evidence, but the crossover between measured lengths is still
+    given, as an estimate, with the lengths it lies between."""
+    rows = [contended(r) for r in qwen_rows({512: (2.0, 1.0), 2048: (4.0, 6.0), 8192: (8.0, 64.0)})]
+    assert all(r.contended for r in rows)
+    (found,) = preset_crossovers(rows)
+    assert found.estimate and found.line is not None and found.line.seq_lens == ()
+    (crossing,) = found.evidence.crossings if found.evidence else ()
+    assert (crossing.low_x, crossing.high_x) == (512, 2048) and 512 < crossing.x < 2048
+    assert found.at == (crossing.x,)
+
+
+def test_a_mixer_untimed_at_every_length_still_gets_its_line() -> None:
+    rows = qwen_rows({512: (2.0, 1.0)})
+    untimed = [replace(r, status="too_slow_for_budget", measurement=None) if r.case.model == "gated-deltanet" else r
+               for r in rows]  # fmt: skip
+    (found,) = preset_crossovers(untimed)
+    assert found.line is None and found.at == () and not found.estimate
+
+
+def test_the_state_table_lists_a_model_it_cannot_count() -> None:
+    section = PresetsSection((("qwen3-next-80b-a3b", None),), ())
+    table = [row for line in presets_markdown(section) for row in line.splitlines() if row.startswith("| ")]
+    assert len(table) == 2 and table[1].split("|")[1].strip() == "qwen3-next-80b-a3b"  # the header, and the model
 
 
 def test_a_run_without_published_presets_has_no_section() -> None:

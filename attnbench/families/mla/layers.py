@@ -5,11 +5,11 @@ Per token: the query from x (or from RMSNorm(W_DQ x) with ``q_lora_rank``), spli
 rotated ones; W_DKV x split into the latent (RMSNorm'd, d_c) and the shared key (rotated, d_R). The cache keeps
 [c_t ; k^R_t] per token (``LatentCache``), written before attention. Over T queries, the last T of S cached positions:
 
-* ``naive``: kv_b(c) → per-head K^C and V (B, H, S, ·); K = [K^C ; k^R], Q = [q^C ; q^R]; SDPA (PyTorch's dispatch)
-  with scale 1/√(d_n + d_R), the causal mask aligned bottom-right.
-* ``absorbed``: q̃ = q^C W_UK,h (B, H, T, d_c); SDPA of [q̃ ; q^R] against the one head [c ; k^R] with values c
-  (multi-query: ``enable_gqa``), scale 1/√(d_n + d_R); o = õ W_UV,hᵀ. kv_b's weight is read as W_UK and W_UV, never
-  applied to the cache.
+* ``naive``: kv_b(c) → per-head K^C and V (B, H, S, ·); K = [K^C ; k^R], Q = [q^C ; q^R]; SDPA (its fused kernel:
+  V zero-padded to K's width) with scale 1/√(d_n + d_R), the causal mask aligned bottom-right.
+* ``absorbed``: q̃ = q^C W_UK,h (B, H, T, d_c); SDPA of [q̃ ; q^R] against the one head [c ; k^R], read in place as
+  keys and values (multi-query, ``enable_gqa``), scale 1/√(d_n + d_R); o = õ[:d_c] W_UV,hᵀ. kv_b's weight is read as
+  W_UK and W_UV, never applied to the cache.
 
 RoPE is the rotate-half layout (``attnbench.families.positional.Rotary``), at each token's position. The norms are
 RMSNorm with ε = 1e-6 as DeepSeek's. Decoding: ``step`` writes the token's latent into slot n and attends to slots
@@ -129,13 +129,8 @@ class MLA(nn.Module):
         if qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim {qk_rope_head_dim} must be even (RoPE rotates pairs)")
         self.d_model, self.heads, self.form, self.causal = d_model, heads, form, causal
-        self.d_c, self.d_q, self.d_n, self.d_r, self.d_v = (
-            kv_lora_rank,
-            q_lora_rank,
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-            v_head_dim,
-        )
+        self.d_c, self.d_q, self.d_n = kv_lora_rank, q_lora_rank, qk_nope_head_dim
+        self.d_r, self.d_v = qk_rope_head_dim, v_head_dim
         kw: dict[str, Any] = {"device": device, "dtype": dtype}
         query = heads * (self.d_n + self.d_r)
         if q_lora_rank:
@@ -188,19 +183,21 @@ class MLA(nn.Module):
             k_nope, v = kv.split([self.d_n, self.d_v], dim=-1)  # (B, H, S, ·)
             k = torch.cat([k_nope, k_rope.unsqueeze(1).expand(batch, heads, keys, self.d_r)], dim=-1)
             q = torch.cat([q_nope, q_rope], dim=-1)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
         else:
             weight = self.kv_up.weight.view(heads, self.d_n + self.d_v, self.d_c)
             w_uk, w_uv = weight.split([self.d_n, self.d_v], dim=1)  # (H, d_n, d_c), (H, d_v, d_c)
             q = torch.cat([q_nope @ w_uk, q_rope], dim=-1)  # (B, H, T, d_c + d_R): W_UK folded into the query
-            k, v = entries.unsqueeze(1), latent.unsqueeze(1)  # one head: (B, 1, S, d_c + d_R), (B, 1, S, d_c)
-            if SDPA_GQA:
-                o = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
-                )
-            else:
-                k, v = k.expand(batch, heads, keys, -1), v.expand(batch, heads, keys, -1)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
+            k = v = entries.unsqueeze(1)  # one head (B, 1, S, d_c + d_R), read in place; values c: õ's first d_c
+            if not SDPA_GQA:
+                k = v = k.expand(batch, heads, keys, -1)
+        # SDPA's fused CPU kernel takes one width for q, k and v (else its math fallback holds every (B, H, T, S) score
+        # and per-head copies of K and V): the narrower zero-padded, products the FLOP formulas leave out.
+        width, wide = self.d_v if form == "naive" else self.d_c, max(q.shape[-1], v.shape[-1])
+        q, k, v = (t if t.shape[-1] == wide else F.pad(t, (0, wide - t.shape[-1])) for t in (q, k, v))
+        gqa = {"enable_gqa": True} if k.shape[1] < heads else {}
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, **gqa)
+        o = o[..., :width]
+        if form != "naive":
             o = o @ w_uv.transpose(-1, -2)  # (B, H, T, d_v): W_UV folded into the output
         return o.transpose(1, 2).reshape(batch, length, heads * self.d_v)
 

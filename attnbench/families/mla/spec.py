@@ -37,7 +37,8 @@ FLOPs (2 per multiply-add), per layer, B sequences, T query tokens, S keys, P ke
 - absorbed: ``up`` 2·B·T·H·d_n·d_c + 2·B·T·H·d_c·d_v (the two folded products, per query), ``core``
   2·B·H·P·(d_c + d_R) + 2·B·H·P·d_c;
 - a block's FFN as attention's. Backward: every matmul twice; the core 5/2 of its forward (as attention).
-P is S·(S+1)/2 causal over a whole sequence, S² not, and n + 1 for a decode step. Formula ids
+P is S·(S+1)/2 causal over a whole sequence, S² not, and n + 1 for a decode step. The zeros SDPA's fused kernel is
+fed (the narrower of q·k and v widths padded) are no product of the model's: not counted. Formula ids
 ``mla-<naive|absorbed>[-<scope>][-decode]-v1``.
 """
 
