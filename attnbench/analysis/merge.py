@@ -80,14 +80,15 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def run_folders(paths: Iterable[Path], exclude: Path | None = None) -> list[Path]:
-    """Each path itself when it holds run.json, else the run folders directly inside it (name order). A folder
-    in which a sweep died before writing run.json is not a run; its cases show as missing."""
+    """Each path itself when it holds run.json, else the run folders directly inside it (name order, leaving out
+    ``exclude``: a merge's own output beside its shards). A folder in which a sweep died before writing run.json is
+    not a run; its cases show as missing."""
     folders: list[Path] = []
     for given in paths:
         path = Path(given)
         if not path.exists():
             raise ResultsError(f"{path}: no such run folder", hint="pass the shards' run folders, or a folder of them")
-        inside = store.run_folders(path, exclude)
+        inside = [p for p in store.run_folders(path) if p == path or exclude is None or p.resolve() != exclude]
         if not inside:
             raise ResultsError(
                 f"{path}: holds no run (no {RUN_FILE}, no run folders inside)",

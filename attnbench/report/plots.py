@@ -656,5 +656,10 @@ def write_run_plots(reading: Reading, folder: Path) -> tuple[list[Path], str | N
     # Plots are an extra drawn after the rows are safe on disk: whatever breaks in matplotlib (a font, a backend,
     # a bug of ours) must cost only the plots, never the run or its exit code. Ctrl-C still propagates.
     except Exception as exc:
-        reason = exc.message if isinstance(exc, AttnbenchError) else f"{type(exc).__name__}: {exc}"
-        return [], f"warning: plots not drawn ({reason}); the run is saved; retry with 'attnbench report RUN --plots'"
+        return [], plots_not_written(exc)
+
+
+def plots_not_written(exc: Exception) -> str:
+    """The warning shown instead of a run's plots when drawing or writing them failed: the run itself is saved."""
+    reason = exc.message if isinstance(exc, AttnbenchError) else f"{type(exc).__name__}: {exc}"
+    return f"warning: plots not drawn ({reason}); the run is saved; retry with 'attnbench report RUN --plots'"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attnbench.analysis.efficiency import (
     BandwidthPeak,
@@ -29,7 +29,10 @@ from attnbench.report.plot_style import device_name, line_style, plain_texts, sl
 from attnbench.results.records import Result
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+    from attnbench.results.records import Run
 
 # Where no calibration or vendor figure is known (a CPU before `attnbench calibrate`), the best the run's own rows
 # reached stands in for each ceiling: a floor under the true one, drawn dotted and named so.
@@ -132,22 +135,43 @@ def roofline_figure(
     """The roofline figure of one kind of device and dtype."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
-    run = reading.run
     compute, bandwidth, measured = ceilings(reading.peaks, dtype, points)
-    roof = ":" if measured else "-"
     fig = Figure(figsize=(8.4, 5.0), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.set_xscale("log")
     ax.set_yscale("log")
-    xs, ys = [x for _, x, _ in points], [y for _, _, y in points]
+    low_x, high_x = _x_range(points, compute, bandwidth)
+    handles = _draw_roofs(ax, compute, bandwidth, measured, low_x, high_x)
+    _draw_points(ax, points, colours)
+    below = below_roofline(reading, [r for r, _, _ in points])
+    _mark_below(ax, points, below)
+    handles += _legend_handles(points, colours, below)
+    top = max([*(y for _, _, y in points), compute.flops_per_s if compute else 0.0]) * 3
+    ax.set_xlim(low_x, high_x)
+    ax.set_ylim(min(y for _, _, y in points) / 3, top)
+    _finish(fig, ax, handles, reading.run, dtype, measured)
+    return fig
+
+
+def _x_range(
+    points: Sequence[tuple[Result, float, float]], compute: Peak | None, bandwidth: BandwidthPeak | None
+) -> tuple[float, float]:
+    """The intensities drawn: every point's, with room either side, and the ridge point's when both roofs are known."""
+    xs = [x for _, x, _ in points]
     low_x, high_x = min(xs) / 3, max(xs) * 3
     if compute is not None and bandwidth is not None:  # room for the ridge point
         ridge = compute.flops_per_s / bandwidth.bytes_per_s
         low_x, high_x = min(low_x, ridge / 3), max(high_x, ridge * 3)
-    handles = []
+    return low_x, high_x
+
+
+def _draw_roofs(
+    ax: Axes, compute: Peak | None, bandwidth: BandwidthPeak | None, measured: bool, low_x: float, high_x: float
+) -> list[Any]:
+    """The sloped (memory) and flat (compute) roofs, dotted when they are the run's own best; their legend lines."""
+    handles: list[Any] = []
     if bandwidth is not None:
         span = [low_x, high_x]
         if compute is not None:  # the sloped roof ends where it meets the flat one (the ridge point)
@@ -159,9 +183,14 @@ def roofline_figure(
         line.set_label(f"memory {format_bandwidth(bandwidth.bytes_per_s)} ({bandwidth.source})")
         handles.append(line)
     if compute is not None:
-        line = ax.axhline(compute.flops_per_s, color="0.15", linestyle=roof, linewidth=1.2)
+        line = ax.axhline(compute.flops_per_s, color="0.15", linestyle=":" if measured else "-", linewidth=1.2)
         line.set_label(f"compute {format_flops(compute.flops_per_s)} ({compute.source})")
         handles.append(line)
+    return handles
+
+
+def _draw_points(ax: Axes, points: Sequence[tuple[Result, float, float]], colours: dict[str, int]) -> None:
+    """A point per row: its model's colour, its mode's marker (hollow for decode)."""
     for result, x, y in points:
         colour = _colour_for(result.case.model, colours)
         marker = _MODE_MARKERS.get(result.case.mode, "o")
@@ -176,11 +205,27 @@ def roofline_figure(
             linewidths=1.3,
             zorder=3,
         )
-    below = below_roofline(reading, [r for r, _, _ in points])
+
+
+def _mark_below(
+    ax: Axes, points: Sequence[tuple[Result, float, float]], below: dict[str, Literal["compute", "memory"]]
+) -> None:
+    """A red ring around each point far below its roof, its shape saying which roof."""
     for result, x, y in points:
         bound = below.get(result.case.key)
         if bound is not None:
             ax.scatter([x], [y], s=150, marker=_BELOW_MARKERS[bound], facecolors="none", edgecolors="#b42318", zorder=4)
+
+
+def _legend_handles(
+    points: Sequence[tuple[Result, float, float]],
+    colours: dict[str, int],
+    below: dict[str, Literal["compute", "memory"]],
+) -> list[Any]:
+    """The legend's lines after the roofs': the rings drawn, then each model's colour, then each mode's marker."""
+    from matplotlib.lines import Line2D
+
+    handles: list[Any] = []
     for bound in dict.fromkeys(below.values()):
         handles.append(
             Line2D(
@@ -209,9 +254,11 @@ def roofline_figure(
                 markerfacecolor="none" if hollow else "0.3",
             )
         )
-    top = max([*ys, compute.flops_per_s if compute else 0.0]) * 3
-    ax.set_xlim(low_x, high_x)
-    ax.set_ylim(min(ys) / 3, top)
+    return handles
+
+
+def _finish(fig: Figure, ax: Axes, handles: list[Any], run: Run, dtype: str, measured: bool) -> None:
+    """Labels, grid, legend, title, and the note under the x label."""
     ax.set_xlabel("arithmetic intensity (useful FLOPs per compulsory byte, log)")
     ax.set_ylabel("achieved FLOP/s (log)")
     ax.grid(True, which="major", color="0.88", linewidth=0.8, zorder=0)
@@ -227,4 +274,3 @@ def roofline_figure(
         f"run {run.run_id}. {note}".strip(), xy=(0, 0), xycoords="axes fraction", xytext=(0, -40),
         textcoords="offset points", va="top", fontsize=7.5, color="0.4",
     )  # fmt: skip
-    return fig

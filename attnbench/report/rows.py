@@ -24,6 +24,7 @@ from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
 from attnbench.families.catalogue import case_column_values, kind_of, known
 from attnbench.families.extras import family_columns
+from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
 from attnbench.results.telemetry import (
     ADDED_METRICS,
@@ -357,30 +358,8 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         "status": result.status,
         "reason": result.reason,
     }
-    m = result.measurement
-    if m is not None:
-        s = m.summary
-        row.update(
-            median_ms=_ms(s.median),
-            ci95_low_ms=_ms(s.ci_low),
-            ci95_high_ms=_ms(s.ci_high),
-            iqr_ms=_ms(s.iqr),
-            mean_ms=_ms(s.mean),
-            std_ms=_ms(s.std),
-            min_ms=_ms(s.min),
-            samples=s.n,
-            converged=m.converged,
-            tokens_per_s=result.tokens_per_s,
-            calls_per_sample=m.calls_per_sample,
-            warmup_calls=m.warmup_calls,
-            warnings="; ".join(m.warnings),
-            warmup_s=m.warmup_s,
-            warmup_moved=m.warmup_moved,
-            first_sample_mz=m.first_sample_mz,
-            replicates=len(m.replicate_medians_s) or 1,
-            within_process_rel=m.within_process_rel,
-            between_process_rel=m.between_process_rel,
-        )
+    if result.measurement is not None:
+        row.update(_timing_columns(result, result.measurement))
     if result.memory is not None:
         peak = result.memory.peak_bytes
         row["peak_mem_mib"] = None if peak is None else to_mib(peak)
@@ -388,11 +367,57 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     row["parameters"] = result.parameters
     row["options"] = options_text(case)
     row["key"] = case.key
+    row.update(_flops_columns(result, peaks))
+    for name in ("kernels_per_call", "launch_bound", "state_mem_method"):
+        row[name] = result.extra.get(name)
+    row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
+    row.update({spec.name: result.extra.get(spec.name) for spec, of_case in FAMILY_COLUMNS if not of_case})
+    row.update(case_column_values(case))
+    row.update(_traffic_columns(result, peaks))
+    row["cache"] = result.extra.get("cache")
+    prediction = prediction_for(peaks, result) if peaks is not None and result.ok else None
+    if prediction is not None:
+        row["predicted_ms"], row["predicted_bound"] = to_ms(prediction.seconds), prediction.bound
+        row["measured_over_predicted"] = measured_over_predicted(result, prediction)
+    row.update(serving_columns(result))
+    row.update(_check_and_context_columns(result))
+    return {column: row.get(column) for column in COLUMNS}
+
+
+def _timing_columns(result: Result, m: Measurement) -> dict[str, Any]:
+    """The timing's statistics (in ms) and how it was taken."""
+    s = m.summary
+    return dict(
+        median_ms=_ms(s.median),
+        ci95_low_ms=_ms(s.ci_low),
+        ci95_high_ms=_ms(s.ci_high),
+        iqr_ms=_ms(s.iqr),
+        mean_ms=_ms(s.mean),
+        std_ms=_ms(s.std),
+        min_ms=_ms(s.min),
+        samples=s.n,
+        converged=m.converged,
+        tokens_per_s=result.tokens_per_s,
+        calls_per_sample=m.calls_per_sample,
+        warmup_calls=m.warmup_calls,
+        warnings="; ".join(m.warnings),
+        warmup_s=m.warmup_s,
+        warmup_moved=m.warmup_moved,
+        first_sample_mz=m.first_sample_mz,
+        replicates=len(m.replicate_medians_s) or 1,
+        within_process_rel=m.within_process_rel,
+        between_process_rel=m.between_process_rel,
+    )
+
+
+def _flops_columns(result: Result, peaks: PeakTable | None) -> dict[str, Any]:
+    """The counted FLOPs, and (an ok row) the rates they give, against the peak when one is known."""
+    row: dict[str, Any] = {}
     flops = result.extra.get("flops")
     if isinstance(flops, int) and not isinstance(flops, bool):
         row["flops"] = flops
         row["flops_formula"] = result.extra.get("flops_formula")
-        used = peaks.for_case(case) if peaks is not None else None
+        used = peaks.for_case(result.case) if peaks is not None else None
         # A rate only from an ok row: a too-slow row's few warm-up calls are evidence, not a timing.
         for prefix, executed in (("", False), ("executed_", True)) if result.ok else ():
             achieved = achieved_flops_per_s(result, executed=executed)
@@ -405,27 +430,29 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
     executed_count = result.extra.get("executed_flops")
     if isinstance(executed_count, int) and not isinstance(executed_count, bool):
         row["executed_flops"] = executed_count
-    for name in ("kernels_per_call", "launch_bound", "state_mem_method"):
-        row[name] = result.extra.get(name)
-    row["state_bytes"], row["state_mem_bytes"] = result.state_bytes, result.state_mem_bytes
-    row.update({spec.name: result.extra.get(spec.name) for spec, of_case in FAMILY_COLUMNS if not of_case})
-    row.update(case_column_values(case))
+    return row
+
+
+def _traffic_columns(result: Result, peaks: PeakTable | None) -> dict[str, Any]:
+    """The compulsory bytes, the intensity, and (an ok row, as tflops) the bandwidth reached against the peak's."""
+    row: dict[str, Any] = {}
     moved = result.extra.get("bytes_moved")
     if isinstance(moved, int) and not isinstance(moved, bool):
         row["bytes_moved"], row["bytes_formula"] = moved, result.extra.get("bytes_formula")
         row["arithmetic_intensity"] = arithmetic_intensity(result)
-        achieved = achieved_bytes_per_s(result) if result.ok else None  # a rate only from an ok row, as tflops
+        achieved = achieved_bytes_per_s(result) if result.ok else None
         if achieved is not None:
             row["gbps"] = achieved / 1e9
             bandwidth = peaks.bandwidth() if peaks is not None else None
             if bandwidth is not None:
                 row["pct_of_peak_bw"], row["peak_bw_source"] = pct_of_peak_bw(result, bandwidth), bandwidth.source
-    row["cache"] = result.extra.get("cache")
-    prediction = prediction_for(peaks, result) if peaks is not None and result.ok else None
-    if prediction is not None:
-        row["predicted_ms"], row["predicted_bound"] = to_ms(prediction.seconds), prediction.bound
-        row["measured_over_predicted"] = measured_over_predicted(result, prediction)
-    row.update(serving_columns(result))
+    return row
+
+
+def _check_and_context_columns(result: Result) -> dict[str, Any]:
+    """The numeric check, the model's kind and source, compile time, contention and telemetry."""
+    case = result.case
+    row: dict[str, Any] = {}
     if result.check is not None:
         check = result.check
         row.update(check_status=check.status, check_max_abs_err=check.max_abs_err, check_rel_err=check.rel_err)
@@ -443,7 +470,7 @@ def summary_row(result: Result, peaks: PeakTable | None = None) -> dict[str, Any
         row.update({name: t.metrics.get(name) for name in METRICS})
         row.update(telemetry_source=t.source, telemetry_samples=t.samples, telemetry_reliable=t.reliable)
         row["telemetry_note"] = telemetry_note(t)
-    return {column: row.get(column) for column in COLUMNS}
+    return row
 
 
 def serving_columns(result: Result) -> dict[str, Any]:

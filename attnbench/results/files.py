@@ -23,7 +23,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -276,6 +276,20 @@ def make_subfolder(path: Path) -> Path:
     if not stat.S_ISDIR(mode):
         raise ResultsError(f"{path}: {_kind(mode)}, not a folder", hint=_REPLACE_HINT)
     return path
+
+
+def write_files(folder: Path, files: Iterable[tuple[str, str | bytes]], subfolders: Iterable[str] = ()) -> list[Path]:
+    """Make each of ``subfolders`` inside the run folder ``folder`` (``make_subfolder``: never through a link, so
+    nothing is written out of the run folder), then write each ``(name, content)`` into it with ``write_atomic``.
+    Returns the paths written, in order."""
+    for name in subfolders:
+        make_subfolder(folder / name)
+    paths: list[Path] = []
+    for name, content in files:
+        path = folder / name
+        write_atomic(path, content)
+        paths.append(path)
+    return paths
 
 
 def remove_leftovers(folder: Path) -> list[Path]:

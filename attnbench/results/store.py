@@ -340,10 +340,9 @@ def load_run(folder: str | Path) -> StoredRun:
 SKIPPED = "skipped "  # how load_runs' warnings about a run it left out begin
 
 
-def run_folders(path: str | Path, exclude: Path | None = None) -> list[Path]:
-    """``path`` itself when it is a run folder, else the run folders directly inside it (name order, leaving out
-    ``exclude``, e.g. a merge's own output): how every command that takes "a run or a folder of runs" reads its
-    argument. Empty when there is none."""
+def run_folders(path: str | Path) -> list[Path]:
+    """``path`` itself when it is a run folder, else the run folders directly inside it (name order): how every
+    command that takes "a run or a folder of runs" reads its argument. Empty when there is none."""
     path = Path(path)
     try:
         if (path / RUN_FILE).exists() or not path.is_dir():
@@ -353,7 +352,7 @@ def run_folders(path: str | Path, exclude: Path | None = None) -> list[Path]:
         raise ResultsError(
             f"{path}: cannot read it ({exc.strerror or exc})", hint="check the path and the permissions of its folders"
         ) from None
-    return [p for p in inside if exclude is None or p.resolve() != exclude.resolve()]
+    return inside
 
 
 # ``latest`` stands for the newest run folder under the default ``--out`` (``attnbench report latest``): the one

@@ -187,7 +187,7 @@ class SideExecutor(IsolatedExecutor):
         with theirs:
             fd = theirs.fileno()
             popen = subprocess.Popen(
-                [str(self.python), "-m", "attnbench.sweeps.side_worker", str(fd)],
+                [str(self.python), "-m", "attnbench.cli.side_worker", str(fd)],
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -1,7 +1,8 @@
 """One side of ``attnbench ab``: the isolated worker, run by another Python environment's interpreter.
 
-``PYTHON -m attnbench.sweeps.side_worker FD`` — FD is one end of a socket pair the parent made and handed down;
-over it the worker speaks ``isolated_executor``'s pipe protocol after a short prelude:
+``PYTHON -m attnbench.cli.side_worker FD`` (the runner that gives ``main``'s code to the process) — FD is one end
+of a socket pair the parent made and handed down; over it the worker speaks ``isolated_executor``'s pipe protocol
+after a short prelude:
 
 1. the parent sends the settings as plain values (``settings_to_dict``), so that two versions of attnbench read
    them alike (a pickled ``ExecutorSettings`` of one version need not unpickle in the other);
@@ -21,7 +22,6 @@ from __future__ import annotations
 import math
 import multiprocessing.connection
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,8 @@ def _prelude(conn: multiprocessing.connection.Connection) -> ExecutorSettings | 
 
 
 def main(argv: list[str]) -> int:
+    """Serve the socket whose descriptor is ``argv[0]``; returns 0, or 1 when this side could not start (the parent
+    has been told why)."""
     from attnbench.sweeps.isolated_executor import _worker
 
     conn = multiprocessing.connection.Connection(int(argv[0]))
@@ -104,7 +106,3 @@ def main(argv: list[str]) -> int:
         return 1
     _worker(conn, settings)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -113,6 +113,38 @@ def test_the_merged_folder_keeps_the_run_contract_and_every_command_reads_it(
 
 
 @pytest.mark.slow
+def test_the_merge_renders_from_its_plan_what_the_folder_it_wrote_renders(
+    runs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merge renders its summaries and plots from the rows it holds, never reading its folder back: byte for
+    byte what a sweep's renderer (which reads the folder) writes of the merged folder."""
+    from attnbench.report import run_files
+    from attnbench.workflows import merge as merging
+
+    out = tmp_path / "merged"
+    rendered: list[run_files.RunFiles] = []
+    render = run_files.render_run_files
+
+    def spy(*args: Any, **kwargs: Any) -> run_files.RunFiles:
+        rendered.append(render(*args, **kwargs))
+        return rendered[-1]
+
+    monkeypatch.setattr(merging, "render_run_files", spy)
+    monkeypatch.setattr(run_files, "load_run", lambda folder: pytest.fail("the merge read its folder back"))
+    merging.write(plan_merge(runs["shards"], out), out)
+    assert len(rendered) == 1 and rendered[0].plots
+    merged = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.undo()
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    _, paths, problem = run_files.write_run_files(again)
+    assert problem is None and {str(p.relative_to(again)) for p in paths} == {name for name, _ in rendered[0].files}
+    assert {str(p.relative_to(again)): p.read_bytes() for p in paths} == {
+        name: merged[name] for name, _ in rendered[0].files
+    }
+
+
+@pytest.mark.slow
 def test_merging_again_gives_the_same_folder(runs: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "merged"
     files = ("run.json", "results.jsonl", "telemetry.jsonl", "summary.csv", "summary.md")
