@@ -163,7 +163,7 @@ def ab(
     print_warnings(plan.sweep.warnings)
     if not quiet:
         stderr.print(
-            f"ab: {plural(len(plan.cases), 'case')} × {rounds} rounds (+1 warm-up) on {plan.sweep.device}, "
+            f"ab: {plural(len(plan.cases), 'case')} × {rounds} rounds (+1 warm-up a worker pair) on {plan.sweep.device}, "
             f"{plural(plan.settings.threads or 0, 'thread')}, {plural(plan.worker_pairs, 'worker pair')}; "
             f"base {plan.pythons[0]}, head {plan.pythons[1]}",
             markup=False,
