@@ -19,12 +19,12 @@ processes (where their memory landed, which core their threads settled on), whic
 whole session: a constant offset no number of rounds averages away (1 false regression in 20 A/A sessions, issue
 50). So a session replaces both workers every few rounds (``sweeps.interleaved``), and the rounds come in clusters,
 one per worker pair, each with its own draw of that offset. The rounds of one pair are not independent evidence
-about it, so the statistic is one per pair: the median of its rounds' ratios (one odd round does not move it). The
-case's ratio is the geometric mean of the pairs' ratios, and its 95 % interval Student's t on their logs with
-(pairs − 1) degrees of freedom: the spread between pairs holds both the rounds' noise and the workers' offsets, so
-a per-process bias widens the interval instead of shifting it. Fewer than ``MIN_PAIRS`` pairs give no interval
-(unclear). A session of one worker pair (``--pair-rounds 0``) is judged on its rounds as above: it cannot see a
-per-process offset.
+about it, so the statistic is one per pair: the median of its rounds' ratios (at three rounds a pair or more, one
+odd round does not move it). The case's ratio is the geometric mean of the pairs' ratios, and its 95 % interval
+Student's t on their logs with (pairs − 1) degrees of freedom: the spread between pairs holds both the rounds'
+noise and the workers' offsets, so a per-process bias widens the interval instead of shifting it. Fewer than
+``MIN_PAIRS`` pairs give no interval (unclear). A session of one worker pair (``--pair-rounds 0``) is judged on its
+rounds as above: it cannot see a per-process offset.
 
 Over the whole set, a slower or faster call must survive the Benjamini–Hochberg control ``compare`` uses
 (``case_compare.withdraw_unheld``), with the exact one-sided sign-test p of "the median ratio lies beyond the

@@ -123,7 +123,7 @@ def ab(
             "--pair-rounds",
             help="Judged rounds per worker pair: then both sides' workers are replaced by fresh processes "
             "(0: one pair for the whole session).",
-            show_default="3, fewer when --rounds would make under 3 pairs",
+            show_default="2",
         ),
     ] = None,
     fail_on: Annotated[
@@ -163,8 +163,8 @@ def ab(
     print_warnings(plan.sweep.warnings)
     if not quiet:
         stderr.print(
-            f"ab: {plural(len(plan.cases), 'case')} × {rounds} rounds (+1 warm-up a worker pair) on {plan.sweep.device}, "
-            f"{plural(plan.settings.threads or 0, 'thread')}, {plural(plan.worker_pairs, 'worker pair')}; "
+            f"ab: {plural(len(plan.cases), 'case')} × {rounds} rounds in {plural(plan.worker_pairs, 'worker pair')} "
+            f"(each after a warm-up round) on {plan.sweep.device}, {plural(plan.settings.threads or 0, 'thread')}; "
             f"base {plan.pythons[0]}, head {plan.pythons[1]}",
             markup=False,
             highlight=False,

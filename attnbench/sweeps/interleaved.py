@@ -53,10 +53,12 @@ MIN_ROUNDS, MAX_ROUNDS = 6, 1000  # below 6 no 95 % interval of a median exists
 # Each side's block in a round: short, so the two blocks of a round are neighbours in time; long against a call.
 DEFAULT_BLOCK_S = 0.1
 MIN_BLOCK_S, MAX_BLOCK_S = 0.01, 60.0
-# Judged rounds per worker pair (then both workers are replaced): 3 keeps one odd round from moving a pair's median
-# and gives the default 12 rounds four pairs, the fewest at which Student's t (3 degrees of freedom) leaves a 25 %
-# slowdown clearly outside a 5 % threshold on a noisy 2-core runner (``analysis.paired``).
-DEFAULT_PAIR_ROUNDS = 3
+# Judged rounds per worker pair (then both workers are replaced): the interval rests on the pairs, so more pairs of
+# fewer rounds narrow it most (Student's t at 5 degrees of freedom is 2.57, at 3 it is 3.18). Simulated at the
+# 2-core VM's spread (rounds ±8-15 %, workers' offsets 3-5 %), 12 rounds in 6 pairs caught a 25 % slowdown in 78-100 %
+# of sessions where 4 pairs of 3 caught 40-92 %, and called no more A/A sessions slower; each pair costs two
+# interpreter starts and a warm-up round.
+DEFAULT_PAIR_ROUNDS = 2
 _STDERR_TAIL = 400  # characters of a side's stderr quoted when its worker cannot start
 
 
@@ -71,7 +73,7 @@ class AbRequest:
     overrides: tuple[str, ...] = ()
     rounds: int = DEFAULT_ROUNDS
     block_s: float = DEFAULT_BLOCK_S
-    pair_rounds: int | None = None  # None: DEFAULT_PAIR_ROUNDS, fewer where the rounds would give under 3 pairs
+    pair_rounds: int | None = None  # None: DEFAULT_PAIR_ROUNDS (any MIN_ROUNDS rounds or more make 3 pairs)
 
 
 def block_policy(timing: TimingPolicy, block_s: float) -> TimingPolicy:

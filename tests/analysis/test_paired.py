@@ -146,8 +146,8 @@ def test_the_session_answer_and_json_keys() -> None:
     assert judge_session([same], 12).answer == "same"
 
 
-# Fresh worker pairs: 12 rounds, 3 a pair, as ``attnbench ab`` runs by default.
-PAIRS = [i // 3 for i in range(12)]
+# Fresh worker pairs: 12 rounds, 2 a pair, as ``attnbench ab`` runs by default.
+PAIRS = [i // 2 for i in range(12)]
 
 
 def biased_rounds(rng: random.Random, slowdown: float = 0.0, spread: float = 0.04) -> tuple[list[float], list[float]]:
@@ -168,12 +168,12 @@ def pairs_session(rng: random.Random, cases: int, slowdown: float = 0.0) -> int:
 def test_a_worker_that_reads_8_percent_slow_is_a_regression_for_one_pair_and_not_over_fresh_pairs() -> None:
     """One worker pair for the whole session keeps one process's offset in every round: the rounds agree on it, and
     a head process 8 % slow is 'slower'. Fresh pairs draw it anew, and the pairs' spread holds it."""
-    rounds = [1.0 + 0.002 * (i % 3) for i in range(12)]
-    offsets = [1.08, 0.97, 1.01, 0.95]  # the head worker of each pair, against its base worker
+    rounds = [1.0 + 0.002 * (i % 2) for i in range(12)]
+    offsets = [1.08, 0.97, 1.01, 0.95, 1.03, 0.96]  # the head worker of each pair, against its base worker
     head = [r * offsets[p] for r, p in zip(rounds, PAIRS, strict=True)]
     assert judge_rounds("k", CASE, [1.0] * 12, [r * 1.08 for r in rounds], THRESHOLD).answer == "slower"
     fresh = judge_rounds("k", CASE, [1.0] * 12, head, THRESHOLD, PAIRS)
-    assert fresh.answer == "unclear" and fresh.pair_ratios == pytest.approx([1.082, 0.971, 1.012, 0.952], rel=1e-3)
+    assert fresh.answer == "unclear" and fresh.pair_ratios == pytest.approx([1.001 * o for o in offsets])
     assert fresh.ci_low is not None and fresh.ci_high is not None and fresh.ci_low < 1 < fresh.ci_high
     assert judge_session([fresh], 12).exit_code == EXIT_UNCLEAR
 
@@ -203,9 +203,10 @@ def test_the_pairs_p_and_the_interval_agree_at_the_threshold() -> None:
 
 
 def test_pairs_are_judged_on_their_medians_and_too_few_are_unclear() -> None:
-    # One odd round (a state change between its two blocks) does not move its pair's median.
+    # Three rounds a pair (--pair-rounds 3): one odd round (a state change between its two blocks) does not move
+    # its pair's median.
     head = [1.3, 1.3, 1.9, 1.3, 1.3, 1.3, 1.3, 0.8, 1.3, 1.3, 1.3, 1.3]
-    judged = judge_rounds("k", CASE, [1.0] * 12, head, THRESHOLD, PAIRS)
+    judged = judge_rounds("k", CASE, [1.0] * 12, head, THRESHOLD, [i // 3 for i in range(12)])
     assert judged.pair_ratios == pytest.approx([1.3] * 4) and judged.answer == "slower"
     assert judged.ratio == pytest.approx(1.3) and judged.to_dict()["worker_pairs"] == 4
     assert judge_session([judged], 12).exit_code == EXIT_CASE_FAILED
@@ -214,8 +215,8 @@ def test_pairs_are_judged_on_their_medians_and_too_few_are_unclear() -> None:
 
 
 def test_a_lone_marginal_pair_slowdown_is_held_by_the_false_discovery_control() -> None:
-    # Pairs' medians 1.07-1.12: p ≈ 1.6 %, slower alone, not among 20 cases (2.5 % / 20).
-    marginal = [r for r in (1.07, 1.12, 1.08, 1.11) for _ in range(3)]
+    # Pairs' ratios 1.06-1.13: p ≈ 0.6 %, slower alone, not among 20 cases (2.5 % / 20 = 0.125 %).
+    marginal = [r for r in (1.06, 1.13, 1.07, 1.12, 1.08, 1.11) for _ in range(2)]
     alone = judge_rounds("m", CASE, [1.0] * 12, marginal, THRESHOLD, PAIRS)
     assert alone.answer == "slower" and 0.025 / 20 < pairs_p(alone.pair_ratios, THRESHOLD, "regressed") < 0.025
     same = [judge_rounds(f"s{i}", CASE, [1.0] * 12, [1.0] * 12, THRESHOLD, PAIRS) for i in range(19)]

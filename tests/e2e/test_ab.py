@@ -58,7 +58,7 @@ def test_aa_is_same_exit_0_and_compare_reads_both_runs(tmp_path: Path) -> None:
         assert stored.run.label == role and stored.run.state == "complete"
         (row,) = stored.results
         assert row.ok and row.extra["ab_blocks"] == 12 and row.extra["ab_side"] == role
-        assert row.extra["ab_workers"] == 4  # 3 rounds a worker pair, then fresh workers
+        assert row.extra["ab_workers"] == 6  # 2 rounds a worker pair, then fresh workers
         assert row.measurement is not None and row.measurement.injected_delay_s == 0
         assert (folder / "summary.csv").is_file()
     compared = runner.invoke(app, ["compare", str(base), str(head), "--format", "json"])

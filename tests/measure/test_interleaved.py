@@ -120,7 +120,7 @@ def test_pair_rounds_that_leave_too_few_worker_pairs_are_refused(tmp_path: Path)
             AbRequest(config, tmp_path, Path("/bin/sh"), Path("/bin/sh"), rounds=rounds, pair_rounds=pair_rounds)
         )
 
-    assert plan(12, None).pair_rounds == 3 and plan(7, None).pair_rounds == 2  # at least 3 pairs by default
+    assert plan(12, None).pair_rounds == 2 and plan(6, None).worker_pairs == 3  # at least 3 pairs by default
     assert plan(12, 0).worker_pairs == 1 and plan(12, 12).worker_pairs == 1  # one pair for the whole session
     for bad in (6, 7, -1):  # 2 pairs of 12 rounds: no usable interval
         with pytest.raises(AttnbenchError):
