@@ -168,8 +168,8 @@ def main() -> int:
             )
             print(log[-1], flush=True)
             args.report.write_text(render(args, series, loads, log))
-            with args.report.with_suffix(".jsonl").open("a") as log:  # every session's cases, for a closer look
-                log.write(json.dumps({"series": kind, "exit": result.exit, "cases": list(result.cases)}) + "\n")
+            with args.report.with_suffix(".jsonl").open("a") as jsonl:  # every session's cases, for a closer look
+                jsonl.write(json.dumps({"series": kind, "exit": result.exit, "cases": list(result.cases)}) + "\n")
     print(render(args, series, loads, log))
     return 0
 

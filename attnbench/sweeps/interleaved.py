@@ -50,6 +50,7 @@ ROLES: tuple[Role, ...] = ("base", "head")
 
 DEFAULT_ROUNDS = 12  # judged rounds: a 95 % sign-test interval of the median then spans ranks 3-10 of 12
 MIN_ROUNDS, MAX_ROUNDS = 6, 1000  # below 6 no 95 % interval of a median exists
+MIN_PAIRS = 3  # ``analysis.paired``'s (sweeps do not import analysis): below it, no usable interval over pairs
 # Each side's block in a round: short, so the two blocks of a round are neighbours in time; long against a call.
 DEFAULT_BLOCK_S = 0.1
 MIN_BLOCK_S, MAX_BLOCK_S = 0.01, 60.0
@@ -125,8 +126,6 @@ def resolve_pair_rounds(rounds: int, pair_rounds: int | None) -> int:
     """Judged rounds per worker pair: ``pair_rounds`` (0: one pair for the whole session), by default
     ``DEFAULT_PAIR_ROUNDS`` or fewer, so that the rounds make at least ``MIN_PAIRS`` pairs. Raises
     ``AttnbenchError`` for a count that would leave 2 pairs (no usable interval) or is out of range."""
-    from attnbench.analysis.paired import MIN_PAIRS
-
     if pair_rounds is None:
         return min(DEFAULT_PAIR_ROUNDS, rounds // MIN_PAIRS)
     if pair_rounds == 0:

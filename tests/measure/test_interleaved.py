@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 
+from attnbench.analysis import paired
 from attnbench.analysis.thresholds import Thresholds
 from attnbench.cli.ab import judge
 from attnbench.core.cases import Case, TimingPolicy
@@ -15,6 +16,7 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.host.inventory import collect_environment
 from attnbench.results.records import Result
 from attnbench.results.store import load_run
+from attnbench.sweeps import interleaved
 from attnbench.sweeps.interleaved import (
     ROLES,
     AbRequest,
@@ -120,6 +122,7 @@ def test_pair_rounds_that_leave_too_few_worker_pairs_are_refused(tmp_path: Path)
             AbRequest(config, tmp_path, Path("/bin/sh"), Path("/bin/sh"), rounds=rounds, pair_rounds=pair_rounds)
         )
 
+    assert interleaved.MIN_PAIRS == paired.MIN_PAIRS and interleaved.MIN_ROUNDS == paired.MIN_ROUNDS
     assert plan(12, None).pair_rounds == 2 and plan(6, None).worker_pairs == 3  # at least 3 pairs by default
     assert plan(12, 0).worker_pairs == 1 and plan(12, 12).worker_pairs == 1  # one pair for the whole session
     for bad in (6, 7, -1):  # 2 pairs of 12 rounds: no usable interval
