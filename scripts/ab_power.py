@@ -2,15 +2,17 @@
 side must (issue 50, item 2).
 
     python scripts/ab_power.py [--aa 20] [--slowed 10] [--slowdown 0.25] [--config configs/aa-cpu.yaml]
-        [--set modes=[forward]] [--set threads=2] [--rounds 12] [--block 0.1] [--fail-on median:5%]
-        [--report results/ab-power-cpu.md]
+        [--set modes=[forward]] [--set threads=2] [--rounds 12] [--block 0.1] [--pair-rounds N]
+        [--fail-on median:5%] [--report results/ab-power-cpu.md] [--conditions "a quiet machine"]
 
 Each session is one ``attnbench ab CONFIG --format json`` in its own process, both sides this interpreter; a slowed
 session's ``--head-python`` is a wrapper script that sets ``ATTNBENCH_INJECT_SLOWDOWN`` (every timed call of that
 side busy-waits the fraction of its warm-up time per call). A/A and slowed sessions alternate, so drift of the
 machine hits both series alike. The report is rewritten after every session (a stopped script keeps what it had):
 per series the sessions, how many exited 0, 1 (a regression), 6 (unclear) or otherwise, the unclear rate, and the
-cases' answers; each session's cases (ratio, interval, per-round ratios) go to the report's ``.jsonl``. Targets: 0
+cases' answers, then every session's line; each session's cases (ratio, interval, per-round and per-worker-pair
+ratios) go to the report's ``.jsonl`` (started afresh by each run of the script). ``--conditions`` says in the
+report what the machine was doing (the load averages at each session's start are recorded either way). Targets: 0
 of 20 A/A sessions exit 1; at least 9 of 10 slowed sessions exit 1.
 """
 
@@ -53,6 +55,8 @@ class Session:
 def session(args: argparse.Namespace, out: Path, head: Path | None) -> Session:
     command = [sys.executable, "-m", "attnbench", "ab", str(args.config), "--out", str(out), "-q", "-f", "json"]
     command += ["--rounds", str(args.rounds), "--block", str(args.block), "--no-plots"]
+    if args.pair_rounds is not None:
+        command += ["--pair-rounds", str(args.pair_rounds)]
     for item in args.set or ():
         command += ["--set", item]
     for item in args.fail_on or ():
@@ -66,8 +70,8 @@ def session(args: argparse.Namespace, out: Path, head: Path | None) -> Session:
     try:
         data = json.loads(done.stdout)
         answers.update(case["answer"] for case in data["cases"])
-        keep = ("key", "answer", "ratio", "ci_low", "ci_high", "base_s", "head_s", "ratios")
-        cases = [{k: case[k] for k in keep} for case in data["cases"]]
+        keep = ("key", "answer", "ratio", "ci_low", "ci_high", "base_s", "head_s", "ratios", "pair_ratios")
+        cases = [{k: case.get(k) for k in keep} for case in data["cases"]]
     except (json.JSONDecodeError, KeyError, TypeError):
         print(done.stderr[-2000:], file=sys.stderr)
     return Session(done.returncode, answers, time.monotonic() - started, tuple(cases))
@@ -81,18 +85,18 @@ def load() -> str:
     return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
 
 
-def render(args: argparse.Namespace, series: dict[str, list[Session]], loads: list[str]) -> str:
+def render(args: argparse.Namespace, series: dict[str, list[Session]], loads: list[str], log: list[str]) -> str:
     shown = args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
     lines = [
         f"# attnbench ab: A/A and {args.slowdown:.0%} slowdown sessions",
         "",
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node() or 'this machine'} "
-        f"({os.cpu_count()} CPUs), **with other jobs running on the machine** (about eight agents shared its two "
-        f"cores; load average 1/5/15 min at each session's start: {', '.join(loads[:6])}"
-        f"{' …' if len(loads) > 6 else ''}).",
+        f"({os.cpu_count()} CPUs), {args.conditions} (load average 1/5/15 min at each session's start: "
+        f"{', '.join(loads[:6])}{' …' if len(loads) > 6 else ''}).",
         "",
         f"Command per session: `attnbench ab {shown}"
         f" --rounds {args.rounds} --block {args.block}"
+        + ("" if args.pair_rounds is None else f" --pair-rounds {args.pair_rounds}")
         + "".join(f" --set {shlex.quote(s)}" for s in args.set or ())
         + "".join(f" --fail-on {f}" for f in args.fail_on or ())
         + "`; slowed sessions add `--head-python` a wrapper that sets "
@@ -119,6 +123,8 @@ def render(args: argparse.Namespace, series: dict[str, list[Session]], loads: li
             else f"| {name} | 0 | | | | | | | |"
         )
     lines += ["", "Targets (issue 50): 0 of 20 A/A sessions exit 1; at least 9 of 10 slowed sessions exit 1.", ""]
+    lines += ["Each session, in the order run (exit code, then the cases' answers, then its wall time):", ""]
+    lines += ["```text", *log, "```", ""]
     return "\n".join(lines)
 
 
@@ -131,13 +137,21 @@ def main() -> int:
     parser.add_argument("--set", action="append", help="a config override, as ab's --set (repeatable)")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--block", type=float, default=0.1)
+    parser.add_argument("--pair-rounds", type=int, default=None, help="ab's --pair-rounds (default: ab's own)")
     parser.add_argument("--fail-on", action="append")
     parser.add_argument("--report", type=Path, default=ROOT / "results" / "ab-power-cpu.md")
+    parser.add_argument(
+        "--conditions",
+        default="**with other jobs running on the machine**",
+        help="what the machine was doing, as the report says it (e.g. 'on a quiet machine')",
+    )
     args = parser.parse_args()
     args.config = args.config.resolve()
     series: dict[str, list[Session]] = {"A/A": [], f"head slowed {args.slowdown:.0%}": []}
     aa, slowed = series.values()
     loads: list[str] = []
+    log: list[str] = []
+    args.report.with_suffix(".jsonl").write_text("")  # this series only
     with tempfile.TemporaryDirectory(prefix="ab-power-") as tmp:
         folder = Path(tmp)
         head = wrapper(folder, args.slowdown)
@@ -149,11 +163,14 @@ def main() -> int:
             loads.append(load())
             result = session(args, folder / f"s{index}", head if kind == "slowed" else None)
             (aa if kind == "aa" else slowed).append(result)
-            print(f"{index + 1}/{len(order)} {kind}: exit {result.exit} {dict(result.answers)}", flush=True)
-            args.report.write_text(render(args, series, loads))
-            with args.report.with_suffix(".jsonl").open("a") as log:  # every session's cases, for a closer look
-                log.write(json.dumps({"series": kind, "exit": result.exit, "cases": list(result.cases)}) + "\n")
-    print(render(args, series, loads))
+            log.append(
+                f"{index + 1}/{len(order)} {kind}: exit {result.exit} {dict(result.answers)} {result.seconds:.0f} s"
+            )
+            print(log[-1], flush=True)
+            args.report.write_text(render(args, series, loads, log))
+            with args.report.with_suffix(".jsonl").open("a") as jsonl:  # every session's cases, for a closer look
+                jsonl.write(json.dumps({"series": kind, "exit": result.exit, "cases": list(result.cases)}) + "\n")
+    print(render(args, series, loads, log))
     return 0
 
 

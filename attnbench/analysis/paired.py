@@ -14,9 +14,22 @@ on this machine is bimodal). Against the threshold t (``--fail-on median:P%``):
   nor a failure, with the reason;
 * a side whose case failed (error, crashed, timeout, oom, …) judges by status, as ``compare`` does.
 
+**Fresh worker pairs.** Pairing in time cancels the machine's state, not a lasting difference between the two worker
+processes (where their memory landed, which core their threads settled on), which each side would keep for the
+whole session: a constant offset no number of rounds averages away (1 false regression in 20 A/A sessions, issue
+50). So a session replaces both workers every few rounds (``sweeps.interleaved``), and the rounds come in clusters,
+one per worker pair, each with its own draw of that offset. The rounds of one pair are not independent evidence
+about it, so the statistic is one per pair: the median of its rounds' ratios (at three rounds a pair or more, one
+odd round does not move it). The case's ratio is the geometric mean of the pairs' ratios, and its 95 % interval
+Student's t on their logs with (pairs − 1) degrees of freedom: the spread between pairs holds both the rounds'
+noise and the workers' offsets, so a per-process bias widens the interval instead of shifting it. Fewer than
+``MIN_PAIRS`` pairs give no interval (unclear). A session of one worker pair (``--pair-rounds 0``) is judged on its
+rounds as above: it cannot see a per-process offset.
+
 Over the whole set, a slower or faster call must survive the Benjamini–Hochberg control ``compare`` uses
 (``case_compare.withdraw_unheld``), with the exact one-sided sign-test p of "the median ratio lies beyond the
-threshold": eight cases of unchanged code must not fail a build one time in six. The set is ``slower`` when any
+threshold" (for pairs of workers, the one-sided t-test's p against the threshold, which agrees with the interval
+the same way): eight cases of unchanged code must not fail a build one time in six. The set is ``slower`` when any
 case is, else ``unclear`` when any case is, else ``faster`` when any case is, else ``same``.
 """
 
@@ -41,6 +54,8 @@ _ANSWER: dict[Verdict, Answer] = {"regressed": "slower", "improved": "faster", "
 
 # Below this many paired rounds no 95 % interval of a median exists (``median_ci_ranks``).
 MIN_ROUNDS = 6
+# Below this many worker pairs the interval over pairs is too wide to call anything (t at 1 degree of freedom: 12.7).
+MIN_PAIRS = 3
 
 _TIMING_STATUSES = {"ok", "too_slow_for_budget"}
 _FAILED_FIRST = ("crashed", "error", "timeout", "oom", "unsupported", "too_slow_for_budget")
@@ -55,7 +70,9 @@ class PairedCase:
     verdict: Verdict  # compare's word (``answer`` is ab's), so the false-discovery control applies unchanged
     threshold: float
     ratios: tuple[float, ...] = ()
-    ratio: float | None = None  # the median of ``ratios``
+    ratio: float | None = None  # the median of ``ratios``; over several worker pairs, the geometric mean of theirs
+    pairs: tuple[int, ...] = ()  # the worker pair of each of ``ratios`` (empty: one pair for the whole session)
+    pair_ratios: tuple[float, ...] = ()  # each worker pair's median ratio: the observations the interval rests on
     ci_low: float | None = None
     ci_high: float | None = None
     base_s: float | None = None  # the median of the base's block medians
@@ -78,6 +95,8 @@ class PairedCase:
             "ci_high": self.ci_high,
             "rounds": len(self.ratios),
             "ratios": list(self.ratios),
+            "worker_pairs": len(self.pair_ratios) or 1,
+            "pair_ratios": list(self.pair_ratios),
             "base_s": self.base_s,
             "head_s": self.head_s,
             "base_status": self.base_status,
@@ -109,15 +128,62 @@ def sign_p(ratios: Sequence[float], threshold: float, direction: Literal["regres
     return sum(math.comb(n, k) for k in range(against + 1)) / 2**n
 
 
+def pair_medians(ratios: Sequence[float], pairs: Sequence[int]) -> tuple[float, ...]:
+    """Each worker pair's median ratio, in the order the pairs first appear."""
+    grouped: dict[int, list[float]] = {}
+    for pair, ratio in zip(pairs, ratios, strict=True):
+        grouped.setdefault(pair, []).append(ratio)
+    return tuple(statistics.median(group) for group in grouped.values())
+
+
+def pairs_interval(pair_ratios: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float] | None:
+    """(centre, lo, hi): the geometric mean of the pairs' ratios and Student's t interval on their logs, or None
+    below ``MIN_PAIRS``."""
+    m = len(pair_ratios)
+    if m < MIN_PAIRS:
+        return None
+    from scipy.stats import t as student  # scipy is slow to import; only a judged session needs it
+
+    logs = [math.log(r) for r in pair_ratios]
+    mean = statistics.fmean(logs)
+    half = float(student.ppf(0.5 + confidence / 2, m - 1)) * statistics.stdev(logs) / math.sqrt(m)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def pairs_p(pair_ratios: Sequence[float], threshold: float, direction: Literal["regressed", "improved"]) -> float:
+    """The one-sided t-test's p of "the pairs' mean log-ratio lies beyond the threshold" (above log(1 + threshold)
+    for ``regressed``, below log(1 − threshold) for ``improved``): ≤ 2.5 % exactly when ``pairs_interval`` lies
+    beyond it, as ``sign_p`` is for one pair's rounds."""
+    from scipy.stats import t as student
+
+    logs = [math.log(r) for r in pair_ratios]
+    m = len(logs)
+    mean = statistics.fmean(logs)
+    beyond = mean - math.log1p(threshold) if direction == "regressed" else math.log1p(-threshold) - mean
+    se = statistics.stdev(logs) / math.sqrt(m)
+    if se == 0.0:
+        return 0.0 if beyond > 0 else 1.0
+    return float(student.sf(beyond / se, m - 1))
+
+
 def judge_rounds(
-    key: str, case: Case, base_s: Sequence[float], head_s: Sequence[float], threshold: float
+    key: str,
+    case: Case,
+    base_s: Sequence[float],
+    head_s: Sequence[float],
+    threshold: float,
+    pairs: Sequence[int] = (),
 ) -> PairedCase:
-    """One case from its rounds' block medians, paired by position (round i of base with round i of head)."""
-    if len(base_s) != len(head_s):
-        raise ValueError("judge_rounds() takes one base and one head median per round")
+    """One case from its rounds' block medians, paired by position (round i of base with round i of head).
+    ``pairs`` gives each round's worker pair; over more than one pair the case is judged on the pairs (module
+    notes), else on the rounds."""
+    if len(base_s) != len(head_s) or (pairs and len(pairs) != len(base_s)):
+        raise ValueError("judge_rounds() takes one base and one head median (and one pair, if any) per round")
     ratios = tuple(h / b for b, h in zip(base_s, head_s, strict=True))
     centre = (statistics.median(base_s), statistics.median(head_s)) if ratios else (None, None)
     judged = PairedCase(key, case, "noisy", threshold, ratios, base_s=centre[0], head_s=centre[1])
+    if len(set(pairs)) > 1:
+        return _judge_pairs(replace(judged, pairs=tuple(pairs), pair_ratios=pair_medians(ratios, pairs)))
     found = median_interval(ratios)
     if found is None:
         median = statistics.median(ratios) if ratios else None
@@ -131,6 +197,24 @@ def judge_rounds(
         note = (
             f"the 95 % interval {lo:.3f}-{hi:.3f} of {len(ratios)} rounds' ratios straddles {edge:.3f} "
             "(the threshold): more --rounds narrow it"
+        )
+    return replace(judged, verdict=verdict, ratio=ratio, ci_low=lo, ci_high=hi, note=note)
+
+
+def _judge_pairs(judged: PairedCase) -> PairedCase:
+    found = pairs_interval(judged.pair_ratios)
+    m = len(judged.pair_ratios)
+    if found is None:
+        note = f"{m} worker pairs, fewer than the {MIN_PAIRS} an interval needs: add --rounds"
+        return replace(judged, ratio=math.exp(statistics.fmean(math.log(r) for r in judged.pair_ratios)), note=note)
+    ratio, lo, hi = found
+    verdict = ratio_verdict(lo, hi, judged.threshold)
+    note = ""
+    if verdict == "noisy":
+        edge = 1 + judged.threshold if lo <= 1 + judged.threshold <= hi else 1 - judged.threshold
+        note = (
+            f"the 95 % interval {lo:.3f}-{hi:.3f} of {m} worker pairs' ratios straddles {edge:.3f} "
+            "(the threshold): more --rounds (more worker pairs) narrow it"
         )
     return replace(judged, verdict=verdict, ratio=ratio, ci_low=lo, ci_high=hi, note=note)
 
@@ -156,6 +240,8 @@ def judge_status(key: str, case: Case, threshold: float, base: tuple[str, str], 
 def _p_of(case: PairedCase, direction: Literal["regressed", "improved"]) -> float | None:
     if case.ci_low is None or not case.ratios:
         return None  # judged by status, or without an interval: nothing to control
+    if case.pair_ratios:
+        return pairs_p(case.pair_ratios, case.threshold, direction)
     return sign_p(case.ratios, case.threshold, direction)
 
 

@@ -59,8 +59,8 @@ def judge(session: Session, thresholds: Thresholds) -> PairedComparison:
             base, head = (worst_status([] if h.failed is None else [(h.failed.status, h.failed.reason)]) for h in held)
             judged.append(judge_status(case.key, case, threshold, base, head))
             continue
-        base_s, head_s = session.paired(case.key)
-        judged.append(judge_rounds(case.key, case, base_s, head_s, threshold))
+        base_s, head_s, pairs = session.paired(case.key)
+        judged.append(judge_rounds(case.key, case, base_s, head_s, threshold, pairs))
     return judge_session(judged, session.plan.request.rounds)
 
 
@@ -76,8 +76,9 @@ def _summaries(folder: Path, *, plots: bool) -> list[Path]:
 
 def _table(comparison: PairedComparison) -> Table:
     table = Table(title=f"ab: head / base, {plural(comparison.rounds, 'round')}", title_justify="left")
-    for column in ("case", "base", "head", "head/base", "95 % interval", "rounds", "answer", "why"):
-        table.add_column(column, justify="right" if column in ("base", "head", "head/base", "rounds") else "left")
+    numbers = ("base", "head", "head/base", "rounds", "pairs")
+    for column in ("case", "base", "head", "head/base", "95 % interval", "rounds", "pairs", "answer", "why"):
+        table.add_column(column, justify="right" if column in numbers else "left")
     for c in comparison.cases:
         interval = "" if c.ci_low is None or c.ci_high is None else format_change_interval(c.ci_low - 1, c.ci_high - 1)
         table.add_row(
@@ -87,6 +88,7 @@ def _table(comparison: PairedComparison) -> Table:
             "" if c.ratio is None else f"{c.ratio:.3f}",
             interval,
             str(len(c.ratios)),
+            str(len(c.pair_ratios) or (1 if c.ratios else 0)),
             c.answer,
             c.note,
         )
@@ -115,6 +117,15 @@ def ab(
         int, typer.Option("--rounds", help="Judged rounds: each one block a side per case, after a warm-up round.")
     ] = 12,
     block: Annotated[float, typer.Option("--block", help="Seconds of sampling in each side's block.")] = 0.1,
+    pair_rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--pair-rounds",
+            help="Judged rounds per worker pair: then both sides' workers are replaced by fresh processes "
+            "(0: one pair for the whole session).",
+            show_default="2",
+        ),
+    ] = None,
     fail_on: Annotated[
         list[str] | None,
         typer.Option(
@@ -139,14 +150,22 @@ def ab(
     draw_plots = plots_wanted(plots)
     thresholds = _thresholds(fail_on)
     request = AbRequest(
-        config, out, base_python, head_python, overrides=tuple(overrides or ()), rounds=rounds, block_s=block
+        config,
+        out,
+        base_python,
+        head_python,
+        overrides=tuple(overrides or ()),
+        rounds=rounds,
+        block_s=block,
+        pair_rounds=pair_rounds,
     )
     plan = plan_ab(request)
     print_warnings(plan.sweep.warnings)
     if not quiet:
         stderr.print(
-            f"ab: {plural(len(plan.cases), 'case')} × {rounds} rounds (+1 warm-up) on {plan.sweep.device}, "
-            f"{plural(plan.settings.threads or 0, 'thread')}; base {plan.pythons[0]}, head {plan.pythons[1]}",
+            f"ab: {plural(len(plan.cases), 'case')} × {rounds} rounds in {plural(plan.worker_pairs, 'worker pair')} "
+            f"(each after a warm-up round) on {plan.sweep.device}, {plural(plan.settings.threads or 0, 'thread')}; "
+            f"base {plan.pythons[0]}, head {plan.pythons[1]}",
             markup=False,
             highlight=False,
         )
@@ -154,9 +173,9 @@ def ab(
     done = False
     try:
 
-        def on_round(round_: int, total: int) -> None:
+        def on_round(round_: int, total: int, pair: int) -> None:
             if not quiet:
-                what = "warm-up round" if round_ == 0 else f"round {round_} of {total}"
+                what = f"worker pair {pair + 1}: warm-up round" if round_ == 0 else f"round {round_} of {total}"
                 stderr.print(f"ab: {what}", markup=False, highlight=False)
 
         session = run_session(plan, sides, on_round)

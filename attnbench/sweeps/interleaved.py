@@ -4,8 +4,13 @@ Two runs taken minutes apart on a shared 2-core runner cannot tell a 25 % slowdo
 reads a case 0.93× or 1.25× its median for seconds at a time (issue 50). Here both sides share those seconds. Each
 side is one long-lived isolated worker (``isolated_executor``'s, started by that environment's interpreter through
 ``side_worker``); the session runs ``rounds`` rounds, and in each round every case gets one short block on each
-side, back to back, the side that goes first alternating (by round and by case). Round 0 warms both sides up and is
-not judged. ``analysis.paired`` judges each case on its per-round ratios head / base.
+side, back to back, the side that goes first alternating (by round and by case).
+
+Every ``pair_rounds`` rounds both workers are replaced by fresh processes (started one after the other, the side
+that starts first alternating by pair), so that a lasting difference between two processes (memory layout, thread
+placement) is drawn anew for each pair rather than kept by one side the whole session. Each worker pair begins with
+a warm-up round that is not judged. ``analysis.paired`` judges each case on its per-round ratios head / base,
+grouped by worker pair.
 
 Both sides' rows are then written as ordinary run folders, ``OUT/base/<run>`` and ``OUT/head/<run>`` (one row per
 case: the side's blocks pooled, ``extra.ab_blocks`` of them; a case that failed on a side keeps that side's failed
@@ -45,9 +50,16 @@ ROLES: tuple[Role, ...] = ("base", "head")
 
 DEFAULT_ROUNDS = 12  # judged rounds: a 95 % sign-test interval of the median then spans ranks 3-10 of 12
 MIN_ROUNDS, MAX_ROUNDS = 6, 1000  # below 6 no 95 % interval of a median exists
+MIN_PAIRS = 3  # ``analysis.paired``'s (sweeps do not import analysis): below it, no usable interval over pairs
 # Each side's block in a round: short, so the two blocks of a round are neighbours in time; long against a call.
 DEFAULT_BLOCK_S = 0.1
 MIN_BLOCK_S, MAX_BLOCK_S = 0.01, 60.0
+# Judged rounds per worker pair (then both workers are replaced): the interval rests on the pairs, so more pairs of
+# fewer rounds narrow it most (Student's t at 5 degrees of freedom is 2.57, at 3 it is 3.18). Simulated at the
+# 2-core VM's spread (rounds ±8-15 %, workers' offsets 3-5 %), 12 rounds in 6 pairs caught a 25 % slowdown in 78-100 %
+# of sessions where 4 pairs of 3 caught 40-92 %, and called no more A/A sessions slower; each pair costs two
+# interpreter starts and a warm-up round.
+DEFAULT_PAIR_ROUNDS = 2
 _STDERR_TAIL = 400  # characters of a side's stderr quoted when its worker cannot start
 
 
@@ -62,6 +74,7 @@ class AbRequest:
     overrides: tuple[str, ...] = ()
     rounds: int = DEFAULT_ROUNDS
     block_s: float = DEFAULT_BLOCK_S
+    pair_rounds: int | None = None  # None: DEFAULT_PAIR_ROUNDS (any MIN_ROUNDS rounds or more make 3 pairs)
 
 
 def block_policy(timing: TimingPolicy, block_s: float) -> TimingPolicy:
@@ -98,10 +111,33 @@ class AbPlan:
     sweep: SweepPlan
     settings: ExecutorSettings  # the blocks' settings, both sides
     pythons: tuple[Path, Path]  # base, head
+    pair_rounds: int  # judged rounds per worker pair; equal to the rounds for one pair the whole session
 
     @property
     def cases(self) -> tuple[Case, ...]:
         return self.sweep.cases
+
+    @property
+    def worker_pairs(self) -> int:
+        return -(-self.request.rounds // self.pair_rounds)
+
+
+def resolve_pair_rounds(rounds: int, pair_rounds: int | None) -> int:
+    """Judged rounds per worker pair: ``pair_rounds`` (0: one pair for the whole session), by default
+    ``DEFAULT_PAIR_ROUNDS`` or fewer, so that the rounds make at least ``MIN_PAIRS`` pairs. Raises
+    ``AttnbenchError`` for a count that would leave 2 pairs (no usable interval) or is out of range."""
+    if pair_rounds is None:
+        return min(DEFAULT_PAIR_ROUNDS, rounds // MIN_PAIRS)
+    if pair_rounds == 0:
+        return rounds
+    pairs = -(-rounds // pair_rounds) if pair_rounds > 0 else 0
+    if pair_rounds < 0 or 1 < pairs < MIN_PAIRS:
+        raise AttnbenchError(
+            f"--pair-rounds {pair_rounds}: {rounds} rounds would make {pairs} worker pairs",
+            hint=f"0 (one pair for the whole session), or at most {rounds // MIN_PAIRS} so that the {rounds} rounds "
+            f"make at least {MIN_PAIRS} pairs, the fewest an interval over pairs needs",
+        )
+    return min(pair_rounds, rounds)
 
 
 def plan_ab(request: AbRequest) -> AbPlan:
@@ -119,12 +155,13 @@ def plan_ab(request: AbRequest) -> AbPlan:
         check_python(request.base_python, "--base-python"),
         check_python(request.head_python, "--head-python"),
     )
+    pair_rounds = resolve_pair_rounds(request.rounds, request.pair_rounds)
     sweep = plan_sweep(SweepRequest(config=request.config, device=None, out=request.out, overrides=request.overrides))
     if not sweep.cases:
         raise AttnbenchError("the config has no cases to time", hint="check its models, modes and grid")
     settings = sweep.settings
     settings = replace(settings, timing=block_policy(settings.timing, request.block_s))
-    return AbPlan(request, sweep, settings, pythons)
+    return AbPlan(request, sweep, settings, pythons, pair_rounds)
 
 
 class _Subprocess:
@@ -220,6 +257,7 @@ class CaseBlocks:
     """One case's blocks on one side: each judged round's row (None where the case was no longer run)."""
 
     rows: list[Result] = field(default_factory=list)
+    pairs: list[int] = field(default_factory=list)  # the worker pair (0, 1, …) that timed each of ``rows``
     failed: Result | None = None
     warmup: Result | None = None  # the warm-up round's block: the row of a side whose case then failed on the other
 
@@ -233,24 +271,29 @@ class Session:
     environments: dict[Role, dict[str, Any]]
     codes: dict[Role, CodeIdentity | None]
 
-    def paired(self, key: str) -> tuple[list[float], list[float]]:
-        """The rounds in which both sides timed the case: their block medians, base and head, in round order."""
-        base, head = self.blocks["base"][key].rows, self.blocks["head"][key].rows
-        pairs = [(b.measurement, h.measurement) for b, h in zip(base, head, strict=False)]
-        kept = [(b.median_s, h.median_s) for b, h in pairs if b is not None and h is not None]
-        return [b for b, _ in kept], [h for _, h in kept]
+    def paired(self, key: str) -> tuple[list[float], list[float], list[int]]:
+        """The rounds in which both sides timed the case: their block medians, base and head, and the worker pair
+        that timed them, in round order."""
+        base, head = self.blocks["base"][key], self.blocks["head"][key]
+        rounds = zip(base.rows, head.rows, base.pairs, strict=False)
+        kept = [(b.measurement, h.measurement, p) for b, h, p in rounds]
+        both = [(b.median_s, h.median_s, p) for b, h, p in kept if b is not None and h is not None]
+        return [b for b, _, _ in both], [h for _, h, _ in both], [p for _, _, p in both]
 
 
-Listener = Callable[[int, int], None]  # (round, rounds): a round begins (0: the warm-up round)
+# (round, rounds, pair): a round begins (round 0: the warm-up round of worker pair ``pair``, counted from 0).
+Listener = Callable[[int, int, int], None]
 
 
-def start_sides(plan: AbPlan) -> dict[Role, SideExecutor]:
-    """Both workers started (base first), each having told its environment. Raises ``AttnbenchError`` (exit 2)
+def start_sides(plan: AbPlan, pair: int = 0) -> dict[Role, SideExecutor]:
+    """Both workers started, one after the other (base first for even ``pair``, head first for odd: neither side
+    always gets the freshly freed memory), each having told its environment. Raises ``AttnbenchError`` (exit 2)
     when a side cannot start: the interpreter lacks attnbench, or its environment refuses (a bad
     ``ATTNBENCH_INJECT_SLOWDOWN``)."""
     sides: dict[Role, SideExecutor] = {}
+    order = list(zip(ROLES, plan.pythons, strict=True))
     try:
-        for role, python in zip(ROLES, plan.pythons, strict=True):
+        for role, python in order if pair % 2 == 0 else order[::-1]:
             side = sides[role] = SideExecutor(plan.settings, python, role)
             side.start()
     except WorkerStartError as exc:
@@ -265,37 +308,66 @@ def start_sides(plan: AbPlan) -> dict[Role, SideExecutor]:
     return sides
 
 
-def run_session(plan: AbPlan, sides: dict[Role, SideExecutor], on_round: Listener | None = None) -> Session:
-    """Round 0 (warm-up, not judged) then ``rounds`` rounds; in each, every case still running gets one block on
-    each side, adjacent, the first side alternating. A case that fails on either side is not run again: the
-    failed row stands for that side. The caller closes the sides (also on Ctrl-C)."""
+Starter = Callable[[AbPlan, int], dict[Role, SideExecutor]]  # (plan, pair): a fresh pair of workers, started
+
+
+def run_session(
+    plan: AbPlan, sides: dict[Role, SideExecutor], on_round: Listener | None = None, start: Starter = start_sides
+) -> Session:
+    """``rounds`` judged rounds, ``pair_rounds`` per worker pair, each pair's preceded by a warm-up round that is
+    not judged; in each round every case still running gets one block on each side, adjacent, the first side
+    alternating (by round, warm-ups counted, and by case). ``sides`` is the first pair, started; before each later
+    pair the current workers are closed (so they do not share the CPUs with the new ones) and ``start`` makes the
+    next, which ``sides`` then holds. A case that fails on either side is not run again: the failed row stands for
+    that side. The caller closes ``sides`` (also on Ctrl-C)."""
     rounds = plan.request.rounds
     blocks: dict[Role, dict[str, CaseBlocks]] = {role: {c.key: CaseBlocks() for c in plan.cases} for role in ROLES}
-    for round_ in range(rounds + 1):
-        if on_round is not None:
-            on_round(round_, rounds)
-        for index, case in enumerate(plan.cases):
-            if any(blocks[role][case.key].failed is not None for role in ROLES):
-                continue
-            order = ROLES if (round_ + index) % 2 == 0 else ROLES[::-1]
-            for role in order:
-                result = sides[role].run(case)
-                held = blocks[role][case.key]
-                if not result.ok or result.measurement is None:
-                    held.failed = result
-                    break
-                if round_ > 0:
-                    held.rows.append(result)
-                else:
-                    held.warmup = result
+    judged = step = 0
+    for pair in range(plan.worker_pairs):
+        if pair > 0:
+            close_sides(sides, now=False)
+            sides.clear()
+            sides.update(start(plan, pair))
+        count = min(plan.pair_rounds, rounds - judged)
+        for round_ in [0, *range(judged + 1, judged + count + 1)]:
+            if on_round is not None:
+                on_round(round_, rounds, pair)
+            _run_round(plan, sides, blocks, pair if round_ else None, step)
+            step += 1
+        judged += count
     environments = {role: sides[role].environment for role in ROLES}
     return Session(plan, blocks, environments, {role: sides[role].code for role in ROLES})
 
 
+def _run_round(
+    plan: AbPlan,
+    sides: dict[Role, SideExecutor],
+    blocks: dict[Role, dict[str, CaseBlocks]],
+    pair: int | None,
+    step: int,
+) -> None:
+    """One round: a block a side for every case still running; ``pair`` None for a warm-up round."""
+    for index, case in enumerate(plan.cases):
+        if any(blocks[role][case.key].failed is not None for role in ROLES):
+            continue
+        for role in ROLES if (step + index) % 2 == 0 else ROLES[::-1]:
+            result = sides[role].run(case)
+            held = blocks[role][case.key]
+            if not result.ok or result.measurement is None:
+                held.failed = result
+                break
+            if pair is None:
+                held.warmup = held.warmup or result  # the first warm-up block: all a side keeps if the other fails
+            else:
+                held.rows.append(result)
+                held.pairs.append(pair)
+
+
 def side_row(role: Role, held: CaseBlocks) -> Result | None:
     """The row a side stores for a case: its failed block, else its judged blocks pooled (as replicates are
-    pooled, but the block medians are not kept as between-process evidence: one process timed them all), else (the
-    other side failed in the warm-up round) its warm-up block."""
+    pooled, but the block medians are not kept as between-process evidence: several blocks of one process each,
+    which ``compare`` would read as one process a block), else (the other side failed in the first warm-up round)
+    its warm-up block. ``extra.ab_workers``: how many worker processes timed the blocks."""
     if held.failed is not None:
         return held.failed
     blocks = held.rows or ([held.warmup] if held.warmup is not None else [])
@@ -307,7 +379,7 @@ def side_row(role: Role, held: CaseBlocks) -> Result | None:
     return replace(
         merged,
         measurement=replace(merged.measurement, replicate_medians_s=()),
-        extra={**extra, "ab_blocks": len(blocks), "ab_side": role},
+        extra={**extra, "ab_blocks": len(blocks), "ab_side": role, "ab_workers": len(set(held.pairs)) or 1},
     )
 
 

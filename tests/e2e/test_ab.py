@@ -58,6 +58,7 @@ def test_aa_is_same_exit_0_and_compare_reads_both_runs(tmp_path: Path) -> None:
         assert stored.run.label == role and stored.run.state == "complete"
         (row,) = stored.results
         assert row.ok and row.extra["ab_blocks"] == 12 and row.extra["ab_side"] == role
+        assert row.extra["ab_workers"] == 6  # 2 rounds a worker pair, then fresh workers
         assert row.measurement is not None and row.measurement.injected_delay_s == 0
         assert (folder / "summary.csv").is_file()
     compared = runner.invoke(app, ["compare", str(base), str(head), "--format", "json"])
@@ -74,13 +75,16 @@ def test_aa_is_same_exit_0_and_compare_reads_both_runs(tmp_path: Path) -> None:
 def test_an_injected_slowdown_on_the_head_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "ab"
     head = _wrapper(tmp_path, "ATTNBENCH_INJECT_SLOWDOWN=3")  # ×4: the least of 6 rounds' ratios stays above 1.05
+    # One worker pair (--pair-rounds 0): each fresh pair costs two interpreter starts; the slow A/A test has four.
     args = ["ab", str(_config(tmp_path)), "--out", str(out), "--head-python", str(head), "-f", "json", *FAST]
+    args += ["--pair-rounds", "0"]
     result = runner.invoke(app, args)
     assert result.exit_code == EXIT_CASE_FAILED, result.output
     data = json.loads(result.stdout)
     assert data["answer"] == "slower" and data["exit_code"] == 1 and data["counts"]["slower"] == 1
     (case,) = data["cases"]
     assert case["rounds"] == 6 and case["ratio"] > 2 and case["ci_low"] > 1.05
+    assert case["worker_pairs"] == 1 and case["pair_ratios"] == []
     head_row = load_run(Path(data["runs"]["head"])).results[0]
     base_row = load_run(Path(data["runs"]["base"])).results[0]
     assert head_row.measurement is not None and head_row.measurement.injected_delay_s > 0
@@ -94,6 +98,7 @@ def test_an_injected_slowdown_on_the_head_exits_1(tmp_path: Path) -> None:
         (["--head-python", "."], "--head-python"),
         (["--rounds", "3"], "--rounds"),
         (["--block", "0"], "--block"),
+        (["--pair-rounds", "4"], "--pair-rounds"),  # 6 rounds: 2 worker pairs, too few for an interval
         (["--fail-on", "peak_mem:5%"], "--fail-on"),
         (["--fail-on", "fast"], "--fail-on"),
     ],

@@ -29,6 +29,7 @@ from attnbench.config.source import builtin_config_text
 from attnbench.core.cases import TimingPolicy, default_interval_s
 from attnbench.instrument.agreement import MAX_ROUNDS_FACTOR
 from attnbench.results.measurement import MODIFIED_Z_CUT
+from attnbench.sweeps.interleaved import DEFAULT_PAIR_ROUNDS
 from attnbench.timing.adaptive import _MAX_AUDIT_MOVES
 from attnbench.timing.gpu_timing import LAUNCH_BOUND_RATIO
 from tests.support import ROOT
@@ -85,6 +86,7 @@ def documented_values() -> dict[str, tuple[float, ...]]:
         "--budget-s": (_flag("selfcheck", "--budget-s").default,),
         "--rounds": (_flag("ab", "--rounds").default,),
         "--block": (_flag("ab", "--block").default,),
+        "--pair-rounds": (DEFAULT_PAIR_ROUNDS,),
     }
 
 
@@ -159,6 +161,7 @@ def test_the_docs_state_every_documented_value() -> None:
 def test_a_flags_shown_default_states_the_codes_value() -> None:
     """--help shows a computed default in words; its number is the code's."""
     assert stated_numbers(str(_flag("selfcheck", "--max-rounds").show_default)) == [MAX_ROUNDS_FACTOR]
+    assert stated_numbers(str(_flag("ab", "--pair-rounds").show_default))[0] == DEFAULT_PAIR_ROUNDS
 
 
 # ------------------------------------------------------------------------------------------- the run folder
