@@ -95,10 +95,11 @@ def parameter_of(module: nn.Module) -> torch.Tensor:
 KEPT: ContextVar[Any] = ContextVar("kept", default=None)
 
 
-def kv_kept() -> torch.dtype | None:
-    """The dtype a KV cache allocated now is stored in (None: the one it computes in)."""
+def kv_cache(*args: Any, **kwargs: Any) -> KVCache:
+    """A layer's KV cache (``KVCache``'s arguments) as the executor keeps it (``KEPT``'s ``cache``: narrower than it
+    computes, in pages, read as an engine's kernel reads it), else as it computes."""
     keeping = KEPT.get()
-    return None if keeping is None else keeping.kv
+    return KVCache(*args, **kwargs) if keeping is None else keeping.cache(*args, **kwargs)
 
 
 class KVCache:

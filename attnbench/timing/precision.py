@@ -23,8 +23,9 @@ import torch
 
 from attnbench.core.cases import Case
 from attnbench.families.registry import build_model, call_context
-from attnbench.families.states import KEPT, decodable, drop_scratch, prefill, scratch_tensors
+from attnbench.families.states import KEPT, KVCache, decodable, drop_scratch, prefill, scratch_tensors
 from attnbench.families.torch_family import make_input, torch_dtype
+from attnbench.timing.paging import kept_cache
 
 __all__ = ["CONTEXT", "DECODE_TOKENS", "Keeping", "KeptState", "keeping", "kept_error"]
 
@@ -91,16 +92,21 @@ class Keeping:
 
     kv: torch.dtype | None
     state: torch.dtype | None
+    page_tokens: int = 0  # a KV cache's page (``timing.paging``): 0 contiguous
+
+    def cache(self, *args: Any, **kwargs: Any) -> KVCache:
+        """A layer's KV cache (``KVCache``'s arguments) kept in ``kv`` and ``page_tokens``: ``paging.kept_cache``."""
+        return kept_cache(*args, **kwargs, kept=self.kv, page_tokens=self.page_tokens)
 
     def keep(self, state: Any) -> Any:
         return state if self.state is None or isinstance(state, KeptState) else KeptState(state, self.state)
 
 
 @contextmanager
-def keeping(kv: str | None, state: str | None) -> Iterator[None]:
+def keeping(kv: str | None, state: str | None, page_tokens: int = 0) -> Iterator[None]:
     """Every state allocated inside stored in ``kv`` (a KV cache) and ``state`` (a recurrent one): torch's names;
-    None, as it computes."""
-    kept = Keeping(getattr(torch, kv) if kv else None, getattr(torch, state) if state else None)
+    None, as it computes; a KV cache in pages of ``page_tokens`` positions (0: contiguous)."""
+    kept = Keeping(getattr(torch, kv) if kv else None, getattr(torch, state) if state else None, page_tokens)
     token = KEPT.set(None if kept == Keeping(None, None) else kept)
     try:
         yield

@@ -1,0 +1,95 @@
+"""KV caches as engines keep them (issue 52): a kept or paged cache is read chunk by chunk, each chunk converted (and
+gathered through the page table) on its own, so a step's working memory is bounded; a paged cache holds whole
+pages; a decode through it is the contiguous one's."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from attnbench.families.registry import build_model
+from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
+from attnbench.timing import paging
+from attnbench.timing.precision import keeping
+from tests.support import tiny_case
+
+CONTEXT, STEPS = 40, 12
+
+
+def model(window: int = 0, heads_kv: int = 0) -> tuple[Any, torch.Tensor]:
+    options: dict[str, Any] = {"window": window} if window else {}
+    if heads_kv:
+        options["heads_kv"] = heads_kv
+    c = tiny_case("sdpa", mode="decode", seq_len=CONTEXT, d_model=64, heads=4, layers=2, causal=True, **options)
+    torch.manual_seed(0)
+    return build_model(c, "cpu", torch.float32), torch.randn(2, CONTEXT + STEPS, 64)
+
+
+def decode(m: Any, x: torch.Tensor, kv: str | None = None, pages: int = 0) -> tuple[torch.Tensor, Any]:
+    outputs = []
+    with torch.inference_mode(), keeping(kv, None, pages):
+        state = prefill(m, x[:, :CONTEXT], CONTEXT + STEPS)
+        for t in range(CONTEXT, CONTEXT + STEPS):
+            outputs.append(decodable(m).step(x[:, t : t + 1], state))
+            state.advance()
+    return torch.cat(outputs, dim=1), state
+
+
+@pytest.fixture
+def spied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Slots each chunk a step converts, with chunks of a few slots (so a step reads several)."""
+    sizes: list[int] = []
+    monkeypatch.setattr(paging, "CHUNK_BYTES", 2 * (2 * 4 * 16 * 4 + 2 * 4 * 4) * 8)  # 8 slots at batch 2
+    for kind in (paging.EngineCache, paging.PagedCache):
+
+        def spy(self: Any, which: int, start: int, stop: int, real: Any = kind.chunk) -> torch.Tensor:
+            sizes.append(stop - start)
+            return real(self, which, start, stop)
+
+        monkeypatch.setattr(kind, "chunk", spy)
+    return sizes
+
+
+@pytest.mark.parametrize(("window", "heads_kv", "pages"), [(0, 0, 16), (0, 2, 5), (8, 0, 4), (0, 0, 1)])
+def test_a_paged_decode_is_the_contiguous_one(spied: list[int], window: int, heads_kv: int, pages: int) -> None:
+    m, x = model(window, heads_kv)
+    full, _ = decode(m, x)
+    paged, state = decode(m, x, pages=pages)
+    assert all(isinstance(layer, paging.PagedCache) for layer in state.layers)
+    assert spied and max(spied) < CONTEXT // 2  # read through the page table, a few slots at a time
+    torch.testing.assert_close(paged, full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kept_cache_converts_a_chunk_at_a_time(spied: list[int]) -> None:
+    m, x = model()
+    full, _ = decode(m, x)
+    kept, state = decode(m, x, "int8")
+    assert all(type(layer) is paging.EngineCache for layer in state.layers)
+    assert max(spied) <= 8 and len(spied) >= 2 * math.ceil(CONTEXT / 8)  # K and V, several chunks per step
+    assert 0 < float((kept - full).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize(("kv", "pages"), [(None, 16), ("int8", 16), (None, 7)])
+def test_a_paged_cache_holds_whole_pages(kv: str | None, pages: int) -> None:
+    m, _ = model()
+    span = CONTEXT + 1
+    with torch.inference_mode(), keeping(kv, None):
+        contiguous = tensor_bytes(decodable(m).init_state(3, span))
+    with torch.inference_mode(), keeping(kv, None, pages):
+        state = decodable(m).init_state(3, span)
+    slot = 2 * 4 * 16 * (1 if kv else 4)  # K and V of one position: heads x head_dim
+    pages_held = math.ceil(span / pages)
+    empty = 3 * (pages_held * pages - span) * slot + 3 * pages_held * 8  # per layer: the last pages' tails, the table
+    assert tensor_bytes(state) == contiguous + 2 * empty
+    assert tensor_bytes(state) - contiguous <= 2 * 3 * (pages * slot + pages_held * 8)  # within a page per sequence
+    assert all(layer.table.shape == (3, math.ceil(span / pages)) for layer in state.layers)
+
+
+def test_a_cache_kept_as_it_computes_is_the_plain_one() -> None:
+    m, _ = model()
+    with torch.inference_mode(), keeping("float32", None):
+        state = decodable(m).init_state(1, 8)
+    assert all(type(layer) is KVCache for layer in state.layers)
