@@ -142,7 +142,11 @@ def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:
     keys = [key for key in given if key in family.kept_keys(case)]
     # Left out, a KV cache is kept in the case's dtype, a recurrent state in its family's (float32 for some 16-bit);
     # a hybrid's members each keep their own, so no one value is its default: every value it is given is kept.
-    default = {"kv_dtype": case.dtype, "state_dtype": family.state_dtype(case) if case.hybrid is None else None}
+    default = {
+        "kv_dtype": case.dtype,
+        "state_dtype": family.state_dtype(case) if case.hybrid is None else None,
+        "page_tokens": "0",
+    }
     variants = []
     for values in itertools.product(*(given[key] for key in keys)):
         kept = tuple(sorted((key, value) for key, value in zip(keys, values, strict=True) if value != default[key]))

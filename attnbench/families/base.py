@@ -357,7 +357,7 @@ class Family:
     def kept_keys(self, case: Case) -> tuple[str, ...]:
         """Which of ``core.cases.KEPT_DTYPES`` apply to ``case`` (crossed into its cases only): a cache's ``kv_dtype``,
         a recurrence's ``state_dtype``; () where its state cannot be kept narrower."""
-        return ("kv_dtype",) if self.spec(case).kind == "attention" else ("state_dtype",)
+        return ("kv_dtype", "page_tokens") if self.spec(case).kind == "attention" else ("state_dtype",)
 
     def state_bytes(self, case: Case) -> int | None:
         """Bytes of the KV cache or recurrent state a decode step at context ``case.seq_len`` reads; None where

@@ -123,17 +123,17 @@ def kept_error(case: Case, device: torch.device, seed: int) -> dict[str, float]:
     model = build_model(small, str(device), dtype)
     tokens = make_input(replace(small, seq_len=CONTEXT + DECODE_TOKENS), str(device), dtype)
     full = _decode(small, model, tokens, None, None)
-    kept = _decode(small, model, tokens, case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"))
+    kept = _decode(small, model, tokens, case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"), case.page_tokens)
     error = (kept.double() - full.double()).abs()
     return {"kept_error_max": float(error.max()), "kept_error_mean": float(error.mean())}
 
 
 def _decode(
-    case: Case, model: torch.nn.Module, tokens: torch.Tensor, kv: str | None, state: str | None
+    case: Case, model: torch.nn.Module, tokens: torch.Tensor, kv: str | None, state: str | None, pages: int = 0
 ) -> torch.Tensor:
     """The outputs of the decode steps after ``CONTEXT`` tokens, the state kept in ``kv``/``state``."""
     decoder = decodable(model)
-    with torch.inference_mode(), call_context(case, model), keeping(kv, state):
+    with torch.inference_mode(), call_context(case, model), keeping(kv, state, pages):
         held = prefill(model, tokens[:, :CONTEXT], CONTEXT + DECODE_TOKENS)
         outputs = []
         for t in range(CONTEXT, CONTEXT + DECODE_TOKENS):

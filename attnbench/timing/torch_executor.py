@@ -211,7 +211,7 @@ class TorchExecutor:
             return Result(case, "incorrect", reason, check=check)
         early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
         # Every state the case allocates is kept as it asks (kv_dtype, state_dtype): decode, capacity, prefill, verify.
-        with keeping(case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype")):
+        with keeping(case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"), case.page_tokens):
             result = replace(self._measure(case, early), check=check)
         if result.ok and case.kept:  # what the narrower state costs in accuracy, beside what it saves in time
             result = replace(result, extra={**result.extra, **kept_error(case, self.device, self.seed)})

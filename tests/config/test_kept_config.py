@@ -82,6 +82,11 @@ def test_the_keys_resolve_into_the_config_and_a_config_without_them_keeps_its_sh
         ({"state_dtype": ["float8_e4m3fn"]}, "state_dtype"),
         ({"kv_dtype": ["int8", "int8"]}, "kv_dtype"),
         ({"modes": ["forward"]}, "kv_dtype"),
+        ({"page_tokens": [24]}, "page_tokens"),
+        ({"page_tokens": [-16]}, "page_tokens"),
+        ({"page_tokens": ["sixteen"]}, "page_tokens"),
+        ({"page_tokens": [16, 16]}, "page_tokens"),
+        ({"page_tokens": [16], "modes": ["forward"], "kv_dtype": None, "state_dtype": None}, "page_tokens"),
     ],
 )
 def test_a_bad_value_or_an_unused_key_is_one_error_line_with_exit_2(
@@ -94,6 +99,24 @@ def test_a_bad_value_or_an_unused_key_is_one_error_line_with_exit_2(
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and mentions(errors, key), result.output
     assert any(line.startswith("hint:") for line in result.output.splitlines())
+
+
+def test_page_tokens_cross_only_the_models_that_keep_a_kv_cache() -> None:
+    cases = load(kept(kv_dtype=["float32", "int8"], state_dtype=None, page_tokens=[0, 16])).cases("cpu")
+    by = {m: sorted({c.kept for c in cases if c.model == m and c.mode == "decode"}) for m in ("sdpa-flash", "hy")}
+    assert (
+        by["sdpa-flash"]
+        == by["hy"]
+        == [
+            (),
+            (("kv_dtype", "int8"),),
+            (("kv_dtype", "int8"), ("page_tokens", "16")),
+            (("page_tokens", "16"),),
+        ]
+    )  # 0 is the default: contiguous, the case's key as it was
+    assert {c.kept for c in cases if c.model in ("lstm", "mamba2", "mla") or c.mode == "forward"} == {()}
+    assert next(c for c in cases if c.kept == (("page_tokens", "16"),)).page_tokens == 16
+    assert load(kept(page_tokens=16)).resolved["page_tokens"] == [16]
 
 
 def test_a_dtype_the_device_cannot_hold_is_refused_at_validate(monkeypatch: pytest.MonkeyPatch) -> None:

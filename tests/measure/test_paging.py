@@ -5,12 +5,14 @@ pages; a decode through it is the contiguous one's."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
 from attnbench.families.registry import build_model
+from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
 from attnbench.timing import paging
 from attnbench.timing.precision import keeping
@@ -93,3 +95,15 @@ def test_a_cache_kept_as_it_computes_is_the_plain_one() -> None:
     with torch.inference_mode(), keeping("float32", None):
         state = decodable(m).init_state(1, 8)
     assert all(type(layer) is KVCache for layer in state.layers)
+
+
+@pytest.mark.parametrize(("kv", "pages"), [(None, 16), ("int8", 16), ("bfloat16", 7), (None, 0)])
+def test_the_state_bytes_formula_counts_whole_pages(kv: str | None, pages: int) -> None:
+    kept = {"kv_dtype": kv} if kv else {}
+    c = tiny_case("sdpa-flash", mode="decode", seq_len=CONTEXT, d_model=64, heads=4, layers=2, causal=True)
+    c = replace(c, kept=tuple(sorted({**kept, **({"page_tokens": str(pages)} if pages else {})}.items())))
+    torch.manual_seed(0)
+    m = build_model(c, "cpu", torch.float32)
+    with torch.inference_mode(), keeping(kv, None, pages):
+        held = tensor_bytes(decodable(m).init_state(c.batch, c.span))
+    assert held == state_bytes(c)
