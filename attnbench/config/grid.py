@@ -146,6 +146,7 @@ def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:
         "kv_dtype": case.dtype,
         "state_dtype": family.state_dtype(case) if case.hybrid is None else None,
         "page_tokens": "0",
+        "hybrid_pages": "separate",
     }
     variants = []
     for values in itertools.product(*(given[key] for key in keys)):

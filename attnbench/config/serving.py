@@ -43,6 +43,7 @@ KEY_MODES: dict[str, tuple[str, ...]] = {
     "kv_dtype": STATEFUL,
     "state_dtype": STATEFUL,
     "page_tokens": STATEFUL,
+    "hybrid_pages": STATEFUL,
 }
 
 
@@ -103,7 +104,7 @@ def serving_axes(m: ConfigModel, ctx: Context) -> ServingAxes:
         if values is None:
             continue
         check_unique(values, key, (key,), ctx)
-        if key != "page_tokens":  # a layout, not a dtype: any device holds it
+        if key.endswith("_dtype"):  # a layout is held by any device
             _holdable(key, values, m.device, ctx)
         kept[key] = tuple(map(str, values))
         resolved[key] = list(values)

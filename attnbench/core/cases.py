@@ -76,12 +76,15 @@ Serving = tuple[tuple[str, int], ...]
 KV_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8")
 STATE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # ``page_tokens`` how a KV cache is laid out: contiguous (0) or in pages of that many positions (vLLM's block_size,
-# 16 by default); crossed as the dtypes are, kept as text beside them.
+# 16 by default); ``hybrid_pages`` a hybrid's: attention pages and state slots in pools of their own (separate) or one
+# page size aligned to the largest state (aligned: vLLM's hybrid allocator). Crossed as the dtypes are, kept as text.
 PAGE_TOKENS: tuple[int, ...] = (0, *(2**i for i in range(13)))
+HYBRID_PAGES: tuple[str, ...] = ("separate", "aligned")
 KEPT_DTYPES: dict[str, tuple[str, ...]] = {
     "kv_dtype": KV_DTYPES,
     "state_dtype": STATE_DTYPES,
     "page_tokens": tuple(map(str, PAGE_TOKENS)),
+    "hybrid_pages": HYBRID_PAGES,
 }
 # Bytes of one element of each dtype a case computes or keeps in.
 DTYPE_BYTES: dict[str, int] = {

@@ -268,11 +268,12 @@ class KVCache:
         return iter(())  # a step writes its token into the cache itself (``tensors``)
 
 
-def keep(state: Any) -> Any:
-    """A layer's state as the executor keeps it (``KEPT``'s ``keep``), unless it is a cache of positions."""
+def keep(state: Any, batch: int) -> Any:
+    """A layer's state of ``batch`` sequences as the executor keeps it (``KEPT``'s ``keep``), unless it is a cache of
+    positions."""
     keeping = KEPT.get()
     plain = keeping is None or getattr(state, "holds_positions", False)
-    return state if plain or isinstance(state, KVCache | StackState | NetworkState) else keeping.keep(state)
+    return state if plain or isinstance(state, KVCache | StackState | NetworkState) else keeping.keep(state, batch)
 
 
 @contextmanager
@@ -423,7 +424,7 @@ def tensor_bytes(state: State) -> int:
 
 
 def stack_init(layers: nn.Module, batch: int, capacity: int) -> StackState:
-    return StackState([keep(decodable(layer).init_state(batch, capacity)) for layer in layers.children()])
+    return StackState([keep(decodable(layer).init_state(batch, capacity), batch) for layer in layers.children()])
 
 
 def stack_prefill(layers: nn.Module, x: torch.Tensor, state: StackState, *, output: bool) -> torch.Tensor | None:
