@@ -86,6 +86,7 @@ def test_the_keys_resolve_into_the_config_and_a_config_without_them_keeps_its_sh
         ({"page_tokens": [-16]}, "page_tokens"),
         ({"page_tokens": ["sixteen"]}, "page_tokens"),
         ({"page_tokens": [16, 16]}, "page_tokens"),
+        ({"hybrid_pages": ["vllm"]}, "hybrid_pages"),
         ({"page_tokens": [16], "modes": ["forward"], "kv_dtype": None, "state_dtype": None}, "page_tokens"),
     ],
 )
@@ -117,6 +118,18 @@ def test_page_tokens_cross_only_the_models_that_keep_a_kv_cache() -> None:
     assert {c.kept for c in cases if c.model in ("lstm", "mamba2", "mla") or c.mode == "forward"} == {()}
     assert next(c for c in cases if c.kept == (("page_tokens", "16"),)).page_tokens == 16
     assert load(kept(page_tokens=16)).resolved["page_tokens"] == [16]
+
+
+def test_hybrid_pages_cross_only_a_hybrid_of_a_cache_and_a_state() -> None:
+    cases = load(kept(kv_dtype=None, state_dtype=None, page_tokens=16, hybrid_pages=["separate", "aligned"])).cases(
+        "cpu"
+    )
+    assert sorted({c.kept for c in cases if c.model == "hy" and c.mode == "decode"}) == [
+        (("hybrid_pages", "aligned"), ("page_tokens", "16")),
+        (("page_tokens", "16"),),
+    ]
+    assert {c.kept for c in cases if c.model == "sdpa-flash" and c.mode == "decode"} == {(("page_tokens", "16"),)}
+    assert {c.kept for c in cases if c.model in ("lstm", "mamba2", "mla")} == {()}
 
 
 def test_a_dtype_the_device_cannot_hold_is_refused_at_validate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
+from attnbench.core.cases import Case, HybridModel
+from attnbench.families.catalogue import family_of
 from attnbench.families.registry import build_model
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
 from attnbench.timing import paging
-from attnbench.timing.precision import keeping
+from attnbench.timing.precision import PaddedState, keeping
 from tests.support import tiny_case
 
 CONTEXT, STEPS = 40, 12
@@ -107,3 +109,66 @@ def test_the_state_bytes_formula_counts_whole_pages(kv: str | None, pages: int) 
     with torch.inference_mode(), keeping(kv, None, pages):
         held = tensor_bytes(decodable(m).init_state(c.batch, c.span))
     assert held == state_bytes(c)
+
+
+HYBRID = HybridModel(("mamba2", "mamba2", "mamba2", "sdpa-flash"))
+
+
+def hybrid(*kept: tuple[str, str], dtype: str = "bfloat16") -> Case:
+    c = tiny_case("sdpa", mode="decode", dtype=dtype, seq_len=CONTEXT, d_model=64, heads=4, layers=4, causal=True)
+    return replace(c, model="hy", hybrid=HYBRID, kept=tuple(sorted(kept)))
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        (("page_tokens", "16"),),
+        (("hybrid_pages", "aligned"),),
+        (("hybrid_pages", "aligned"), ("page_tokens", "16"), ("state_dtype", "bfloat16")),
+        (("hybrid_pages", "aligned"), ("kv_dtype", "int8"), ("page_tokens", "16")),
+    ],
+)
+def test_a_hybrids_aligned_pages_hold_its_largest_state_and_pad_every_state_to_one(kept: tuple[Any, ...]) -> None:
+    c = hybrid(*kept)
+    tokens, page = family_of(c).page_layout(c)
+    torch.manual_seed(0)
+    m = build_model(c, "cpu", torch.bfloat16)
+    with torch.inference_mode(), keeping(c.kept_dtype("kv_dtype"), c.kept_dtype("state_dtype"), tokens, page):
+        state = decodable(m).init_state(c.batch, c.span)
+    assert tensor_bytes(state) == state_bytes(c)  # the formula is what is allocated, padding and tables included
+    caches = [layer for layer in leaves(state) if isinstance(layer, KVCache)]
+    states = [layer for layer in leaves(state) if not isinstance(layer, KVCache)]
+    assert len(caches) == 1 and len(states) == 3
+    if ("hybrid_pages", "aligned") not in kept:
+        assert page == 0 and tokens == 16 and not any(isinstance(s, PaddedState) for s in states)
+        return
+    separate = hybrid(*(item for item in kept if item[0] != "hybrid_pages"))
+    per_token = 2 * 4 * 16 * (1 if c.kept_dtype("kv_dtype") else 2)  # K and V of a position, 4 heads of 16
+    largest = max(tensor_bytes(s.inner) for s in states) // c.batch  # type: ignore[attr-defined]
+    assert tokens % 16 == 0 and page == tokens * per_token >= largest > page - 16 * per_token  # vLLM's smallest
+    assert all(isinstance(s, PaddedState) and tensor_bytes(s) == c.batch * page for s in states)
+    assert cast(paging.PagedCache, caches[0]).page_tokens == tokens
+    assert (state_bytes(c) or 0) > (state_bytes(separate) or 0)  # alignment wastes bytes at this short context
+
+
+def leaves(state: Any) -> list[Any]:
+    body = getattr(state, "body", state)
+    found = []
+    for layer in getattr(body, "layers", [body]):
+        found.extend(leaves(layer) if hasattr(layer, "layers") or hasattr(layer, "body") else [layer])
+    return found
+
+
+def test_an_aligned_hybrid_decodes_as_the_separate_one() -> None:
+    outputs = []
+    for kept in [(("page_tokens", "16"),), (("hybrid_pages", "aligned"), ("page_tokens", "16"))]:
+        c = hybrid(*kept, dtype="float32")
+        torch.manual_seed(0)
+        m = build_model(c, "cpu", torch.float32)
+        x = torch.randn(2, CONTEXT + 4, 64, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode(), keeping(None, None, *family_of(c).page_layout(c)):
+            state = prefill(m, x[:, :CONTEXT], CONTEXT + 4)
+            for t in range(CONTEXT, CONTEXT + 4):
+                outputs.append(decodable(m).step(x[:, t : t + 1], state))
+                state.advance()
+    torch.testing.assert_close(torch.cat(outputs[:4], 1), torch.cat(outputs[4:], 1))
