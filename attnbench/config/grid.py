@@ -149,8 +149,11 @@ def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:
         "hybrid_pages": "separate",
     }
     variants = []
+    paged = any(value != "0" for value in given.get("page_tokens", ()))
     for values in itertools.product(*(given[key] for key in keys)):
         kept = tuple(sorted((key, value) for key, value in zip(keys, values, strict=True) if value != default[key]))
+        if ("hybrid_pages", "aligned") in kept and not dict(kept).get("page_tokens") and paged:
+            continue  # aligned pages are pages: crossed with the page sizes given, not with contiguous too
         variants.append(replace(case, kept=kept))
     return variants
 

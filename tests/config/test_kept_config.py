@@ -151,11 +151,17 @@ def test_the_engines_config_validates_and_crosses_every_dtype_into_its_models() 
     result = runner.invoke(app, ["validate", str(config)])
     assert result.exit_code == 0, result.output
     cases = load_experiment_text(config.read_text(encoding="utf-8"), config.name).cases("cpu")
-    assert len(cases) == 60
-    assert {c.kept for c in cases if c.model == "sdpa-flash"} == {
+    assert len(cases) == 120
+    hybrid = {c.kept for c in cases if c.model == "mamba2-3to1" and c.kept_dtype("kv_dtype") is None}
+    assert {tuple(i for i in kept if i[0] in ("page_tokens", "hybrid_pages")) for kept in hybrid} == {
         (),
-        (("kv_dtype", "float8_e4m3fn"),),
-        (("kv_dtype", "int8"),),
+        (("page_tokens", "16"),),
+        (("hybrid_pages", "aligned"), ("page_tokens", "16")),
+    }  # aligned pages are crossed with the page size given, not with contiguous too
+    assert {c.kept for c in cases if c.model == "sdpa-flash"} == {
+        *((), (("kv_dtype", "float8_e4m3fn"),), (("kv_dtype", "int8"),)),
+        *((("page_tokens", "16"),), (("kv_dtype", "float8_e4m3fn"), ("page_tokens", "16"))),
+        (("kv_dtype", "int8"), ("page_tokens", "16")),
     }
     assert {c.kept for c in cases if c.model == "mamba2"} == {(), (("state_dtype", "bfloat16"),)}
     assert {c.param("memory_budget") for c in cases if c.mode == "capacity"} == {2**30}
