@@ -137,7 +137,7 @@ class KVCache:
         # Stored in ``kept`` (kv_dtype) where given, converted to ``compute`` as it is read. int8: a float32 scale per
         # key/value and head (vLLM's k/v scales), set by the first write's largest magnitude and kept (±127 clamps).
         self.compute = dtype
-        self.storage = torch.zeros(shape, device=device, dtype=kept or dtype)
+        self.storage = self.allocate(shape, device, kept or dtype)
         self.scales = torch.zeros(2, heads, device=device, dtype=torch.float32) if kept == torch.int8 else None
         self.layout: Layout = layout
         self.capacity = capacity
@@ -146,6 +146,10 @@ class KVCache:
         self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device) if layout == "bnhd" else None
         self.visible = torch.ones(batch, dtype=torch.int32, device=device) if layout == "bnhd" and window else None
         self.saved: int | None = None  # where a verify's drafts start: its rollback truncates to there + accepted
+
+    def allocate(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """K and V's storage, zeroed (a paged cache's is a pool of pages instead: ``timing.paging``)."""
+        return torch.zeros(shape, device=device, dtype=dtype)
 
     @property
     def ring(self) -> bool:

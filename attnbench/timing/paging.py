@@ -48,15 +48,15 @@ def kept_cache(
 ) -> KVCache:
     """The cache a layer keeps: plain where it is stored as it computes, contiguous; an engine's otherwise."""
     if page_tokens:
-        kind: type[KVCache] = PagedCache
-    else:
-        kind = EngineCache if kept is not None and kept != dtype else KVCache
-    made = kind(batch, heads, head_dim, capacity, layout=layout, device=device, dtype=dtype, window=window, kept=kept)
-    if isinstance(made, EngineCache):
-        made.heads_kv = heads
-    if isinstance(made, PagedCache):
-        made.paginate(page_tokens)
-    return made
+        return PagedCache(
+            batch, heads, head_dim, capacity, layout=layout, device=device, dtype=dtype, window=window, kept=kept,
+            page_tokens=page_tokens,
+        )  # fmt: skip
+    if kept is None or kept == dtype:
+        return KVCache(batch, heads, head_dim, capacity, layout=layout, device=device, dtype=dtype, window=window)
+    return EngineCache(
+        batch, heads, head_dim, capacity, layout=layout, device=device, dtype=dtype, window=window, kept=kept
+    )
 
 
 class EngineCache(KVCache):
@@ -66,7 +66,12 @@ class EngineCache(KVCache):
         """(B, H_kv, stop − start, D) of K (0) or V (1), slots [start, stop), in the compute dtype."""
         return self._loaded(self._bhnd(self.storage[which])[:, :, start:stop], which)
 
-    heads_kv = 0  # K and V's heads, set as it is made (``kept_cache``)
+    @property
+    def heads_kv(self) -> int:
+        """K and V's heads (the int8 scales are per head; else the storage's layout says)."""
+        return int(
+            self.storage.shape[3] if self.storage.dim() == 5 and self.layout == "bnhd" else self.storage.shape[2]
+        )
 
     def chunk_slots(self, batch: int, heads: int, head_dim: int) -> int:
         """Slots per chunk: ``CHUNK_BYTES`` over what a slot costs the batch converted (K and V, and a float32 score
@@ -108,19 +113,24 @@ class PagedCache(EngineCache):
     """K and V in pages of ``page_tokens`` slots from one pool, each sequence's through its page table (module
     notes). Slot s of sequence b lies at offset s mod P of page ``table[b, s // P]``."""
 
-    def paginate(self, page_tokens: int) -> None:
-        """Trade the contiguous storage the constructor made for a pool of whole pages and a table into it."""
-        batch = self.storage.shape[1]
-        heads, dim = self.heads_kv, self.storage.shape[-1]
-        per_sequence = math.ceil(self.slots / page_tokens)
-        self.page_tokens = page_tokens
-        kept = self.storage.dtype
-        self.storage = torch.empty(0, device=self.storage.device, dtype=kept)  # freed before the pool is made
-        pages = batch * per_sequence
-        self.storage = torch.zeros((2, pages, page_tokens, heads, dim), device=self.storage.device, dtype=kept)
-        draw = torch.randperm(pages, generator=torch.Generator().manual_seed(_SEED))
-        self.table = draw.view(batch, per_sequence).to(self.storage.device)
+    def __init__(self, *args: Any, page_tokens: int, **kwargs: Any) -> None:
+        self.page_tokens, self.layout = page_tokens, kwargs["layout"]  # what ``allocate`` reads
+        super().__init__(*args, **kwargs)
+
+    def allocate(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """A pool of whole pages for ``shape``'s sequences and slots (never a contiguous cache beside it), and the
+        table of each sequence's pages."""
+        bnhd = self.layout == "bnhd"
+        batch, heads, slots, dim = shape[1], shape[3 if bnhd else 2], shape[2 if bnhd else 3], shape[4]
+        per_sequence = math.ceil(slots / self.page_tokens)
+        draw = torch.randperm(batch * per_sequence, generator=torch.Generator().manual_seed(_SEED))
+        self.table = draw.view(batch, per_sequence).to(device)
         self.batch = batch
+        return torch.zeros((2, batch * per_sequence, self.page_tokens, heads, dim), device=device, dtype=dtype)
+
+    @property
+    def heads_kv(self) -> int:
+        return int(self.storage.shape[3])
 
     def chunk(self, which: int, start: int, stop: int) -> torch.Tensor:
         """Whole pages gathered through the table (the indirection an engine's kernel pays), the slots of
