@@ -11,13 +11,15 @@ from typing import Any, cast
 import pytest
 import torch
 
-from attnbench.core.cases import Case, HybridModel
+from attnbench.core.cases import Case, HybridModel, TimingPolicy
 from attnbench.families.catalogue import family_of
 from attnbench.families.registry import build_model
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
 from attnbench.timing import paging
+from attnbench.timing.executor import ExecutorSettings
 from attnbench.timing.precision import PaddedState, keeping
+from attnbench.timing.torch_executor import TorchExecutor
 from tests.support import tiny_case
 
 CONTEXT, STEPS = 40, 12
@@ -172,3 +174,22 @@ def test_an_aligned_hybrid_decodes_as_the_separate_one() -> None:
                 outputs.append(decodable(m).step(x[:, t : t + 1], state))
                 state.advance()
     torch.testing.assert_close(torch.cat(outputs[:4], 1), torch.cat(outputs[4:], 1))
+
+
+def test_a_paged_decode_row_reads_through_its_table_and_says_what_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[int] = []
+    real = paging.PagedCache.chunk
+
+    def spy(self: paging.PagedCache, which: int, start: int, stop: int) -> torch.Tensor:
+        read.append(stop - start)
+        return real(self, which, start, stop)
+
+    monkeypatch.setattr(paging.PagedCache, "chunk", spy)
+    c = tiny_case("sdpa-flash", mode="decode", seq_len=CONTEXT, d_model=64, heads=4, layers=2, causal=True)
+    c = replace(c, kept=(("page_tokens", "16"),))
+    policy = TimingPolicy(min_samples=3, min_time_s=0.01, max_case_s=0.5, warmup_max_s=0.05, target_ci=0.2)
+    result = TorchExecutor(ExecutorSettings("cpu", replace(policy, cache="warm"), threads=1, telemetry="off")).run(c)
+    assert result.status in ("ok", "too_slow_for_budget"), result.reason
+    assert read and result.extra["state_bytes"] == state_bytes(c)
+    if result.ok:
+        assert result.extra["kept_error_max"] < 1e-4  # pages change where K and V lie, not what attention computes
