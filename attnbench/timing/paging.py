@@ -28,7 +28,7 @@ __all__ = ["CHUNK_BYTES", "EngineCache", "PagedCache", "kept_cache"]
 
 # What one chunk of a step's read may hold converted (K and V, the batch's, and its float32 scores): bounded, so a
 # step's working memory is a constant beside a cache of any length, as a fused kernel's is.
-CHUNK_BYTES = 8 * 2**20
+CHUNK_BYTES = 4 * 2**20
 # The page pool's ids: a fixed draw, so a run's page tables are the same on every try.
 _SEED = 52
 
@@ -131,6 +131,10 @@ class PagedCache(EngineCache):
     @property
     def heads_kv(self) -> int:
         return int(self.storage.shape[3])
+
+    def chunk_slots(self, batch: int, heads: int, head_dim: int) -> int:
+        """Whole pages (at least one): a chunk that began or ended inside a page would gather all of it."""
+        return max(1, super().chunk_slots(batch, heads, head_dim) // self.page_tokens) * self.page_tokens
 
     def chunk(self, which: int, start: int, stop: int) -> torch.Tensor:
         """Whole pages gathered through the table (the indirection an engine's kernel pays), the slots of
