@@ -38,7 +38,8 @@ def table(found: list[dict[str, object]]) -> str:
     base = {(r["model"], r["n"]): r for r in found if r["kept"] == "-"}
     kv_only = {(r["model"], r["n"], r["kept"]): r for r in found}
     lines = [
-        "| model | n | kept as | capacity (sequences) | state bytes / sequence | × plain | vs same dtype contiguous |",
+        "| model | n | kept as | capacity (sequences) | state bytes / sequence | × plain | against the same dtype "
+        "contiguous: sequences, bytes / sequence, the batch its bytes alone predict |",
         "|---|---:|---|---:|---:|---:|---|",
     ]
     for r in sorted(found, key=lambda r: (str(r["model"]), int(str(r["n"])), str(r["kept"]))):
@@ -48,9 +49,10 @@ def table(found: list[dict[str, object]]) -> str:
         same = kv_only.get((r["model"], r["n"], ", ".join(layout) or "-"))
         delta = ""
         if same is not None and same is not r:
-            gap = int(str(same["batch"])) - int(str(r["batch"]))
+            gap = int(str(r["batch"])) - int(str(same["batch"]))
             extra = int(str(r["state"])) - int(str(same["state"]))
-            delta = f"{gap:+d} sequences fewer; {extra:+,d} B / sequence" if gap >= 0 else f"{-gap} more"
+            predicted = int(str(same["batch"])) * int(str(same["state"])) // int(str(r["state"]))
+            delta = f"{gap:+d}, {extra:+,d} B, {predicted}"
         lines.append(
             f"| {r['model']} | {r['n']} | {r['kept']} | {r['batch']} | {int(str(r['state'])):,} | {ratio} | {delta} |"
         )
