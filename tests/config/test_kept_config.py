@@ -165,3 +165,17 @@ def test_the_engines_config_validates_and_crosses_every_dtype_into_its_models() 
     }
     assert {c.kept for c in cases if c.model == "mamba2"} == {(), (("state_dtype", "bfloat16"),)}
     assert {c.param("memory_budget") for c in cases if c.mode == "capacity"} == {2**30}
+
+
+def test_a_rows_page_and_layout_are_summary_columns() -> None:
+    from attnbench.report.rows import serving_columns
+    from attnbench.results.records import Result
+
+    cases = load(kept(kv_dtype=None, state_dtype=None, page_tokens=[0, 16], hybrid_pages="aligned")).cases("cpu")
+    columns = {c.kept: serving_columns(Result(c, "oom", "planted")) for c in cases if c.model == "hy"}
+    assert columns[(("hybrid_pages", "aligned"), ("page_tokens", "16"))]["page_tokens"] == 16
+    assert columns[(("hybrid_pages", "aligned"), ("page_tokens", "16"))]["hybrid_pages"] == "aligned"
+    assert {k: v for k, v in columns[()].items() if k in ("page_tokens", "hybrid_pages")} == {
+        "page_tokens": None,
+        "hybrid_pages": None,
+    }
