@@ -142,10 +142,18 @@ def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:
     keys = [key for key in given if key in family.kept_keys(case)]
     # Left out, a KV cache is kept in the case's dtype, a recurrent state in its family's (float32 for some 16-bit);
     # a hybrid's members each keep their own, so no one value is its default: every value it is given is kept.
-    default = {"kv_dtype": case.dtype, "state_dtype": family.state_dtype(case) if case.hybrid is None else None}
+    default = {
+        "kv_dtype": case.dtype,
+        "state_dtype": family.state_dtype(case) if case.hybrid is None else None,
+        "page_tokens": "0",
+        "hybrid_pages": "separate",
+    }
     variants = []
+    paged = any(value != "0" for value in given.get("page_tokens", ()))
     for values in itertools.product(*(given[key] for key in keys)):
         kept = tuple(sorted((key, value) for key, value in zip(keys, values, strict=True) if value != default[key]))
+        if ("hybrid_pages", "aligned") in kept and not dict(kept).get("page_tokens") and paged:
+            continue  # aligned pages are pages: crossed with the page sizes given, not with contiguous too
         variants.append(replace(case, kept=kept))
     return variants
 

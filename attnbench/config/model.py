@@ -93,6 +93,12 @@ KvDtypes = Annotated[
     BeforeValidator(as_list),
     Field(min_length=1),
 ]
+PageTokens = Annotated[
+    list[Literal[0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]],
+    BeforeValidator(as_list),
+    Field(min_length=1),
+]
+HybridPages = Annotated[list[Literal["separate", "aligned"]], BeforeValidator(as_list), Field(min_length=1)]
 StateDtypes = Annotated[list[Literal["float32", "bfloat16", "float16"]], BeforeValidator(as_list), Field(min_length=1)]
 Drafts = Annotated[list[Annotated[int, Field(gt=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
 Accepts = Annotated[list[Annotated[int, Field(ge=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
@@ -386,6 +392,15 @@ class _Config(_Strict):
     """decode, capacity, prefill, verify: the dtype a recurrent state is stored in between tokens, converted to what
     its layer computes in (float32, bfloat16, float16); left out, the family's own. A list crosses them, into the
     models that keep a recurrent state only."""
+    page_tokens: PageTokens | None = None
+    """decode, capacity, prefill, verify: positions per page of an attention cache (vLLM's block_size; 16 is its
+    default), a power of two up to 4096: the cache grows in whole pages and a step reads it through a page table;
+    0 (the default) keeps it contiguous. A list crosses them, into the models that keep a KV cache only."""
+    hybrid_pages: HybridPages | None = None
+    """decode, capacity, prefill, verify: a hybrid's layout: separate (the default) keeps attention pages and
+    recurrent states in pools of their own; aligned makes one page size fit both, as vLLM's hybrid allocator does
+    (attention pages grown to a multiple of 16 positions that holds the largest state, every state padded to a
+    page). A list crosses them, into the hybrids that keep a KV cache and a recurrent state only."""
     draft: Drafts | None = None
     """mode verify: draft tokens k one call checks after the context; a list crosses them."""
     accept: Accepts | None = None

@@ -42,6 +42,8 @@ KEY_MODES: dict[str, tuple[str, ...]] = {
     "packing": PACKING_MODES,
     "kv_dtype": STATEFUL,
     "state_dtype": STATEFUL,
+    "page_tokens": STATEFUL,
+    "hybrid_pages": STATEFUL,
 }
 
 
@@ -102,8 +104,9 @@ def serving_axes(m: ConfigModel, ctx: Context) -> ServingAxes:
         if values is None:
             continue
         check_unique(values, key, (key,), ctx)
-        _holdable(key, values, m.device, ctx)
-        kept[key] = tuple(values)
+        if key.endswith("_dtype"):  # a layout is held by any device
+            _holdable(key, values, m.device, ctx)
+        kept[key] = tuple(map(str, values))
         resolved[key] = list(values)
     return ServingAxes(serving, packing, resolved, kept)
 

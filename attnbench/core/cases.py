@@ -75,7 +75,17 @@ Serving = tuple[tuple[str, int], ...]
 # for the stateful modes, and only into a model it applies to (``Family.kept_keys``); absent, the case's own.
 KV_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8")
 STATE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-KEPT_DTYPES: dict[str, tuple[str, ...]] = {"kv_dtype": KV_DTYPES, "state_dtype": STATE_DTYPES}
+# ``page_tokens`` how a KV cache is laid out: contiguous (0) or in pages of that many positions (vLLM's block_size,
+# 16 by default); ``hybrid_pages`` a hybrid's: attention pages and state slots in pools of their own (separate) or one
+# page size aligned to the largest state (aligned: vLLM's hybrid allocator). Crossed as the dtypes are, kept as text.
+PAGE_TOKENS: tuple[int, ...] = (0, *(2**i for i in range(13)))
+HYBRID_PAGES: tuple[str, ...] = ("separate", "aligned")
+KEPT_DTYPES: dict[str, tuple[str, ...]] = {
+    "kv_dtype": KV_DTYPES,
+    "state_dtype": STATE_DTYPES,
+    "page_tokens": tuple(map(str, PAGE_TOKENS)),
+    "hybrid_pages": HYBRID_PAGES,
+}
 # Bytes of one element of each dtype a case computes or keeps in.
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8,
@@ -274,6 +284,11 @@ class Case:
         """The dtype the case keeps its KV cache (``kv_dtype``) or recurrent state (``state_dtype``) in, or None
         where it keeps the default (the case's own; a family may keep a state wider)."""
         return next((value for key, value in self.kept if key == name), None)
+
+    @property
+    def page_tokens(self) -> int:
+        """Positions per page of the case's KV cache (``page_tokens``), 0 where it is contiguous."""
+        return int(self.kept_dtype("page_tokens") or 0)
 
     def param(self, name: str) -> int:
         """The serving parameter ``name`` the case carries (``SERVING_PARAMS``), 0 where it carries none."""

@@ -357,7 +357,12 @@ class Family:
     def kept_keys(self, case: Case) -> tuple[str, ...]:
         """Which of ``core.cases.KEPT_DTYPES`` apply to ``case`` (crossed into its cases only): a cache's ``kv_dtype``,
         a recurrence's ``state_dtype``; () where its state cannot be kept narrower."""
-        return ("kv_dtype",) if self.spec(case).kind == "attention" else ("state_dtype",)
+        return ("kv_dtype", "page_tokens") if self.spec(case).kind == "attention" else ("state_dtype",)
+
+    def page_layout(self, case: Case) -> tuple[int, int]:
+        """How the case's states are laid out: positions per KV cache page (0: contiguous) and the bytes per sequence
+        each recurrent state's slot takes (0: its own; a hybrid's pages aligned to its state, as vLLM's are)."""
+        return case.page_tokens, 0
 
     def state_bytes(self, case: Case) -> int | None:
         """Bytes of the KV cache or recurrent state a decode step at context ``case.seq_len`` reads; None where

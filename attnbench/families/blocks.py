@@ -206,7 +206,7 @@ class Network(nn.Module):
         return x if self.final_norm is None else self.final_norm(x)
 
     def init_state(self, batch: int, capacity: int) -> NetworkState:
-        return NetworkState(keep(decodable(self.body).init_state(batch, capacity)))
+        return NetworkState(keep(decodable(self.body).init_state(batch, capacity), batch))
 
     def prefill(self, x: torch.Tensor, state: NetworkState, *, output: bool = True) -> torch.Tensor | None:
         """The context from the state's position on (a recurrent body may take a long context in chunks)."""

@@ -95,10 +95,11 @@ def parameter_of(module: nn.Module) -> torch.Tensor:
 KEPT: ContextVar[Any] = ContextVar("kept", default=None)
 
 
-def kv_kept() -> torch.dtype | None:
-    """The dtype a KV cache allocated now is stored in (None: the one it computes in)."""
+def kv_cache(*args: Any, **kwargs: Any) -> KVCache:
+    """A layer's KV cache (``KVCache``'s arguments) as the executor keeps it (``KEPT``'s ``cache``: narrower than it
+    computes, in pages, read as an engine's kernel reads it), else as it computes."""
     keeping = KEPT.get()
-    return None if keeping is None else keeping.kv
+    return KVCache(*args, **kwargs) if keeping is None else keeping.cache(*args, **kwargs)
 
 
 class KVCache:
@@ -136,7 +137,7 @@ class KVCache:
         # Stored in ``kept`` (kv_dtype) where given, converted to ``compute`` as it is read. int8: a float32 scale per
         # key/value and head (vLLM's k/v scales), set by the first write's largest magnitude and kept (±127 clamps).
         self.compute = dtype
-        self.storage = torch.zeros(shape, device=device, dtype=kept or dtype)
+        self.storage = self.allocate(shape, device, kept or dtype)
         self.scales = torch.zeros(2, heads, device=device, dtype=torch.float32) if kept == torch.int8 else None
         self.layout: Layout = layout
         self.capacity = capacity
@@ -145,6 +146,10 @@ class KVCache:
         self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device) if layout == "bnhd" else None
         self.visible = torch.ones(batch, dtype=torch.int32, device=device) if layout == "bnhd" and window else None
         self.saved: int | None = None  # where a verify's drafts start: its rollback truncates to there + accepted
+
+    def allocate(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """K and V's storage, zeroed (a paged cache's is a pool of pages instead: ``timing.paging``)."""
+        return torch.zeros(shape, device=device, dtype=dtype)
 
     @property
     def ring(self) -> bool:
@@ -267,11 +272,12 @@ class KVCache:
         return iter(())  # a step writes its token into the cache itself (``tensors``)
 
 
-def keep(state: Any) -> Any:
-    """A layer's state as the executor keeps it (``KEPT``'s ``keep``), unless it is a cache of positions."""
+def keep(state: Any, batch: int) -> Any:
+    """A layer's state of ``batch`` sequences as the executor keeps it (``KEPT``'s ``keep``), unless it is a cache of
+    positions."""
     keeping = KEPT.get()
     plain = keeping is None or getattr(state, "holds_positions", False)
-    return state if plain or isinstance(state, KVCache | StackState | NetworkState) else keeping.keep(state)
+    return state if plain or isinstance(state, KVCache | StackState | NetworkState) else keeping.keep(state, batch)
 
 
 @contextmanager
@@ -422,7 +428,7 @@ def tensor_bytes(state: State) -> int:
 
 
 def stack_init(layers: nn.Module, batch: int, capacity: int) -> StackState:
-    return StackState([keep(decodable(layer).init_state(batch, capacity)) for layer in layers.children()])
+    return StackState([keep(decodable(layer).init_state(batch, capacity), batch) for layer in layers.children()])
 
 
 def stack_prefill(layers: nn.Module, x: torch.Tensor, state: StackState, *, output: bool) -> torch.Tensor | None:

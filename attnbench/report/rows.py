@@ -161,6 +161,9 @@ COLUMNS: tuple[str, ...] = (
     "state_dtype",
     "kept_error_max",
     "kept_error_mean",
+    # Issue 52 later: a KV cache's page (empty: contiguous) and a hybrid's layout (empty: separate pools).
+    "page_tokens",
+    "hybrid_pages",
     # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
     # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
     *(spec.name for spec, _ in FAMILY_COLUMNS),
@@ -169,6 +172,7 @@ COLUMNS: tuple[str, ...] = (
 
 _INTEGER_COLUMNS = frozenset(
     {
+        "page_tokens",
         "batch",
         "seq_len",
         "d_model",
@@ -196,7 +200,7 @@ _TEXT_COLUMNS = frozenset(
         *("model", "mode", "dtype", "device", "status", "reason", "mem_method", "options", "warnings", "key"),
         *("telemetry_source", "telemetry_note", "flops_formula", "peak_source", "state_mem_method"),
         *("contention", "kind", "source", "bytes_formula", "peak_bw_source", "cache", "predicted_bound"),
-        *("packing", "rollback_method", "check_status", "kv_dtype", "state_dtype"),
+        *("packing", "rollback_method", "check_status", "kv_dtype", "state_dtype", "hybrid_pages"),
     }
 )
 # The Python type of every column's values (None aside): what the CSV's integer columns and the DataFrames of
@@ -330,6 +334,8 @@ COLUMN_MEANINGS: dict[str, str] = {
     "state_dtype": "the dtype the recurrent state was stored in between tokens (empty: the family's own)",
     "kept_error_max": "kv_dtype/state_dtype: the largest |output − full precision's| over a 256-token decode",
     "kept_error_mean": "kv_dtype/state_dtype: the mean |output − full precision's| over a 256-token decode",
+    "page_tokens": "positions per page of the KV cache, read through a page table (empty: contiguous)",
+    "hybrid_pages": "a hybrid's layout: aligned (one page size holding its largest state; empty: separate pools)",
 }
 
 
@@ -489,6 +495,7 @@ def serving_columns(result: Result) -> dict[str, Any]:
     row.update(kv_dtype=case.kept_dtype("kv_dtype"), state_dtype=case.kept_dtype("state_dtype"))
     for name in ("kept_error_max", "kept_error_mean"):
         row[name] = extra.get(name)
+    row.update(page_tokens=case.page_tokens or None, hybrid_pages=case.kept_dtype("hybrid_pages"))
     return row
 
 

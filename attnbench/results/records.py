@@ -41,7 +41,9 @@ Schema history (``SCHEMA_VERSION``):
       reference, with its errors and tolerance) and the status ``incorrect`` (the check failed; never timed).
       Issue 52: a stateful case may carry ``kept`` ({kv_dtype, state_dtype}: the dtypes its KV cache or recurrent
       state was stored in, ``core.cases.KEPT_DTYPES``); ``extra`` may carry ``kept_error_max`` and
-      ``kept_error_mean`` (at least 0: the error that costs against the full-precision decode).
+      ``kept_error_mean`` (at least 0: the error that costs against the full-precision decode). Later in issue 52,
+      ``kept`` may also say ``page_tokens`` (a KV cache's page, ``core.cases.PAGE_TOKENS`` as text) and
+      ``hybrid_pages`` (separate or aligned); rows without them are contiguous, separate.
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """

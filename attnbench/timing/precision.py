@@ -22,9 +22,11 @@ from typing import Any
 import torch
 
 from attnbench.core.cases import Case
+from attnbench.families.catalogue import family_of
 from attnbench.families.registry import build_model, call_context
-from attnbench.families.states import KEPT, decodable, drop_scratch, prefill, scratch_tensors
+from attnbench.families.states import KEPT, KVCache, decodable, drop_scratch, opened, prefill, scratch_tensors
 from attnbench.families.torch_family import make_input, torch_dtype
+from attnbench.timing.paging import kept_cache
 
 __all__ = ["CONTEXT", "DECODE_TOKENS", "Keeping", "KeptState", "keeping", "kept_error"]
 
@@ -85,22 +87,56 @@ class KeptState:
         yield from self.spare_stored
 
 
+class PaddedState:
+    """A recurrent state in a slot of ``page`` bytes (vLLM's ``mamba_page_size_padded``): itself, and the bytes its
+    slot holds beyond it, allocated and never read (``padding``)."""
+
+    def __init__(self, inner: Any, page: int) -> None:
+        self.inner = inner
+        held = sum(t.numel() * t.element_size() for t in inner.tensors())
+        first = next(iter(inner.tensors()))
+        self.padding = torch.zeros(max(0, page - held), dtype=torch.uint8, device=first.device)
+
+    def __getattr__(self, name: str) -> Any:  # advance, reset, fill_to, scratch, drop_scratch, saved: the state's
+        return getattr(self.__dict__["inner"], name)
+
+    @contextmanager
+    def opened(self, *, commit: bool) -> Iterator[Any]:
+        with opened(self.inner, commit=commit) as held:
+            yield held
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.inner.tensors()
+        yield self.padding
+
+
 @dataclass(frozen=True)
 class Keeping:
     """What ``families.states.KEPT`` holds while a case runs: the KV cache's dtype, and the recurrent states'."""
 
     kv: torch.dtype | None
     state: torch.dtype | None
+    page_tokens: int = 0  # a KV cache's page (``timing.paging``): 0 contiguous
+    state_page: int = 0  # bytes per sequence a recurrent state's slot takes (``PaddedState``): 0 its own
 
-    def keep(self, state: Any) -> Any:
-        return state if self.state is None or isinstance(state, KeptState) else KeptState(state, self.state)
+    def cache(self, *args: Any, **kwargs: Any) -> KVCache:
+        """A layer's KV cache (``KVCache``'s arguments) kept in ``kv`` and ``page_tokens``: ``paging.kept_cache``."""
+        return kept_cache(*args, **kwargs, kept=self.kv, page_tokens=self.page_tokens)
+
+    def keep(self, state: Any, batch: int) -> Any:
+        if isinstance(state, KeptState | PaddedState):
+            return state
+        kept = state if self.state is None else KeptState(state, self.state)
+        return PaddedState(kept, batch * self.state_page) if self.state_page else kept
 
 
 @contextmanager
-def keeping(kv: str | None, state: str | None) -> Iterator[None]:
+def keeping(kv: str | None, state: str | None, page_tokens: int = 0, state_page: int = 0) -> Iterator[None]:
     """Every state allocated inside stored in ``kv`` (a KV cache) and ``state`` (a recurrent one): torch's names;
-    None, as it computes."""
-    kept = Keeping(getattr(torch, kv) if kv else None, getattr(torch, state) if state else None)
+    None, as it computes; a KV cache in pages of ``page_tokens`` positions (0: contiguous), a recurrent state in a
+    slot of ``state_page`` bytes per sequence (0: its own size)."""
+    kv_kept, state_kept = getattr(torch, kv) if kv else None, getattr(torch, state) if state else None
+    kept = Keeping(kv_kept, state_kept, page_tokens, state_page)
     token = KEPT.set(None if kept == Keeping(None, None) else kept)
     try:
         yield
@@ -117,17 +153,24 @@ def kept_error(case: Case, device: torch.device, seed: int) -> dict[str, float]:
     model = build_model(small, str(device), dtype)
     tokens = make_input(replace(small, seq_len=CONTEXT + DECODE_TOKENS), str(device), dtype)
     full = _decode(small, model, tokens, None, None)
-    kept = _decode(small, model, tokens, case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"))
+    layout = family_of(small).page_layout(small)
+    kept = _decode(small, model, tokens, case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"), *layout)
     error = (kept.double() - full.double()).abs()
     return {"kept_error_max": float(error.max()), "kept_error_mean": float(error.mean())}
 
 
 def _decode(
-    case: Case, model: torch.nn.Module, tokens: torch.Tensor, kv: str | None, state: str | None
+    case: Case,
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    kv: str | None,
+    state: str | None,
+    pages: int = 0,
+    state_page: int = 0,
 ) -> torch.Tensor:
     """The outputs of the decode steps after ``CONTEXT`` tokens, the state kept in ``kv``/``state``."""
     decoder = decodable(model)
-    with torch.inference_mode(), call_context(case, model), keeping(kv, state):
+    with torch.inference_mode(), call_context(case, model), keeping(kv, state, pages, state_page):
         held = prefill(model, tokens[:, :CONTEXT], CONTEXT + DECODE_TOKENS)
         outputs = []
         for t in range(CONTEXT, CONTEXT + DECODE_TOKENS):

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from attnbench.core.cases import CacheState, Case, Level
+from attnbench.families.catalogue import family_of
 from attnbench.families.flops import COUNTED_FORMULA, analytic, count_flops, executed_flops
 from attnbench.families.registry import (
     build_model,
@@ -211,7 +212,8 @@ class TorchExecutor:
             return Result(case, "incorrect", reason, check=check)
         early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
         # Every state the case allocates is kept as it asks (kv_dtype, state_dtype): decode, capacity, prefill, verify.
-        with keeping(case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype")):
+        layout = family_of(case).page_layout(case)  # KV pages and state slots: a hybrid's may be aligned
+        with keeping(case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"), *layout):
             result = replace(self._measure(case, early), check=check)
         if result.ok and case.kept:  # what the narrower state costs in accuracy, beside what it saves in time
             result = replace(result, extra={**result.extra, **kept_error(case, self.device, self.seed)})

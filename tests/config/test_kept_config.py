@@ -82,6 +82,12 @@ def test_the_keys_resolve_into_the_config_and_a_config_without_them_keeps_its_sh
         ({"state_dtype": ["float8_e4m3fn"]}, "state_dtype"),
         ({"kv_dtype": ["int8", "int8"]}, "kv_dtype"),
         ({"modes": ["forward"]}, "kv_dtype"),
+        ({"page_tokens": [24]}, "page_tokens"),
+        ({"page_tokens": [-16]}, "page_tokens"),
+        ({"page_tokens": ["sixteen"]}, "page_tokens"),
+        ({"page_tokens": [16, 16]}, "page_tokens"),
+        ({"hybrid_pages": ["vllm"]}, "hybrid_pages"),
+        ({"page_tokens": [16], "modes": ["forward"], "kv_dtype": None, "state_dtype": None}, "page_tokens"),
     ],
 )
 def test_a_bad_value_or_an_unused_key_is_one_error_line_with_exit_2(
@@ -94,6 +100,36 @@ def test_a_bad_value_or_an_unused_key_is_one_error_line_with_exit_2(
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and mentions(errors, key), result.output
     assert any(line.startswith("hint:") for line in result.output.splitlines())
+
+
+def test_page_tokens_cross_only_the_models_that_keep_a_kv_cache() -> None:
+    cases = load(kept(kv_dtype=["float32", "int8"], state_dtype=None, page_tokens=[0, 16])).cases("cpu")
+    by = {m: sorted({c.kept for c in cases if c.model == m and c.mode == "decode"}) for m in ("sdpa-flash", "hy")}
+    assert (
+        by["sdpa-flash"]
+        == by["hy"]
+        == [
+            (),
+            (("kv_dtype", "int8"),),
+            (("kv_dtype", "int8"), ("page_tokens", "16")),
+            (("page_tokens", "16"),),
+        ]
+    )  # 0 is the default: contiguous, the case's key as it was
+    assert {c.kept for c in cases if c.model in ("lstm", "mamba2", "mla") or c.mode == "forward"} == {()}
+    assert next(c for c in cases if c.kept == (("page_tokens", "16"),)).page_tokens == 16
+    assert load(kept(page_tokens=16)).resolved["page_tokens"] == [16]
+
+
+def test_hybrid_pages_cross_only_a_hybrid_of_a_cache_and_a_state() -> None:
+    cases = load(kept(kv_dtype=None, state_dtype=None, page_tokens=16, hybrid_pages=["separate", "aligned"])).cases(
+        "cpu"
+    )
+    assert sorted({c.kept for c in cases if c.model == "hy" and c.mode == "decode"}) == [
+        (("hybrid_pages", "aligned"), ("page_tokens", "16")),
+        (("page_tokens", "16"),),
+    ]
+    assert {c.kept for c in cases if c.model == "sdpa-flash" and c.mode == "decode"} == {(("page_tokens", "16"),)}
+    assert {c.kept for c in cases if c.model in ("lstm", "mamba2", "mla")} == {()}
 
 
 def test_a_dtype_the_device_cannot_hold_is_refused_at_validate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,11 +151,31 @@ def test_the_engines_config_validates_and_crosses_every_dtype_into_its_models() 
     result = runner.invoke(app, ["validate", str(config)])
     assert result.exit_code == 0, result.output
     cases = load_experiment_text(config.read_text(encoding="utf-8"), config.name).cases("cpu")
-    assert len(cases) == 60
-    assert {c.kept for c in cases if c.model == "sdpa-flash"} == {
+    assert len(cases) == 120
+    hybrid = {c.kept for c in cases if c.model == "mamba2-3to1" and c.kept_dtype("kv_dtype") is None}
+    assert {tuple(i for i in kept if i[0] in ("page_tokens", "hybrid_pages")) for kept in hybrid} == {
         (),
-        (("kv_dtype", "float8_e4m3fn"),),
-        (("kv_dtype", "int8"),),
+        (("page_tokens", "16"),),
+        (("hybrid_pages", "aligned"), ("page_tokens", "16")),
+    }  # aligned pages are crossed with the page size given, not with contiguous too
+    assert {c.kept for c in cases if c.model == "sdpa-flash"} == {
+        *((), (("kv_dtype", "float8_e4m3fn"),), (("kv_dtype", "int8"),)),
+        *((("page_tokens", "16"),), (("kv_dtype", "float8_e4m3fn"), ("page_tokens", "16"))),
+        (("kv_dtype", "int8"), ("page_tokens", "16")),
     }
     assert {c.kept for c in cases if c.model == "mamba2"} == {(), (("state_dtype", "bfloat16"),)}
     assert {c.param("memory_budget") for c in cases if c.mode == "capacity"} == {2**30}
+
+
+def test_a_rows_page_and_layout_are_summary_columns() -> None:
+    from attnbench.report.rows import serving_columns
+    from attnbench.results.records import Result
+
+    cases = load(kept(kv_dtype=None, state_dtype=None, page_tokens=[0, 16], hybrid_pages="aligned")).cases("cpu")
+    columns = {c.kept: serving_columns(Result(c, "oom", "planted")) for c in cases if c.model == "hy"}
+    assert columns[(("hybrid_pages", "aligned"), ("page_tokens", "16"))]["page_tokens"] == 16
+    assert columns[(("hybrid_pages", "aligned"), ("page_tokens", "16"))]["hybrid_pages"] == "aligned"
+    assert {k: v for k, v in columns[()].items() if k in ("page_tokens", "hybrid_pages")} == {
+        "page_tokens": None,
+        "hybrid_pages": None,
+    }

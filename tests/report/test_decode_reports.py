@@ -46,8 +46,8 @@ def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> Non
     # Columns are only ever appended: the bandwidth columns came after kind and source, the cache and the roofline's
     # prediction after them, the serving questions' after those (issue 41), the numerical check's (issue 50), the
     # kept dtypes and their error (issue 52), the families' columns last.
-    kept = COLUMNS[COLUMNS.index("check_tol") + 1 : COLUMNS.index("kept_error_mean") + 1]
-    assert kept == ("kv_dtype", "state_dtype", "kept_error_max", "kept_error_mean")
+    kept = COLUMNS[COLUMNS.index("check_tol") + 1 : COLUMNS.index("hybrid_pages") + 1]
+    assert kept == ("kv_dtype", "state_dtype", "kept_error_max", "kept_error_mean", "page_tokens", "hybrid_pages")
     every = COLUMNS[: COLUMNS.index("check_tol") + 1]
     assert every[-5:] == ("padded_tokens_per_s", "check_status", "check_max_abs_err", "check_rel_err", "check_tol")
     assert COLUMNS[len(every) + len(kept) :] == tuple(spec.name for spec, _ in family_columns())

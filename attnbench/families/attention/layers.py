@@ -61,7 +61,7 @@ from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, fr
 from attnbench.families.catalogue import family_of
 from attnbench.families.positional import Rotary
 from attnbench.families.shared import flag, head_dim, kv_heads
-from attnbench.families.states import KVCache, LayerStack, Layout, kv_kept, spans
+from attnbench.families.states import KVCache, LayerStack, Layout, kv_cache, spans
 from attnbench.families.torch_family import LaunchLimit, torch_dtype
 
 # SDPA's enable_gqa (torch 2.5+): K/V with fewer heads than Q, read in place. Older torch repeats them.
@@ -699,17 +699,10 @@ class SelfAttention(nn.Module):
         weight = self.qkv.weight
         layout: Layout = getattr(self.core, "cache_layout", "bhnd")
         window = int(getattr(self.core, "window", 0))
-        return KVCache(
-            batch,
-            self.heads_kv,
-            self.head_dim,
-            capacity,
-            layout=layout,
-            device=weight.device,
-            dtype=weight.dtype,
+        return kv_cache(
+            batch, self.heads_kv, self.head_dim, capacity, layout=layout, device=weight.device, dtype=weight.dtype,
             window=window,
-            kept=kv_kept(),
-        )
+        )  # fmt: skip
 
     def prefill(self, x: torch.Tensor, state: KVCache, *, output: bool = True) -> torch.Tensor | None:
         """K and V of the T tokens ``x`` into the cache after the n it holds; their causal attention to all n + T
@@ -736,6 +729,8 @@ class SelfAttention(nn.Module):
         q, k, v = self._heads(x, state.length)
         if self.sinks is not None:
             return self._merge(sink_step(q, k, v, state, self.sinks), x)
+        if callable(attend := getattr(state, "attend", None)):  # a kept cache read as an engine's kernel reads it
+            return self._merge(attend(q, k, v), x)
         core: DecodingCore = self.core  # type: ignore[assignment]  # every core here has a step
         return self._merge(core.step(q, k, v, state), x)
 

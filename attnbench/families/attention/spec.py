@@ -292,7 +292,9 @@ class AttentionFamily(Family):
         width = shared.kv_width(case, self.values(case))
         kept = case.kept_dtype("kv_dtype") or case.dtype  # int8 adds a float32 scale per layer, K or V, and head
         scales = 2 * case.layers * shared.kv_heads(case, self.values(case)) * 4 if kept == "int8" else 0
-        return 2 * case.layers * case.batch * slots * width * shared.DTYPE_BYTES[kept] + scales
+        pages = -(-slots // case.page_tokens) if case.page_tokens else 0  # whole pages, and an int64 id each
+        slots, table = (pages * case.page_tokens, case.layers * case.batch * pages * 8) if pages else (slots, 0)
+        return 2 * case.layers * case.batch * slots * width * shared.DTYPE_BYTES[kept] + scales + table
 
     def takes_tokens(self, case: Case) -> bool:
         return self.option(case, "scope") == "model"

@@ -119,7 +119,10 @@ class HybridFamily(Family):
         made = Case(member.model, case.mode, case.dtype, case.device, case.batch, case.seq_len, case.d_model, heads,
                     1, causal, tuple(sorted(options.items())), serving=case.serving, packing=case.packing)  # fmt: skip
         keys = self.resolve(made).kept_keys(made) if case.kept else ()  # kv_dtype to caches, state_dtype to states
-        return replace(made, kept=tuple(item for item in case.kept if item[0] in keys)) if keys else made
+        kept = tuple(item for item in case.kept if item[0] in keys)
+        if "page_tokens" in keys and ("hybrid_pages", "aligned") in case.kept:  # the page the states set
+            kept = tuple(sorted({**dict(kept), "page_tokens": str(self.page_layout(case)[0])}.items()))
+        return replace(made, kept=kept) if keys else made
 
     def member(self, case: Case, i: int) -> Case:
         """Block ``i``'s case where it has one member (the first of several side by side)."""
@@ -227,10 +230,31 @@ class HybridFamily(Family):
         return case.dtype  # each member keeps its own; the sum is in bytes
 
     def kept_keys(self, case: Case) -> tuple[str, ...]:
-        return tuple(sorted({key for m in self.members(case) for key in self.resolve(m).kept_keys(m)}))
+        keys = {key for m in self.members(case) for key in self.resolve(m).kept_keys(m)}
+        return tuple(sorted(keys | ({"hybrid_pages"} if {"page_tokens", "state_dtype"} <= keys else set())))
+
+    def page_layout(self, case: Case) -> tuple[int, int]:
+        """Aligned (vLLM's ``HybridAttentionMambaModelConfig``, without prefix caching): the attention page the
+        smallest multiple of 16 positions whose K and V hold the largest recurrent state (the case's page_tokens
+        where that is more), every state padded to the page's bytes. Separate: the case's pages, states as they are."""
+        if ("hybrid_pages", "aligned") not in case.kept:
+            return case.page_tokens, 0
+        plain = replace(case, batch=1, kept=tuple(item for item in case.kept if item[0] != "hybrid_pages"))
+        members = [(self.resolve(m), m) for m in self.members(plain)]
+        states = [f.state_bytes(m) or 0 for f, m in members if "state_dtype" in f.kept_keys(m)]
+        caches = [(f, replace(m, kept=tuple(i for i in m.kept if i[0] != "page_tokens"))) for f, m in members
+                  if "page_tokens" in f.kept_keys(m)]  # fmt: skip
+        per_token = max((f.state_bytes(replace(m, seq_len=m.seq_len + 1)) or 0) - (f.state_bytes(m) or 0)
+                        for f, m in caches)  # fmt: skip
+        tokens = max(case.page_tokens, 16 * -(-max(states) // (16 * max(1, per_token))))
+        return tokens, tokens * per_token
 
     def state_bytes(self, case: Case) -> int | None:
-        sizes = [self.resolve(m).state_bytes(m) for m in self.members(case)]
+        page = self.page_layout(case)[1]  # aligned: a state's slot is a page
+        sizes = [
+            case.batch * page if page and "state_dtype" in f.kept_keys(m) else f.state_bytes(m)
+            for f, m in ((self.resolve(m), m) for m in self.members(case))
+        ]
         return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
 
     def state_written(self, case: Case, state_bytes: int) -> int:

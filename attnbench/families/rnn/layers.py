@@ -96,7 +96,7 @@ class Recurrent(nn.Module):
         shape = (self.rnn.num_layers, batch, self.rnn.hidden_size)
         h = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
         return keep(  # kept here too: this module may be the whole model, with no stack to keep it
-            RecurrentState(h, torch.zeros_like(h) if self.cell == "lstm" else None)
+            RecurrentState(h, torch.zeros_like(h) if self.cell == "lstm" else None), batch
         )
 
     def prefill(self, x: torch.Tensor, state: RecurrentState, *, output: bool = True) -> torch.Tensor | None:
