@@ -103,7 +103,7 @@ def history(
         figures=fmt.figures,
         plots_dir=plots,
         bisect=bisect,
-        alerts=fail_on_step or alert is not None,
+        alerts=fail_on_step,
         alert=alert,
     )
     _show(trace(request), fmt, output, json_out=format == "json", alert=alert, fail_on_step=fail_on_step)

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 class HistoryRequest:
     """What ``history`` is asked: the run folders (or folders of them) and how to read them; ``figures``: draw the
     panels (an HTML page embeds them; ``plots_dir`` is where they are written); ``bisect``: where to look for each
-    step that made things worse; ``alerts``: the steps the newest run confirmed (``--fail-on-step``, ``--alert``),
-    their alert replacing ``alert`` (a file this command wrote), or an earlier alert removed when there is none."""
+    step that made things worse; ``alerts``: the steps the newest run confirmed (``--fail-on-step``), found too when
+    ``alert`` names the file their alert replaces (one this command wrote), which is removed when there is none."""
 
     runs: tuple[Path, ...]
     metric: Metric = "median"
@@ -76,7 +76,9 @@ def trace(request: HistoryRequest) -> Traced:
     patterns, repo = request.patterns, request.repo
     history = build_history(stored, metric=request.metric, patterns=patterns, min_change=change, repo=repo)
     worse = [e for e in step_events(history) if e.worse] if request.bisect else []
-    fresh = alert_steps(stored, history, patterns=patterns, min_change=change, repo=repo) if request.alerts else []
+    fresh: list[StepEvent] = []
+    if request.alerts or request.alert is not None:
+        fresh = alert_steps(stored, history, patterns=patterns, min_change=change, repo=repo)
     # Where to look for a step's commit runs git and reads the run's config: once per step, though --bisect and the
     # alert both name it.
     wheres: dict[tuple[str, int, int], Where] = {}
@@ -84,7 +86,7 @@ def trace(request: HistoryRequest) -> Traced:
         if _place(event) not in wheres:
             wheres[_place(event)] = where_to_look(history, event, repo)
     pictures: list[HistoryPlot] = []
-    notice = None
+    notice: str | None = None
     if request.figures or request.plots_dir is not None:  # matplotlib and the run plots' modules only then
         from attnbench.report.history_plots import panels_or_notice
 
