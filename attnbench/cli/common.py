@@ -243,25 +243,13 @@ def caused_by_interrupt(exc: BaseException) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- output, warnings
-def refuse_input_as_output(output: Path, reads: Iterable[Path], flag: str = "-o") -> None:
-    """An ``AttnbenchError`` when ``output`` is, or leads through a link to, a path inside one of the run folders
-    ``reads`` (the command's own input): ``report RUN -o RUN/results.jsonl`` would replace the rows it read."""
-    target = output.resolve()
-    for folder in reads:
-        if target.is_relative_to(folder.resolve()):
-            raise AttnbenchError(
-                f"{flag} {output}: inside the run folder {folder}, which this command reads",
-                hint="write it outside every run folder (a run folder holds only what its sweep wrote)",
-            )
-
-
 def write_or_print(text: str, output: str | None, *, reads: Iterable[Path] = ()) -> None:
     """``text`` to stdout (no ``-o``, or ``-o -``) or to the file ``output``, saying where it went. Either way
     control characters are escaped (``safe_text``: JSON stays valid and means the same, its escapes are JSON's).
 
     A file is written whole (``results.files.write_atomic``), never through a link nor over anything but a regular
     file, and never inside one of ``reads``, the run folders the command read (``refuse_input_as_output``)."""
-    from attnbench.results.files import write_atomic
+    from attnbench.results.files import refuse_input_as_output, write_atomic
 
     text = safe_text(text)
     if output in (None, "-"):
@@ -297,6 +285,8 @@ def emit(fmt: Format[V], value: V, output: str | None, *, reads: Iterable[Path] 
     """``value`` in the format ``fmt`` (one of ``report.formats``' registries) where ``-o`` says: a terminal's
     table when there is one and no file is named, a binary file its renderer writes (``-o FILE`` required, never
     inside ``reads``), or text through ``write_or_print``. The format's note, if any, goes to stderr first."""
+    from attnbench.results.files import refuse_input_as_output
+
     fmt = fmt.for_output(output)
     note = fmt.note(value) if fmt.note is not None else None
     if note is not None:

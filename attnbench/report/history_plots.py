@@ -82,6 +82,14 @@ def _formatter(history: History) -> FuncFormatter:
     return FuncFormatter(lambda value, _: value_text(value, history.metric) if value > 0 else "")
 
 
+def panels_or_notice(history: History) -> tuple[list[HistoryPlot], str | None]:
+    """``render_history_plots``, or no panels and the line that says why (matplotlib is missing: how to install it)."""
+    notice = missing_matplotlib()
+    if notice is not None:
+        return [], f"{notice} ({INSTALL_HINT})"
+    return render_history_plots(history), None
+
+
 def render_history_plots(history: History) -> list[HistoryPlot]:
     """The panels, ``PANELS_PER_FIGURE`` to a PNG. Raises ``PlotsUnavailable`` without matplotlib."""
     notice = missing_matplotlib()

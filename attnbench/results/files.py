@@ -11,6 +11,8 @@ A run folder is data anyone can hand us, so nothing here trusts what it finds th
   ``.lock`` or ``telemetry.jsonl`` link cannot truncate or append to a file elsewhere;
 * reads take regular files only (a link to /dev/zero is refused at once) and are bounded: a file read whole, and
   each line of a log, may hold at most ``MAX_LINE_BYTES``;
+* a command's output never lands in a run folder it read (``refuse_input_as_output``), and a file it may replace
+  or remove is new, empty or one attnbench wrote (``refuse_foreign``);
 * a write that fails is an error naming the file: a ``StorageError`` (exit 74) when the system failed (a full
   disk, a read-only file system, an I/O error), a ``ResultsError`` (exit 2) when the path cannot be used.
 """
@@ -29,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from attnbench.core.errors import ResultsError, StorageError
+from attnbench.core.errors import AttnbenchError, ResultsError, StorageError
 from attnbench.core.units import MIB
 
 # The longest line of a log, and the largest file read whole, that a reader accepts: far above any row the writer
@@ -96,6 +98,18 @@ def refuse_special(path: Path) -> None:
 # Failures of the system rather than of the input: the disk or quota is full, the file system went read-only or
 # failed. These exit EXIT_WRITE_FAILED; anything else (no permission, a missing folder) is bad input.
 _SYSTEM_FAILURES = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+
+
+def refuse_input_as_output(output: Path, reads: Iterable[Path], flag: str = "-o") -> None:
+    """An ``AttnbenchError`` when ``output`` is, or leads through a link to, a path inside one of the run folders
+    ``reads`` (the command's own input): ``report RUN -o RUN/results.jsonl`` would replace the rows it read."""
+    target = output.resolve()
+    for folder in reads:
+        if target.is_relative_to(folder.resolve()):
+            raise AttnbenchError(
+                f"{flag} {output}: inside the run folder {folder}, which this command reads",
+                hint="write it outside every run folder (a run folder holds only what its sweep wrote)",
+            )
 
 
 def write_failed(path: Path, exc: OSError, hint: str = "") -> ResultsError:
@@ -183,6 +197,25 @@ def read_lines(path: Path, hint: str, limit: int = MAX_LINE_BYTES) -> Iterator[t
 
 
 # ------------------------------------------------------------------------------------------------------- writing
+def refuse_foreign(path: Path, reads: Iterable[Path], *, flag: str, marker: str, what: str, hint: str) -> None:
+    """An ``AttnbenchError`` unless ``path`` names a file a command may replace or remove: a new or empty one, or
+    one attnbench wrote (``what``: it starts with ``marker``). A folder, a link, a file inside one of the run
+    folders ``reads`` or any other file is refused before anything is written, since it must never be someone's."""
+    refuse_input_as_output(path, reads, flag)
+    try:
+        refuse_special(path)
+        if not path.exists():
+            return
+        with open_for_reading(path, hint) as handle:
+            head = handle.read(len(marker.encode()))
+    except AttnbenchError as exc:
+        raise AttnbenchError(f"{flag} {exc.message}", hint=hint) from None
+    if head and head != marker.encode():
+        raise AttnbenchError(
+            f"{flag} {path}: not {what} attnbench wrote, so it is neither replaced nor removed", hint=hint
+        )
+
+
 def fsync_folder(folder: Path) -> None:
     """Make a rename or a new file in ``folder`` durable: the data is fsync'ed with the file, the name with the
     folder (POSIX leaves a rename in the page cache until then)."""

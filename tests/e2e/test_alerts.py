@@ -3,6 +3,7 @@ good and the first bad run, and a git bisect command that finds the commit, run 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,6 +22,9 @@ from attnbench.analysis.bisect import bisect_hint, bisectable, noise_floor_for, 
 from attnbench.api import history, load_runs
 from attnbench.cli import app
 from attnbench.config.experiment import load_experiment
+from attnbench.core.errors import AttnbenchError
+from attnbench.report.alerts_md import ALERT_MARKER
+from attnbench.workflows.history import HistoryRequest, trace
 from tests.support import ROOT, mentions, synthetic_runs, tiny_config
 
 runner = CliRunner()
@@ -107,6 +111,32 @@ def test_the_example_history_alerts_once_its_step_is_confirmed(tmp_path: Path) -
     assert (event.position, event.good_position) == (9, 8)
     assert event.first_bad.run.label == "run-09-slow25" and event.last_good.run.label == "run-08"
     assert not new_steps(history(load_runs(runs)), history(load_runs(runs[:11])))  # run 12 adds nothing new
+
+
+def test_the_history_workflow_hands_the_command_one_frozen_value_and_prints_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``workflows.history.trace`` does the command's work: the alert and the bisect hints come back rendered, the
+    alert file is the command's to write, and nothing is printed on the way (only ``cli`` prints)."""
+    folder = tmp_path / "runs"
+    synthetic_runs(folder, [1.0] * 6 + [1.3] * 2, only=STEPPED, sigma=0.01, case_sigma=0.005)
+    runs = tuple(sorted(folder.iterdir()))
+    alert = tmp_path / "alert.md"
+    traced = trace(HistoryRequest(runs=runs, bisect=True, alerts=True, alert=alert))
+    assert traced.confirmed == 1 and traced.alert is not None and traced.alert.startswith(ALERT_MARKER)
+    assert traced.bisect is not None and len(traced.reads) == 8 and len(traced.view.history.runs) == 8
+    assert traced.notice is None and traced.wrote == () and traced.view.pictures == []  # no panels asked for
+    assert not alert.exists() and capsys.readouterr() == ("", "")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        traced.alert = None  # type: ignore[misc]
+    # Without a new step an earlier alert is removed, and one that is not an alert is refused before anything.
+    alert.write_text(f"{ALERT_MARKER}\nold\n")
+    assert trace(HistoryRequest(runs=runs[:4], alerts=True, alert=alert)).alert is None
+    assert not alert.exists()
+    alert.write_text("notes\n")
+    with pytest.raises(AttnbenchError):
+        trace(HistoryRequest(runs=runs[:4], alerts=True, alert=alert))
+    assert alert.read_text() == "notes\n"
 
 
 # ------------------------------------------------------------------------------------------------------ bisection
