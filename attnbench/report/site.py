@@ -357,7 +357,7 @@ def _capacity(board: Board, digest: RunDigest, title: str) -> bytes:
         f"<p class='lead'>Config {esc(board.config)}, run {_run_link(stored, position, depth=1)}. "
         f"{_inline_code(LEGEND)}</p>",
     ]
-    figures = []
+    figures: list[dict[str, Any]] = []
     for index, table in enumerate(digest.capacity):
         body += [f"<section id='capacity-{index}'>", f"<h2>{esc(table.title)}</h2>", _capacity_table(table, "point")]
         if table.crossovers:
