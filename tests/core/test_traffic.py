@@ -130,9 +130,9 @@ def test_a_verify_reads_the_state_of_n_and_writes_k_slots_or_a_fixed_state_once(
 
 
 def test_a_user_model_hands_activations_between_the_layers_it_was_asked_for() -> None:
-    from attnbench.core.cases import UserModel
+    from attnbench.families.user.spec import UserModel
 
     user = UserModel("pkg.mod:build", "attention", "config")
-    case = Case("mine", "forward", "float32", "cpu", 2, 8, 16, 2, 3, True, user=user)
+    case = Case("mine", "forward", "float32", "cpu", 2, 8, 16, 2, 3, True, definition=user.definition())
     assert family_of(case).intermediate_elements(case) == 2 * 2 * 8 * 16
     assert bytes_moved(case, 100) == (400 + 2 * 2 * 8 * 16 * 4 + 2 * 4 * 2 * 2 * 8 * 16, "bytes-compulsory-v2")
