@@ -342,6 +342,9 @@ def test_a_family_copied_and_renamed_is_found_listed_and_measured_with_nothing_e
                 "d_model": 32,
                 "heads": 2,
                 "causal": True,
+                # warm: a cold decode sample flushes twice this machine's LLC (960 MB on a host with a 480 MiB L3),
+                # which under load took the row past its budget; the boundary, not the timing, is under test here
+                "cache": "warm",
                 "timing": dict(QUICK_TIMING),
             }
         )
