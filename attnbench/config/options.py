@@ -38,6 +38,7 @@ from attnbench.families.catalogue import (
     HYBRID,
     MODEL_NAMES,
     MODELS,
+    PRESET_CORE_DEFAULT,
     PRESET_CORES,
     PRESET_NAMES,
     PRESETS,
@@ -279,7 +280,9 @@ def check_presets(
                 hint=did_you_mean(core, PRESET_CORES) or f"valid: {', '.join(PRESET_CORES)}",
             )
     check_unique(p.core, "attention model", ("presets", "core"), ctx)
-    if "core" in p.model_fields_set and not any(_uses_core(name) for name in p.names):
+    # The default restated is no choice: a resolved config (a stored run's) always spells it out, and reads back.
+    chosen = "core" in p.model_fields_set and list(p.core) != list(PRESET_CORE_DEFAULT)
+    if chosen and not any(_uses_core(name) for name in p.names):
         raise ctx.error(
             f"presets.core has no effect: every preset listed ({', '.join(p.names)}) is built on its own model",
             ("presets", "core"),
