@@ -74,8 +74,8 @@ def bytes_moved(case: Case, parameters: int | None, state_bytes: int | None = No
         state = _verify_state(case)
         if state is None:
             return None
-        forward = replace(case, mode="forward", serving=(), seq_len=case.param("draft"))
-        return forward_read + x + y + 2 * family.intermediate_elements(forward) * element + state, f"{stem}-verify-v2"
+        drafts = replace(case, mode="forward", serving=(), seq_len=case.param("draft"))
+        return forward_read + x + y + 2 * family.intermediate_elements(drafts) * element + state, f"{stem}-verify-v2"
     between = family.intermediate_elements(case) * element
     forward = forward_read + x + y + 2 * between
     backward = backward_read + gradients + y + x + (0 if ids else x) + 3 * between
