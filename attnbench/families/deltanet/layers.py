@@ -25,7 +25,8 @@ the projections in the model's dtype. ``kernel: fla`` runs the chunked core as f
 (``chunk_gated_delta_rule``, ``chunk_delta_rule``; CUDA only), imported on first use so that importing this module
 never needs it; the short conv and the norms stay in torch. Sequences packed end to end (a config's ``packing``) run
 through it in one varlen call (``cu_seqlens``, ``Packing``), the short conv reading zero across each sequence's
-start; the torch kernel runs them one after another. KDA and RWKV-7 share this (``DecodingLayer.packed``).
+start; the torch kernel runs them one after another. KDA and RWKV-7 share this (``DecodingLayer.packed``), linear
+attention its ``Packing``.
 
 The short conv is written as d_conv shifted multiply-adds (element-wise work, as the FLOP convention wants it, and
 exact across a prefill's pieces and a step): fla's ``ShortConvolution`` with SiLU and no bias, which keeps d_conv
