@@ -289,6 +289,7 @@ def _print_plan(plan: SweepPlan) -> None:
         stdout.print(f"device: auto → {plan.device} ({plan.device_basis})", markup=False)
     timing = plan.experiment.timing
     processes = f" × {timing.processes} processes" if timing.processes > 1 else ""
+    processes += f" in {timing.rounds} rounds" if timing.rounds > 1 else ""
     estimate = plan.estimate
     if estimate.earlier_run is not None:
         basis = f"{estimate.known} of {len(plan.todo)} cases as long as in {estimate.earlier_run}"
@@ -316,6 +317,9 @@ class _ArmedWhileMeasuring:
         self.display = display
         self.interrupts = interrupts
         self.in_flight = 0
+
+    def round_started(self, number: int, rounds: int) -> None:
+        self.display.round_started(number, rounds)
 
     def started(self, index: int, case: Case) -> None:
         self.in_flight += 1

@@ -311,6 +311,8 @@ def _build(
     _check_timing(m.timing, ctx)
     cache = _cache(m, ctx)
     timing = m.timing.model_dump(exclude_unset=stored)  # a stored run's as stored: one from before a key, without it
+    if timing.get("rounds") == 1:  # added later: resolved only off its default, so older configs keep their sha256
+        del timing["rounds"]
     checked = {
         "model_options": written_options,
         "presets": written_presets,
@@ -501,6 +503,13 @@ def _check_option_axes(m: ConfigModel, names: Sequence[str], ctx: Context) -> di
 
 
 def _check_timing(t: TimingModel, ctx: Context) -> None:
+    if t.rounds > 1 and t.processes > 1:
+        raise ctx.error(
+            f"rounds {t.rounds} and processes {t.processes} both given: rounds visit each case {t.rounds} times "
+            "across the sweep, processes run each visit in fresh workers, and the row keeps one median a unit",
+            ("timing", "rounds"),
+            hint="set one of timing.rounds or timing.processes above 1, and the other to 1",
+        )
     if t.max_samples < t.min_samples:
         raise ctx.error(
             f"max_samples {t.max_samples} is below min_samples {t.min_samples}",
