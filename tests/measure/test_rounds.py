@@ -273,3 +273,13 @@ def test_attnbench_sweep_with_rounds_2_writes_merged_rows(slow_config: Path, tmp
     rows = load_run(folder).results
     assert len(rows) == 2 and all(r.ok and r.extra["rounds"] == 2 for r in rows)
     assert all(len(r.measurement.replicate_medians_s) == 2 for r in rows)  # type: ignore[union-attr]
+
+
+def test_a_block_line_that_does_not_read_is_dropped_with_a_warning_and_the_others_kept(tmp_path: Path) -> None:
+    spy = Spy()
+    good = [json.dumps(spy.run(case).to_dict()) for case in CASES[:2]]
+    (tmp_path / ROUNDS_FILE).write_text(f"{good[0]}\n{{not json\n{good[1]}\n{good[1][:40]}", encoding="utf-8")
+    blocks, warnings = load_blocks(tmp_path)
+    assert sorted(blocks) == sorted(c.key for c in CASES[:2]) and len(warnings) == 2  # line 2, and the torn line 4
+    assert f"{ROUNDS_FILE}:2:" in warnings[0] and f"{ROUNDS_FILE}:4:" in warnings[1]  # each names its line
+    assert load_blocks(tmp_path / "nothing-here") == ({}, [])
