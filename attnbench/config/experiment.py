@@ -512,8 +512,8 @@ def _check_option_axes(m: ConfigModel, names: Sequence[str], ctx: Context) -> di
 def _check_timing(t: TimingModel, ctx: Context) -> None:
     if t.rounds > 1 and t.processes > 1:
         raise ctx.error(
-            f"rounds {t.rounds} and processes {t.processes} both given: rounds visit each case {t.rounds} times "
-            "across the sweep, processes run each visit in fresh workers, and the row keeps one median a unit",
+            f"rounds {t.rounds} with processes {t.processes}: a row keeps one median a round or one a process, "
+            "not both",
             ("timing", "rounds"),
             hint="set one of timing.rounds or timing.processes above 1, and the other to 1",
         )
