@@ -363,7 +363,8 @@ class Sweep:
         return replace(settings, trace_dir=str(traces_folder(self.folder)))
 
     def run(self, listener: SweepListener) -> tuple[Result, ...]:
-        """Measure every case left, appending each row before the next case starts; returns the rows written.
+        """Measure every case left, appending each row before the next case starts (with ``timing.rounds``, as its
+        case's last round ends, each earlier round kept in rounds.jsonl); returns the rows written.
         Whatever ends the loop (the last case, a KeyboardInterrupt, a full disk, a bug of ours), the folder is
         closed before it propagates: ``complete`` only when every case has its row."""
         plan = self.plan
