@@ -344,7 +344,7 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
     disk refused a write) or 128 + the signal that interrupted the sweep."""
     from attnbench.report.markdown import render_markdown
     from attnbench.report.terminal import comparison_tables
-    from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE, TRACES
+    from attnbench.results.store import RESULTS_FILE, ROUNDS_FILE, RUN_FILE, TELEMETRY_FILE, TRACES
 
     interrupts.on_second.append(run.abort)
     plan = run.plan
@@ -372,7 +372,7 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
             stdout.print(comparison_tables(reading))
         else:
             stdout.print(render_markdown(reading), markup=False, highlight=False)
-    sidecar = [run.folder / TELEMETRY_FILE] if (run.folder / TELEMETRY_FILE).exists() else []
+    sidecar = [run.folder / name for name in (TELEMETRY_FILE, ROUNDS_FILE) if (run.folder / name).exists()]
     print_wrote([run.folder / RUN_FILE, run.folder / RESULTS_FILE, *sidecar, *paths])
     if reading.run.traces:
         stdout.print(
