@@ -44,6 +44,9 @@ Schema history (``SCHEMA_VERSION``):
       ``kept_error_mean`` (at least 0: the error that costs against the full-precision decode). Later in issue 52,
       ``kept`` may also say ``page_tokens`` (a KV cache's page, ``core.cases.PAGE_TOKENS`` as text) and
       ``hybrid_pages`` (separate or aligned); rows without them are contiguous, separate.
+      Issue 51: run.json ``timing.rounds`` (written when above 1; absent: 1, as every earlier run); ``extra`` may
+      carry ``rounds`` (the row merges that many rounds, one median each in ``replicate_medians_s``); a run folder
+      may hold ``rounds.jsonl`` (``results.store``: the finished rounds of cases without a row yet).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """
