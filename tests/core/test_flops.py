@@ -198,7 +198,7 @@ def test_a_decode_step_costs_the_same_for_a_recurrence_and_grows_with_n_for_atte
 
 
 def test_a_verify_counts_its_k_drafts_after_n() -> None:
-    """Attention: the k queries over n + 1…n + k keys and k tokens' projections; a recurrence: k tokens' steps."""
+    """Attention: the k queries over n + 1…n + k keys and k tokens' projections; a recurrence: k decode steps."""
     n, k, drafts = 99, 4, (("accept", 2), ("draft", 4))
     kv = replace(attention("sdpa", causal=True, seq_len=n), mode="verify", serving=drafts)
     k_tokens = replace(kv, mode="forward", serving=(), seq_len=k)
@@ -208,6 +208,14 @@ def test_a_verify_counts_its_k_drafts_after_n() -> None:
     rnn = replace(recurrent("lstm", seq_len=n), mode="verify", serving=drafts)
     assert count_flops(rnn).flops == count_flops(replace(rnn, mode="forward", serving=(), seq_len=k)).flops
     assert count_flops(rnn).formula == formula_id(rnn) == "lstm-verify-v1"
+    # A chunked form verifies by k decode steps: the count is k steps', the same on each side of a chunk's edge
+    # (a forward(n + k) - forward(n) difference would jump there, its count stepping with ceil(n / C)).
+    for model in ("gated-deltanet", "mamba2", "kda", "rwkv7", "linear-attn"):
+        at = [replace(attention(model, causal=True, seq_len=n, d_model=64, heads=4), mode="verify", serving=drafts)
+              for n in (124, 128)]  # fmt: skip
+        step = count_flops(replace(at[0], mode="decode", serving=())).flops
+        assert count_flops(at[0]).flops == count_flops(at[1]).flops == k * step > 0
+        assert count_flops(at[0]).formula.endswith("-verify-v1")
 
 
 def test_matched_hidden_by_hand() -> None:
