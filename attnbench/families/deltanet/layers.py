@@ -158,11 +158,16 @@ class Packing:
         )
 
 
-@functools.lru_cache(maxsize=16)
 def packing(lengths: tuple[int, ...], device: torch.device) -> Packing:
     """The ``Packing`` of ``lengths`` on ``device``, built by its first call (a warm-up's, untimed) and shared by
     every layer and call after it, as attention's cu_seqlens are: torch.tensor from a Python list is a pageable
-    host-to-device copy."""
+    host-to-device copy. Kept per grad mode: a worker runs case after case, and tensors made under inference_mode
+    cannot be saved for a later train case's backward (fla saves cu_seqlens)."""
+    return _packing(lengths, device, torch.is_inference_mode_enabled())
+
+
+@functools.lru_cache(maxsize=16)
+def _packing(lengths: tuple[int, ...], device: torch.device, inference: bool) -> Packing:
     starts = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
     positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths])
     return Packing(starts.to(device), starts, positions.to(device))

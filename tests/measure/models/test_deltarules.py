@@ -808,3 +808,16 @@ def test_value_heads_run_the_rule_per_value_head_on_their_key_heads_q_and_k(mode
 def test_value_heads_must_be_a_multiple_of_the_key_heads() -> None:
     problem = cannot_build(case("gated-deltanet", heads_v=3))
     assert problem is not None and problem.option == "heads_v"
+
+
+def test_a_packing_made_under_inference_mode_is_not_handed_to_a_train_call() -> None:
+    """A worker runs a packed forward case (inference_mode) and then a packed train case of the same lengths: the
+    second must get tensors autograd can save (fla saves cu_seqlens for its backward)."""
+    from attnbench.families.deltanet.layers import packing
+
+    with torch.inference_mode():
+        inferred = packing((3, 5), torch.device("cpu"))
+    trained = packing((3, 5), torch.device("cpu"))
+    assert inferred.cu_seqlens.is_inference() and not trained.cu_seqlens.is_inference()
+    assert not trained.positions.is_inference() and trained.cu_seqlens.tolist() == [0, 3, 8]
+    assert packing((3, 5), torch.device("cpu")) is trained  # still built once per grad mode
