@@ -345,11 +345,12 @@ def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[d
     from dataclasses import replace
 
     from attnbench.config.experiment import load_experiment
-    from attnbench.families.catalogue import HYBRID, family_of, option_summary
+    from attnbench.families.catalogue import family_of, option_summary
     from attnbench.families.registry import probe
 
     experiment = load_experiment(config)
-    first = {c.model: c for c in reversed(experiment.cases(device)) if c.definition and family_of(c) is HYBRID}
+    # A stack says what it is (its pattern); a model a user brings is listed by the plugins' own lines.
+    first = {c.model: c for c in reversed(experiment.cases(device)) if c.definition and family_of(c).described(c)}
     out = []
     for name, case in first.items():
         family = family_of(case)
