@@ -21,6 +21,7 @@ from attnbench.core.cases import (
     MAX_LAYERS,
     MAX_PACKED,
     MAX_PATTERN,
+    MAX_REQUESTS,
     MAX_SAMPLES,
     MAX_SEQ_LEN,
     MAX_THREADS,
@@ -102,6 +103,10 @@ HybridPages = Annotated[list[Literal["separate", "aligned"]], BeforeValidator(as
 StateDtypes = Annotated[list[Literal["float32", "bfloat16", "float16"]], BeforeValidator(as_list), Field(min_length=1)]
 Drafts = Annotated[list[Annotated[int, Field(gt=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
 Accepts = Annotated[list[Annotated[int, Field(ge=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
+PrefixLengths = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]], BeforeValidator(as_list), Field(min_length=1)
+]
+Requests = Annotated[list[Annotated[int, Field(gt=0, le=MAX_REQUESTS)]], BeforeValidator(as_list), Field(min_length=1)]
 Lengths = Annotated[list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]], Field(min_length=1, max_length=MAX_PACKED)]
 # The most tokens a drawn packing may hold: MAX_PACKED sequences of a long context each.
 MAX_PACKED_TOKENS = 2**24
@@ -406,6 +411,16 @@ class _Config(_Strict):
     accept: Accepts | None = None
     """mode verify: how many of the drafts are kept (r ≤ k), the state rolled back to the context and those; a list
     crosses them (pairs with r > k are left out)."""
+    prefix_tokens: PrefixLengths | None = None
+    """mode prefix: tokens P that every request's prompt of seq_len begins with, shared (P < every seq_len); a list
+    crosses them."""
+    requests: Requests | None = None
+    """mode prefix: requests M that share the prefix and differ after it, all prefilled to their first token; a list
+    crosses them."""
+    checkpoint_every: Chunks | None = None
+    """mode prefix: a recurrent state is checkpointed every this many prefix tokens and a request restores the last
+    checkpoint at or before P (each checkpoint holds a state's bytes); 0 (the default) keeps none, so a recurrent
+    model recomputes the prefix for every request. A list crosses them."""
     packing: Packing | None = None
     """forward and train: sequences of these lengths packed end to end stand in for the grid's batch × seq_len, e.g.
     [64, 512, 96, 33], or lengths drawn, {lognormal: {mean: …, sigma: …}, tokens: 4096, seed: 0}."""
