@@ -182,10 +182,11 @@ class SharedPrefill:
     def shared(self) -> torch.Tensor:
         """The prefix once (checkpointed on the way), the M requests from it: (M, n − R, d), the last their first
         token's."""
-        for (start, end), saved in zip(self.pieces, self.checkpoints or [None] * len(self.pieces), strict=True):
+        for i, (start, end) in enumerate(self.pieces):
             self.decoder.prefill(self.head[:, start:end], self.prefix_state, output=False)
-            for copy, t in zip(saved or (), held_states(self.prefix_state), strict=True):
-                copy.copy_(t)
+            if self.checkpoints:
+                for copy, t in zip(self.checkpoints[i], held_states(self.prefix_state), strict=True):
+                    copy.copy_(t)
         if self.reused:
             restore(self.prefix_state, self.state)
         out = self.decoder.prefill(self.rest, self.state, output=True)
