@@ -103,3 +103,23 @@ def test_the_committed_prefix_config_validates_with_every_decoding_family() -> N
     assert {c.param("requests") for c in cases} == {8}
     hybrid = [c for c in cases if c.hybrid is not None]
     assert {c.param("checkpoint_every") for c in hybrid} == {0, 256}
+
+
+def test_states_this_machine_cannot_hold_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    """Both strategies' states are allocated at once: past the machine's memory, refused by validate and by a sweep
+    (a dry run too), at requests; within it, allowed."""
+    from attnbench.host.memory import check_prefix_states
+
+    cases = load(config()).cases("cpu")
+    check_prefix_states(cases, "cpu", total=2**40)
+    with pytest.raises(ConfigError) as caught:
+        check_prefix_states(cases, "cpu", total=2**10)
+    assert caught.value.key == "requests"
+    check_prefix_states(cases, "cuda", total=2**10)  # a GPU's states meet its memory where they are allocated
+    path = tmp_path / "prefix.yaml"
+    path.write_text(config(grid={"batch": [1], "seq_len": [2**21]}, requests=[4096], models=["sdpa-flash"]))
+    for args in (["validate", str(path)], ["sweep", str(path), "--dry-run", "--out", str(tmp_path / "o")]):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+        assert len([line for line in out.output.splitlines() if line.startswith("error:")]) == 1
+    assert not (tmp_path / "o").exists()
