@@ -79,3 +79,22 @@ def test_a_model_you_bring_is_unsupported_with_the_reason(executor: TorchExecuto
     case = replace(prefix("sdpa-flash"), model="mine", user=UserModel("tests.measure.hostile_models:fine", "attention"))
     result = executor.run(case)
     assert result.status == "unsupported" and result.reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model",
+    ["gru", "mingru", "minlstm", "linear-attn", "mamba2", "mamba3", "gated-deltanet", "deltanet", "kda", "rwkv7",
+     "vanilla", "sdpa", "sdpa-math", "mla", "hybrid"],
+)  # fmt: skip
+def test_every_decoding_family_answers_with_a_row(executor: TorchExecutor, model: str) -> None:
+    from attnbench.core.cases import HybridModel
+
+    case = prefix("sdpa-flash" if model == "hybrid" else model, every=8)
+    if model == "hybrid":
+        case = replace(case, model="mamba2-sdpa", hybrid=HybridModel(("mamba2", "sdpa-flash")), layers=2)
+    result = executor.run(case)
+    assert result.status == "ok", result.reason
+    assert result.extra["prefix_reused"] == 24 and result.extra["independent_s"] > 0
+    assert result.extra["prefix_held_bytes"] == result.extra["prefix_bytes_formula"]
+    assert result.extra["independent_held_bytes"] == result.extra["independent_bytes_formula"]
