@@ -63,8 +63,10 @@ def test_a_kept_cache_in_pages_is_shared_by_whole_pages(executor: TorchExecutor)
     [
         prefix("sdpa-flash", window=8),  # a ring cache overwrites the prefix's slots
         prefix("lstm", compile="default"),  # the serving questions time eager calls
+        prefix("flex"),  # compiled for each exact shape
+        prefix("lstm", bidirectional=True),  # forward only: it reads the sequence backwards too
     ],
-    ids=["window", "compiled"],
+    ids=["window", "compiled", "flex", "bidirectional"],
 )
 def test_a_model_that_cannot_share_a_prefix_is_an_unsupported_row_with_the_reason(
     executor: TorchExecutor, case: Case
