@@ -54,7 +54,7 @@ class Axes:
     users: Mapping[str, UserModel] = field(default_factory=dict)
     # The hybrid stacks of ``models``, by name (config ``{name, hybrid: […]}`` entries).
     hybrids: Mapping[str, HybridModel] = field(default_factory=dict)
-    # Per serving mode (capacity, prefill, verify), the parameter sets its cases cross (``Case.serving``).
+    # Per serving mode (capacity, prefill, verify, prefix), the parameter sets its cases cross (``Case.serving``).
     serving: Mapping[str, tuple[Serving, ...]] = field(default_factory=dict)
     # Packed lengths (``Case.packing``): they stand in for batch × seq_len in the forward and train cases.
     packing: tuple[int, ...] = ()

@@ -390,19 +390,20 @@ class _Config(_Strict):
     """mode prefill: tokens per chunk the prompt is fed in (0 = the whole prompt at once; the default); a list crosses
     them."""
     kv_dtype: KvDtypes | None = None
-    """decode, capacity, prefill, verify: the dtype an attention cache is stored in, converted to the case's dtype
-    to compute (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, or int8 with a scale per layer and key/value
-    head); left out, the case's own. A list crosses them, into the models that keep a KV cache only."""
+    """every stateful mode (decode, capacity, prefill, verify, prefix): the dtype an attention cache is stored in,
+    converted to the case's dtype to compute (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, or int8 with a
+    scale per layer and key/value head); left out, the case's own. A list crosses them, into the models that keep a
+    KV cache only."""
     state_dtype: StateDtypes | None = None
-    """decode, capacity, prefill, verify: the dtype a recurrent state is stored in between tokens, converted to what
+    """every stateful mode: the dtype a recurrent state is stored in between tokens, converted to what
     its layer computes in (float32, bfloat16, float16); left out, the family's own. A list crosses them, into the
     models that keep a recurrent state only."""
     page_tokens: PageTokens | None = None
-    """decode, capacity, prefill, verify: positions per page of an attention cache (vLLM's block_size; 16 is its
+    """every stateful mode: positions per page of an attention cache (vLLM's block_size; 16 is its
     default), a power of two up to 4096: the cache grows in whole pages and a step reads it through a page table;
     0 (the default) keeps it contiguous. A list crosses them, into the models that keep a KV cache only."""
     hybrid_pages: HybridPages | None = None
-    """decode, capacity, prefill, verify: a hybrid's layout: separate (the default) keeps attention pages and
+    """every stateful mode: a hybrid's layout: separate (the default) keeps attention pages and
     recurrent states in pools of their own; aligned makes one page size fit both, as vLLM's hybrid allocator does
     (attention pages grown to a multiple of 16 positions that holds the largest state, every state padded to a
     page). A list crosses them, into the hybrids that keep a KV cache and a recurrent state only."""

@@ -237,10 +237,11 @@ for _column in COLUMNS:
 COLUMN_MEANINGS: dict[str, str] = {
     "model": "the model's name (a built-in, a plugin's, or a config's own factory entry)",
     "mode": "forward, train (forward + backward), backward, decode (one new token after seq_len of context), or a "
-    "serving question: capacity, prefill, verify",
+    "serving question: capacity, prefill, verify, prefix",
     "dtype": "the dtype the maths ran in",
     "device": "the device the case ran on: cpu, cuda:N",
-    "batch": "sequences per call (capacity: 1, the batch found is capacity_batch; packed: how many sequences)",
+    "batch": "sequences per call (capacity: 1, the batch found is capacity_batch; prefix: 1, its requests are "
+    "requests; packed: how many sequences)",
     "seq_len": "tokens per sequence; for decode, capacity and verify the context length n; packed: the longest",
     "d_model": "model width",
     "heads": "attention heads (empty for a recurrent model)",
