@@ -127,18 +127,19 @@ def share(prefix: Any, own: Any) -> Any:
     return own
 
 
-def held_states(state: Any) -> Iterator[torch.Tensor]:
-    """The tensors of every state but a cache of positions: what a checkpoint copies and a restore fills (a state
-    padded to a page, its own tensors, not the padding)."""
+def held_states(state: Any, *, slots: bool = False) -> Iterator[torch.Tensor]:
+    """The tensors of every state but a cache of positions: what a restore fills (a state padded to a page, its own
+    tensors, not the padding) and, with ``slots``, what a checkpoint holds (the padding too: a checkpoint of an
+    aligned layout takes a page, as every state there does)."""
     if isinstance(state, SharedPrefix) or callable(getattr(state, "shared_by", None)):
         return
     if isinstance(state, NetworkState):
-        yield from held_states(state.body)
+        yield from held_states(state.body, slots=slots)
     elif isinstance(state, StackState):
         for layer in state.layers:
-            yield from held_states(layer)
+            yield from held_states(layer, slots=slots)
     else:
-        yield from (state.inner if getattr(state, "padding", None) is not None else state).tensors()
+        yield from (state if slots or getattr(state, "padding", None) is None else state.inner).tensors()
 
 
 def restore(prefix: Any, state: Any) -> None:
@@ -168,7 +169,7 @@ class SharedPrefill:
         if self.reused:
             self.prefix_state = self.decoder.init_state(1, self.reused)
             self.state = share(self.prefix_state, self.decoder.init_state(requests, n - self.reused))
-            every, held = case.param("checkpoint_every"), list(held_states(self.prefix_state))
+            every, held = case.param("checkpoint_every"), list(held_states(self.prefix_state, slots=True))
             self.pieces = chunks(self.reused, every if held else 0)
             if every and held:  # a copy of the recurrent states at each multiple of checkpoint_every, kept
                 self.checkpoints = [[t.clone() for t in held] for _ in self.pieces]
@@ -185,7 +186,7 @@ class SharedPrefill:
         for i, (start, end) in enumerate(self.pieces):
             self.decoder.prefill(self.head[:, start:end], self.prefix_state, output=False)
             if self.checkpoints:
-                for copy, t in zip(self.checkpoints[i], held_states(self.prefix_state), strict=True):
+                for copy, t in zip(self.checkpoints[i], held_states(self.prefix_state, slots=True), strict=True):
                     copy.copy_(t)
         if self.reused:
             restore(self.prefix_state, self.state)

@@ -138,3 +138,24 @@ def test_the_probe_asks_the_question_at_its_own_small_size() -> None:
     model = build_model(case, "cpu", torch.float32).eval()
     with torch.inference_mode():
         assert run_tiny(case, model, make_input(case, "cpu", torch.float32)) is None
+
+
+def test_a_hybrid_in_aligned_pages_restores_at_a_multiple_of_its_page_and_checkpoints_a_page_each() -> None:
+    """vLLM's aligned layout (``hybrid_pages: aligned``): the attention page grown to hold the Mamba-2 state (80
+    positions at d_model 64), so a prefix is reused only in whole pages that are also checkpoints, and a checkpoint
+    takes a page as every state there does (measured = the formula's)."""
+    from attnbench.families.catalogue import family_of
+
+    case = prefix_case("hybrid", checkpoint_every=16, n=110, p=100, m=2)
+    case = replace(case, d_model=64, heads=4, kept=(("hybrid_pages", "aligned"), ("page_tokens", "16")))
+    layout = family_of(case).page_layout(case)
+    assert layout[0] == 80 and prefix_reused(case) == 80  # in separate pools of 16-position pages: 96
+    with keeping(None, None, *layout):
+        run, shared, independent = first_tokens(case)
+    torch.testing.assert_close(shared, independent, rtol=1e-4, atol=1e-5)
+    assert len(run.checkpoints) == 5
+    separate = replace(case, kept=(("page_tokens", "16"),))
+    assert prefix_reused(separate) == 96
+    shared_bytes, independent_bytes = run.held_bytes()
+    formulas = _prefix_formulas(case, run.reused, len(run.checkpoints))
+    assert formulas == {"prefix_bytes_formula": shared_bytes, "independent_bytes_formula": independent_bytes}
