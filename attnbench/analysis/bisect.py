@@ -22,7 +22,7 @@ from attnbench.analysis.history import History
 from attnbench.analysis.steps import Step
 from attnbench.core.cases import KEPT_DTYPES, Case
 from attnbench.core.stats import student_t_975
-from attnbench.families.catalogue import causal_from_grid, option_axes
+from attnbench.families.catalogue import causal_from_grid, config_entry, option_axes
 
 # Where each bisect step writes its sweep (one folder per commit, so a step left behind never mixes with the next).
 BISECT_OUT = "/tmp/attnbench-bisect"
@@ -85,15 +85,9 @@ def one_case_sets(case: Case) -> list[str]:
         grid["causal"] = [case.causal]
     model: object = case.model
     options = {case.model: dict(case.options)} if case.options else {}
-    if case.user is not None and case.user.source == "config":
-        # A factory entry is its mapping in the config (a plugin is known by its name): its options go inside it.
-        entry: dict[str, object] = {"name": case.model, "factory": case.user.factory, "kind": case.user.kind}
-        if case.options:
-            entry["options"] = dict(case.options)
-        model, options = entry, {}
-    elif case.hybrid is not None and not case.hybrid.members:
-        # A stack the config defines is its mapping too (a published preset's, with members, is named by presets).
-        model = {"name": case.model, "hybrid": list(case.hybrid.pattern), "kind": case.hybrid.kind}
+    entry = config_entry(case)
+    if entry is not None:  # a factory entry or a stack is its mapping in the config (a factory's options inside it)
+        model, options = entry, {} if "options" in entry else options
     sets = [f"models={_flow([model])}", f"modes=[{case.mode}]", f"dtype=[{case.dtype}]"]
     axes = ("d_model", "heads", *option_axes(), "layers", "causal")  # wherever the config wrote them: from grid alone
     sets += [f"{key}=null" for key in ("presets", "decode", *axes)]

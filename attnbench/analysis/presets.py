@@ -171,7 +171,8 @@ def preset_crossovers(results: Sequence[Result]) -> list[PresetCrossover]:
     for result in results:
         case = result.case
         name = dict(case.options).get("preset")
-        if not isinstance(name, str) or name not in PUBLISHED or case.hybrid is not None:
+        # A whole published stack (a model its case defines) is no one mixer's row.
+        if not isinstance(name, str) or name not in PUBLISHED or case.definition is not None:
             continue
         label = _mixer_label(PUBLISHED[name], result)
         if label is not None and case.mode in _MODES:

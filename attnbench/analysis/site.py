@@ -9,7 +9,8 @@ all of them (``build_history`` with ``digest_reader``), so the site needs no run
 
 Schema history of a digest (``attnbench.site-run``): 1 — first version; ``contended`` (optional, true only) and
 ``tokens`` (a row's tokens per call where not its case's: a capacity row's batch found) added later, optional, so
-older digests read back as they always did.
+older digests read back as they always did; ``capacity`` (the run's capacity tables as its section shows them:
+``CapacityDigest``) added later, written only for a run with capacity rows, so every other digest reads as before.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from attnbench.analysis.alerts import StepEvent, step_events
+from attnbench.analysis.capacity import CapacityCurve, CapacityPoint, CapacityTable
 from attnbench.analysis.history import (
     HIGHER_IS_BETTER,
     METRICS,
@@ -33,6 +35,7 @@ from attnbench.analysis.history import (
     Reader,
     build_history,
 )
+from attnbench.analysis.reading import Reading
 from attnbench.core.cases import Case
 from attnbench.core.errors import ResultsError
 from attnbench.results import fields
@@ -137,19 +140,108 @@ class RowDigest:
         return cls(checked.case, status, **out, contended=contended)
 
 
+_POINT_KEYS = ("n", "status", "batch", "bytes_per_sequence", "tokens_per_s", "capped", "good")
+
+
+def _point_dict(p: CapacityPoint) -> dict[str, Any]:
+    return {k: v for k, v in zip(_POINT_KEYS, (p.n, p.status, p.batch, p.bytes_per_sequence, p.tokens_per_s,
+                                                p.capped, p.good), strict=True) if v is not None}  # fmt: skip
+
+
+def _point_from(data: object, key: str) -> CapacityPoint:
+    d = fields.record(data, key, ("n", "status", "capped", "good"), ("batch", "bytes_per_sequence", "tokens_per_s"))
+    status = fields.text(d["status"], fields.path(key, "status"))
+    if not re.fullmatch(r"[a-z_]{1,40}", status):
+        raise FieldError(fields.path(key, "status"), f"expected a status word, found {status!r}")
+
+    def optional(name: str, read: Any) -> Any:
+        return None if d.get(name) is None else read(d[name], fields.path(key, name))
+
+    return CapacityPoint(
+        fields.integer(d["n"], fields.path(key, "n")),
+        status,
+        optional("batch", fields.integer),
+        optional("bytes_per_sequence", lambda v, k: fields.integer(v, k, minimum=0)),
+        optional("tokens_per_s", lambda v, k: fields.number(v, k, positive=True)),
+        fields.flag(d["capped"], fields.path(key, "capped")),
+        fields.flag(d["good"], fields.path(key, "good")),
+    )
+
+
+def _curve_from(data: object, key: str) -> CapacityCurve:
+    d = fields.record(data, key, ("label", "model", "points"))
+    points = fields.items(d["points"], fields.path(key, "points"), _point_from)
+    return CapacityCurve(fields.text(d["label"], fields.path(key, "label")),
+                         fields.text(d["model"], fields.path(key, "model")), tuple(points))  # fmt: skip
+
+
+def _crossing_from(data: object, key: str) -> tuple[float, bool, str]:
+    if not isinstance(data, list) or len(data) != 3:
+        raise fields.expected(key, "[n, indicative, label]", data)
+    n, indicative, label = data
+    return (fields.number(n, fields.path(key, 0), positive=True), fields.flag(indicative, fields.path(key, 1)),
+            fields.text(label, fields.path(key, 2)))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CapacityDigest:
+    """One capacity table (``analysis.capacity``) as a site keeps it: what its section shows — every model's
+    points, the crossings in words (``CapacityTable.crossovers``) and where they fall on n
+    (``CapacityTable.crossing_points``) — so a site re-rendered from its digests shows it without the run folder."""
+
+    title: str
+    budget_bytes: int | None
+    seq_lens: tuple[int, ...]
+    curves: tuple[CapacityCurve, ...]
+    crossovers: tuple[str, ...]
+    crossings: tuple[tuple[float, bool, str], ...]  # (n, indicative, the curve that overtakes attention)
+
+    @classmethod
+    def of(cls, table: CapacityTable) -> CapacityDigest:
+        crossings = tuple(table.crossing_points())
+        return cls(table.title, table.budget_bytes, table.seq_lens, table.curves, table.crossovers, crossings)
+
+    def to_dict(self) -> dict[str, Any]:
+        curves = [{"label": c.label, "model": c.model, "points": [_point_dict(p) for p in c.points]}
+                  for c in self.curves]  # fmt: skip
+        data: dict[str, Any] = {"title": self.title, "seq_lens": list(self.seq_lens), "curves": curves}
+        if self.budget_bytes is not None:
+            data["budget_bytes"] = self.budget_bytes
+        return {**data, "crossovers": list(self.crossovers), "crossings": [list(c) for c in self.crossings]}
+
+    @classmethod
+    def from_dict(cls, data: object, key: str) -> CapacityDigest:
+        d = fields.record(data, key, ("title", "seq_lens", "curves", "crossovers", "crossings"), ("budget_bytes",))
+        budget = d.get("budget_bytes")
+        return cls(
+            fields.text(d["title"], fields.path(key, "title")),
+            None if budget is None else fields.integer(budget, fields.path(key, "budget_bytes")),
+            tuple(fields.items(d["seq_lens"], fields.path(key, "seq_lens"), fields.integer)),
+            tuple(fields.items(d["curves"], fields.path(key, "curves"), _curve_from)),
+            tuple(fields.items(d["crossovers"], fields.path(key, "crossovers"), fields.text)),
+            tuple(fields.items(d["crossings"], fields.path(key, "crossings"), _crossing_from)),
+        )
+
+
 @dataclass(frozen=True)
 class RunDigest:
-    """What a site keeps of one run: its run.json and a ``RowDigest`` per case."""
+    """What a site keeps of one run: its run.json, a ``RowDigest`` per case, and its capacity tables (none for a
+    run without capacity rows)."""
 
     run: Run
     rows: tuple[RowDigest, ...]
+    capacity: tuple[CapacityDigest, ...] = ()
 
     @classmethod
     def of(cls, stored: StoredRun) -> RunDigest:
-        return cls(stored.run, tuple(RowDigest.of(r) for r in stored.results))
+        capacity = tuple(CapacityDigest.of(t) for t in Reading.of(stored).capacity)
+        return cls(stored.run, tuple(RowDigest.of(r) for r in stored.results), capacity)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": DIGEST_SCHEMA, "run": self.run.to_dict(), "rows": [r.to_dict() for r in self.rows]}
+        data = {"schema": DIGEST_SCHEMA, "run": self.run.to_dict(), "rows": [r.to_dict() for r in self.rows]}
+        if self.capacity:  # written only when there is some: every other run's digest reads as before
+            data["capacity"] = [t.to_dict() for t in self.capacity]
+        return data
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> RunDigest:
@@ -161,7 +253,8 @@ class RunDigest:
             rows = data.get("rows")
             if not isinstance(rows, list):
                 raise FieldError("rows", "expected a list")
-            return cls(Run.from_dict(data.get("run")), tuple(RowDigest.from_dict(r) for r in rows))
+            capacity = fields.items(data.get("capacity", []), "capacity", CapacityDigest.from_dict)
+            return cls(Run.from_dict(data.get("run")), tuple(RowDigest.from_dict(r) for r in rows), tuple(capacity))
         except FieldError as exc:
             raise ResultsError(
                 f"{where}: {exc}", hint="a site's data/runs/*.json are written by attnbench publish"

@@ -18,6 +18,8 @@ from typing import Literal
 
 from attnbench.core.cases import Case
 from attnbench.core.units import format_seconds
+from attnbench.families.catalogue import HYBRID, family_of, known
+from attnbench.families.hybrid.spec import HybridModel, stack_of
 from attnbench.results.records import Result
 
 __all__ = ["Placement", "hybrid_notes", "placements"]
@@ -27,7 +29,12 @@ Position = Literal["between", "faster", "slower"]
 
 def _shape(case: Case) -> Case:
     """What a member's row must share with the stack's: everything but the model and its options."""
-    return replace(case, model="", options=(), user=None, hybrid=None, heads=None, causal=True)
+    return replace(case, model="", options=(), definition=None, heads=None, causal=True)
+
+
+def _stack(case: Case) -> HybridModel | None:
+    """The hybrid stack ``case`` defines, or None (a built-in model's case, a user's)."""
+    return stack_of(case) if known(case) and family_of(case) is HYBRID else None
 
 
 @dataclass(frozen=True)
@@ -67,14 +74,15 @@ class Placement:
 def placements(results: Sequence[Result]) -> list[Placement]:
     """One placement per hybrid stack and mode that has its members beside it (see the module notes)."""
     timed = [r for r in results if r.is_timed]
-    plain = {(r.case.model, _shape(r.case)): r for r in timed if r.case.hybrid is None and r.case.user is None}
+    plain = {(r.case.model, _shape(r.case)): r for r in timed if r.case.definition is None}
     found: list[Placement] = []
-    stacks = sorted({(r.case.model, r.case.mode) for r in timed if r.case.hybrid is not None})
+    stacks = sorted({(r.case.model, r.case.mode) for r in timed if _stack(r.case) is not None})
     for name, mode in stacks:
-        rows = [r for r in timed if r.case.model == name and r.case.mode == mode and r.case.hybrid is not None]
+        rows = [r for r in timed if r.case.model == name and r.case.mode == mode and _stack(r.case) is not None]
         for row in sorted(rows, key=lambda r: (r.case.seq_len, r.case.batch), reverse=True):
-            assert row.case.hybrid is not None
-            share = dict(Counter(row.case.hybrid.pattern))
+            stack = _stack(row.case)
+            assert stack is not None
+            share = dict(Counter(stack.pattern))
             members = {m: plain.get((m, _shape(row.case))) for m in share}
             if all(r is not None for r in members.values()):
                 found.append(Placement(row, {m: r for m, r in members.items() if r is not None}, share))

@@ -347,15 +347,15 @@ def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[d
     from dataclasses import replace
 
     from attnbench.config.experiment import load_experiment
-    from attnbench.families.catalogue import family_of, option_summary
+    from attnbench.families.catalogue import HYBRID, family_of, option_summary
     from attnbench.families.registry import probe
 
     experiment = load_experiment(config)
-    first = {c.model: c for c in reversed(experiment.cases(device)) if c.hybrid is not None}
+    first = {c.model: c for c in reversed(experiment.cases(device)) if c.definition and family_of(c) is HYBRID}
     out = []
     for name, case in first.items():
-        assert case.hybrid is not None
-        spec = family_of(case).spec(case)
+        family = family_of(case)
+        spec = family.spec(case)
         entry = {
             "name": name,
             "kind": spec.kind,
@@ -364,7 +364,7 @@ def _config_stacks(config: Path | None, device: str, dtype: str) -> list[tuple[d
             "available": (reason := probe(replace(case, dtype=dtype), device)) is None,
             "reason": reason,
             "summary": spec.summary,
-            "pattern": list(case.hybrid.pattern),
+            **family.described(case),
             "options": {o.name: {"default": o.default, "allowed": o.allowed(), "help": o.help} for o in spec.options},
         }
         out.append((entry, option_summary(spec)))

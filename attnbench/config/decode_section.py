@@ -17,19 +17,13 @@ from attnbench.config.checks import check_unique, inherited_lengths
 from attnbench.config.grid import Axes
 from attnbench.config.messages import Context, Path_
 from attnbench.config.model import ConfigModel
-from attnbench.core.cases import Case, HybridModel, Options, UserModel
+from attnbench.core.cases import Case, Definition, Options
 from attnbench.families.catalogue import family_of
 
-# The models a config defines, by name: a user's model, or a hybrid stack (the other None).
-Defined = Mapping[str, tuple[UserModel | None, HybridModel | None]]
+# The models a config defines, by name (a user's model, a hybrid stack): what their cases carry.
+Defined = Mapping[str, Definition]
 
-
-def defined(users: Mapping[str, UserModel], hybrids: Mapping[str, HybridModel]) -> Defined:
-    """``Defined`` from a config's user models and hybrid stacks."""
-    return {**{name: (user, None) for name, user in users.items()}, **{n: (None, h) for n, h in hybrids.items()}}
-
-
-__all__ = ["Defined", "check_decode", "decode_section", "defined"]
+__all__ = ["Defined", "check_decode", "decode_section"]
 
 _CAUSAL_HINT = (
     "set causal: true (or [false, true]: forward runs both, decode the causal ones), or move decode into a "
@@ -47,8 +41,7 @@ def _decodes(model: str, options: Options, causal: Sequence[bool], defined: Defi
 
 def _probe(model: str, options: Options, causal: bool, defined: Defined) -> Case:
     """A decode case of ``model`` as the family judges one (only its model, options and causality matter)."""
-    user, hybrid = defined.get(model, (None, None))
-    return Case(model, "decode", "float32", "cpu", 1, 1, 1, 1, 1, causal, options, user, hybrid)
+    return Case(model, "decode", "float32", "cpu", 1, 1, 1, 1, 1, causal, options, defined.get(model))
 
 
 def check_decode(
@@ -85,8 +78,7 @@ def decode_section(
     names: Sequence[str],
     axes: Mapping[str, list[Any]],
     options: Mapping[str, tuple[Options, ...]],
-    users: Mapping[str, UserModel],
-    hybrids: Mapping[str, HybridModel],
+    defined: Defined,
     option_axes: Mapping[str, tuple[Any, ...]],
     ctx: Context,
 ) -> tuple[Axes | None, dict[str, Any] | None]:
@@ -110,7 +102,7 @@ def decode_section(
             )
     check_unique(models, "model", ("decode", "models"), ctx)
     batch, seq_lens = inherited_lengths("decode", d.batch, d.seq_len, m.grid, ctx, example_batch=1)
-    check_decode(models, [True], ("decode",), options, defined(users, hybrids), ctx)
+    check_decode(models, [True], ("decode",), options, defined, ctx)
     grid = Axes(
         models=tuple(models),
         modes=("decode",),
@@ -124,7 +116,6 @@ def decode_section(
         device=m.device,
         model_options={model: options[model] for model in models if model in options},
         option_axes=option_axes,
-        users={model: users[model] for model in models if model in users},
-        hybrids={model: hybrids[model] for model in models if model in hybrids},
+        defined={model: defined[model] for model in models if model in defined},
     )
     return grid, {"models": models, "seq_len": seq_lens, "batch": batch}

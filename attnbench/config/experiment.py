@@ -31,7 +31,7 @@ import yaml
 from pydantic import ValidationError
 
 from attnbench.config.checks import check_names, check_unique
-from attnbench.config.decode_section import check_decode, decode_section, defined
+from attnbench.config.decode_section import check_decode, decode_section
 from attnbench.config.grid import Axes, expand
 from attnbench.config.hybrids import check_hybrids
 from attnbench.config.messages import (
@@ -90,7 +90,7 @@ from attnbench.core.cases import (  # the size caps, re-exported here with the c
     default_interval_s,
 )
 from attnbench.core.errors import ConfigError
-from attnbench.families.catalogue import MODELS, has_heads, option_axes
+from attnbench.families.catalogue import MODELS, defined_spec, has_heads, option_axes
 
 __all__ = [
     "AXIS_NAMES",
@@ -290,8 +290,9 @@ def _build(
     check_names(m.dtype, DTYPES, "dtype", ("dtype",), ctx)
     axes, paths = _axes(m, ctx)
     # A model you bring is handed heads too; a hybrid stack has them where a member has.
-    members = [h.member(label).model for h in hybrids.values() for e in h.pattern for label in h.parts(e)]
-    if users or any(model in MODELS and has_heads(model) for model in (*names, *members)):
+    # The models the config defines, by name: what their cases carry (``Case.definition``).
+    defined = {**{name: entry.definition for name, entry in users.items()}, **hybrids}
+    if any(defined_spec(n, d).heads for n, d in defined.items()) or any(m in MODELS and has_heads(m) for m in names):
         _check_heads(axes["heads"], axes["d_model"], paths["heads"], ctx)
     given_axes = _check_option_axes(m, names, ctx)
     option_values = {name: tuple(values) for name, (values, _) in given_axes.items()}
@@ -300,11 +301,10 @@ def _build(
     combinations = _crossed(given_sets, option_values, m.modes, m.dtype, [1] if m.grid.tokens else axes["batch"], axes)
     _refuse_size(combinations, ctx, force, exact=False)
     options, written_options = check_model_options(m, names, users, hybrids, axes, ctx)
-    user_models = {name: entry.user for name, entry in users.items()}
     if STATEFUL_MODES & set(m.modes):
         causal_path = paths["causal"] if paths["causal"] is not None else ("modes",)
-        check_decode(names, axes["causal"], causal_path, options, defined(user_models, hybrids), ctx)
-    decode, written_decode = decode_section(m, names, axes, options, user_models, hybrids, option_values, ctx)
+        check_decode(names, axes["causal"], causal_path, options, defined, ctx)
+    decode, written_decode = decode_section(m, names, axes, options, defined, option_values, ctx)
     order = _order(m, ctx)
     serving = serving_axes(m, ctx)
     presets, written_presets = check_presets(m, ctx, serving.serving)
@@ -333,8 +333,7 @@ def _build(
             device=m.device,
             model_options=options,
             option_axes=option_values,
-            users=user_models,
-            hybrids=hybrids,
+            defined=defined,
             serving=serving.serving,
             packing=serving.packing,
             kept=serving.kept,
@@ -518,7 +517,7 @@ def _check_timing(t: TimingModel, ctx: Context) -> None:
 def _given_options(m: ConfigModel, model: str, users: Mapping[str, UserEntry]) -> Mapping[str, Any]:
     """A model's options as the config lists them: a config entry's own, or its model_options."""
     entry = users.get(model)
-    return entry.given if entry is not None and entry.user.source == "config" else m.model_options.get(model, {})
+    return entry.given if entry is not None and entry.from_config else m.model_options.get(model, {})
 
 
 def _listed_product(given: Mapping[str, Any]) -> int:

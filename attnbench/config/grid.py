@@ -18,12 +18,11 @@ from attnbench.core.cases import (
     PACKING_MODES,
     STATEFUL_MODES,
     Case,
-    HybridModel,
+    Definition,
     Mode,
     Options,
     OptionValue,
     Serving,
-    UserModel,
 )
 from attnbench.families.catalogue import MODELS, ModelSpec, decode_inert, family_named, family_of, has_heads
 
@@ -50,10 +49,9 @@ class Axes:
     # Grid axes named after an option (catalogue.option_axes: heads_kv), crossed into every model that has the
     # option where its own options leave it at the default; an option's default value sets nothing.
     option_axes: Mapping[str, tuple[OptionValue, ...]] = field(default_factory=dict)
-    # The models of ``models`` that the user brings, by name (config ``factory:`` entries and installed plugins).
-    users: Mapping[str, UserModel] = field(default_factory=dict)
-    # The hybrid stacks of ``models``, by name (config ``{name, hybrid: […]}`` entries).
-    hybrids: Mapping[str, HybridModel] = field(default_factory=dict)
+    # The models of ``models`` their cases define, by name (``Case.definition``): those the user brings (config
+    # ``factory:`` entries and installed plugins) and hybrid stacks (config ``{name, hybrid: […]}`` entries).
+    defined: Mapping[str, Definition] = field(default_factory=dict)
     # Per serving mode (capacity, prefill, verify, prefix), the parameter sets its cases cross (``Case.serving``).
     serving: Mapping[str, tuple[Serving, ...]] = field(default_factory=dict)
     # Packed lengths (``Case.packing``): they stand in for batch × seq_len in the forward and train cases.
@@ -105,10 +103,10 @@ def expand(axes: Axes) -> list[Case]:
             continue
         if mode in ("decode", "capacity"):  # one decode step: what only the whole sequence uses is inert
             options = tuple(o for o in options if o[0] not in decode_inert(model))
-        user, hybrid = axes.users.get(model), axes.hybrids.get(model)
-        if hybrid is not None or user is not None:  # a model the config defines: the case itself says what it is
+        definition = axes.defined.get(model)
+        if definition is not None:  # a model the config defines: the case itself says what it is
             probe = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, heads, layers, causal, options)
-            probe = replace(probe, user=user, hybrid=hybrid)
+            probe = replace(probe, definition=definition)
             family = family_of(probe)
             spec = family.spec(probe)
             # A user model always carries heads; a stack has them where a member has.
@@ -155,13 +153,8 @@ def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:
     family = family_of(case)
     keys = [key for key in given if key in family.kept_keys(case)]
     # Left out, a KV cache is kept in the case's dtype, a recurrent state in its family's (float32 for some 16-bit);
-    # a hybrid's members each keep their own, so no one value is its default: every value it is given is kept.
-    default = {
-        "kv_dtype": case.dtype,
-        "state_dtype": family.state_dtype(case) if case.hybrid is None else None,
-        "page_tokens": "0",
-        "hybrid_pages": "separate",
-    }
+    # where no one value is the default (a stack's members each keep their own), every value it is given is kept.
+    default = {key: family.kept_default(case, key) for key in keys}
     variants = []
     paged = any(value != "0" for value in given.get("page_tokens", ()))
     for values in itertools.product(*(given[key] for key in keys)):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from attnbench.config.messages import Context, Path_, did_you_mean
 from attnbench.config.model import MAX_NAME_LEN, NAME, ConfigModel, HybridEntry
-from attnbench.core.cases import PARALLEL, HybridModel
-from attnbench.families.catalogue import MODEL_NAMES
+from attnbench.core.cases import PARALLEL, Definition
+from attnbench.families.catalogue import MODEL_NAMES, define
 
 __all__ = ["check_hybrids", "entry_name_problem"]
 
@@ -29,9 +29,9 @@ def entry_name_problem(name: str) -> tuple[str, str] | None:
     return None
 
 
-def check_hybrids(m: ConfigModel, ctx: Context) -> dict[str, HybridModel]:
-    """The hybrid stacks among ``models``, by name, each member a built-in model."""
-    found: dict[str, HybridModel] = {}
+def check_hybrids(m: ConfigModel, ctx: Context) -> dict[str, Definition]:
+    """The hybrid stacks among ``models``, by name, each member a built-in model, as their family defines them."""
+    found: dict[str, Definition] = {}
     for i, entry in enumerate(m.models):
         if not isinstance(entry, HybridEntry):
             continue
@@ -48,5 +48,5 @@ def check_hybrids(m: ConfigModel, ctx: Context) -> dict[str, HybridModel]:
                         ctx.item((*path, "hybrid"), j),
                         hint=did_you_mean(member, MODEL_NAMES) or f"valid: {', '.join(MODEL_NAMES)}",
                     )
-        found[entry.name] = HybridModel(tuple(entry.hybrid), entry.kind)
+        found[entry.name] = define("hybrid", {"pattern": entry.hybrid, "kind": entry.kind})
     return found

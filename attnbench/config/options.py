@@ -28,8 +28,7 @@ from attnbench.core.cases import (
     SERVING_PARAMS,
     STATEFUL_MODES,
     Case,
-    HybridMember,
-    HybridModel,
+    Definition,
     Mode,
     Options,
     Serving,
@@ -39,6 +38,7 @@ from attnbench.families.catalogue import (
     HYBRID,
     MODEL_NAMES,
     MODELS,
+    PRESET_CORE_DEFAULT,
     PRESET_CORES,
     PRESET_NAMES,
     PRESETS,
@@ -47,7 +47,9 @@ from attnbench.families.catalogue import (
     OptionSpec,
     Published,
     cannot_build,
+    define,
     family_named,
+    family_of,
     has_heads,
     no_effect,
     published_problem,
@@ -61,7 +63,7 @@ def check_model_options(
     m: ConfigModel,
     names: Sequence[str],
     users: Mapping[str, UserEntry],
-    hybrids: Mapping[str, HybridModel],
+    hybrids: Mapping[str, Definition],
     axes: Mapping[str, list[Any]],
     ctx: Context,
 ) -> tuple[dict[str, tuple[Options, ...]], dict[str, dict[str, Any]]]:
@@ -278,7 +280,9 @@ def check_presets(
                 hint=did_you_mean(core, PRESET_CORES) or f"valid: {', '.join(PRESET_CORES)}",
             )
     check_unique(p.core, "attention model", ("presets", "core"), ctx)
-    if "core" in p.model_fields_set and not any(_uses_core(name) for name in p.names):
+    # The default restated is no choice: a resolved config (a stored run's) always spells it out, and reads back.
+    chosen = "core" in p.model_fields_set and list(p.core) != list(PRESET_CORE_DEFAULT)
+    if chosen and not any(_uses_core(name) for name in p.names):
         raise ctx.error(
             f"presets.core has no effect: every preset listed ({', '.join(p.names)}) is built on its own model",
             ("presets", "core"),
@@ -391,16 +395,17 @@ def _published_axes(
                                tuple(sorted(options)), serving))  # fmt: skip
     else:  # a stack of its mixers, each a member with its own heads and options, in the published order
         for core in p.core:
-            members = tuple(
-                HybridMember(mixer.label, mixer.model or core, mixer.heads, _given(mixer.model or core, mixer.options))
+            members = [
+                {"label": mixer.label, "model": mixer.model or core, "heads": mixer.heads,
+                 "options": dict(_given(mixer.model or core, mixer.options))}
                 for mixer in preset.mixers
-            )
+            ]  # fmt: skip
             name = preset.name if len(p.core) == 1 else f"{preset.name}-{core}"
-            hybrid = HybridModel(preset.pattern, "hybrid", members)
+            hybrid = define("hybrid", {"pattern": preset.pattern, "kind": "hybrid", "members": members})
             heads = next((mixer.heads for mixer in preset.mixers if mixer.heads), None)
             options = (("preset", preset.name), ("scope", "model"), ("vocab", preset.vocab))
             axes = _axes(m, (name,), modes, batch, seq_lens, preset.d_model, heads, preset.layers, options, serving)
-            grids.append(replace(axes, hybrids={name: hybrid}))
+            grids.append(replace(axes, defined={name: hybrid}))
     _refuse_too_big(m, preset, grids, index, ctx)
     return grids
 
@@ -453,13 +458,11 @@ def _refuse_too_big(m: ConfigModel, preset: Published, grids: list[Axes], index:
         return
     for axes in grids:
         for model, dtype in itertools.product(axes.models, axes.dtypes):
-            hybrid = axes.hybrids.get(model)
+            defined = axes.defined.get(model)
             case = Case(model, "forward", dtype, axes.device, 1, axes.seq_len[0], axes.d_model[0],
-                        axes.heads[0] if hybrid is not None or has_heads(model) else None, axes.layers[0], True,
-                        axes.model_options[model][0], hybrid=hybrid)  # fmt: skip
-            parameters = (
-                HYBRID.parameters(case) if hybrid is not None else family_named(MODELS[model].family).parameters(case)
-            )
+                        axes.heads[0] if defined is not None or has_heads(model) else None, axes.layers[0], True,
+                        axes.model_options[model][0], defined)  # fmt: skip
+            parameters = family_of(case).parameters(case)
             if parameters is None:
                 continue
             weights = parameters * DTYPE_BYTES[dtype]

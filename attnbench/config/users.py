@@ -24,8 +24,8 @@ from attnbench.config.checks import check_option_value, check_unique
 from attnbench.config.hybrids import entry_name_problem
 from attnbench.config.messages import Context, Path_, describe, did_you_mean
 from attnbench.config.model import ConfigModel, HybridEntry, UserModelEntry
-from attnbench.core.cases import Options, UserModel
-from attnbench.families.catalogue import MODEL_NAMES, ModelSpec, OptionSpec
+from attnbench.core.cases import Definition, Options
+from attnbench.families.catalogue import MODEL_NAMES, ModelSpec, OptionSpec, define, defined_spec
 from attnbench.families.plugins import (
     ENTRY_POINT_GROUP,
     FACTORY,
@@ -56,19 +56,24 @@ class UserEntry:
     their defaults; a config entry's are its own, given there)."""
 
     name: str
-    user: UserModel
+    definition: Definition  # what its cases carry: factory, kind, source, as the user family writes them
     options: tuple[OptionSpec, ...]
     given: Mapping[str, Any]  # a config entry's options as written (a plugin's are set under model_options)
     where: Path_ = ()  # where a config entry's options were written (models[i].options)
 
+    @property
+    def from_config(self) -> bool:
+        """Whether it is a config's ``factory:`` entry (else an installed plugin)."""
+        return defined_spec(self.name, self.definition).source == "config"
+
     def record(self) -> dict[str, Any]:
         """What a stored run keeps of it (resolved config ``users``): enough to expand its cases again."""
-        return {**self.user.to_dict(), "options": {o.name: o.default for o in self.options}}
+        return {**self.definition.data, "options": {o.name: o.default for o in self.options}}
 
     @classmethod
     def recorded(cls, name: str, data: Mapping[str, Any], entry: UserModelEntry | None) -> UserEntry:
         """The entry a stored run recorded (``record``), with the config entry's options as written, if any."""
-        user = UserModel.from_dict(data)
+        user = define("user", data)
         defaults = data.get("options", {})
         options = tuple(OptionSpec(k, type(v), v, OPTION_HELP) for k, v in defaults.items())
         if entry is None:
@@ -213,7 +218,7 @@ def check_models(
                 path,
                 hint="fix or reinstall the plugin's package; `attnbench models` lists every plugin and its state",
             )
-        user = UserModel(plugin.plugin.factory, plugin.plugin.kind, plugin.source)
+        user = define("user", {"factory": plugin.plugin.factory, "kind": plugin.plugin.kind, "source": plugin.source})
         users[entry] = UserEntry(entry, user, plugin_options(plugin.plugin), {})
         names.append(entry)
     check_unique(names, "model", ("models",), ctx)
@@ -249,7 +254,7 @@ def _factory_entry(entry: UserModelEntry, path: Path_, ctx: Context) -> UserEntr
                 (*path, "options", name),
             )
         options.append(OptionSpec(name, type(first), first, OPTION_HELP))
-    user = UserModel(entry.factory, entry.kind, "config")
+    user = define("user", {"factory": entry.factory, "kind": entry.kind, "source": "config"})
     return UserEntry(entry.name, user, tuple(options), dict(entry.options), (*path, "options"))
 
 
@@ -259,7 +264,7 @@ def user_option_sets(
     """The option sets a user model is crossed with (every option in each, defaults included), and the options as
     written. A config entry's options are its own; a plugin's come from ``model_options`` over its defaults, each
     value checked by ``check`` against the option's type, choices and bounds, as a built-in model's are."""
-    if entry.user.source == "config":
+    if entry.from_config:
         if model_options:
             raise ctx.error(
                 f"{entry.name} is a model of your own: give its options in its entry under models, not here",
@@ -286,7 +291,7 @@ def user_option_sets(
             raise ctx.error("must not be empty: give at least one value", (*given_path, name))
         checked = [
             check(v, spec, entry.name, ctx.item((*given_path, name), i), ctx)
-            if entry.user.source != "config"
+            if not entry.from_config
             else _typed(v, spec, ctx.item((*given_path, name), i), ctx)
             for i, v in enumerate(listed)
         ]
@@ -298,7 +303,7 @@ def user_option_sets(
         tuple(sorted({**defaults, **dict(zip(names, combination, strict=True))}.items()))
         for combination in itertools.product(*values)
     ]
-    written = dict(model_options) if entry.user.source != "config" else {}
+    written = dict(model_options) if not entry.from_config else {}
     return tuple(dict.fromkeys(sets)), written
 
 

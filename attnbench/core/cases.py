@@ -10,6 +10,7 @@ alone.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -128,95 +129,31 @@ def option_text(name: str, value: OptionValue) -> str:
     return f"{name}={str(value).lower() if isinstance(value, bool) else value}"
 
 
-@dataclass(frozen=True)
-class UserModel:
-    """Where a model the user brings comes from and which side of the article's claims it joins: a config's
-    ``factory:`` entry or an installed plugin. It travels in the case, so a stored row says so without the user's
-    code."""
-
-    factory: str  # "package.module:function", called with an attnbench.plugin.ModelRequest
-    kind: Kind
-    source: str = "config"  # "config", or "plugin <distribution>" for an entry point
-
-    def to_dict(self) -> dict[str, str]:
-        return {"factory": self.factory, "kind": self.kind, "source": self.source}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> UserModel:
-        kind = data["kind"]
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        return cls(str(data["factory"]), kind, str(data.get("source", "config")))
-
-
 # A pattern entry naming several members joined by this runs them side by side in one block (Falcon-H1).
 PARALLEL = "+"
 
 
 @dataclass(frozen=True)
-class HybridMember:
-    """A member of a hybrid stack with sizes and options of its own (a published model's mixer): what its
-    pattern's ``label`` stands for. ``heads`` None: the case's (where the model has heads)."""
+class Definition:
+    """A model its case defines itself (one a user brings, a hybrid stack), as its family wrote it down: the key a
+    stored case keeps it under (``"user"``, ``"hybrid"``) and its content, JSON in the order the family wrote it.
 
-    label: str
-    model: str
-    heads: int | None = None
-    options: Options = ()
+    Opaque here on purpose: core knows no model, so only the family whose key it is reads it
+    (``families.catalogue.family_of``); it travels in the case so that a stored row says what its model was without
+    the config or the user's code, and reads back byte for byte."""
 
-    def to_dict(self) -> dict[str, object]:
-        return {"label": self.label, "model": self.model, "heads": self.heads, "options": dict(self.options)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HybridMember:
-        heads, options = data.get("heads"), data.get("options") or {}
-        if heads is not None and (not isinstance(heads, int) or isinstance(heads, bool) or heads < 1):
-            raise ValueError(f"a member's heads must be a positive integer or null, got {heads!r}")
-        if not isinstance(options, Mapping):
-            raise ValueError("a member's options must be a mapping")
-        return cls(str(data["label"]), str(data["model"]), heads, tuple(sorted(options.items())))
-
-
-@dataclass(frozen=True)
-class HybridModel:
-    """A stack a config defines (``{name, hybrid: [m1, m2, …]}``): pre-norm blocks of built-in models cycling
-    through ``pattern`` for the case's ``layers``, standing on ``kind``'s side of the comparison. It travels in the
-    case, so a stored row says what it was without the config.
-
-    An entry ``a+b`` (``PARALLEL``) is one block running its members side by side on the same input, their outputs
-    summed (a parallel hybrid: Falcon-H1). Where ``members`` is given (a published preset), entries name members'
-    labels, each a built-in model with heads and options of its own; otherwise each is a built-in model, at its
-    defaults."""
-
-    pattern: tuple[str, ...]
-    kind: Side = "hybrid"
-    members: tuple[HybridMember, ...] = ()
-
-    def parts(self, entry: str) -> tuple[str, ...]:
-        """The members one pattern entry runs: one, or several side by side."""
-        return tuple(entry.split(PARALLEL))
-
-    def member(self, label: str) -> HybridMember:
-        """What ``label`` stands for: the member of that label, else the built-in model of that name at its
-        defaults."""
-        return next((m for m in self.members if m.label == label), HybridMember(label, label))
-
-    def to_dict(self) -> dict[str, object]:
-        data: dict[str, object] = {"pattern": list(self.pattern), "kind": self.kind}
-        if self.members:  # only when given, so every stack without them reads as it always did
-            data["members"] = [m.to_dict() for m in self.members]
-        return data
+    key: str
+    text: str
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HybridModel:
-        kind, pattern = data.get("kind", "hybrid"), data["pattern"]
-        if kind not in SIDES:
-            raise ValueError(f"kind must be one of {', '.join(SIDES)}, got {kind!r}")
-        if not isinstance(pattern, list | tuple) or not 1 <= len(pattern) <= MAX_PATTERN:
-            raise ValueError(f"pattern must list 1 to {MAX_PATTERN} models")
-        members = data.get("members") or []
-        if not isinstance(members, list | tuple) or len(members) > MAX_PATTERN:
-            raise ValueError(f"members must list at most {MAX_PATTERN} members")
-        return cls(tuple(str(m) for m in pattern), kind, tuple(HybridMember.from_dict(m) for m in members))
+    def of(cls, key: str, data: Mapping[str, Any]) -> Definition:
+        """``data`` (JSON-shaped: mappings, lists, scalars) under ``key``, frozen as it is, its keys' order kept."""
+        return cls(key, json.dumps(data, separators=(",", ":")))
+
+    @property
+    def data(self) -> Any:
+        """The content, a fresh copy each time (the case stays frozen whatever the caller does with it)."""
+        return json.loads(self.text)
 
 
 @dataclass(frozen=True)
@@ -229,9 +166,9 @@ class Case:
     the architecture for a recurrent model (unidirectional ⇒ causal), so that a ``causal: [true, false]`` grid does
     not time the same LSTM twice.
 
-    ``user`` is set for a model the user brings (a config's ``factory:`` entry or an installed plugin): where it
-    comes from and which side it joins, so a stored row says so without the user's code. It is not in the key: a
-    user model's name is its identity, as a built-in's is.
+    ``definition`` is set for a model the case defines itself (``Definition``: a config's ``factory:`` entry or an
+    installed plugin, a hybrid stack), so a stored row says what it was without the config or the user's code; its
+    family alone reads it. It is not in the key: such a model's name is its identity, as a built-in's is.
 
     ``mode == "decode"``: ``seq_len`` is the context length n already held in the KV cache or recurrent state,
     and one call produces one new token per sequence (position n); such a case is always causal.
@@ -258,8 +195,7 @@ class Case:
     layers: int
     causal: bool
     options: Options = ()
-    user: UserModel | None = None
-    hybrid: HybridModel | None = None
+    definition: Definition | None = None
     serving: Serving = ()
     packing: tuple[int, ...] = ()
     kept: Kept = ()
@@ -348,16 +284,13 @@ class Case:
         return f"{self.model} {self.mode} {self.dtype} b={self.batch} n={self.seq_len} d={self.d_model}{extra}"
 
     def to_dict(self) -> dict[str, object]:
-        data = asdict(self)
+        data: dict[str, object] = {}
+        for name, value in asdict(self).items():
+            if name != "definition":
+                data[name] = value
+            elif self.definition is not None:  # under its own key, where it always stood; a built-in has none
+                data[self.definition.key] = self.definition.data
         data["options"] = {k: v for k, v in self.options}
-        if self.user is None:
-            del data["user"]  # written only for a user model, so built-in rows read as they always did
-        else:
-            data["user"] = self.user.to_dict()
-        if self.hybrid is None:
-            del data["hybrid"]  # likewise for a hybrid stack
-        else:
-            data["hybrid"] = self.hybrid.to_dict()
         if self.serving:  # likewise for a serving mode's parameters and packed lengths
             data["serving"] = dict(self.serving)
         else:
@@ -377,10 +310,13 @@ class Case:
         raw = dict(data)
         options = raw.pop("options", {}) or {}
         assert isinstance(options, Mapping)
-        user = raw.pop("user", None)
-        assert user is None or isinstance(user, Mapping)
-        hybrid = raw.pop("hybrid", None)
-        assert hybrid is None or isinstance(hybrid, Mapping)
+        # Any key that is no field is a definition's (at most one, a mapping), kept as it was stored.
+        definition = None
+        for key in [key for key in raw if key not in cls.__dataclass_fields__]:
+            value = raw.pop(key)
+            if definition is not None or not isinstance(value, Mapping):
+                raise ValueError(f"a case defines its model once, as a mapping; got {key!r} too")
+            definition = Definition.of(key, value)
         serving = raw.pop("serving", {}) or {}
         assert isinstance(serving, Mapping)
         packing = raw.pop("packing", []) or []
@@ -389,8 +325,7 @@ class Case:
         assert isinstance(kept, Mapping)
         return cls(
             options=tuple(sorted(options.items())),
-            user=None if user is None else UserModel.from_dict(user),
-            hybrid=None if hybrid is None else HybridModel.from_dict(hybrid),
+            definition=definition,
             serving=tuple(sorted((str(k), int(v)) for k, v in serving.items())),
             packing=tuple(int(n) for n in packing),
             kept=tuple(sorted((str(k), str(v)) for k, v in kept.items())),

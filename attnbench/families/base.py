@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
-from attnbench.core.cases import KINDS, Case, Kind, Options, OptionValue, Side
+from attnbench.core.cases import KINDS, Case, Definition, Kind, Options, OptionValue, Side
 
 __all__ = [
     "KINDS",
@@ -242,6 +242,29 @@ class Family:
     state_noun: str = "recurrent state"
     # The model a preset of this family without a model of its own (``Preset.model`` None) is built on by default.
     preset_core: str | None = None
+    # The key a case of this family carries its model's definition under (``Case.definition``), for a family whose
+    # models their cases define (a user's, a hybrid stack); None: its models are the catalogue's, known by name.
+    defines: str | None = None
+
+    # ---------------------------------------------------------------------------------------------- a defined model
+    def define(self, data: Mapping[str, Any]) -> Definition:
+        """The definition a case of a model of this family carries, read from ``data`` as a config or stored row
+        writes it (JSON-shaped) and written down as the family writes it; ValueError where ``data`` is not one."""
+        raise ValueError(f"the {self.name} family's models are known by name; a case defines none")
+
+    def described(self, case: Case) -> Mapping[str, object]:
+        """What ``attnbench models`` lists of ``case``'s model beyond its spec (a stack's pattern)."""
+        return {}
+
+    def source(self, case: Case) -> str:
+        """Where ``case``'s model comes from, as summary.csv's ``source`` column says it: built-in, else where a
+        user's model was given (``config``, ``plugin <distribution>``)."""
+        return "built-in"
+
+    def config_entry(self, case: Case) -> dict[str, object] | None:
+        """The ``models`` entry a config writes for ``case``'s model where its name alone does not say it (a factory
+        entry, its options inside it), or None."""
+        return None
 
     # ---------------------------------------------------------------------------------------------- a model's options
     def spec(self, case: Case) -> ModelSpec:
@@ -353,6 +376,13 @@ class Family:
     def state_dtype(self, case: Case) -> str:
         """The dtype a decode state is kept in: the case's ``state_dtype`` where it sets one."""
         return case.kept_dtype("state_dtype") or case.dtype
+
+    def kept_default(self, case: Case, key: str) -> str | None:
+        """The value of kept key ``key`` (``core.cases.KEPT_DTYPES``) that keeps ``case``'s state as it is kept when
+        none is given (a case given it keeps nothing, its key unchanged), or None where no one value is."""
+        if key == "state_dtype":  # a recurrent state's own (float32 for some 16-bit cases)
+            return self.state_dtype(case)
+        return {"kv_dtype": case.dtype, "page_tokens": "0", "hybrid_pages": "separate"}[key]
 
     def kept_keys(self, case: Case) -> tuple[str, ...]:
         """Which of ``core.cases.KEPT_DTYPES`` apply to ``case`` (crossed into its cases only): a cache's ``kv_dtype``,

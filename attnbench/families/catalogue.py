@@ -4,7 +4,8 @@ Torch-free on purpose: ``validate``, ``report`` and ``compare`` must know every 
 torch. Each folder of ``attnbench.families`` whose ``spec`` module defines ``FAMILY`` is found here (``FAMILIES``);
 nothing in this module names a model. The folder's ``layers`` module is the family's torch half, which
 ``families.registry`` finds the same way. A user model (``factory:`` in a config, or an installed plugin) is known
-by its case alone (``Case.user``), so stored rows of one read back without the user's code.
+by its case alone (``Case.definition``), so stored rows of one read back without the user's code; so is a hybrid
+stack. Such a family says which definitions are its (``Family.defines``), and only it reads them.
 
 Everything outside the families asks through here what only a family knows: a case's side (``kind_of``), an
 option's value or default (``option_of``), whether it can decode or be built, the peak its matmuls run at, its
@@ -16,9 +17,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping
+from typing import Any
 
 from attnbench import families
-from attnbench.core.cases import SERVING_PARAMS, STATEFUL_MODES, Case, OptionValue, Side
+from attnbench.core.cases import SERVING_PARAMS, STATEFUL_MODES, Case, Definition, OptionValue, Side
 from attnbench.families.base import (
     ClaimRole,
     ExtraSpec,
@@ -56,7 +58,10 @@ __all__ = [
     "case_column_values",
     "causal_from_grid",
     "claim_role",
+    "config_entry",
     "decode_inert",
+    "define",
+    "defined_spec",
     "family_named",
     "family_of",
     "has_heads",
@@ -72,6 +77,7 @@ __all__ = [
     "peak_dtype",
     "published_layer",
     "published_problem",
+    "source_of",
     "spec_of",
     "state_noun",
 ]
@@ -116,20 +122,49 @@ PRESET_CORES: tuple[str, ...] = tuple(
 PRESET_CORE_DEFAULT: tuple[str, ...] = tuple(f.preset_core for f in FAMILIES if f.preset_core is not None)[:1]
 
 
+# The families whose models their cases define, by the key of the definitions they read.
+_DEFINING: dict[str, Family] = {family.defines: family for family in (USER, HYBRID) if family.defines is not None}
+
+
 def known(case: Case) -> bool:
     """Whether this catalogue knows ``case``'s model (a user model and a hybrid stack always; a built-in one a newer
     release wrote may not be)."""
-    return case.user is not None or case.hybrid is not None or case.model in MODELS
+    if case.definition is not None:
+        return case.definition.key in _DEFINING
+    return case.model in MODELS
 
 
 def family_of(case: Case) -> Family:
-    """The family that builds ``case``'s model: a built-in one, the user family for a user model, the hybrid family
-    for a hybrid stack."""
-    if case.user is not None:
-        return USER
-    if case.hybrid is not None:
-        return HYBRID
+    """The family that builds ``case``'s model: a built-in one, or the family whose definition the case carries
+    (the user family for a user model, the hybrid family for a hybrid stack)."""
+    if case.definition is not None:
+        return _DEFINING[case.definition.key]
     return _BY_NAME[MODELS[case.model].family]
+
+
+def define(key: str, data: Mapping[str, Any]) -> Definition:
+    """The definition of a model a config or a stored run gives under ``key`` (``user``, ``hybrid``), written down
+    by the family it belongs to; ValueError where no family defines models under ``key`` or ``data`` is not one."""
+    family = _DEFINING.get(key)
+    if family is None:
+        raise ValueError(f"no family defines models under {key!r}")
+    return family.define(data)
+
+
+def defined_spec(name: str, definition: Definition) -> ModelSpec:
+    """The spec of model ``name`` as ``definition`` defines it (its side, whether it has heads)."""
+    case = Case(name, "forward", "float32", "cpu", 1, 1, 1, 1, 1, True, definition=definition)
+    return family_of(case).spec(case)
+
+
+def source_of(case: Case) -> str:
+    """Where ``case``'s model comes from (``Family.source``): built-in, ``config``, ``plugin <distribution>``."""
+    return family_of(case).source(case) if known(case) else "built-in"
+
+
+def config_entry(case: Case) -> dict[str, object] | None:
+    """The ``models`` entry a config writes for ``case``'s model where its name alone does not say it, or None."""
+    return family_of(case).config_entry(case) if known(case) else None
 
 
 def family_named(name: str) -> Family:
@@ -145,10 +180,8 @@ def spec_of(case: Case) -> ModelSpec:
 def kind_of(case: Case) -> Side:
     """Which side of the comparison ``case``'s model joins: recurrent, attention (a user model's entry says), or a
     hybrid stack's own (its entry's ``kind``, hybrid unless it names a side)."""
-    if case.user is not None:
-        return case.user.kind
-    if case.hybrid is not None:
-        return case.hybrid.kind
+    if case.definition is not None:
+        return spec_of(case).kind
     return MODELS[case.model].kind
 
 
@@ -261,9 +294,7 @@ def peak_dtype(case: Case) -> str:
 
 def claim_role(case: Case) -> ClaimRole | None:
     """Where ``case`` stands in the article's claims (the family says), or None: not a model those claims are
-    about, or one this catalogue does not know. A user model stands on the side its entry names."""
-    if case.user is not None:
-        return ClaimRole("rnn" if case.user.kind == "recurrent" else "attention")
+    about, or one this catalogue does not know (a user model stands on the side its entry names)."""
     return family_of(case).claim_role(case) if known(case) else None
 
 

@@ -23,6 +23,9 @@ Conventions, shared by every formula:
 * ``train`` is one forward plus one backward; ``forward`` is the forward alone;
 * ``decode`` is one step at context n: every matmul applied to one token per sequence, and attention's core over
   the n + 1 keys the new token sees (the context and itself), without a mask. Its ids end in ``-decode-v1``.
+* ``verify`` is k draft tokens after n: the forward over n + k less the forward over n, the work of positions
+  n…n+k−1, which a causal model's later positions do not change (attention's k queries over n + 1…n + k keys).
+  Its ids end in ``-verify-v1``; the rollback after it is bookkeeping, not counted.
 * FLOPs are *useful* work: a causal core is credited the (query, key) pairs its mask keeps. Cores that compute
   every pair and mask afterwards (``vanilla``; SDPA's math backend, forced or chosen by dispatch) execute the full
   n² as well: ``executed_flops`` counts that, and a row stores both (``flops``, ``executed_flops``). The fused
@@ -31,7 +34,9 @@ Conventions, shared by every formula:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from attnbench.core.cases import Case
@@ -80,6 +85,8 @@ def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
     ``full_scores`` counts every (query, key) pair of the core, masked or not: the work executed by a core that
     masks after computing (``scores_in_full``), rather than the useful work the mask keeps. NotImplementedError for
     a model with no formula."""
+    if case.mode == "verify":
+        return _verify_flops(case)
     family = family_of(case)
     forward, backward = family.work(case, full_scores)
     # forward and decode count the forward pass, backward the backward pass alone, train both.
@@ -89,9 +96,26 @@ def count_flops(case: Case, *, full_scores: bool = False) -> FlopCount:
     return FlopCount(flops=sum(detail.values()), formula=family.formula(case), detail=MappingProxyType(detail))
 
 
+def _verify_flops(case: Case) -> FlopCount:
+    """A verify's k draft tokens after n (module notes): the forward over n + k less the forward over n. A verify
+    runs on fused cores in chunks of k queries, so its executed work is the useful (the chunk's masked k²/2 pairs
+    aside, small beside k·n)."""
+    before = count_flops(replace(case, mode="forward", serving=()))
+    after = count_flops(replace(case, mode="forward", serving=(), seq_len=case.span))
+    detail = {name: flops - before.detail.get(name, 0) for name, flops in after.detail.items()}
+    return FlopCount(flops=sum(detail.values()), formula=_verify_id(after.formula), detail=MappingProxyType(detail))
+
+
+def _verify_id(forward: str) -> str:
+    """A forward's formula id with ``-verify`` before its version: ``lstm-v1`` gives ``lstm-verify-v1``."""
+    return re.sub(r"(-v\d+)$", r"-verify\1", forward)
+
+
 def formula_id(case: Case) -> str:
     """The id of the formula ``count_flops`` uses for ``case``: family (or cell), scope, variant and decode,
     versioned (``attention-block-gqa-v1``, ``lstm-decode-v1``, ``counted-v1`` for a counted model)."""
+    if case.mode == "verify":
+        return _verify_id(family_of(case).formula(replace(case, mode="forward", serving=())))
     return family_of(case).formula(case)
 
 

@@ -8,7 +8,8 @@ own methods where it has them (``Packable``, ``Verifiable``), else with what thi
   again from zero at each sequence's first token whatever its form (the chunked forms included); the work around
   the layers (the embedding, norms, projections and FFNs of the blocks) runs on the packed tokens, with no padding.
   Attention has its own (a block-diagonal layout: flash-attn's varlen kernel where it runs, else each sequence's
-  causal attention), and so does the LSTM (torch's ``PackedSequence``, the varlen path of cuDNN and oneDNN).
+  causal attention), and so does the LSTM (torch's ``PackedSequence``, the varlen path of cuDNN and oneDNN), and
+  ``kernel: fla``'s delta rules, KDA, RWKV-7 and linear attention (one varlen call with ``cu_seqlens`` a layer).
 - **Verify** (``verify``, then ``rollback``): the k draft tokens after the n the state holds, then back to n + r.
   A layer says how by its ``rollback_method``:
   ``truncate`` (attention: the k tokens appended to the cache in one call, each attending to the cache and the

@@ -20,6 +20,9 @@ reads correspondingly high. Per mode, with I those intermediates (bytes):
 - decode: the weights, the new token's input and output, the state read whole (``state_bytes``), and what a step
   writes back: the new token's K and V (one slot of a cache that grows with n: state / positions held) for
   attention, the whole state for a recurrence. A step's intermediates are one token's (a few d_model), left out.
+- verify (k draft tokens after n): the weights once, the k tokens' input, output and intermediates as a forward's,
+  the state of n read whole, and what the k tokens write back: the slots the cache grows by (k of them), and a fixed
+  state once. The rollback after it is bookkeeping, not counted.
 
 W = parameters × the dtype's bytes, except a table a call reads row by row (``Family.lookup_table``: the token
 embedding at scope model, 21 % of bert-base's weights): a call reads the rows its B·T tokens gather (at most the
@@ -31,6 +34,8 @@ History: v1 counted the whole embedding table as read and no intermediates (deco
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from attnbench.core.cases import Case
 from attnbench.families.catalogue import family_of
@@ -65,6 +70,12 @@ def bytes_moved(case: Case, parameters: int | None, state_bytes: int | None = No
         # A step writes back the new token's K and V (one slot of a cache) or the whole state: the family says.
         written = family.state_written(case, state_bytes)
         return forward_read + x + y + state_bytes + written, f"{stem}-decode-v2"
+    if case.mode == "verify":
+        state = _verify_state(case)
+        if state is None:
+            return None
+        drafts = replace(case, mode="forward", serving=(), seq_len=case.param("draft"))
+        return forward_read + x + y + 2 * family.intermediate_elements(drafts) * element + state, f"{stem}-verify-v2"
     between = family.intermediate_elements(case) * element
     forward = forward_read + x + y + 2 * between
     backward = backward_read + gradients + y + x + (0 if ids else x) + 3 * between
@@ -73,3 +84,15 @@ def bytes_moved(case: Case, parameters: int | None, state_bytes: int | None = No
     if case.mode == "backward":
         return backward, f"{stem}-backward-v2"
     return forward + backward, f"{stem}-train-v2"
+
+
+def _verify_state(case: Case) -> int | None:
+    """The state bytes a verify reads and writes (module notes): read at n, grown by the k slots a cache gains, and a
+    fixed state written once (a step's write beyond its one slot of growth); None where the family cannot count."""
+    family, drafts = family_of(case), case.param("draft")
+    at_n = replace(case, mode="decode", serving=(), seq_len=case.seq_len - 1)  # a step's n − 1 positions and its own
+    before, after = family.state_bytes(at_n), family.state_bytes(case)  # a verify holds n + k
+    if before is None or after is None:
+        return None
+    grown = after - before
+    return before + grown + max(family.state_written(at_n, before) - grown // drafts, 0)

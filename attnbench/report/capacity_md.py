@@ -19,6 +19,7 @@ LEGEND = (
     "memory was measured, the step's timing was not)."
 )
 CROSSINGS = "Where the aggregate tokens/s at capacity cross:"
+PER_SEQUENCE = "Memory one more sequence adds (its state and its share of the step):"
 
 
 def point_text(point: CapacityPoint | None) -> str:
@@ -52,7 +53,7 @@ def table_lines(table: CapacityTable) -> list[str]:
     lines.append(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
     if table.crossovers:
         lines += ["", CROSSINGS, ""] + [f"- {md_text(line)}" for line in table.crossovers]
-    lines += ["", "Memory one more sequence adds (its state and its share of the step):", ""]
+    lines += ["", PER_SEQUENCE, ""]
     lines.append(tabulate(per_sequence, headers=headers, tablefmt="github", disable_numparse=True))
     return lines
 

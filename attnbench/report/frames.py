@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench.analysis.reading import Reading
 from attnbench.core.errors import AttnbenchError
-from attnbench.families.catalogue import MODELS
+from attnbench.families.catalogue import MODELS, source_of
 from attnbench.report.rows import COLUMN_TYPES, COLUMNS, summary_rows
 from attnbench.report.samples import COLUMNS as SAMPLE_COLUMNS
 from attnbench.report.samples import sample_rows
@@ -87,7 +87,7 @@ def _user_option_types(runs: Sequence[StoredRun]) -> dict[str, type]:
     mixed: set[str] = set()
     for stored in runs:
         for result in stored.results:
-            if result.case.user is None:
+            if source_of(result.case) == "built-in":  # a user's model's options: its own, named by nothing built in
                 continue
             for name, value in result.case.options:
                 if name in OPTION_TYPES or name in COLUMNS or name in RUN_COLUMNS:

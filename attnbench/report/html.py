@@ -12,9 +12,12 @@ import json
 from collections.abc import Callable, Sequence
 from html import escape
 
+from attnbench.analysis.capacity import CapacityPoint, CapacityTable
 from attnbench.analysis.pivot import Cell, PivotTable
 from attnbench.analysis.reading import Reading
 from attnbench.core.units import format_bytes, format_seconds, plural
+from attnbench.report.capacity_md import CROSSINGS, PER_SEQUENCE, bytes_text, point_text
+from attnbench.report.capacity_md import LEGEND as CAPACITY_LEGEND
 from attnbench.report.cells import (
     BELOW_ROOFLINE,
     BELOW_ROOFLINE_NOTE,
@@ -193,6 +196,29 @@ def _table_section(index: int, table: PivotTable, plots: Sequence[Plot]) -> list
     return out
 
 
+def _capacity_table(table: CapacityTable, render: Callable[[CapacityPoint | None], str]) -> list[str]:
+    headers = "".join(f'<th scope="col">{_e(h)}</th>' for h in ["model", *(f"n={n}" for n in table.seq_lens)])
+    out = ['<div class="scroll"><table class="pivot">', f"<thead><tr>{headers}</tr></thead>", "<tbody>"]
+    for curve in table.curves:
+        points = {p.n: p for p in curve.points}
+        row = "".join(f'<td class="num">{_e(render(points.get(n)))}</td>' for n in table.seq_lens)
+        out.append(f'<tr><th scope="row" class="row">{_e(curve.label)}</th>{row}</tr>')
+    return [*out, "</tbody></table></div>"]
+
+
+def _capacity_section(index: int, table: CapacityTable, plots: Sequence[Plot]) -> list[str]:
+    """summary.md's capacity section for one table: batch · tokens/s, the crossings, the bytes per sequence, and
+    the table's figure."""
+    out = [f'<section id="capacity-{index}">', f"<h2>{_e(table.title)}</h2>"]
+    out += [f'<p class="legend">{_e(CAPACITY_LEGEND)}</p>', *_capacity_table(table, point_text)]
+    out += _lines(CROSSINGS, table.crossovers)
+    out += [f"<h3>{_e(PER_SEQUENCE.rstrip(':'))}</h3>", *_capacity_table(table, bytes_text)]
+    mine = [p for p in plots if p.metric == "capacity" and p.group == table.title]
+    if mine:
+        out += ['<div class="plots">', *(_figure(p) for p in mine), "</div>"]
+    return [*out, "</section>"]
+
+
 def _checks_section(reading: Reading) -> list[str]:
     """The run's self-consistency checks, as the markdown has them; nothing when there is nothing to check."""
     checks = run_checks(reading)
@@ -244,13 +270,16 @@ def render_html(reading: Reading, plots: Sequence[Plot] = (), plots_note: str = 
     if plots_note:
         body.append(f'<p class="muted">{_e(plots_note)}</p>')
     failed = [r for r in results if not r.ok]
-    if len(tables) > 1 or failed:
+    if len(tables) + len(reading.capacity) > 1 or failed:
         links = [f'<li><a href="#table-{i}">{_e(t.title)}</a></li>' for i, t in enumerate(tables, start=1)]
+        links += [f'<li><a href="#capacity-{i}">{_e(t.title)}</a></li>' for i, t in enumerate(reading.capacity, 1)]
         if failed:
             links.append(f'<li><a href="#failed">Cases without a timing ({len(failed)})</a></li>')
         body += ["<nav><strong>Contents</strong><ul>", *links, "</ul></nav>"]
     for i, table in enumerate(tables, start=1):
         body += _table_section(i, table, plots)
+    for i, capacity in enumerate(reading.capacity, start=1):
+        body += _capacity_section(i, capacity, plots)
     body += _checks_section(reading)
     if failed:
         items = "".join(

@@ -22,7 +22,7 @@ from attnbench.analysis.reading import Reading
 from attnbench.core.cases import Case, packing_text
 from attnbench.core.text import csv_cell
 from attnbench.core.units import to_mib, to_ms
-from attnbench.families.catalogue import case_column_values, kind_of, known
+from attnbench.families.catalogue import case_column_values, kind_of, known, source_of
 from attnbench.families.extras import family_columns
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
@@ -489,7 +489,7 @@ def _check_and_context_columns(result: Result) -> dict[str, Any]:
         row.update(check_status=check.status, check_max_abs_err=check.max_abs_err, check_rel_err=check.rel_err)
         row["check_tol"] = check.tol
     row["kind"] = kind_of(case) if known(case) else None
-    row["source"] = case.user.source if case.user is not None else "built-in"
+    row["source"] = source_of(case)
     compile_s = result.extra.get("compile_s")
     row["compile_s"] = compile_s if isinstance(compile_s, float) else None
     if result.contention is not None:

@@ -10,27 +10,34 @@ numbers did not change comes out byte for byte the same and publishing again lea
 - ``regressions.html``: every confirmed step, newest first, with links to the first bad and last good run and their
   commits.
 - ``runs.html``: each config's runs in history order, their environments per segment and what differs in one.
+- ``capacity/<run id>.html``: for a run with capacity rows only (``mode: capacity``), summary.md's capacity section:
+  per model and context n the batch that fits the memory budget and the aggregate tokens/s at it, where those cross,
+  the bytes a sequence adds, and the two as graphs against n; the runs page and the index link it.
 - ``data/runs/<run id>.json``: the digests (``analysis.site``) a later publish adds to; ``data/site.json``.
-- ``assets/``: site.css, site.js and plotly.min.js (``report.site_assets``), shared by every page.
+- ``assets/``: site.css, site.js and plotly.min.js (``report.site_assets``), shared by every page; capacity.js
+  for a site with a capacity page.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from attnbench.analysis.alerts import StepEvent
+from attnbench.analysis.capacity import CapacityCurve, CapacityPoint
 from attnbench.analysis.history import Metric, run_name
-from attnbench.analysis.site import Board, CaseView, RunDigest, Site
+from attnbench.analysis.site import Board, CapacityDigest, CaseView, RunDigest, Site
 from attnbench.analysis.steps import MIN_RUNS_PER_LEVEL
 from attnbench.core.text import safe_text
 from attnbench.core.units import format_bytes, format_change, format_change_interval, plural
 from attnbench.report.alerts_md import event_label
+from attnbench.report.capacity_md import CROSSINGS, LEGEND, PER_SEQUENCE, bytes_text, point_text
 from attnbench.report.history_md import METRIC_WORDS, step_verdict, value_text
-from attnbench.report.site_assets import SITE_CSS, SITE_JS
-from attnbench.report.site_figures import WORSE, case_figure, spark_ratio, sparkline
+from attnbench.report.site_assets import CAPACITY_JS, SITE_CSS, SITE_JS
+from attnbench.report.site_figures import WORSE, capacity_figure, case_figure, spark_ratio, sparkline
 from attnbench.results.store import StoredRun
 
 SITE_SCHEMA = "attnbench.site/1"
@@ -94,7 +101,22 @@ def _newest(view: CaseView) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ pages
-def _index(site: Site, title: str) -> bytes:
+def _capacity_links(board: Board, capacity: Collection[str]) -> str:
+    """The board's runs with a capacity page, linked; "" when none has one (the index stays as it was)."""
+    links = [
+        f"<a href='capacity/{esc(stored.run.run_id)}.html'>{position}. {esc(run_name(stored))}</a>"
+        for position, stored in enumerate(board.runs, start=1)
+        if stored.run.run_id in capacity
+    ]
+    if not links:
+        return ""
+    return (
+        "<p class='capacity'>Capacity under a memory budget (the batch that fits and the aggregate tokens/s at it, "
+        f"against n per model): {', '.join(links)}.</p>"
+    )
+
+
+def _index(site: Site, title: str, capacity: Collection[str] = ()) -> bytes:
     worse = [e for _, e in site.events if e.worse]
     lead = (
         f"{plural(len(site.runs), 'run')} of {plural(len(site.boards), 'config')}, "
@@ -111,6 +133,8 @@ def _index(site: Site, title: str) -> bytes:
             f"<p>{plural(len(board.runs), 'run')}, newest {_run_link(newest, len(board.runs))}; runs "
             f"{esc(history.order_note)}.</p>"
         )
+        if links := _capacity_links(board, capacity):
+            body.append(links)
         groups: dict[tuple[str, str, str], list[CaseView]] = {}
         for view in board.cases:
             groups.setdefault(view.group, []).append(view)
@@ -220,7 +244,7 @@ def _env_list(env: Mapping[str, Any], keys: Sequence[str]) -> str:
     return f"<dl class='env'>{items}</dl>"
 
 
-def _runs(site: Site, title: str, commit_url: str | None) -> bytes:
+def _runs(site: Site, title: str, commit_url: str | None, capacity: Collection[str] = ()) -> bytes:
     body = ["<h1>Runs</h1>", f"<p class='lead'>{plural(len(site.runs), 'run')}, each config in history order.</p>"]
     for board in site.boards:
         history = board.history
@@ -239,8 +263,11 @@ def _runs(site: Site, title: str, commit_url: str | None) -> bytes:
                 run = stored.run
                 differs = [k for k in ENV_SHOWN if run.environment.get(k) != first.get(k)]
                 note = "; ".join(f"{k}: {env_text(k, run.environment.get(k)) or '—'}" for k in differs)
+                name = esc(run_name(stored))
+                if run.run_id in capacity:
+                    name += f" · <a class='capacity' href='capacity/{esc(run.run_id)}.html'>capacity</a>"
                 rows.append(
-                    f"<tr id='run-{esc(run.run_id)}'><td class='num'>{position}</td><td>{esc(run_name(stored))}</td>"
+                    f"<tr id='run-{esc(run.run_id)}'><td class='num'>{position}</td><td>{name}</td>"
                     f"<td><code>{esc(run.run_id)}</code></td><td>{_commit(run.commit, commit_url)}</td>"
                     f"<td>{esc(run.label or '—')}</td><td>{esc(run.created_utc[:19].replace('T', ' '))}</td>"
                     f"<td>{esc(run.state)}</td><td>{esc(note)}</td></tr>"
@@ -290,6 +317,64 @@ def _case(board: Board, view: CaseView, title: str, commit_url: str | None) -> b
     return _page(view.case.label, "\n".join(body), depth=1, scripts=("plotly.min.js", "site.js"), site_title=title)
 
 
+def _inline_code(text: str) -> str:
+    """A markdown legend as HTML: escaped, its `code` spans as <code>."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", esc(text))
+
+
+def _capacity_table(table: CapacityDigest, cell: str) -> str:
+    """One of summary.md's two capacity tables: ``cell`` "point" (batch · tokens/s, each cell carrying the exact
+    numbers as data-batch and data-tokens-per-s) or "bytes" (what one more sequence adds)."""
+
+    def point(curve: CapacityCurve, n: int) -> CapacityPoint | None:
+        return next((p for p in curve.points if p.n == n), None)
+
+    def td(p: CapacityPoint | None) -> str:
+        if cell == "bytes":
+            held = "" if p is None or p.bytes_per_sequence is None else f" data-bytes='{p.bytes_per_sequence}'"
+            return f"<td class='num'{held}>{esc(bytes_text(p))}</td>"
+        data = "" if p is None or p.batch is None else f" data-batch='{p.batch}'"
+        if p is not None and p.tokens_per_s is not None:
+            data += f" data-tokens-per-s='{p.tokens_per_s!r}'"
+        return f"<td class='num'{data}>{esc(point_text(p))}</td>"
+
+    head = "".join(f"<th>n={n}</th>" for n in table.seq_lens)
+    rows = "".join(
+        f"<tr data-model='{esc(c.model)}'><th>{esc(c.label)}</th>{''.join(td(point(c, n)) for n in table.seq_lens)}"
+        "</tr>"
+        for c in table.curves
+    )
+    return f"<table class='capacity' data-cells='{cell}'><thead><tr><th>model</th>{head}</tr></thead>" \
+        f"<tbody>{rows}</tbody></table>"  # fmt: skip
+
+
+def _capacity(board: Board, digest: RunDigest, title: str) -> bytes:
+    """A run's capacity page: summary.md's capacity section, each table with its graphs."""
+    run_id = digest.run.run_id
+    position, stored = next((i, s) for i, s in enumerate(board.runs, start=1) if s.run.run_id == run_id)
+    body = [
+        f"<h1>Capacity · {esc(run_name(stored))}</h1>",
+        f"<p class='lead'>Config {esc(board.config)}, run {_run_link(stored, position, depth=1)}. "
+        f"{_inline_code(LEGEND)}</p>",
+    ]
+    figures: list[dict[str, Any]] = []
+    for index, table in enumerate(digest.capacity):
+        body += [f"<section id='capacity-{index}'>", f"<h2>{esc(table.title)}</h2>", _capacity_table(table, "point")]
+        if table.crossovers:
+            items = "".join(f"<li>{esc(line)}</li>" for line in table.crossovers)
+            body += [f"<p>{esc(CROSSINGS)}</p>", f"<ul class='crossings'>{items}</ul>"]
+        body += [f"<h3>{esc(PER_SEQUENCE.rstrip(':'))}</h3>", _capacity_table(table, "bytes")]
+        if any(p.batch is not None for c in table.curves for p in c.points):  # as capacity_plots: a point to draw
+            body.append(
+                f"<div class='capacity-graph' id='capacity-graph-{len(figures)}' style='min-height:440px'></div>"
+            )
+            figures.append(capacity_figure(table))
+        body.append("</section>")
+    body.append(f"<script type='application/json' id='capacity-figures'>{_json_script(figures)}</script>")
+    return _page(f"capacity · {run_name(stored)}", "\n".join(body), depth=1, scripts=("plotly.min.js", "capacity.js"),
+                 site_title=title)  # fmt: skip
+
+
 def render_site(
     site: Site,
     digests: Sequence[RunDigest],
@@ -300,10 +385,11 @@ def render_site(
     commit_url: str | None = None,
 ) -> dict[str, bytes]:
     """Every file of the site, by path relative to its root."""
+    capacity = {d.run.run_id: d for d in digests if d.capacity}
     files: dict[str, bytes] = {
-        "index.html": _index(site, title),
+        "index.html": _index(site, title, capacity),
         "regressions.html": _regressions(site, title, commit_url),
-        "runs.html": _runs(site, title, commit_url),
+        "runs.html": _runs(site, title, commit_url, capacity),
         "assets/site.css": SITE_CSS.encode(),
         "assets/site.js": SITE_JS.encode(),
         "assets/plotly.min.js": plotly,
@@ -311,6 +397,11 @@ def render_site(
     for board in site.boards:
         for view in board.cases:
             files[f"cases/{view.slug}.html"] = _case(board, view, title, commit_url)
+        for stored in board.runs:
+            if stored.run.run_id in capacity:
+                files[f"capacity/{stored.run.run_id}.html"] = _capacity(board, capacity[stored.run.run_id], title)
+    if capacity:
+        files["assets/capacity.js"] = CAPACITY_JS.encode()
     for digest in digests:
         text = json.dumps(digest.to_dict(), indent=1, sort_keys=True, allow_nan=False)
         files[f"data/runs/{digest.run.run_id}.json"] = (text + "\n").encode()

@@ -92,3 +92,17 @@ SITE_JS = """\
   show(figures[wanted] ? wanted : Object.keys(figures)[0]);
 })();
 """
+CAPACITY_JS = """\
+// attnbench publish: draws a capacity page's figures, one per capacity table (written only for a site with one).
+(function () {
+  "use strict";
+  var figures = JSON.parse(document.getElementById("capacity-figures").textContent);
+  var config = { responsive: true, displaylogo: false, scrollZoom: false };
+  figures.forEach(function (figure, i) {
+    var graph = document.getElementById("capacity-graph-" + i);
+    Plotly.newPlot(graph, figure.data, figure.layout, config).then(function () {
+      graph.setAttribute("data-ready", "true");
+    });
+  });
+})();
+"""

@@ -15,8 +15,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from attnbench.analysis.capacity import CapacityPoint
 from attnbench.analysis.history import HIGHER_IS_BETTER, CaseHistory, History, Metric, Point, run_name
-from attnbench.core.units import format_change, format_change_interval
+from attnbench.analysis.site import CapacityDigest
+from attnbench.core.units import format_bytes, format_change, format_change_interval
+from attnbench.report.capacity_md import point_text
 from attnbench.report.history_md import METRIC_WORDS, value_text
 
 WORSE, BETTER, SHIFT, SEGMENT = "#d62728", "#2ca02c", "#9467bd", "rgba(120,120,120,0.18)"
@@ -249,6 +252,104 @@ def case_figure(history: History, parts: Sequence[CaseHistory]) -> dict[str, Any
         "hovermode": "closest",
         "showlegend": len(parts) > 1,
         "margin": {"l": 70, "r": 20, "t": 30, "b": 50},
+        "height": 440,
+        "font": {"family": "system-ui, sans-serif", "size": 12},
+        "plot_bgcolor": "#fff",
+    }
+    return {"data": traces, "layout": layout}
+
+
+def _capacity_symbol(p: CapacityPoint) -> str:
+    """The capacity plot's markers (``report.capacity_plots``): a cross where the step was not timed, an open marker
+    where its timing is noisy."""
+    if p.untimed:
+        return "x"
+    return "circle-open" if p.tokens_per_s is not None and not p.good else "circle"
+
+
+def _capacity_axis(title: str, side: str, domain: tuple[float, float], seq_lens: Sequence[int]) -> dict[str, Any]:
+    return {
+        "domain": list(domain),
+        "anchor": f"y{side}",
+        "type": "log",
+        "title": {"text": title},
+        "tickmode": "array",
+        "tickvals": list(seq_lens),
+        "ticktext": [str(n) for n in seq_lens],
+        "zeroline": False,
+    }
+
+
+def capacity_figure(table: CapacityDigest) -> dict[str, Any]:
+    """The plotly figure of one capacity table, ``report.capacity_plots``' two panels made interactive: per model
+    against the context n, the batch whose decode step fits the budget (left) and the tokens/s that batch decodes
+    together (right); a dashed line where a recurrent model's tokens/s overtake attention's (dotted: indicative)."""
+    traces: list[dict[str, Any]] = []
+    colours: dict[str, str] = {}
+    for index, curve in enumerate(table.curves):
+        colour = colours.setdefault(curve.label, COLOURS[index % len(COLOURS)])
+        found = [p for p in curve.points if p.batch is not None]  # memory's answer, whatever the timing did
+        timed = [p for p in found if p.tokens_per_s is not None]
+        panels = (("", found, [p.batch for p in found]), ("2", timed, [p.tokens_per_s for p in timed]))
+        for side, points, values in panels:
+            if not points:
+                continue
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": plain(curve.label),
+                    "legendgroup": plain(curve.label),
+                    "showlegend": side == "",
+                    "xaxis": f"x{side}",
+                    "yaxis": f"y{side}",
+                    "x": [p.n for p in points],
+                    "y": values,
+                    "customdata": [plain(point_text(p)) for p in points],
+                    "hovertemplate": "<b>%{fullData.name}</b><br>n=%{x}<br>%{customdata}<extra></extra>",
+                    "line": {"color": colour, "width": 1.5},
+                    "marker": {"size": 7, "color": colour, "symbol": [_capacity_symbol(p) for p in points]},
+                }
+            )
+    shapes, notes = [], []
+    for n, indicative, label in table.crossings:  # in the colour of the curve that overtakes attention
+        colour = colours.get(label, "#666")
+        line = _vline(n, colour, "dot" if indicative else "dash", 1.0)
+        shapes.append({**line, "xref": "x2"})
+        notes.append(
+            {
+                "x": math.log10(n),  # plotly places an annotation on a log axis by the log of its value
+                "y": 0.02,
+                "xref": "x2",
+                "yref": "paper",
+                "text": plain(f"{label} n ≈ {n:.0f}" + ("?" if indicative else "")),
+                "showarrow": False,
+                "textangle": -90,
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "font": {"color": colour, "size": 10},
+            }
+        )
+    budget = "" if table.budget_bytes is None else f" under {format_bytes(table.budget_bytes)}"
+    for x, text in ((0.23, f"largest batch{budget}"), (0.77, "aggregate decode throughput at that batch")):
+        notes.append({"x": x, "y": 1.0, "xref": "paper", "yref": "paper", "text": text, "showarrow": False,
+                      "xanchor": "center", "yanchor": "bottom", "font": {"size": 12}})  # fmt: skip
+    axis = "context length n (tokens)"
+    layout = {
+        "xaxis": _capacity_axis(axis, "", (0.0, 0.44), table.seq_lens),
+        "xaxis2": _capacity_axis(axis, "2", (0.56, 1.0), table.seq_lens),
+        "yaxis": {"type": "log", "anchor": "x", "title": {"text": "sequences at capacity"}},
+        "yaxis2": {
+            "type": "log",
+            "anchor": "x2",
+            "title": {"text": "tokens/s at capacity (all sequences)"},
+            "tickformat": ".3s",
+        },
+        "shapes": shapes,
+        "annotations": notes,
+        "hovermode": "closest",
+        "showlegend": True,
+        "margin": {"l": 70, "r": 20, "t": 40, "b": 50},
         "height": 440,
         "font": {"family": "system-ui, sans-serif", "size": 12},
         "plot_bgcolor": "#fff",

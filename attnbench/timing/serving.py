@@ -30,8 +30,9 @@ next one would find is put back before it, untimed (``PreparedClock``):
   (``padded_tokens_per_s``), beside the row's own ``tokens_per_s``.
 
 FLOPs are the useful work of what the call answers: a prefill's the whole-sequence forward's over n tokens; a packed
-call's each sequence's alone; a capacity step's the decode step's at the batch found. A verify and a prefix have no
-formula yet.
+call's each sequence's alone; a capacity step's the decode step's at the batch found; a verify's the k draft tokens'
+after n (``families.flops``). Compulsory bytes (``families.traffic``) for a verify and a capacity step (the decode
+step's at the batch found), so both get a roofline prediction. A prefix has neither yet.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from attnbench.families.serving import SharedPrefill, chunks
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, packed, reset_state, rollback, spans, tensor_bytes, verify
 from attnbench.families.torch_family import Unsupported
+from attnbench.families.traffic import bytes_moved
 from attnbench.host.memory import RssPeak
 from attnbench.results.contention import Contention
 from attnbench.results.measurement import Measurement
@@ -457,17 +459,32 @@ def _prefix_error(case: Case, shared: torch.Tensor, independent: torch.Tensor) -
 
 def _work(case: Case, setup: Setup, extra: Extra) -> None:
     """The useful FLOPs of what the call answers (module notes), where the family has a formula."""
-    if not analytic(case) or case.mode in ("verify", "prefix"):
+    if not analytic(case) or case.mode == "prefix":
         return
     if case.packing:
         parts = [replace(case, packing=(), batch=1, seq_len=length) for length in case.packing]
     elif case.mode == "prefill":
         parts = [replace(case, mode="forward", serving=())]
+    elif case.mode == "verify":
+        parts = [case]
     else:
         parts = [replace(setup.case, mode="decode", serving=())]
     counts = [count_flops(part) for part in parts]
     extra["flops"], extra["flops_formula"] = sum(c.flops for c in counts), counts[0].formula
     extra["executed_flops"] = sum(executed_flops(p, extra) for p in parts)
+
+
+def _traffic(case: Case, setup: Setup, parameters: int | None, extra: Extra) -> None:
+    """The compulsory bytes of a verify, or of a capacity row's decode step at the batch found (module notes)."""
+    held = extra.get("state_bytes")
+    if case.mode == "verify":
+        traffic = bytes_moved(case, parameters)
+    elif case.mode == "capacity" and isinstance(held, int):
+        traffic = bytes_moved(replace(setup.case, mode="decode", serving=()), parameters, held)
+    else:
+        return
+    if traffic is not None:
+        extra["bytes_moved"], extra["bytes_formula"] = traffic
 
 
 def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result], None] | None = None) -> Result:
@@ -511,14 +528,16 @@ def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result],
         memory = tools.peak(eager)
     extra.update(setup.extra)
     _work(case, setup, extra)
+    parameters = parameter_count(model)
     if case.mode == "capacity":
         held = state_bytes(replace(setup.case, mode="decode", serving=()))
         extra["state_bytes"] = held if held is not None else extra.get("state_bytes")
+    _traffic(case, setup, parameters, extra)
     result = timed_row(
         case,
         measurement,
         memory=memory,
-        parameters=parameter_count(model),
+        parameters=parameters,
         extra=dict(extra),
         telemetry=telemetry,
         contention=contention,

@@ -78,3 +78,42 @@ def test_a_bad_digest_is_refused_naming_the_file(change: object, says: str, tmp_
     with pytest.raises(ResultsError) as info:
         RunDigest.from_dict(data, "site/data/runs/x.json")
     assert info.value.message.startswith("site/data/runs/x.json: ") and says in info.value.message
+
+
+SERVING_RUN = ROOT / "tests" / "data" / "runs" / "tiny-serving-cpu"
+
+
+def test_a_digest_keeps_the_runs_capacity_tables() -> None:
+    """What a capacity page shows, read back from the digest as the run's reading has it."""
+    from attnbench.analysis.reading import Reading
+
+    (stored,) = load_runs([SERVING_RUN])
+    digest = RunDigest.from_dict(json.loads(json.dumps(RunDigest.of(stored).to_dict())), "x")
+    (kept,) = digest.capacity
+    (table,) = Reading.of(stored).capacity
+    assert (kept.title, kept.budget_bytes, kept.seq_lens, kept.curves) == (
+        table.title,
+        table.budget_bytes,
+        table.seq_lens,
+        table.curves,
+    )
+    assert kept.crossovers == table.crossovers and list(kept.crossings) == table.crossing_points()
+    assert RunDigest.of(load_runs([FIXTURE])[0]).capacity == ()
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda t: t["curves"][0]["points"][0].update(batch=0), "capacity[0].curves[0].points[0].batch"),
+        (lambda t: t["curves"][0]["points"][0].update(tokens_per_s=-1.0), "tokens_per_s"),
+        (lambda t: t["curves"][0]["points"][0].update(status="no way"), "status"),
+        (lambda t: t.update(crossings=[[26.0, "yes", "lstm"]]), "capacity[0].crossings[0][1]"),
+        (lambda t: t.update(extra=1), "unknown key 'extra'"),
+    ],
+)
+def test_a_bad_capacity_digest_is_refused_naming_the_key(change: object, says: str) -> None:
+    data = RunDigest.of(load_runs([SERVING_RUN])[0]).to_dict()
+    change(data["capacity"][0])  # type: ignore[operator]
+    with pytest.raises(ResultsError) as info:
+        RunDigest.from_dict(data, "site/data/runs/x.json")
+    assert info.value.message.startswith("site/data/runs/x.json: ") and says in info.value.message

@@ -786,14 +786,16 @@ def test_1c_memory_verdicts_rest_on_memory_not_on_timing_noise() -> None:
 
 def test_a_hybrid_stack_is_placed_between_its_members_and_their_mix() -> None:
     from attnbench.claims.hybrid import placements
-    from attnbench.core.cases import HybridModel
+    from attnbench.families.hybrid.spec import HybridModel
 
     def timed(model: str, seconds: float, **kw: object) -> Result:
         r = row(model, 4096, seconds, mode="decode", device="cpu", dtype="float32", **kw)  # type: ignore[arg-type]
         return replace(r, case=replace(r.case, layers=4))
 
     stack = timed("gdn-3to1", 2e-3)
-    stack = replace(stack, case=replace(stack.case, hybrid=HybridModel(("mamba2",) * 3 + ("sdpa-flash",))))
+    stack = replace(
+        stack, case=replace(stack.case, definition=HybridModel(("mamba2",) * 3 + ("sdpa-flash",)).definition())
+    )
     (placed,) = placements([timed("mamba2", 1e-3), timed("sdpa-flash", 5e-3), stack])
     assert placed.position == "between" and placed.share == {"mamba2": 3, "sdpa-flash": 1}
     assert placed.mix_s == pytest.approx(2e-3)  # ¾ of 1 ms and ¼ of 5 ms: the stack took exactly its members' mix

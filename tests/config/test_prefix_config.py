@@ -101,7 +101,7 @@ def test_the_committed_prefix_config_validates_with_every_decoding_family() -> N
     cases = load(path.read_text(encoding="utf-8")).cases("cpu")
     assert {c.mode for c in cases} == {"prefix"}
     assert {c.param("requests") for c in cases} == {8}
-    hybrid = [c for c in cases if c.hybrid is not None]
+    hybrid = [c for c in cases if c.definition is not None]
     assert {c.param("checkpoint_every") for c in hybrid} == {0, 256}
 
 

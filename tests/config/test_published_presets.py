@@ -17,6 +17,7 @@ from attnbench.config.experiment import load_experiment_text
 from attnbench.core.errors import ConfigError
 from attnbench.families.catalogue import PRESET_NAMES, PUBLISHED, family_of, published_layer, published_problem
 from attnbench.families.flops import count_parameters
+from attnbench.families.hybrid.spec import stack_of
 from attnbench.families.state_bytes import state_bytes
 
 NAMES = tuple(PUBLISHED)
@@ -154,8 +155,9 @@ def test_a_mixed_model_at_scope_model_is_a_hybrid_stack_of_its_mixers_in_the_pub
     text = config({"names": [name], "scope": "model", "seq_len": [16]}, causal=True, dtype="bfloat16")
     (case,) = [c for c in load_experiment_text(text, "t.yaml").cases("cpu") if c.model == name and c.mode == "forward"]
     preset = PUBLISHED[name]
-    assert case.hybrid is not None and case.layers == preset.layers and case.hybrid.pattern == preset.pattern
-    assert {m.label for m in case.hybrid.members} == {m.label for m in preset.mixers}
+    stack = stack_of(case)
+    assert case.layers == preset.layers and stack.pattern == preset.pattern
+    assert {m.label for m in stack.members} == {m.label for m in preset.mixers}
     # the decode state of the whole stack: each mixer's layer state times how many layers it is
     decode = replace(case, mode="decode", seq_len=1000)
     expected = 0

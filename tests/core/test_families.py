@@ -64,7 +64,7 @@ def test_no_effect_and_cannot_build_are_the_two_checks() -> None:
 
 def test_a_user_model_is_known_by_its_case() -> None:
     user = UserModel("pkg.mod:build", "recurrent", "config")
-    case = Case("my-rnn", "forward", "float32", "cpu", 2, 16, 32, 4, 1, True, (("width", 2),), user)
+    case = Case("my-rnn", "forward", "float32", "cpu", 2, 16, 32, 4, 1, True, (("width", 2),), user.definition())
     assert kind_of(case) == "recurrent" and option_of(case, "width") == 2 and heads_kv_of(case) == 4
     spec = spec_of(case)
     assert spec.name == "my-rnn" and spec.source == "config" and spec.option("width") is not None

@@ -36,7 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench.core.cases import Case, Mode, Options
 from attnbench.families.catalogue import family_of, option_of
-from attnbench.families.flops import FlopCount, causal_pairs, count_flops, executed_flops
+from attnbench.families.flops import FlopCount, causal_pairs, count_flops, executed_flops, formula_id
 from attnbench.families.minrnn.spec import FAMILY as MINRNN
 from attnbench.families.recurrent import RecurrentFamily
 from attnbench.families.registry import build_model, make_decode_inputs, make_input
@@ -195,6 +195,19 @@ def test_a_decode_step_costs_the_same_for_a_recurrence_and_grows_with_n_for_atte
     assert count_flops(long).detail["projections"] == count_flops(short).detail["projections"]
     lstm = [count_flops(recurrent("lstm", "decode", seq_len=n)).flops for n in (10, 10_000)]
     assert lstm[0] == lstm[1] == count_flops(recurrent("lstm", seq_len=1)).flops
+
+
+def test_a_verify_counts_its_k_drafts_after_n() -> None:
+    """Attention: the k queries over n + 1…n + k keys and k tokens' projections; a recurrence: k tokens' steps."""
+    n, k, drafts = 99, 4, (("accept", 2), ("draft", 4))
+    kv = replace(attention("sdpa", causal=True, seq_len=n), mode="verify", serving=drafts)
+    k_tokens = replace(kv, mode="forward", serving=(), seq_len=k)
+    assert count_flops(kv).detail["core"] == 4 * 2 * 8 * (k * n + k * (k + 1) // 2)  # 4·B·H·D per pair, H·D = d
+    assert count_flops(kv).detail["projections"] == count_flops(k_tokens).detail["projections"]
+    assert count_flops(kv).formula == formula_id(kv) == "attention-verify-v1"
+    rnn = replace(recurrent("lstm", seq_len=n), mode="verify", serving=drafts)
+    assert count_flops(rnn).flops == count_flops(replace(rnn, mode="forward", serving=(), seq_len=k)).flops
+    assert count_flops(rnn).formula == formula_id(rnn) == "lstm-verify-v1"
 
 
 def test_matched_hidden_by_hand() -> None:

@@ -114,10 +114,25 @@ def test_a_decode_step_reads_its_state_and_writes_one_slot_or_the_whole_state() 
     assert bytes_moved(Case("lstm", "forward", "float32", "cpu", 1, 8, 16, None, 1, True), None) is None
 
 
+def test_a_verify_reads_the_state_of_n_and_writes_k_slots_or_a_fixed_state_once() -> None:
+    drafts = (("accept", 2), ("draft", 4))
+    for model, grows in (("sdpa", True), ("lstm", False)):
+        case = replace(tiny_case(model, batch=2, seq_len=99, d_model=32, heads=4, causal=True), mode="verify")
+        case = replace(case, serving=drafts)
+        params, at_n = count_parameters(case), state_bytes(replace(case, mode="decode", serving=(), seq_len=98))
+        assert params is not None and at_n is not None
+        written = 4 * (at_n // 99) if grows else at_n  # four K/V slots of n = 99 held, or the state once
+        k_tokens = replace(case, mode="forward", serving=(), seq_len=4)
+        between = 4 * family_of(case).intermediate_elements(k_tokens)
+        tokens = 2 * 4 * 32 * 4  # B·k tokens of d_model in float32, in and out
+        want = 4 * params + 2 * tokens + 2 * between + at_n + written
+        assert bytes_moved(case, params) == (want, "bytes-compulsory-verify-v2")
+
+
 def test_a_user_model_hands_activations_between_the_layers_it_was_asked_for() -> None:
-    from attnbench.core.cases import UserModel
+    from attnbench.families.user.spec import UserModel
 
     user = UserModel("pkg.mod:build", "attention", "config")
-    case = Case("mine", "forward", "float32", "cpu", 2, 8, 16, 2, 3, True, user=user)
+    case = Case("mine", "forward", "float32", "cpu", 2, 8, 16, 2, 3, True, definition=user.definition())
     assert family_of(case).intermediate_elements(case) == 2 * 2 * 8 * 16
     assert bytes_moved(case, 100) == (400 + 2 * 2 * 8 * 16 * 4 + 2 * 4 * 2 * 2 * 8 * 16, "bytes-compulsory-v2")

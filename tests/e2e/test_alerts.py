@@ -342,4 +342,4 @@ def test_one_case_overrides_pin_a_factory_model_with_its_options(
     assert len(cases) == 4
     for case in cases:
         pinned = load_experiment(path, one_case_sets(case)).cases("cpu")
-        assert [c.key for c in pinned] == [case.key] and pinned[0].user == case.user
+        assert [c.key for c in pinned] == [case.key] and pinned[0].definition == case.definition

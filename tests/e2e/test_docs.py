@@ -328,6 +328,7 @@ def test_the_factory_on_your_own_model_gets_and_uses_its_options(mylayers: Path)
     import torch
 
     from attnbench.families.user.layers import load_factory, request
+    from attnbench.families.user.spec import user_of
 
     (body,) = [b for page, b in _snippets("yaml") if page.name == "your-own-model.md" and "width" in b]
     path = mylayers / "mine.yaml"
@@ -335,8 +336,7 @@ def test_the_factory_on_your_own_model_gets_and_uses_its_options(mylayers: Path)
     cases = load_experiment(path).cases("cpu")
     mine = [c for c in cases if c.model == "my-layer" and c.seq_len == 16 and c.mode == "forward"]
     assert sorted(dict(c.options)["width"] for c in mine) == [1, 2]
-    assert mine[0].user is not None
-    build = load_factory(mine[0].user.factory)
+    build = load_factory(user_of(mine[0]).factory)
     sizes = {sum(p.numel() for p in build(request(c, "cpu", torch.float32)).parameters()) for c in mine}
     assert len(sizes) == 2, "the factory ignored the option its config crosses"
 

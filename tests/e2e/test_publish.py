@@ -318,3 +318,87 @@ def test_a_serving_case_names_its_memory_budget_in_binary_units() -> None:
 
     case = Case("lstm", "capacity", "float32", "cpu", 1, 16, 64, None, 1, True, serving=(("memory_budget", 2**30),))
     assert "memory_budget=1GiB" in case.label and "1073741824" not in case.label
+
+
+SERVING_RUN = ROOT / "tests" / "data" / "runs" / "tiny-serving-cpu"  # has capacity rows (mode: capacity)
+
+
+def _capacity_cells(page: str, kind: str) -> dict[tuple[str, int], dict[str, str]]:
+    """(model, n) → the data-* attributes of a cell of the capacity table ``kind`` ("point" or "bytes")."""
+    table = re.search(rf"<table class='capacity' data-cells='{kind}'>(.*?)</table>", page, re.S)
+    assert table is not None
+    ns = [int(n) for n in re.findall(r"<th>n=(\d+)</th>", table.group(1))]
+    cells = {}
+    for model, row in re.findall(r"<tr data-model='([^']+)'>(.*?)</tr>", table.group(1), re.S):
+        tds = re.findall(r"<td class='num'([^>]*)>([^<]*)</td>", row)
+        for n, (attrs, text) in zip(ns, tds, strict=True):
+            cells[(model, n)] = {**dict(re.findall(r"data-([a-z-]+)='([^']*)'", attrs)), "text": text}
+    return cells
+
+
+def test_a_run_with_capacity_rows_has_a_capacity_page_with_its_numbers(tmp_path: Path) -> None:
+    """summary.md's capacity section on the site: per model and n the batch and aggregate tokens/s the run's
+    reading found (``Reading.capacity``), its crossing, the bytes per sequence, and the graphs of both against n;
+    the runs page and the index link it."""
+    from attnbench.analysis.reading import Reading
+    from attnbench.api import load_runs
+    from attnbench.report.capacity_md import point_text
+
+    site = tmp_path / "site"
+    publish(str(SERVING_RUN), "-o", str(site))
+    (stored,) = load_runs([SERVING_RUN])
+    (table,) = Reading.of(stored).capacity
+    path = site / "capacity" / f"{stored.run.run_id}.html"
+    page = path.read_text()
+    cells, sizes = _capacity_cells(page, "point"), _capacity_cells(page, "bytes")
+    points = [(c, p) for c in table.curves for p in c.points]
+    assert len(cells) == len(points) == 6 and all(p.batch and p.tokens_per_s for _, p in points)
+    for curve, p in points:
+        cell = cells[(curve.model, p.n)]
+        assert int(cell["batch"]) == p.batch and float(cell["tokens-per-s"]) == p.tokens_per_s
+        assert cell["text"] == point_text(p)  # the cell summary.md has, escaped
+        assert int(sizes[(curve.model, p.n)]["bytes"]) == p.bytes_per_sequence
+    assert table.crossovers and all(f"<li>{line}</li>" in page for line in table.crossovers)
+    # The graphs: drawn by assets/capacity.js (written beside plotly.min.js) from the figure the page holds.
+    assert all((site / "assets" / name).is_file() for name in ("capacity.js", "plotly.min.js"))
+    assert '<script src="../assets/capacity.js"></script>' in page and "id='capacity-graph-0'" in page
+    found = re.search(r"<script type='application/json' id='capacity-figures'>(.*?)</script>", page, re.S)
+    assert found is not None
+    (figure,) = json.loads(found.group(1))
+    drawn = {(t["name"], t["yaxis"]): dict(zip(t["x"], t["y"], strict=True)) for t in figure["data"]}
+    for curve in table.curves:
+        assert drawn[(curve.label, "y")] == {p.n: p.batch for p in curve.points}
+        assert drawn[(curve.label, "y2")] == {p.n: p.tokens_per_s for p in curve.points}
+    ((n, _, _),) = table.crossing_points()
+    assert [shape["x0"] for shape in figure["layout"]["shapes"]] == [n]
+    link = f"capacity/{stored.run.run_id}.html"
+    assert (
+        f"href='{link}'" in (site / "runs.html").read_text() and f"href='{link}'" in (site / "index.html").read_text()
+    )
+    # The site keeps the section in the run's digest: publishing again without the run folder writes it the same.
+    before = path.read_bytes()
+    assert "wrote 0 files" in publish("-o", str(site)) and path.read_bytes() == before
+
+
+def test_a_run_without_capacity_rows_has_no_capacity_section(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    publish(str(ROOT / "tests" / "data" / "runs" / "tiny-cpu"), "-o", str(site))
+    assert not (site / "capacity").exists() and not (site / "assets" / "capacity.js").exists()
+    for name in ("index.html", "runs.html"):
+        assert "capacity" not in (site / name).read_text()
+    (digest,) = (site / "data" / "runs").glob("*.json")
+    assert "capacity" not in json.loads(digest.read_text())
+
+
+def test_a_capacity_page_escapes_what_the_digest_holds(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    publish(str(SERVING_RUN), "-o", str(site))
+    (path,) = (site / "data" / "runs").glob("*.json")
+    digest = json.loads(path.read_text())
+    digest["capacity"][0]["title"] = "<b>bold</b>"
+    digest["capacity"][0]["crossovers"] = ["<script>alert(1)</script>"]
+    path.write_text(json.dumps(digest))
+    publish("-o", str(site))
+    page = next((site / "capacity").glob("*.html")).read_text()
+    assert "<b>bold" not in page and "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

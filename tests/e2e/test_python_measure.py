@@ -15,6 +15,7 @@ import pytest
 
 import attnbench as ab
 from attnbench.core.errors import ConfigError
+from attnbench.families.user.spec import user_of
 from attnbench.results.store import load_run
 from attnbench.sweeps.events import QuietListener
 from attnbench.sweeps.runner import SweepRequest, open_sweep
@@ -58,8 +59,7 @@ def test_the_documented_example_runs_and_returns_the_rows(tmp_path: Path) -> Non
         )
         assert result.median_s > 0 and len(result.timing.samples_s) >= 3
     assert row.case.model == "sdpa-flash" and row.case.given("positional") == "rope"
-    assert mine.case.user is not None and mine.case.user.factory == "__main__:build"
-    assert mine.case.user.kind == "attention"
+    assert user_of(mine.case).factory == "__main__:build" and user_of(mine.case).kind == "attention"
 
 
 @pytest.mark.slow

@@ -137,3 +137,20 @@ def test_the_committed_example_site_opens_too(browser: Any) -> None:
     page = watched.graph(first)
     assert page.locator(POINTS).count() == 12
     assert watched.errors == [] and watched.remote == []
+
+
+def test_a_capacity_page_draws_batch_and_tokens_per_s_against_n(tmp_path: Path, browser: Any) -> None:
+    """The serving fixture's capacity page, reached from the runs page: both panels drawn, a point per model and n
+    in each (2 models × 3 lengths × 2 panels), the crossing marked."""
+    folder = tmp_path / "site"
+    result = CliRunner().invoke(app, ["publish", str(ROOT / "tests" / "data" / "runs" / "tiny-serving-cpu"), "-o",
+                                      str(folder)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    watched = Watched(browser)
+    runs = watched.open((folder / "runs.html").as_uri())
+    runs.click("a.capacity")
+    runs.wait_for_selector("#capacity-graph-0[data-ready='true']", timeout=20_000)
+    assert runs.locator("#capacity-graph-0 .scatterlayer .trace .points path.point").count() == 12
+    assert runs.locator("#capacity-graph-0 .shapelayer path, #capacity-graph-0 .layer-above path").count() >= 1
+    assert runs.locator("table.capacity td[data-batch]").count() == 6
+    assert watched.errors == [] and watched.remote == []

@@ -20,7 +20,8 @@ from attnbench.cli import app
 from attnbench.config.experiment import load_experiment_text, stored_experiment
 from attnbench.config.users import installed_plugins
 from attnbench.core.errors import ConfigError
-from attnbench.families.catalogue import option_of
+from attnbench.families.catalogue import option_of, source_of
+from attnbench.families.user.spec import user_of
 from attnbench.results.store import load_run
 from tests.support import QUICK_TIMING, ROOT, mentions
 
@@ -138,7 +139,7 @@ def test_a_factory_model_runs_beside_built_ins_with_counted_flops(user_package: 
     assert len(rows) == 8 and all(r.ok for r in rows)  # 2 widths × 2 modes × 2 lengths
     for r in rows:
         width = option_of(r.case, "width")
-        assert r.case.user is not None and r.case.user.kind == "attention" and r.case.user.source == "config"
+        assert user_of(r.case).kind == "attention" and user_of(r.case).source == "config"
         # Linear(16, 2·16w) then Linear(16w, 16) on 2 × n tokens: 2 FLOPs a multiply-add, train 3× forward.
         forward = 2 * 2 * r.case.seq_len * (16 * 32 * width + 16 * width * 16)
         assert r.extra["flops"] == forward * (3 if r.case.mode == "train" else 1)
@@ -307,7 +308,7 @@ def test_an_installed_plugin_is_listed_and_swept(installed_plugin: Path, tmp_pat
     assert len(rows) == 3 * 2 * 3  # gru at 2 expansions, alibi once; 3 modes; 2 lengths
     assert all(r.ok for r in rows), [(r.case.label, r.reason) for r in rows if not r.ok]
     gru = [r for r in rows if r.case.model == "example-gru"]
-    assert {r.case.user.source for r in gru if r.case.user} == {"plugin attnbench-example-plugin"}
+    assert {source_of(r.case) for r in gru if r.case.definition} == {"plugin attnbench-example-plugin"}
     assert {dict(r.case.options)["expand"] for r in gru} == {1, 2}  # a plugin's defaults are in every key
     decode = [r for r in rows if r.case.mode == "decode"]
     # The recurrence's state is constant in n; ALiBi's KV cache grows with it (measured from the state's tensors).

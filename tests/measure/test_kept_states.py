@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnbench.core.cases import Case, HybridModel, TimingPolicy
+from attnbench.core.cases import Case, TimingPolicy
+from attnbench.families.hybrid.spec import HybridModel
 from attnbench.families.registry import build_model
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import KVCache, decodable, tensor_bytes
@@ -30,7 +31,7 @@ def case(model: str, dtype: str = "float32", n: int = 16, **kept: str) -> Case:
         causal=True,
     )  # fmt: skip
     if model == "hy":
-        made = replace(made, model="hy", layers=4, hybrid=HYBRID)
+        made = replace(made, model="hy", layers=4, definition=HYBRID.definition())
     return replace(made, kept=tuple(sorted(kept.items())))
 
 

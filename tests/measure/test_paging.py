@@ -11,8 +11,9 @@ from typing import Any, cast
 import pytest
 import torch
 
-from attnbench.core.cases import Case, HybridModel, TimingPolicy
+from attnbench.core.cases import Case, TimingPolicy
 from attnbench.families.catalogue import family_of
+from attnbench.families.hybrid.spec import HybridModel
 from attnbench.families.registry import build_model
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import KVCache, decodable, prefill, tensor_bytes
@@ -118,7 +119,7 @@ HYBRID = HybridModel(("mamba2", "mamba2", "mamba2", "sdpa-flash"))
 
 def hybrid(*kept: tuple[str, str], dtype: str = "bfloat16") -> Case:
     c = tiny_case("sdpa", mode="decode", dtype=dtype, seq_len=CONTEXT, d_model=64, heads=4, layers=4, causal=True)
-    return replace(c, model="hy", hybrid=HYBRID, kept=tuple(sorted(kept)))
+    return replace(c, model="hy", definition=HYBRID.definition(), kept=tuple(sorted(kept)))
 
 
 @pytest.mark.parametrize(

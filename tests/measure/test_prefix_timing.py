@@ -76,9 +76,13 @@ def test_a_model_that_cannot_share_a_prefix_is_an_unsupported_row_with_the_reaso
 
 
 def test_a_model_you_bring_is_unsupported_with_the_reason(executor: TorchExecutor) -> None:
-    from attnbench.core.cases import UserModel
+    from attnbench.families.user.spec import UserModel
 
-    case = replace(prefix("sdpa-flash"), model="mine", user=UserModel("tests.measure.hostile_models:fine", "attention"))
+    case = replace(
+        prefix("sdpa-flash"),
+        model="mine",
+        definition=UserModel("tests.measure.hostile_models:fine", "attention").definition(),
+    )
     result = executor.run(case)
     assert result.status == "unsupported" and result.reason
 
@@ -90,11 +94,13 @@ def test_a_model_you_bring_is_unsupported_with_the_reason(executor: TorchExecuto
      "vanilla", "sdpa", "sdpa-math", "mla", "hybrid"],
 )  # fmt: skip
 def test_every_decoding_family_answers_with_a_row(executor: TorchExecutor, model: str) -> None:
-    from attnbench.core.cases import HybridModel
+    from attnbench.families.hybrid.spec import HybridModel
 
     case = prefix("sdpa-flash" if model == "hybrid" else model, every=8)
     if model == "hybrid":
-        case = replace(case, model="mamba2-sdpa", hybrid=HybridModel(("mamba2", "sdpa-flash")), layers=2)
+        case = replace(
+            case, model="mamba2-sdpa", definition=HybridModel(("mamba2", "sdpa-flash")).definition(), layers=2
+        )
     result = executor.run(case)
     assert result.status == "ok", result.reason
     assert result.extra["prefix_reused"] == 24 and result.extra["independent_s"] > 0

@@ -12,9 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from attnbench.core.cases import Case, HybridModel, TimingPolicy, UserModel
+from attnbench.core.cases import Case, TimingPolicy
 from attnbench.families.deltanet import layers as deltanet
 from attnbench.families.deltanet.layers import DeltaNetTorch
+from attnbench.families.hybrid.spec import HybridModel
+from attnbench.families.user.spec import UserModel
 from attnbench.results.numerics import TOLERANCE, NumericCheck
 from attnbench.results.records import FAILED, Result
 from attnbench.timing import reference_check, torch_executor
@@ -111,7 +113,8 @@ def test_a_hybrid_holds_each_member_to_its_own_reference(monkeypatch: pytest.Mon
     """A hybrid's chunked member with its gates flipped: the stack is incorrect, so its reference ran the member's
     recurrent form rather than the same chunked one in float64."""
     pattern = ("gated-deltanet", "sdpa-flash")
-    case = Case("stack", "forward", "float32", "cpu", 2, 96, 32, 4, 2, True, hybrid=HybridModel(pattern))
+    stack = HybridModel(pattern).definition()
+    case = Case("stack", "forward", "float32", "cpu", 2, 96, 32, 4, 2, True, definition=stack)
     assert run_check(case, CPU, 0).status == "passed"
     monkeypatch.setattr(deltanet, "delta_rule_chunked", _flipped_gates(deltanet.delta_rule_chunked))
     assert run_check(case, CPU, 0).status == "failed"
@@ -120,9 +123,8 @@ def test_a_hybrid_holds_each_member_to_its_own_reference(monkeypatch: pytest.Mon
 def test_a_parallel_hybrid_holds_each_side_by_side_member_to_its_own_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """Falcon-H1's block (attention and Mamba-2 side by side): the check builds the same block in reference forms,
     so a flipped chunked gate in one member is caught through the sum."""
-    case = Case(
-        "par", "forward", "float32", "cpu", 2, 96, 32, 4, 2, True, hybrid=HybridModel(("sdpa-flash+gated-deltanet",))
-    )
+    side_by_side = HybridModel(("sdpa-flash+gated-deltanet",)).definition()
+    case = Case("par", "forward", "float32", "cpu", 2, 96, 32, 4, 2, True, definition=side_by_side)
     assert run_check(case, CPU, 0).status == "passed"
     monkeypatch.setattr(deltanet, "delta_rule_chunked", _flipped_gates(deltanet.delta_rule_chunked))
     assert run_check(case, CPU, 0).status == "failed"
@@ -231,7 +233,7 @@ def without_reference(request: Any) -> nn.Module:
 
 def user_case(factory: str, mode: str = "forward") -> Case:
     user = UserModel(f"{__name__}:{factory}", "recurrent", "config")
-    return Case(factory, mode, "float32", "cpu", 2, 64, 16, 2, 1, True, user=user)  # type: ignore[arg-type]
+    return Case(factory, mode, "float32", "cpu", 2, 64, 16, 2, 1, True, definition=user.definition())  # type: ignore[arg-type]
 
 
 def test_a_user_model_whose_fast_form_is_off_its_reference_by_1e_2_is_incorrect() -> None:

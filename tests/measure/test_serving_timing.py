@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from attnbench.core.cases import Case, TimingPolicy
+from attnbench.families.flops import count_flops
 from attnbench.families.torch_family import LaunchLimit
+from attnbench.families.traffic import bytes_moved
 from attnbench.sweeps.isolated_executor import IsolatedExecutor
 from attnbench.timing.capacity import MAX_CAPACITY, _on_cpu, gpu_budget, margin_bytes, search_batches
 from attnbench.timing.executor import ExecutorSettings
@@ -72,6 +74,9 @@ def test_each_question_is_a_row_with_its_parts(executor: TorchExecutor, model: s
     assert verify.status == "ok", verify.reason
     assert {"verify_s", "rollback_s"} <= set(verify.extra)
     assert verify.extra["rollback_method"] == ("replay" if model == "lstm" else "truncate")
+    # the k drafts' useful work and compulsory bytes: a verify row gets a roofline prediction
+    assert verify.extra["flops"] == verify.extra["executed_flops"] == count_flops(verify.case).flops > 0
+    assert verify.extra["bytes_moved"] == bytes_moved(verify.case, verify.parameters)[0]  # type: ignore[index]
     packed = executor.run(
         replace(tiny_case(model, d_model=32, heads=4, causal=True), batch=3, seq_len=12, packing=(3, 12, 5))
     )
@@ -111,6 +116,10 @@ def test_a_capacity_holds_a_recurrence_at_any_n_and_shrinks_attentions_with_it()
             assert result.extra["memory_budget_bytes"] == 128 * 2**20 and result.extra["capacity_method"] == "rss-fit"
             assert result.extra["capacity_capped_by"] == "memory"  # no launch limit on a CPU
             found[model, n] = result.extra["capacity_batch"]
+            # the decode step's compulsory bytes at the batch found: a capacity row gets a roofline prediction
+            step = replace(case, mode="decode", serving=(), batch=found[model, n])
+            want = bytes_moved(step, result.parameters, result.extra["state_bytes"])  # type: ignore[arg-type]
+            assert want is not None and result.extra["bytes_moved"] == want[0]
             if result.ok:
                 assert result.tokens_per_s == pytest.approx(found[model, n] / result.median_s)
     executor.close()

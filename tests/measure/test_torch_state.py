@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from attnbench.core.cases import Case, UserModel
+from attnbench.core.cases import Case
+from attnbench.families.user.spec import UserModel
 from attnbench.timing.executor import ExecutorSettings
 from attnbench.timing.torch_executor import TorchExecutor
 from attnbench.timing.torch_state import KeptTorchState
@@ -21,7 +22,8 @@ from tests.support import tiny_case
 
 def user_case(factory: str, mode: str = "forward") -> Case:
     case = tiny_case("sdpa", mode=mode)  # type: ignore[arg-type]
-    return replace(case, model=f"my-{factory}", user=UserModel(f"tests.measure.hostile_models:{factory}", "attention"))
+    user = UserModel(f"tests.measure.hostile_models:{factory}", "attention")
+    return replace(case, model=f"my-{factory}", definition=user.definition())
 
 
 def executor(threads: int = 2) -> TorchExecutor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import re
 import sys
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from attnbench.analysis.pivot import pivot_tables
 from attnbench.analysis.reading import Reading
 from attnbench.cli import app
 from attnbench.core.cases import Case
+from attnbench.report.capacity_md import bytes_text, point_text
 from attnbench.report.html import render_html
 from attnbench.report.plots import Plot, render_plots
 from attnbench.results.measurement import Measurement
@@ -149,3 +151,18 @@ def test_checks_section_as_in_the_markdown(stored: StoredRun) -> None:
     assert "flagged:" in section and mentions(section, values=(1.33, 4, 1, 2))  # the ratio, and its three times
 
     assert '<section id="checks">' not in render_html(Reading(stored.run, stored.results))  # no backward rows, no check
+
+
+def test_a_run_with_capacity_rows_has_summary_mds_capacity_section_and_its_figure() -> None:
+    serving = load_run(FIXTURE.parent / "tiny-serving-cpu")
+    reading = Reading(serving.run, serving.results)
+    assert reading.capacity
+    figure = Plot("capacity", reading.capacity[0].title, "capacity.png", "Capacity", PNG_SIGNATURE + b"c" * 40)
+    page = render_html(reading, plots=[figure])
+    section = page.split('<section id="capacity-1">', 1)[1].split("</section>", 1)[0]
+    table = reading.capacity[0]
+    cells = re.findall(r'<td class="num">([^<]*)</td>', section)
+    points = [next((p for p in curve.points if p.n == n), None) for curve in table.curves for n in table.seq_lens]
+    assert cells == [escape(point_text(p)) for p in points] + [escape(bytes_text(p)) for p in points]
+    assert base64.b64encode(figure.png).decode() in section
+    assert '<section id="capacity-' not in render_html(Reading(load_run(FIXTURE).run, load_run(FIXTURE).results))

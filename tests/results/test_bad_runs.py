@@ -242,6 +242,19 @@ def test_every_stored_row_and_the_run_read_back_exactly() -> None:
     assert Run.from_dict(run).to_dict() == run
 
 
+def test_every_committed_case_is_written_back_byte_for_byte() -> None:
+    """Every case of every committed run reads back and is written as it was stored, its keys' order included; a
+    model its case defines (a hybrid stack here) travels as its family wrote it (``Case.definition``)."""
+    defined = 0
+    for path in sorted(ROOT.glob("results/**/results.jsonl")):
+        for line in path.read_text().splitlines():
+            stored = json.loads(line)["case"]
+            case = Result.from_dict(json.loads(line)).case
+            assert json.dumps(case.to_dict()) == json.dumps(stored), path
+            defined += case.definition is not None
+    assert defined > 0
+
+
 # ------------------------------------------------------------------------- what cannot be committed as a file
 def limited_report(folder: Path) -> subprocess.CompletedProcess[str]:
     """``report`` in a child process held to 2 GiB of memory and 60 s: what would grow without bound fails there."""

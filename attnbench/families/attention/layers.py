@@ -9,6 +9,8 @@ grouped-query attention (Ainslie et al. 2023, arXiv:2305.13245) H_kv divides H a
 heads j·G…j·G+G−1 (G = H / H_kv; multi-query attention, Shazeer 2019, is H_kv = 1), as SDPA's ``enable_gqa`` and
 flash-attn order them. A core with ``window`` W > 0 is local attention: query i sees keys j with i − W < j ≤ i
 (causal), or |i − j| < W (not causal), the band of Longformer (Beltagy et al. 2020) and Mistral's sliding window.
+SDPA takes the band as a mask and a mask skips no tile, so an SDPA core over a long sequence attends block by block
+(``band_blocks``), each block's queries against the keys its band reaches: the band's work, not n².
 
 Decoding (``attnbench.families.states``): ``step(q, k, v, cache)`` takes the new token's (B, H, 1, D)
 query, key and value, writes the key and value into the cache's slot n and attends to slots 0…n. The prefill that
@@ -55,7 +57,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from attnbench.core.cases import Case
-from attnbench.families.attention.spec import FAMILY
+from attnbench.families.attention.spec import FAMILY, band_blocks
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, front, network
 from attnbench.families.catalogue import family_of
@@ -86,6 +88,36 @@ def band_mask(length: int, *, causal: bool, window: int, device: torch.device) -
     return (below.tril(0) if causal else below) & above
 
 
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def banded(
+    attend: Attend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spans: Sequence[tuple[int, int, int, int]],
+    *,
+    causal: bool,
+    window: int,
+    masks: MaskCache,
+    sinks: int = 0,
+) -> torch.Tensor:
+    """A windowed core's call block by block (``band_blocks``, spec.py): ``attend(q, k, v, mask)`` of each block's
+    queries against the keys its band reaches, after the first ``sinks`` keys, which every query sees. Slices are
+    views; only a sink key is copied in front of each block's."""
+    out = []
+    for span in spans:
+        start, end, first, last = span
+        keys, values = k[..., sinks + first : sinks + last, :], v[..., sinks + first : sinks + last, :]
+        if sinks:
+            keys = torch.cat([k[..., :sinks, :], keys], dim=-2)
+            values = torch.cat([v[..., :sinks, :], values], dim=-2)
+        mask = masks.band(span, causal=causal, window=window, sinks=sinks, like=q)
+        out.append(attend(q[..., start:end, :], keys, values, mask))
+    return torch.cat(out, dim=-2)
+
+
 class MaskCache:
     """One model's band masks, made once per (length, causal, window, device, grad mode) and shared by its layers:
     built per call they were time and memory in every timed call of a windowed or vanilla causal row. A mask made
@@ -95,6 +127,7 @@ class MaskCache:
         self._masks: dict[tuple[int, bool, int, str, bool], torch.Tensor | None] = {}
         self._additive: dict[tuple[int, bool, int, str, bool, torch.dtype], torch.Tensor | None] = {}
         self._blocks: dict[tuple[int, bool, int, str], Any] = {}
+        self._bands: dict[tuple[int, int, int, bool, int, int, str, bool, torch.dtype], torch.Tensor] = {}
         self._mods: dict[tuple[bool, int], Any] = {}
 
     def get(self, length: int, *, causal: bool, window: int, device: torch.device) -> torch.Tensor | None:
@@ -117,6 +150,23 @@ class MaskCache:
                 made = torch.zeros(length, length, dtype=dtype, device=device).masked_fill_(~keep, float("-inf"))
             self._additive[key] = made
         return self._additive[key]
+
+    def band(
+        self, span: tuple[int, int, int, int], *, causal: bool, window: int, sinks: int, like: torch.Tensor
+    ) -> torch.Tensor:
+        """The additive mask of one ``band_blocks`` block: its queries against its keys, after ``sinks`` keys every
+        query sees. Made once per shape and offset, which every block but the first and last share."""
+        start, end, first, last = span
+        key = (end - start, last - first, start - first, causal, window, sinks, str(like.device),
+               torch.is_inference_mode_enabled(), like.dtype)  # fmt: skip
+        if key not in self._bands:
+            distance = torch.arange(start, end, device=like.device)[:, None] - torch.arange(
+                first, last, device=like.device
+            )
+            keep = (distance < window) & (distance >= 0 if causal else distance > -window)
+            made = torch.zeros(keep.shape, dtype=like.dtype, device=like.device).masked_fill_(~keep, float("-inf"))
+            self._bands[key] = F.pad(made, (sinks, 0))
+        return self._bands[key]
 
     def block(self, length: int, *, causal: bool, window: int, device: torch.device) -> Any:
         """FlexAttention's ``BlockMask`` of the band, once per (length, causal, window, device) for every layer.
@@ -254,7 +304,14 @@ class SdpaCore(nn.Module):
         if not self.window:
             return self._attend(q, k, v, is_causal=self.causal)
         # A window is an explicit additive mask: SDPA has no band of its own. A backend that takes no mask
-        # (CUDA's flash) raises, and the probe turns that into an unsupported row.
+        # (CUDA's flash) raises, and the probe turns that into an unsupported row. A long sequence goes block by block.
+        spans = band_blocks(q.shape[-2], self.window, causal=self.causal) if q.shape[-2] == k.shape[-2] else ()
+        if spans:
+
+            def attend(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                return self._attend(qb, kb, vb, is_causal=False, mask=mask)
+
+            return banded(attend, q, k, v, spans, causal=self.causal, window=self.window, masks=self.masks)
         band = self.masks.additive(q.shape[-2], causal=self.causal, window=self.window, device=q.device, dtype=q.dtype)
         return self._attend(q, k, v, is_causal=False, mask=band)
 
@@ -654,13 +711,23 @@ class SelfAttention(nn.Module):
             keep = visible(length, keys, causal=causal, window=window, masks=made, device=q.device)
             return explicit_sinks(q, k, v, self.sinks, keep)
         qs, ks, vs = with_sink_key(q, k, v, self.sinks)
+        scale, width = q.shape[-1] ** -0.5, q.shape[-1]
+        spans = band_blocks(length, window, causal=causal) if length == keys else ()
+        if spans:
+            core = self.core
+
+            def attend(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                return core.explicit(qb, kb, vb, mask=mask, scale=scale)
+
+            out = banded(attend, qs, ks, vs, spans, causal=causal, window=window, masks=made, sinks=1)
+            return out[..., :width]
         mask: Any = None
         if window:
             band = made.additive(length, causal=causal, window=window, device=q.device, dtype=q.dtype)
             mask = F.pad(band, (1, 0)) if band is not None else None  # the sink's column, always visible
         elif causal or length != keys:
             mask = causal_lower_right(length, keys + 1)
-        return self.core.explicit(qs, ks, vs, mask=mask, scale=q.shape[-1] ** -0.5)[..., : q.shape[-1]]
+        return self.core.explicit(qs, ks, vs, mask=mask, scale=scale)[..., :width]
 
     def _heads(self, x: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, T, D), k and v (B, H_kv, T, D): views of one fused projection, rotated for positions position…"""

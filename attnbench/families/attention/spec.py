@@ -39,6 +39,26 @@ from attnbench.families.base import (
     ValueOf,
 )
 
+# A windowed SDPA core attends block by block (``band_blocks``): SDPA has no band of its own, and one call over the
+# whole sequence with the band as its mask computes all n² scores, since a mask skips no tile. BAND_BLOCK queries (W,
+# where the window is wider) against the keys their band reaches are one fused call each: n·(block + W − 1) scores at
+# most, the band's own work plus a block's triangle, as flash-attn's ``window_size`` skips the tiles outside the band.
+BAND_BLOCK = 256
+
+
+def band_blocks(length: int, window: int, *, causal: bool) -> tuple[tuple[int, int, int, int], ...]:
+    """(first query, end, first key, end) of each block of a windowed SDPA core's call over ``length`` positions, or
+    () where one masked call does no more work: no window, or a sequence of at most two blocks."""
+    block = max(window, BAND_BLOCK)
+    if not window or length <= 2 * block:
+        return ()
+    spans = []
+    for start in range(0, length, block):
+        end = min(start + block, length)
+        spans.append((start, end, max(0, start - window + 1), end if causal else min(length, end + window - 1)))
+    return tuple(spans)
+
+
 _OPTIONS = (
     shared.SCOPE,
     shared.FFN_MULT,
@@ -267,7 +287,8 @@ class AttentionFamily(Family):
         if case.mode == "decode":
             pairs = min(case.span, window) if window else case.span
         elif full_scores:
-            pairs = s * s
+            blocks = band_blocks(s, window, causal=case.causal) if case.model.startswith("sdpa") else ()
+            pairs = sum((end - start) * (last - first) for start, end, first, last in blocks) if blocks else s * s
         elif window:
             pairs = shared.window_pairs(s, window, causal=case.causal)
         else:
@@ -277,8 +298,8 @@ class AttentionFamily(Family):
 
     def scores_in_full(self, case: Case, extra: Mapping[str, object]) -> bool:
         """A causal case on a ``FULL_SCORE_MODELS`` core, or ``sdpa`` whose dispatch chose the math backend (its row's
-        ``sdpa_kernel``); a window on any SDPA model too (its band is an explicit mask, applied to every tile). Never
-        a decode step."""
+        ``sdpa_kernel``); a window on any SDPA model too (its band is an explicit mask, applied to every tile of the
+        sequence or of each ``band_blocks`` block, which ``work`` then counts). Never a decode step."""
         window = self.window(case)
         if case.mode == "decode" or not (case.causal or window):
             return False

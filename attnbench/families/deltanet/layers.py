@@ -23,7 +23,10 @@ token with its explicit d_k × d_k transition:
 The cores run in float32 for 16-bit models (the decays multiply along the sequence; fla accumulates in float32 too),
 the projections in the model's dtype. ``kernel: fla`` runs the chunked core as flash-linear-attention's Triton kernel
 (``chunk_gated_delta_rule``, ``chunk_delta_rule``; CUDA only), imported on first use so that importing this module
-never needs it; the short conv and the norms stay in torch.
+never needs it; the short conv and the norms stay in torch. Sequences packed end to end (a config's ``packing``) run
+through it in one varlen call (``cu_seqlens``, ``Packing``), the short conv reading zero across each sequence's
+start; the torch kernel runs them one after another. KDA and RWKV-7 share this (``DecodingLayer.packed``), linear
+attention its ``Packing``.
 
 The short conv is written as d_conv shifted multiply-adds (element-wise work, as the FLOP convention wants it, and
 exact across a prefill's pieces and a step): fla's ``ShortConvolution`` with SiLU and no bias, which keeps d_conv
@@ -39,12 +42,15 @@ Ported from the tested scratch reference of issue 39 (deltarules.py).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
+import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,7 +61,7 @@ from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.spec import FAMILY, FORMS, GATED, PLAIN
-from attnbench.families.states import ConstantState, LayerStack
+from attnbench.families.states import ConstantState, LayerStack, spans
 from attnbench.families.torch_family import package_problem
 
 KERNELS = ("torch", "fla")
@@ -109,17 +115,57 @@ def l2norm(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + _L2_EPS)
 
 
-def short_conv(x: Tensor, before: Tensor | None, weight: Tensor) -> tuple[Tensor, Tensor]:
+def short_conv(
+    x: Tensor, before: Tensor | None, weight: Tensor, positions: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """SiLU(causal depthwise conv) of x (B, T, C) with weight (C, K), ``before`` (B, K − 1, C) the inputs preceding
-    this piece (zero at the start); and the last K − 1 inputs, for the next piece."""
+    this piece (zero at the start); and the last K − 1 inputs, for the next piece. ``positions`` (T,): each token's
+    position in its own sequence, for sequences packed end to end (``Packing``): a tap that would read across a
+    sequence's start reads zero there, as fla's ShortConvolution does with its ``cu_seqlens``."""
     length, taps = x.shape[1], weight.shape[1]
     if before is None:
         before = x.new_zeros(x.shape[0], taps - 1, x.shape[2])
     joined = torch.cat([before, x], dim=1)  # (B, K − 1 + T, C)
-    y = joined[:, :length] * weight[:, 0]
+
+    def tap(j: int) -> Tensor:  # w_j x_{t−s}, s = K − 1 − j: another sequence's input where position < s
+        term = joined[:, j : j + length] * weight[:, j]
+        if positions is None or j == taps - 1:
+            return term
+        return term * (positions >= taps - 1 - j).to(term.dtype)[:, None]
+
+    y = tap(0)
     for j in range(1, taps):  # y_t = Σ_j w_j x_{t−K+1+j}
-        y = y + joined[:, j : j + length] * weight[:, j]
+        y = y + tap(j)
     return F.silu(y), joined[:, length:]
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Sequences packed end to end (a config's ``packing``), as fla's varlen kernels take them: ``cu_seqlens`` (int64
+    on the device, fla's LongTensor) and the same on the host (``cu_seqlens_cpu``: fla sizes its chunk grid from it
+    instead of copying the device's back, a synchronisation inside every timed call); ``positions`` (T,) each
+    token's position in its own sequence, where a short conv or a token shift must read zero before it."""
+
+    cu_seqlens: Tensor
+    cu_seqlens_cpu: Tensor
+    positions: Tensor
+
+    def kernel_arguments(self, kernel: Any) -> dict[str, Tensor]:
+        """The varlen arguments ``kernel`` takes: ``cu_seqlens``, and ``cu_seqlens_cpu`` where it names it."""
+        named = inspect.signature(kernel).parameters
+        return {"cu_seqlens": self.cu_seqlens} | (
+            {"cu_seqlens_cpu": self.cu_seqlens_cpu} if "cu_seqlens_cpu" in named else {}
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def packing(lengths: tuple[int, ...], device: torch.device) -> Packing:
+    """The ``Packing`` of ``lengths`` on ``device``, built by its first call (a warm-up's, untimed) and shared by
+    every layer and call after it, as attention's cu_seqlens are: torch.tensor from a Python list is a pageable
+    host-to-device copy."""
+    starts = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
+    positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths])
+    return Packing(starts.to(device), starts, positions.to(device))
 
 
 # ---------------------------------------------------------------------------------------------------- cores
@@ -272,10 +318,20 @@ class DecodingLayer(nn.Module):
     rollback_method = "checkpoint"
 
     form: str
+    kernel: str
 
     def mix(
-        self, x: Tensor, before: Tensor | None, memory: Tensor | None, form: str, *, output: bool = True
+        self,
+        x: Tensor,
+        before: Tensor | None,
+        memory: Tensor | None,
+        form: str,
+        *,
+        output: bool = True,
+        packed: Packing | None = None,
     ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """``packed``: ``x`` (1, T, …) holds sequences end to end, each from a zero state (``before`` and ``memory``
+        None), in one call of fla's kernel with their cu_seqlens; the state returned is meaningless then."""
         raise NotImplementedError
 
     def state_shapes(self, batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -286,6 +342,17 @@ class DecodingLayer(nn.Module):
         y, _, _ = self.mix(x, None, None, self.form)
         assert y is not None
         return y
+
+    def packed(self, x: Tensor, lengths: Sequence[int]) -> Tensor:
+        """(1, T, d_model) of packed sequences, each from a zero state (``Packable``). ``kernel: fla`` (the chunked
+        form): one call of fla's varlen kernel over all of them with their cu_seqlens, the short conv (a token shift)
+        reading zero across each sequence's start, the projections, norms and gates on every token at once; else
+        the layer over each sequence alone, one after another."""
+        if self.kernel == "fla" and self.form == "chunked":
+            y, _, _ = self.mix(x, None, None, self.form, packed=packing(tuple(lengths), x.device))
+            assert y is not None
+            return y
+        return torch.cat([self(x[:, start:end]) for start, end in spans(lengths)], dim=1)
 
     def init_state(self, batch: int, capacity: int) -> DeltaState:
         """The carried inputs and the memory at zero; the same size after any number of tokens (``capacity`` does not
@@ -372,12 +439,19 @@ class DeltaNet(DecodingLayer):
         return (batch, self.d_conv - 1, self.conv_dim), (batch, self.heads, self.d_k, self.d_v)
 
     def mix(
-        self, x: Tensor, before: Tensor | None, memory: Tensor | None, form: str, *, output: bool = True
+        self,
+        x: Tensor,
+        before: Tensor | None,
+        memory: Tensor | None,
+        form: str,
+        *,
+        output: bool = True,
+        packed: Packing | None = None,
     ) -> tuple[Tensor | None, Tensor, Tensor]:
         batch, length, _ = x.shape
         heads, d_k, d_v = self.heads, self.d_k, self.d_v
         qkv, b, a, gate = self.in_proj(x).split(self.widths, dim=-1)
-        mixed, inputs = short_conv(qkv, before, self.conv_weight)
+        mixed, inputs = short_conv(qkv, before, self.conv_weight, None if packed is None else packed.positions)
         acc = core_dtype(x.dtype)
         key_heads = self.key_heads
         q, k, v = mixed.to(acc).split([key_heads * d_k, key_heads * d_k, heads * d_v], dim=-1)
@@ -391,7 +465,7 @@ class DeltaNet(DecodingLayer):
         if self.gated:
             g = (-self.A_log.to(acc).exp() * F.softplus(a.to(acc) + self.dt_bias.to(acc))).transpose(1, 2)  # (B, H, T)
         if self.kernel == "fla" and form == "chunked":
-            y, final = self._fla(q, k, v, g, beta, memory, x.dtype, final=memory is not None)
+            y, final = self._fla(q, k, v, g, beta, memory, x.dtype, final=memory is not None, packed=packed)
         elif form == "chunked":
             y, final = delta_rule_chunked(q, k, v, g, beta, self.chunk, memory)
         else:
@@ -415,9 +489,11 @@ class DeltaNet(DecodingLayer):
         dtype: torch.dtype,
         *,
         final: bool,
+        packed: Packing | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The chunked core as fla's kernel, in its layout: q, k, v (B, T, H, D) in the model's dtype, g (log decay)
-        and β (B, T, H) after their activations, the state (B, H, d_k, d_v) in float32; scale 1/√d_k as ours."""
+        and β (B, T, H) after their activations, the state (B, H, d_k, d_v) in float32; scale 1/√d_k as ours.
+        ``packed``: the sequences' cu_seqlens, each from a zero state."""
         q, k, v = (t.transpose(1, 2).to(dtype) for t in (q, k, v))
         kernel = fla_function(*FLA_KERNELS[GATED if self.gated else PLAIN])
         gates = (g.transpose(1, 2),) if g is not None else ()
@@ -431,6 +507,7 @@ class DeltaNet(DecodingLayer):
             initial_state=memory,
             output_final_state=final,
             **fla_layout(kernel),
+            **({} if packed is None else packed.kernel_arguments(kernel)),
         )
         if state is None:  # a forward keeps no state
             state = q.new_empty(0)

@@ -17,6 +17,7 @@ from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, front, network
 from attnbench.families.catalogue import HYBRID, spec_of
+from attnbench.families.hybrid.spec import stack_of
 from attnbench.families.registry import build_model, call_context, launch_limit, row_extras, torch_family
 from attnbench.families.states import StackState, decodable, packed, rollback, verify
 from attnbench.families.torch_family import LaunchLimit, package_problem, rng_untouched, with_weights_of
@@ -75,8 +76,7 @@ class HybridTorch(NetworkFamily):
 
     def tiny(self, case: Case) -> Case:
         """One cycle of the pattern, so that the probe runs every member's kernel."""
-        assert case.hybrid is not None
-        return replace(super().tiny(case), layers=len(case.hybrid.pattern))
+        return replace(super().tiny(case), layers=len(stack_of(case).pattern))
 
     def reference(self, case: Case, model: nn.Module, device: str) -> nn.Module | None:
         """The same stack with every member in its own family's reference form (the recurrent form, the explicit

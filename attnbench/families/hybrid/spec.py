@@ -1,14 +1,14 @@
 """Hybrid stacks of built-in models (Jamba, Qwen3-Next, Kimi Linear: recurrent layers with an attention layer every
 few), torch-free. The torch half is ``attnbench.families.hybrid.layers``.
 
-A config defines one: ``{name: gdn-3to1, hybrid: [gated-deltanet, gated-deltanet, gated-deltanet, sdpa-flash]}``.
-Its case carries the pattern (``Case.hybrid``), so a stored row needs no config to be read. The model is
-``layers`` pre-norm blocks, block i being the pattern's member i mod len(pattern) at scope block with that
-member's defaults (an attention member's block has its FFN, ``ffn_mult`` wide; a recurrent member's has none, as
-everywhere in attnbench), in front of them the token embedding and positions at scope model, after them the final
-LayerNorm. Every count is the sum of its members' (``member``: the member's own case, one block): FLOPs (formula
-``hybrid-v1``, each member counted by its own formula), parameters, the decode state (the members' states and KV
-caches together, so it grows with n only through the attention members), the bytes a step writes back. A
+A config defines one: ``{name: gdn-3to1, hybrid: [gated-deltanet, gated-deltanet, gated-deltanet, sdpa-flash]}``. Its
+case carries the pattern (``HybridModel``, as ``Case.definition`` under ``hybrid``), so a stored row needs no config
+to be read. The model is ``layers`` pre-norm blocks, block i being the pattern's member i mod len(pattern) at scope
+block with that member's defaults (an attention member's block has its FFN, ``ffn_mult`` wide; a recurrent member's
+has none, as everywhere in attnbench), in front of them the token embedding and positions at scope model, after them
+the final LayerNorm. Every count is the sum of its members' (``member``: the member's own case, one block): FLOPs
+(formula ``hybrid-v1``, each member counted by its own formula), parameters, the decode state (the members' states
+and KV caches together, so it grows with n only through the attention members), the bytes a step writes back. A
 member's rule is the hybrid's: a case a member cannot build or decode is one the hybrid cannot.
 
 A pattern entry ``a+b`` is a parallel hybrid's block (Falcon-H1): one pre-norm block whose mixer is its members side
@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
 
-from attnbench.core.cases import STATEFUL_MODES, Case, HybridMember, HybridModel
+from attnbench.core.cases import MAX_PATTERN, PARALLEL, SIDES, STATEFUL_MODES, Case, Definition, Options, Side
 from attnbench.families import shared
 from attnbench.families.base import (
     ExtraValue,
@@ -37,7 +39,7 @@ from attnbench.families.base import (
     ValueOf,
 )
 
-__all__ = ["FORMULA", "HybridFamily"]
+__all__ = ["FORMULA", "HybridFamily", "HybridMember", "HybridModel", "stack_of"]
 
 FORMULA = "hybrid-v1"
 _OPTIONS = (
@@ -61,11 +63,95 @@ _SHARED_WITH_MEMBERS = ("ffn_mult",)
 Resolve = Callable[[Case], Family]
 
 
+@dataclass(frozen=True)
+class HybridMember:
+    """A member of a hybrid stack with sizes and options of its own (a published model's mixer): what its
+    pattern's ``label`` stands for. ``heads`` None: the case's (where the model has heads)."""
+
+    label: str
+    model: str
+    heads: int | None = None
+    options: Options = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"label": self.label, "model": self.model, "heads": self.heads, "options": dict(self.options)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HybridMember:
+        heads, options = data.get("heads"), data.get("options") or {}
+        if heads is not None and (not isinstance(heads, int) or isinstance(heads, bool) or heads < 1):
+            raise ValueError(f"a member's heads must be a positive integer or null, got {heads!r}")
+        if not isinstance(options, Mapping):
+            raise ValueError("a member's options must be a mapping")
+        return cls(str(data["label"]), str(data["model"]), heads, tuple(sorted(options.items())))
+
+
+@dataclass(frozen=True)
+class HybridModel:
+    """A stack a config defines (``{name, hybrid: [m1, m2, …]}``): pre-norm blocks of built-in models cycling
+    through ``pattern`` for the case's ``layers``, standing on ``kind``'s side of the comparison. It travels in the
+    case (``definition``), so a stored row says what it was without the config.
+
+    An entry ``a+b`` (``PARALLEL``) is one block running its members side by side on the same input, their outputs
+    summed (a parallel hybrid: Falcon-H1). Where ``members`` is given (a published preset), entries name members'
+    labels, each a built-in model with heads and options of its own; otherwise each is a built-in model, at its
+    defaults."""
+
+    pattern: tuple[str, ...]
+    kind: Side = "hybrid"
+    members: tuple[HybridMember, ...] = ()
+
+    def parts(self, entry: str) -> tuple[str, ...]:
+        """The members one pattern entry runs: one, or several side by side."""
+        return tuple(entry.split(PARALLEL))
+
+    def member(self, label: str) -> HybridMember:
+        """What ``label`` stands for: the member of that label, else the built-in model of that name at its
+        defaults."""
+        return next((m for m in self.members if m.label == label), HybridMember(label, label))
+
+    def definition(self) -> Definition:
+        """What a case of this stack carries (``Case.definition``)."""
+        return Definition.of(HybridFamily.defines, self.to_dict())
+
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {"pattern": list(self.pattern), "kind": self.kind}
+        if self.members:  # only when given, so every stack without them reads as it always did
+            data["members"] = [m.to_dict() for m in self.members]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HybridModel:
+        kind, pattern = data.get("kind", "hybrid"), data["pattern"]
+        if kind not in SIDES:
+            raise ValueError(f"kind must be one of {', '.join(SIDES)}, got {kind!r}")
+        if not isinstance(pattern, list | tuple) or not 1 <= len(pattern) <= MAX_PATTERN:
+            raise ValueError(f"pattern must list 1 to {MAX_PATTERN} models")
+        members = data.get("members") or []
+        if not isinstance(members, list | tuple) or len(members) > MAX_PATTERN:
+            raise ValueError(f"members must list at most {MAX_PATTERN} members")
+        return cls(tuple(str(m) for m in pattern), kind, tuple(HybridMember.from_dict(m) for m in members))
+
+
+@lru_cache(maxsize=1024)
+def _read(definition: Definition) -> HybridModel:
+    """A stack's definition read once: every count walks its pattern, case after case."""
+    return HybridModel.from_dict(definition.data)
+
+
+def stack_of(case: Case) -> HybridModel:
+    """The stack ``case`` defines; ValueError where it defines none."""
+    if case.definition is None or case.definition.key != HybridFamily.defines:
+        raise ValueError(f"{case.model} is not a hybrid stack")
+    return _read(case.definition)
+
+
 class HybridFamily(Family):
-    """Known by its case (``Case.hybrid``), like a user's model; the catalogue makes the one instance, handing it
-    the lookup of a member's family (a member is any built-in model)."""
+    """Known by its case (``Case.definition`` under ``hybrid``), like a user's model; the catalogue makes the one
+    instance, handing it the lookup of a member's family (a member is any built-in model)."""
 
     name = "hybrid"
+    defines = "hybrid"
     order = 9_000
     state_noun = "members' states and KV caches"
 
@@ -92,9 +178,23 @@ class HybridFamily(Family):
         )
 
     def _hybrid(self, case: Case) -> HybridModel:
-        if case.hybrid is None:
-            raise ValueError(f"{case.model} is not a hybrid stack")
-        return case.hybrid
+        return stack_of(case)
+
+    def define(self, data: Mapping[str, Any]) -> Definition:
+        return HybridModel.from_dict(data).definition()
+
+    def config_entry(self, case: Case) -> dict[str, object] | None:
+        hybrid = self._hybrid(case)
+        if hybrid.members:
+            return None  # a published preset's stack: its preset names it
+        return {"name": case.model, "hybrid": list(hybrid.pattern), "kind": hybrid.kind}
+
+    def described(self, case: Case) -> Mapping[str, object]:
+        return {"pattern": list(self._hybrid(case).pattern)}
+
+    def kept_default(self, case: Case, key: str) -> str | None:
+        # Each member keeps its own state dtype, so no one value is the stack's: every value given is kept.
+        return None if key == "state_dtype" else super().kept_default(case, key)
 
     def block(self, case: Case, i: int) -> tuple[Case, ...]:
         """Block ``i``'s members' own cases: the pattern's entry at that place, one block of its member (at scope

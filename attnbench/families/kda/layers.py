@@ -49,6 +49,7 @@ from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.layers import (
     KERNELS,
     DecodingLayer,
+    Packing,
     as_chunks,
     chunk_blocks,
     core_dtype,
@@ -182,12 +183,19 @@ class KDA(DecodingLayer):
         return (batch, self.d_conv - 1, self.conv_dim), (batch, self.heads, self.d_k, self.d_v)
 
     def mix(
-        self, x: Tensor, before: Tensor | None, memory: Tensor | None, form: str, *, output: bool = True
+        self,
+        x: Tensor,
+        before: Tensor | None,
+        memory: Tensor | None,
+        form: str,
+        *,
+        output: bool = True,
+        packed: Packing | None = None,
     ) -> tuple[Tensor | None, Tensor, Tensor]:
         batch, length, _ = x.shape
         heads, d_k, d_v = self.heads, self.d_k, self.d_v
         qkv, b = self.in_proj(x).split(self.widths, dim=-1)
-        mixed, inputs = short_conv(qkv, before, self.conv_weight)
+        mixed, inputs = short_conv(qkv, before, self.conv_weight, None if packed is None else packed.positions)
         acc = core_dtype(x.dtype)
         q, k, v = mixed.to(acc).split([heads * d_k, heads * d_k, heads * d_v], dim=-1)
         q = l2norm(q.view(batch, length, heads, d_k)).transpose(1, 2)  # (B, H, T, d_k)
@@ -197,7 +205,7 @@ class KDA(DecodingLayer):
         f = (self.f_up(self.f_down(x)).to(acc) + self.dt_bias.to(acc)).view(batch, length, heads, d_k)
         g = (-self.A_log.to(acc).exp()[:, None] * F.softplus(f)).transpose(1, 2)  # fla's fused_kda_gate, (B, H, T, d_k)
         if self.kernel == "fla" and form == "chunked":
-            y, final = self._fla(q, k, v, g, beta, memory, x.dtype, final=memory is not None)
+            y, final = self._fla(q, k, v, g, beta, memory, x.dtype, final=memory is not None, packed=packed)
         elif form == "chunked":
             y, final = kda_chunked(q, k, v, g, beta, self.chunk, memory)
         else:
@@ -221,10 +229,11 @@ class KDA(DecodingLayer):
         dtype: torch.dtype,
         *,
         final: bool,
+        packed: Packing | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The chunked core as fla's ``chunk_kda``, in its layout: q, k, v (B, T, H, D) in the model's dtype, g (the
         log decay, after the gate) in the core's dtype (B, T, H, d_k), β (B, T, H), the state in the core's dtype;
-        scale 1/√d_k as ours."""
+        scale 1/√d_k as ours. ``packed``: the sequences' cu_seqlens, each from a zero state."""
         q, k, v = (t.transpose(1, 2).to(dtype) for t in (q, k, v))
         kernel = fla_function(*FLA_KERNEL)
         y, state = kernel(
@@ -237,6 +246,7 @@ class KDA(DecodingLayer):
             initial_state=memory,
             output_final_state=final,
             **fla_layout(kernel),
+            **({} if packed is None else packed.kernel_arguments(kernel)),
         )
         if state is None:  # a forward keeps no state
             state = q.new_empty(0)

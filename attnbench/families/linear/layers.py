@@ -42,7 +42,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -53,8 +53,9 @@ from attnbench.core.cases import Case
 from attnbench.families.attention.layers import SelfAttention, attention_network
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import ChunkedFormFamily
+from attnbench.families.deltanet.layers import Packing, packing
 from attnbench.families.linear.spec import FAMILY
-from attnbench.families.states import ConstantState, checkpoint_rollback, checkpoint_verify
+from attnbench.families.states import ConstantState, checkpoint_rollback, checkpoint_verify, spans
 from attnbench.families.torch_family import package_problem
 
 Form = Literal["recurrent", "parallel", "chunked"]
@@ -254,7 +255,8 @@ class LinearCore(nn.Module):
             params = inspect.signature(self._fla).parameters
             self._fla_layout = {"head_first": False} if "head_first" in params else {}
 
-    def _fla_forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _fla_forward(self, q: Tensor, k: Tensor, v: Tensor, packed: Packing | None = None) -> Tensor:
+        """``packed``: q, k, v (1, H, T, D) hold sequences end to end, each its own (their cu_seqlens)."""
         heads = q.shape[1]
         groups = heads // k.shape[1]
         k, v = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (k, v))
@@ -268,6 +270,7 @@ class LinearCore(nn.Module):
                 scale=1.0,
                 normalize=True,
                 **self._fla_layout,
+                **({} if packed is None else packed.kernel_arguments(self._fla)),
             )
         except DeprecationWarning as exc:  # fla's guard against a head-first layout: it fires whenever T < H
             raise NotImplementedError(
@@ -275,6 +278,14 @@ class LinearCore(nn.Module):
                 f"head-first layout): {exc}"
             ) from exc
         return out.transpose(1, 2)
+
+    def varlen(self, q: Tensor, k: Tensor, v: Tensor, lengths: Sequence[int]) -> Tensor:
+        """Packed sequences, q (1, H, T, D), k and v (1, H_kv, T, D), each attending to itself alone (the layer's
+        ``packed`` calls this): ``kernel: fla`` in one call of fla's kernel with their cu_seqlens, else the core over
+        each sequence alone, one after another."""
+        if self._fla is not None:
+            return self._fla_forward(q, k, v, packing(tuple(lengths), q.device))
+        return torch.cat([self(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b]) for a, b in spans(lengths)], dim=2)
 
     def gamma(self, kv_heads: int, device: torch.device) -> Tensor | None:
         return retnet_decay(kv_heads, device=device) if self.decay else None
@@ -325,8 +336,8 @@ class LinearState(ConstantState):
 class LinearAttention(SelfAttention):
     """A linear-attention layer: the same fused projections as ``SelfAttention`` (so the same parameter count for
     the same heads and heads_kv) around a ``LinearCore``, and decoding as a recurrence with a constant-size state
-    (a verify checkpoints it per draft token: ``attnbench.families.serving``; packed lengths run the core over each
-    sequence alone, from a zero state)."""
+    (a verify checkpoints it per draft token: ``attnbench.families.serving``; packed lengths run the core's
+    ``varlen``: fla's kernel in one call with their cu_seqlens, else the core over each sequence alone)."""
 
     core: LinearCore
     rollback_method = "checkpoint"

@@ -184,7 +184,7 @@ def rnn_path(case: Case, device: str) -> str | None:
     the first kineto profile of a process imports torch._dynamo (1.4-1.9 s, against 20 ms for this)."""
     from torch.autograd.profiler import profile
 
-    if case.user is not None or case.model not in FAMILY.gates:
+    if case.definition is not None or case.model not in FAMILY.gates:
         return None
     tiny = TORCH.tiny(case)
     dtype = torch_dtype(case.dtype)

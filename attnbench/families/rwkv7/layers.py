@@ -49,6 +49,7 @@ from attnbench.families.blocks import ChunkedFormFamily, recurrent_network
 from attnbench.families.deltanet.layers import (
     KERNELS,
     DecodingLayer,
+    Packing,
     as_chunks,
     chunk_blocks,
     core_dtype,
@@ -210,13 +211,23 @@ class RWKV7(DecodingLayer):
         return (batch, 1, self.d_model), (batch, self.heads, self.head_dim, self.head_dim)
 
     def mix(
-        self, x: Tensor, before: Tensor | None, memory: Tensor | None, form: str, *, output: bool = True
+        self,
+        x: Tensor,
+        before: Tensor | None,
+        memory: Tensor | None,
+        form: str,
+        *,
+        output: bool = True,
+        packed: Packing | None = None,
     ) -> tuple[Tensor | None, Tensor, Tensor]:
         batch, length, d = x.shape
         if before is None:
             before = x.new_zeros(batch, 1, d)
         joined = torch.cat([before, x], dim=1)  # (B, 1 + T, d)
-        delta = joined[:, :length] - x  # x_{t−1} − x_t: the token shift
+        previous = joined[:, :length]
+        if packed is not None:  # a sequence's first token shifts in zero, not the one before it in the packing
+            previous = previous * (packed.positions >= 1).to(x.dtype)[:, None]
+        delta = previous - x  # x_{t−1} − x_t: the token shift
         xr, xw, xk, xv, xa, xg = (x + delta * mu for mu in self.shift_mix)
         acc = core_dtype(x.dtype)
         r, k, v = self.r_proj(xr).to(acc), self.k_proj(xk).to(acc), self.v_proj(xv).to(acc)
@@ -230,7 +241,7 @@ class RWKV7(DecodingLayer):
         k = k * (1 + (a - 1) * self.k_a.to(acc))  # k̃
         r_h, w_h, k_h, v_h, a_h = heads(r), heads(w), heads(k), heads(v), heads(a)
         if self.kernel == "fla" and form == "chunked":
-            y, final = self._fla(r_h, w_h, k_h, v_h, kk, a_h, memory, x.dtype, final=memory is not None)
+            y, final = self._fla(r_h, w_h, k_h, v_h, kk, a_h, memory, x.dtype, final=memory is not None, packed=packed)
         elif form == "chunked":
             y, final = rwkv7_chunked(r_h, w_h, k_h, v_h, kk, a_h, self.chunk, memory)
         else:
@@ -261,9 +272,11 @@ class RWKV7(DecodingLayer):
         dtype: torch.dtype,
         *,
         final: bool,
+        packed: Packing | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The chunked core as fla's ``chunk_rwkv7``, called as fla's layer calls it: (B, T, H, N) in the model's
-        dtype, a = −κ̂, b = κ̂ ⊙ a, scale 1, the decay's bound declared where the kernel takes it."""
+        dtype, a = −κ̂, b = κ̂ ⊙ a, scale 1, the decay's bound declared where the kernel takes it. ``packed``: the
+        sequences' cu_seqlens, each from a zero state."""
         kernel = fla_function(*FLA_KERNEL)
         accepted = inspect.signature(kernel).parameters
         extra = {"safe_gate": True, "lower_bound": -DECAY_SCALE, "chunk_size": 64, "head_first": False}
@@ -279,6 +292,7 @@ class RWKV7(DecodingLayer):
             initial_state=memory,
             output_final_state=final,
             **{name: value for name, value in extra.items() if name in accepted},
+            **({} if packed is None else packed.kernel_arguments(kernel)),
         )
         if state is None:  # a forward keeps no state
             state = r.new_empty(0)

@@ -29,6 +29,7 @@ from attnbench.families.torch_family import (
     one_line,
     torch_dtype,
 )
+from attnbench.families.user.spec import user_of
 
 
 class UserModelError(Exception):
@@ -67,7 +68,7 @@ def request(case: Case, device: str, dtype: torch.dtype) -> ModelRequest:
 
 
 def _where(case: Case) -> str:
-    return f"{case.model} (factory {case.user.factory if case.user else '?'})"
+    return f"{case.model} (factory {user_of(case).factory if case.definition else '?'})"
 
 
 class UserTorch(TorchFamily):
@@ -105,8 +106,7 @@ class UserTorch(TorchFamily):
         return UserModelError(f"{_where(case)}: {message}")
 
     def build(self, case: Case, device: str, dtype: torch.dtype) -> nn.Module:
-        user = case.user
-        assert user is not None  # the catalogue sends only user cases here
+        user = user_of(case)  # the catalogue sends only user cases here
         where = f"{case.model} (factory {user.factory})"
         try:
             factory = load_factory(user.factory)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from attnbench.config.experiment import load_experiment_text
+from attnbench.config.experiment import load_experiment_text, stored_experiment
 from attnbench.core.cases import Case, Mode
 from attnbench.core.errors import ConfigError
 from attnbench.families import registry
 from attnbench.families.blocks import RecurrentBlock, TransformerBlock
-from attnbench.families.catalogue import MODELS, PRESETS, option_of
+from attnbench.families.catalogue import MODELS, PRESET_CORE_DEFAULT, PRESETS, option_of
 from attnbench.families.flops import attention_block_parameters, count_parameters
 from attnbench.families.minrnn.spec import FAMILY as MINRNN
 from attnbench.families.registry import build_model, make_input, parameter_count, probe
@@ -424,6 +424,14 @@ def test_config_errors_say_where_and_what(extra: str, message: str, key: str, hi
     assert info.value.key == key
     assert info.value.where.startswith("test.yaml:")
     assert hint in info.value.hint
+
+
+def test_a_resolved_presets_section_reads_back_when_no_preset_uses_its_core() -> None:
+    """A resolved config spells the default core out: a stored run of own-model presets must read back."""
+    experiment = load("presets: {names: [lstm-110m]}\n")
+    assert experiment.resolved["presets"]["core"] == list(PRESET_CORE_DEFAULT)
+    again = stored_experiment(experiment.resolved, "again")
+    assert again.sha256 == experiment.sha256
 
 
 def test_presets_need_a_batch_when_the_grid_has_tokens() -> None:

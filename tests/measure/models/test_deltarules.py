@@ -9,6 +9,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import inspect
+import itertools
 import sys
 import types
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench.core.cases import Case, Mode
@@ -30,7 +31,7 @@ from attnbench.families.registry import build_model, make_input, parameter_count
 from attnbench.families.rwkv7 import layers as rw
 from attnbench.families.rwkv7.layers import RWKV7, rwkv7_chunked, rwkv7_recurrent
 from attnbench.families.state_bytes import state_bytes
-from attnbench.families.states import decodable, prefill, tensor_bytes
+from attnbench.families.states import decodable, packed, prefill, spans, tensor_bytes
 from attnbench.families.torch_family import make_decode_inputs
 from tests.support import mentions
 
@@ -635,6 +636,58 @@ def test_kernel_fla_routes_through_the_packages_function(model: str, monkeypatch
     assert calls[0]["scale"] == (1.0 if model == "rwkv7" else 4**-0.5)
 
 
+def varlen(kernel: Callable[..., Any], calls: list[Tensor]) -> Callable[..., Any]:
+    """``kernel`` (fla's contract on one batch) as fla's varlen contract: x (1, T, …) holding the sequences that
+    ``cu_seqlens`` delimits, each run alone from a zero state; records each call's ``cu_seqlens``."""
+
+    def packed(*args: Tensor, cu_seqlens: Tensor, cu_seqlens_cpu: Tensor, **kwargs: Any) -> tuple[Tensor, None]:
+        calls.append(cu_seqlens)
+        assert kwargs["initial_state"] is None and torch.equal(cu_seqlens_cpu, cu_seqlens.cpu())
+        ends = cu_seqlens.tolist()
+        outs = [kernel(*(t[:, a:b] for t in args), **kwargs)[0] for a, b in itertools.pairwise(ends)]
+        return torch.cat(outs, dim=1), None
+
+    named = list(inspect.signature(kernel).parameters.values())
+    varlen_args = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("cu_seqlens", "cu_seqlens_cpu")]
+    packed.__signature__ = inspect.Signature(named + varlen_args)  # type: ignore[attr-defined]
+    return packed
+
+
+PACKING = (6, 2, 9)  # 2 < d_conv − 1: a short conv that leaked across a start would read the sequence before
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_packed_lengths_with_kernel_fla_run_one_varlen_call_per_layer(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52, item 4: packed lengths with ``kernel: fla`` run ONE call of fla's kernel per layer over the joined
+    sequences, with their cu_seqlens (int64, as fla takes them), instead of a loop over the sequences; the short conv
+    (RWKV-7's token shift) reads zero across each sequence's start. fla's Triton kernels cannot run on this CPU, so a
+    substitute stands in where our code resolves the function (``fla_function``): fla's varlen contract, computed
+    per segment by the family's own torch chunked core; the packed output must be each sequence alone, in float64.
+    The real kernel runs in ``test_the_real_fla_kernel_packs_its_sequences_in_one_varlen_call`` (CUDA)."""
+    calls: list[Tensor] = []
+    monkeypatch.setattr(
+        rw if model == "rwkv7" else dn, "fla_function", lambda *_: varlen(fake_kernel(model, []), calls)
+    )
+    c = replace(case(model, "forward", kernel="fla", scope="block"), batch=len(PACKING), packing=PACKING)
+    torch.manual_seed(0)
+    module = build_model(c, "cpu", F64).eval()
+    x = torch.randn(1, sum(PACKING), c.d_model, dtype=F64)
+    with torch.no_grad():
+        out = packed(module, x, PACKING)
+        assert [cu.tolist() for cu in calls] == [[0, 6, 8, 17]] * c.layers  # one call per layer, the lengths'
+        assert all(cu.dtype == torch.int64 for cu in calls) and calls[0] is calls[1]  # built once, shared
+        for layer_ in module.modules():
+            if isinstance(layer_, DeltaNet | RWKV7):
+                layer_.kernel = "torch"
+        calls.clear()
+        for start, end in spans(PACKING):
+            torch.testing.assert_close(out[:, start:end], module(x[:, start:end]), **TOL)
+        torch.testing.assert_close(packed(module, x, PACKING), out, **TOL)  # the torch kernel: one by one, as before
+    assert not calls
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -668,6 +721,46 @@ def test_the_real_fla_kernel_runs_and_agrees_with_the_torch_form(model: str, mon
         plain = made(x)
     assert calls, f"fla's {name} was never called"
     torch.testing.assert_close(fused.float(), plain.float(), atol=5e-2, rtol=5e-2)
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # Triton compiles fla's varlen kernels on a cold cache
+@pytest.mark.parametrize("model", MODELS)
+def test_the_real_fla_kernel_packs_its_sequences_in_one_varlen_call(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52, item 4, on the real kernel: a packed call of a 2-layer stack is one call of fla's function per
+    layer, with the lengths' cu_seqlens, and equals each sequence run alone (through the same kernel, bf16)."""
+    module, name = FLA_MODULES[model]
+    real = getattr(
+        pytest.importorskip(module, reason="the fla package (flash-linear-attention) is not installed"), name
+    )
+    calls: list[Tensor | None] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("cu_seqlens"))
+        return real(*args, **kwargs)
+
+    spy.__signature__ = inspect.signature(real)  # type: ignore[attr-defined]  # the arguments it names: fla's
+    monkeypatch.setattr(rw if model == "rwkv7" else dn, "fla_function", lambda *_: spy)
+    torch.manual_seed(0)
+    options: dict[str, Any] = {"kernel": "fla", "device": "cuda", "dtype": torch.bfloat16}
+    stack: nn.Module
+    if model == "rwkv7":
+        stack = rw.RWKV7Stack(256, 4, 2, **options)
+    else:
+        stack = dn.DeltaNetStack(256, 4, 2, gated=model == "gated-deltanet", **options)
+    lengths = (100, 3, 157)
+    x = torch.randn(1, sum(lengths), 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = packed(stack, x, lengths)
+        assert len(calls) == 2, f"fla's {name}: {len(calls)} calls for 2 layers"
+        for cu in calls:
+            assert cu is not None and cu.dtype == torch.int64 and cu.tolist() == [0, 100, 103, 260]
+        for start, end in spans(lengths):
+            alone = stack(x[:, start:end])
+            torch.testing.assert_close(out[:, start:end].float(), alone.float(), atol=5e-2, rtol=5e-2)
 
 
 @cuda

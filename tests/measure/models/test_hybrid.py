@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.config.experiment import load_experiment_text
-from attnbench.core.cases import Case, HybridModel
+from attnbench.core.cases import Case
 from attnbench.core.errors import EXIT_BAD_INPUT, ConfigError
 from attnbench.families.catalogue import HYBRID, cannot_build, family_of, kind_of
 from attnbench.families.flops import count_flops
+from attnbench.families.hybrid.spec import HybridModel, stack_of
 from attnbench.families.registry import build_model, parameter_count, probe
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, prefill, tensor_bytes
@@ -36,7 +37,7 @@ def hybrid_case(pattern: tuple[str, ...], *, mode: str = "forward", layers: int 
     return Case(
         "stack", mode, str(sizes["dtype"]), "cpu", int(sizes["batch"]), int(sizes["seq_len"]),  # type: ignore[arg-type]
         int(sizes["d_model"]), int(sizes["heads"]), layers or len(pattern), True,  # type: ignore[arg-type]
-        (), None, HybridModel(pattern),
+        (), HybridModel(pattern).definition(),
     )  # fmt: skip
 
 
@@ -85,7 +86,7 @@ def test_a_stored_hybrid_row_reads_back_without_the_config() -> None:
     case = hybrid_case(PATTERNS["3to1"])
     row = Result(case, "unsupported", reason="why")
     back = Result.from_dict(json.loads(json.dumps(row.to_dict())))
-    assert back.case == case and back.case.hybrid == case.hybrid and kind_of(back.case) == "hybrid"
+    assert back.case == case and back.case.definition == case.definition and kind_of(back.case) == "hybrid"
     data = row.to_dict()
     data["case"]["hybrid"]["pattern"] = ["mamba2", "no-such-model"]
     with pytest.raises(Exception, match="pattern"):
@@ -111,7 +112,7 @@ def config(*, layers: int = 4, causal: str = "true", modes: str = "[forward, dec
 def test_a_config_crosses_a_hybrid_like_a_model() -> None:
     experiment = load_experiment_text(config(), "hybrid.yaml")
     stacks = [c for c in experiment.cases("cpu") if c.model == "m2-3to1"]
-    assert len(stacks) == 4 and all(c.hybrid == HybridModel(PATTERNS["3to1"]) and c.heads == 4 for c in stacks)
+    assert len(stacks) == 4 and all(stack_of(c) == HybridModel(PATTERNS["3to1"]) and c.heads == 4 for c in stacks)
     sided = load_experiment_text(config(kind=", kind: recurrent"), "hybrid.yaml").cases("cpu")
     assert {kind_of(c) for c in sided if c.model == "m2-3to1"} == {"recurrent"}
 

@@ -6,9 +6,12 @@ state bytes) are the module's; ``kernel: fla`` really routes through ``chunk_kda
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import itertools
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from attnbench.families.kda import layers as kd
 from attnbench.families.kda.layers import KDA, kda_chunked, kda_recurrent
 from attnbench.families.registry import build_model, make_input, parameter_count, probe
 from attnbench.families.state_bytes import state_bytes
-from attnbench.families.states import decodable, prefill, tensor_bytes
+from attnbench.families.states import decodable, packed, prefill, spans, tensor_bytes
 from attnbench.families.torch_family import make_decode_inputs
 
 F64 = torch.float64
@@ -394,6 +397,46 @@ def test_kernel_fla_passes_head_first_false_where_the_installed_chunk_kda_names_
     assert seen == [False]
 
 
+PACKING = (6, 2, 9)  # 2 < d_conv − 1: a short conv that leaked across a start would read the sequence before
+
+
+def test_packed_lengths_with_kernel_fla_run_one_varlen_call_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52, item 4: packed lengths with ``kernel: fla`` run ONE call of ``chunk_kda`` per layer over the joined
+    sequences, with their cu_seqlens (int64, as fla takes them), instead of a loop over the sequences; the short conv
+    reads zero across each sequence's start. fla's Triton kernels cannot run on this CPU, so a substitute stands in
+    where our code resolves the function (``fla_function``): fla's varlen contract, computed per segment by our
+    torch chunked core; the packed output must be each sequence alone, in float64. The real kernel runs in
+    ``test_the_real_chunk_kda_packs_its_sequences_in_one_varlen_call`` (CUDA)."""
+    calls: list[Tensor] = []
+
+    def chunk_kda(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):  # type: ignore[no-untyped-def]
+        calls.append(cu_seqlens)
+        assert initial_state is None and torch.equal(cu_seqlens_cpu, cu_seqlens.cpu())
+        ends, outs = cu_seqlens.tolist(), []
+        for a, b in itertools.pairwise(ends):
+            o, _ = kda_chunked(*(t[:, a:b].transpose(1, 2) for t in (q, k, v, g, beta)), 64, None)
+            outs.append(o.transpose(1, 2))
+        return torch.cat(outs, dim=1), None
+
+    monkeypatch.setattr(kd, "fla_function", lambda *_: chunk_kda)
+    c = replace(case(kernel="fla", scope="block"), batch=len(PACKING), packing=PACKING)
+    torch.manual_seed(0)
+    module = build_model(c, "cpu", F64).eval()
+    x = torch.randn(1, sum(PACKING), c.d_model, dtype=F64)
+    with torch.no_grad():
+        out = packed(module, x, PACKING)
+        assert [cu.tolist() for cu in calls] == [[0, 6, 8, 17]] * c.layers  # one call per layer, the lengths'
+        assert all(cu.dtype == torch.int64 for cu in calls) and calls[0] is calls[1]  # built once, shared
+        for layer_ in module.modules():
+            if isinstance(layer_, KDA):
+                layer_.kernel = "torch"
+        calls.clear()
+        for start, end in spans(PACKING):
+            torch.testing.assert_close(out[:, start:end], module(x[:, start:end]), **TOL)
+        torch.testing.assert_close(packed(module, x, PACKING), out, **TOL)  # the torch kernel: one by one, as before
+    assert not calls
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -417,3 +460,32 @@ def test_the_real_chunk_kda_runs_and_agrees_with_the_torch_form(monkeypatch: pyt
         plain = made(x)
     assert calls, "fla's chunk_kda was never called"
     torch.testing.assert_close(fused.float(), plain.float(), atol=5e-2, rtol=5e-2)
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # Triton compiles chunk_kda's varlen kernels on a cold cache
+def test_the_real_chunk_kda_packs_its_sequences_in_one_varlen_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52, item 4, on the real kernel: a packed call of a 2-layer stack is one call of ``chunk_kda`` per layer,
+    with the lengths' cu_seqlens, and equals each sequence run alone (through the same kernel, bf16)."""
+    real = pytest.importorskip("fla.ops.kda", reason="flash-linear-attention's kernels need triton").chunk_kda
+    calls: list[Tensor | None] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("cu_seqlens"))
+        return real(*args, **kwargs)
+
+    spy.__signature__ = inspect.signature(real)  # type: ignore[attr-defined]  # the arguments it names: fla's
+    monkeypatch.setattr(kd, "fla_function", lambda *_: spy)
+    torch.manual_seed(0)
+    stack = kd.KDAStack(256, 4, 2, kernel="fla", device="cuda", dtype=torch.bfloat16)
+    lengths = (100, 3, 157)
+    x = torch.randn(1, sum(lengths), 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = packed(stack, x, lengths)
+        assert len(calls) == 2, f"chunk_kda: {len(calls)} calls for 2 layers"
+        for cu in calls:
+            assert cu is not None and cu.dtype == torch.int64 and cu.tolist() == [0, 100, 103, 260]
+        for start, end in spans(lengths):
+            alone = stack(x[:, start:end])
+            torch.testing.assert_close(out[:, start:end].float(), alone.float(), atol=5e-2, rtol=5e-2)

@@ -13,11 +13,12 @@ import torch
 
 from attnbench.config import options as config_options
 from attnbench.config.experiment import load_experiment_text
-from attnbench.core.cases import Case, HybridMember, HybridModel
+from attnbench.core.cases import Case
 from attnbench.core.errors import ConfigError
 from attnbench.families.catalogue import HYBRID, PUBLISHED, cannot_build, family_of, published_layer
 from attnbench.families.flops import count_flops, count_parameters
 from attnbench.families.hybrid.layers import SideBySide
+from attnbench.families.hybrid.spec import HybridMember, HybridModel, stack_of
 from attnbench.families.registry import build_model, parameter_count, probe
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, prefill, tensor_bytes
@@ -36,7 +37,7 @@ PATTERNS = {
 
 
 def stack(name: str, *, mode: str = "forward", layers: int = 2, seq_len: int = 12) -> Case:
-    return Case("stack", mode, "float64", "cpu", 2, seq_len, 32, 4, layers, True, (), None, PATTERNS[name])  # type: ignore[arg-type]
+    return Case("stack", mode, "float64", "cpu", 2, seq_len, 32, 4, layers, True, (), PATTERNS[name].definition())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", list(PATTERNS))
@@ -91,7 +92,7 @@ def test_a_stored_row_of_a_stack_with_members_reads_back() -> None:
     case = stack("both")
     row = Result(case, "unsupported", reason="why")
     back = Result.from_dict(json.loads(json.dumps(row.to_dict())))
-    assert back.case == case and back.case.hybrid is not None and back.case.hybrid.members == MEMBERS
+    assert back.case == case and stack_of(back.case).members == MEMBERS
     data = row.to_dict()
     data["case"]["hybrid"]["pattern"] = ["attention+nobody"]
     with pytest.raises(Exception, match="pattern"):
@@ -104,7 +105,7 @@ def test_a_config_asks_for_a_side_by_side_block_with_a_plus() -> None:
         "d_model: 32\nheads: 4\nlayers: 2\ncausal: true\n"
     )
     (case, *_) = load_experiment_text(text, "p.yaml").cases("cpu")
-    assert case.hybrid == HybridModel(("sdpa+mamba2",)) and len(HYBRID.block(case, 0)) == 2
+    assert stack_of(case) == HybridModel(("sdpa+mamba2",)) and len(HYBRID.block(case, 0)) == 2
     with pytest.raises(ConfigError) as refused:
         load_experiment_text(text.replace("sdpa+mamba2", "sdpa+mambo2"), "p.yaml")
     assert refused.value.key == "models[0].hybrid[0]"
@@ -120,7 +121,7 @@ def test_falcon_h1_at_scope_model_is_its_44_side_by_side_blocks(monkeypatch: pyt
         "d_model: 16\npresets: {names: [falcon-h1-7b], scope: model}\n"
     )
     cases = load_experiment_text(text, "f.yaml").cases("cpu")
-    (case,) = [c for c in cases if c.hybrid is not None and c.mode == "forward"]
+    (case,) = [c for c in cases if c.definition is not None and c.mode == "forward"]
     layer = sum(count_parameters(published_layer(preset, label, "sdpa")) for label in ("attention", "mamba"))
     d = 3072
     block = layer + 4 * d + (4 * d * d + 4 * d) + (4 * d * d + d)

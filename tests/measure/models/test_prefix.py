@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import attnbench.families.serving as serving_module
-from attnbench.core.cases import Case, HybridModel
+from attnbench.core.cases import Case
+from attnbench.families.hybrid.spec import HybridModel
 from attnbench.families.registry import build_model, make_input
 from attnbench.families.serving import SharedPrefill, prefix_reused, run_tiny, tiny_serving
 from attnbench.families.states import SharedPrefix
@@ -47,7 +48,9 @@ def prefix_case(model: str, *, checkpoint_every: int, n: int = N, p: int = P, m:
     name = "sdpa-flash" if model == "hybrid" else model
     case = tiny_case(name, seq_len=n, d_model=32, heads=2, causal=True, **kw)  # type: ignore[arg-type]
     if model == "hybrid":
-        case = replace(case, model="mamba2-sdpa", hybrid=HybridModel(("mamba2", "sdpa-flash")), layers=2)
+        case = replace(
+            case, model="mamba2-sdpa", definition=HybridModel(("mamba2", "sdpa-flash")).definition(), layers=2
+        )
     serving = (("checkpoint_every", checkpoint_every), ("prefix_tokens", p), ("requests", m))
     return replace(case, mode="prefix", batch=1, serving=serving)
 

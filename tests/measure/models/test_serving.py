@@ -177,12 +177,12 @@ def test_a_packed_train_call_has_the_gradients_of_each_sequence_alone(model: str
 
 
 def test_a_hybrid_stack_answers_through_its_members() -> None:
-    from attnbench.core.cases import HybridModel
+    from attnbench.families.hybrid.spec import HybridModel
 
     case = replace(
         tiny_case("sdpa-flash", dtype="float64", seq_len=N, d_model=32, heads=4, layers=4, causal=True),
         model="gdn-mix",
-        hybrid=HybridModel(("gated-deltanet", "lstm", "mamba2", "sdpa-flash")),
+        definition=HybridModel(("gated-deltanet", "lstm", "mamba2", "sdpa-flash")).definition(),
     )
     module, x = built(case, N + 5)
     decoder = decodable(module)

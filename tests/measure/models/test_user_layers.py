@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnbench.core.cases import Case, UserModel
+from attnbench.core.cases import Case
 from attnbench.families.user.layers import TORCH, UserModelError, dtype_problem
+from attnbench.families.user.spec import UserModel
 
 
 class MambaLike(nn.Module):
@@ -37,7 +38,7 @@ def mostly_float32(request: Any) -> nn.Module:
 
 def user_case(factory: str) -> Case:
     user = UserModel(f"{__name__}:{factory}", "recurrent", "config")
-    return Case(factory, "forward", "bfloat16", "cpu", 1, 8, 16, 2, 1, True, user=user)
+    return Case(factory, "forward", "bfloat16", "cpu", 1, 8, 16, 2, 1, True, definition=user.definition())
 
 
 def test_a_bf16_model_with_float32_scan_parameters_and_buffers_builds() -> None:

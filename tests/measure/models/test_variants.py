@@ -9,6 +9,7 @@ protocol; these add the ring buffer past the window and the linear state).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -393,6 +394,88 @@ def test_kernel_fla_routes_through_flas_function_and_says_when_it_refuses(monkey
     with pytest.raises(NotImplementedError) as caught:
         build_model(short, "cpu", torch.float64)(make_input(short, "cpu", torch.float64))
     assert mentions(str(caught.value), "seq_len", "heads", values=(3, 4))
+
+
+@pytest.mark.parametrize("heads_kv", [4, 2])
+def test_packed_lengths_with_kernel_fla_run_one_varlen_call_per_layer(
+    heads_kv: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52, item 4: packed lengths with ``kernel: fla`` run ONE call of chunk_linear_attn per layer over the
+    joined sequences, with their cu_seqlens (int64, as fla takes them), instead of a loop over the sequences. fla's
+    Triton kernels cannot run on this CPU, so a substitute stands in where our code resolves the function
+    (``fla_chunked``): fla's varlen contract, computed per segment by the torch chunked form; the packed output must
+    be each sequence alone, in float64. The real kernel runs in
+    ``test_the_real_fla_kernel_packs_linear_attention_in_one_varlen_call`` (CUDA)."""
+    from attnbench.families.linear import layers as linear
+    from attnbench.families.states import packed, spans
+
+    calls: list[torch.Tensor] = []
+    one = _fake_fla([]).chunk_linear_attn  # type: ignore[attr-defined]
+
+    def chunk_linear_attn(
+        q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=True, cu_seqlens=None
+    ):  # type: ignore[no-untyped-def]
+        calls.append(cu_seqlens)
+        ends = [0, q.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()  # None: one sequence alone
+        outs = [
+            one(q[:, a:b], k[:, a:b], v[:, a:b], scale, None, False, normalize)[0] for a, b in itertools.pairwise(ends)
+        ]
+        return torch.cat(outs, dim=1), None
+
+    monkeypatch.setattr(linear, "fla_chunked", lambda: chunk_linear_attn)
+    lengths = (9, 4, 11)  # each ≥ heads: fla's head-first guard would refuse a shorter one alone
+    case = replace(case_of("linear-attn", kernel="fla", heads_kv=heads_kv), batch=3, seq_len=11, packing=lengths)
+    torch.manual_seed(0)
+    module = build_model(case, "cpu", torch.float64).eval()
+    x = make_input(case, "cpu", torch.float64)
+    with torch.no_grad():
+        out = packed(module, x, lengths)
+        assert [cu.tolist() for cu in calls] == [[0, 9, 13, 24]] * case.layers  # one call per layer, the lengths'
+        assert all(cu.dtype == torch.int64 for cu in calls) and calls[0] is calls[1]  # built once, shared
+        calls.clear()
+        alone = [module(x[:, a:b]) for a, b in spans(lengths)]
+        assert len(calls) == len(lengths) * case.layers  # alone: one (non-varlen) call per sequence and layer
+        for (a, b), each in zip(spans(lengths), alone, strict=True):
+            torch.testing.assert_close(out[:, a:b], each, atol=1e-10, rtol=1e-10)
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.compiles(limit_s=60)  # Triton compiles fla's varlen kernels on a cold cache
+def test_the_real_fla_kernel_packs_linear_attention_in_one_varlen_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52, item 4, on the real kernel: a packed call is one call of chunk_linear_attn per layer, with the
+    lengths' cu_seqlens, and equals each sequence run alone (through the same kernel, bf16)."""
+    import inspect
+
+    from attnbench.families.linear import layers as linear
+    from attnbench.families.states import packed, spans
+
+    lengths = (100, 37, 157)
+    whole = replace(case_of("linear-attn", dtype="bfloat16", seq_len=157, kernel="fla"), device="cuda", batch=3)
+    reason = probe(whole, "cuda")  # the kernel itself (the packed case's probe is the serving question's)
+    if reason is not None:
+        assert reason.startswith("linear-attn kernel fla:")
+        pytest.skip(reason)
+    case = replace(whole, packing=lengths)
+    real = linear.fla_chunked()
+    calls: list[torch.Tensor | None] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("cu_seqlens"))
+        return real(*args, **kwargs)
+
+    spy.__signature__ = inspect.signature(real)  # type: ignore[attr-defined]  # the arguments it names: fla's
+    monkeypatch.setattr(linear, "fla_chunked", lambda: spy)
+    torch.manual_seed(0)
+    module = build_model(case, "cuda", torch.bfloat16).eval()
+    x = make_input(case, "cuda", torch.bfloat16)
+    with torch.no_grad():
+        out = packed(module, x, lengths)
+        assert len(calls) == case.layers, f"chunk_linear_attn: {len(calls)} calls for {case.layers} layers"
+        for cu in calls:
+            assert cu is not None and cu.dtype == torch.int64 and cu.tolist() == [0, 100, 137, 294]
+        for a, b in spans(lengths):
+            torch.testing.assert_close(out[:, a:b].float(), module(x[:, a:b]).float(), atol=5e-2, rtol=5e-2)
 
 
 @cuda
