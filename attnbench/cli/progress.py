@@ -26,6 +26,7 @@ from rich.text import Text
 
 from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.text import safe_text
+from attnbench.core.units import plural
 from attnbench.report.terminal import case_line
 from attnbench.results.records import Result
 
@@ -43,15 +44,17 @@ def eta_s(finished: Sequence[Result], remaining: Sequence[Case], policy: TimingP
     """Seconds until the sweep ends, from the cases' budgets and the timings so far (issue 17: a count-based ETA
     said 0:52 at case 2/32 of a run that took 2:22, because the first cases are the short ones).
 
-    A case costs at most its budget: ``timing.processes × (timing.max_case_s + overhead)``, the overhead being
-    the median of what finished cases spent outside their timed window (building, probing, the memory pass).
+    A case costs at most its budget: ``timing.processes × (timing.max_case_s + timing.rounds × overhead)``, the
+    overhead being the median of what finished cases spent outside their timed window (building, probing, the
+    memory pass).
     A remaining case is expected to cost what the longest finished case of its own curve cost (the same model and
     everything but seq_len: a sweep walks each curve to longer lengths, which cost no less), never more than its
     budget; a case of a curve that has not started yet, its budget. So the ETA starts from the budgets and
     comes down as curves turn out cheaper."""
     overheads = [max(0.0, r.duration_s - _window_s(r)) for r in finished if r.duration_s > 0]
     overhead = statistics.median(overheads) if overheads else DEFAULT_OVERHEAD_S
-    cap = max(1, policy.processes) * (policy.max_case_s + overhead)
+    # timing.rounds splits max_case_s into R visits, each building the case again: R overheads.
+    cap = max(1, policy.processes) * (policy.max_case_s + max(1, policy.rounds) * overhead)
     by_curve: dict[Case, float] = {}
     for r in finished:
         key = _curve(r.case)
@@ -109,6 +112,7 @@ class SweepDisplay:
         self.policy = policy or TimingPolicy()
         self.clock = clock
         self.running: set[str] = set()  # keys of the cases started and not yet finished
+        self.round = ""  # "round r of R: " while a sweep runs in rounds (timing.rounds)
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         if self.live:
@@ -149,9 +153,14 @@ class SweepDisplay:
         if self._progress is not None:
             self._progress.stop()
 
+    def round_started(self, number: int, rounds: int) -> None:
+        self.round = f"round {number} of {rounds}: "
+        if not self.live and not self.quiet:  # a pipe or CI log sees no bar: a line says where the sweep is
+            self.console.print(f"{self.round.rstrip(': ')} ({plural(self.total, 'case')})", markup=False)
+
     def started(self, index: int, case: Case) -> None:
         self.running.add(case.key)
-        self._update_eta(description=escape(safe_text(case.label, lines=False)))
+        self._update_eta(description=escape(self.round + safe_text(case.label, lines=False)))
 
     def measured(self, index: int, result: Result) -> None:
         pass  # shown once stored (finished)

@@ -289,6 +289,7 @@ def _print_plan(plan: SweepPlan) -> None:
         stdout.print(f"device: auto → {plan.device} ({plan.device_basis})", markup=False)
     timing = plan.experiment.timing
     processes = f" × {timing.processes} processes" if timing.processes > 1 else ""
+    processes += f" in {timing.rounds} rounds" if timing.rounds > 1 else ""
     estimate = plan.estimate
     if estimate.earlier_run is not None:
         basis = f"{estimate.known} of {len(plan.todo)} cases as long as in {estimate.earlier_run}"
@@ -317,6 +318,9 @@ class _ArmedWhileMeasuring:
         self.interrupts = interrupts
         self.in_flight = 0
 
+    def round_started(self, number: int, rounds: int) -> None:
+        self.display.round_started(number, rounds)
+
     def started(self, index: int, case: Case) -> None:
         self.in_flight += 1
         self.interrupts.arm()
@@ -340,7 +344,7 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
     disk refused a write) or 128 + the signal that interrupted the sweep."""
     from attnbench.report.markdown import render_markdown
     from attnbench.report.terminal import comparison_tables
-    from attnbench.results.store import RESULTS_FILE, RUN_FILE, TELEMETRY_FILE, TRACES
+    from attnbench.results.store import RESULTS_FILE, ROUNDS_FILE, RUN_FILE, TELEMETRY_FILE, TRACES
 
     interrupts.on_second.append(run.abort)
     plan = run.plan
@@ -368,7 +372,7 @@ def _run_and_render(run: Sweep, quiet: bool, interrupts: Interrupts, *, plots: b
             stdout.print(comparison_tables(reading))
         else:
             stdout.print(render_markdown(reading), markup=False, highlight=False)
-    sidecar = [run.folder / TELEMETRY_FILE] if (run.folder / TELEMETRY_FILE).exists() else []
+    sidecar = [run.folder / name for name in (TELEMETRY_FILE, ROUNDS_FILE) if (run.folder / name).exists()]
     print_wrote([run.folder / RUN_FILE, run.folder / RESULTS_FILE, *sidecar, *paths])
     if reading.run.traces:
         stdout.print(

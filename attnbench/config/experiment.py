@@ -310,7 +310,7 @@ def _build(
     presets, written_presets = check_presets(m, ctx, serving.serving)
     _check_timing(m.timing, ctx)
     cache = _cache(m, ctx)
-    timing = m.timing.model_dump(exclude_unset=stored)  # a stored run's as stored: one from before a key, without it
+    timing = _resolved_timing(m, stored)
     checked = {
         "model_options": written_options,
         "presets": written_presets,
@@ -351,6 +351,15 @@ def _build(
     axis_paths = {name: path for name, (_, path) in given_axes.items()}
     check_buildable(experiment.cases("cpu"), names, written_options, option_values, axis_paths, ctx)
     return experiment
+
+
+def _resolved_timing(m: ConfigModel, stored: bool) -> dict[str, Any]:
+    """The timing keys as resolved: a stored run's as stored (one from before a key, without it); a key added after
+    the configs were pinned (``rounds``) only off its default, so that every older config keeps its sha256."""
+    timing = m.timing.model_dump(exclude_unset=stored)
+    if timing.get("rounds") == 1:
+        del timing["rounds"]
+    return timing
 
 
 def _resolved(m: ConfigModel, checked: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -500,6 +509,13 @@ def _check_option_axes(m: ConfigModel, names: Sequence[str], ctx: Context) -> di
 
 
 def _check_timing(t: TimingModel, ctx: Context) -> None:
+    if t.rounds > 1 and t.processes > 1:
+        raise ctx.error(
+            f"rounds {t.rounds} with processes {t.processes}: a row keeps one median a round or one a process, "
+            "not both",
+            ("timing", "rounds"),
+            hint="set one of timing.rounds or timing.processes above 1, and the other to 1",
+        )
     if t.max_samples < t.min_samples:
         raise ctx.error(
             f"max_samples {t.max_samples} is below min_samples {t.min_samples}",

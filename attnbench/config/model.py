@@ -254,6 +254,9 @@ class TimingModel(_Strict):
     """How closely (a fraction) the audited samples' median must agree with the later samples'."""
     processes: Annotated[int, Field(ge=1, le=50)] = _POLICY.processes
     """Run every case in this many fresh worker processes; the spread of their medians widens the CI."""
+    rounds: Annotated[int, Field(ge=1, le=50)] = _POLICY.rounds
+    """Visit every case this many times across the sweep, each visit with its share of max_case_s, and merge the
+    visits into its row (their medians widen the CI): contention then lands on all cases alike. 1 = once."""
     cache: CacheState | None = _POLICY.cache
     """The same as the top-level cache (give one of the two): cold flushes the last-level cache before every timed
     call, warm does not; null = each mode's default."""

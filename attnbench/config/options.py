@@ -280,9 +280,7 @@ def check_presets(
                 hint=did_you_mean(core, PRESET_CORES) or f"valid: {', '.join(PRESET_CORES)}",
             )
     check_unique(p.core, "attention model", ("presets", "core"), ctx)
-    # The default restated is no choice: a resolved config (a stored run's) always spells it out, and reads back.
-    chosen = "core" in p.model_fields_set and list(p.core) != list(PRESET_CORE_DEFAULT)
-    if chosen and not any(_uses_core(name) for name in p.names):
+    if _core_chosen(p) and not any(_uses_core(name) for name in p.names):
         raise ctx.error(
             f"presets.core has no effect: every preset listed ({', '.join(p.names)}) is built on its own model",
             ("presets", "core"),
@@ -342,6 +340,12 @@ def check_presets(
     if p.scope is not None:  # only when given, so that configs without it keep the sha256 they always had
         resolved["scope"] = p.scope
     return tuple(grids), resolved
+
+
+def _core_chosen(p: PresetsModel) -> bool:
+    """Whether a presets section chose its core: the default restated is no choice (a resolved config, a stored
+    run's, always spells it out, and must read back)."""
+    return "core" in p.model_fields_set and list(p.core) != list(PRESET_CORE_DEFAULT)
 
 
 def _uses_core(name: str) -> bool:

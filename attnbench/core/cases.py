@@ -382,6 +382,9 @@ class TimingPolicy:
     # Between-process replicates: each case runs in this many fresh worker processes (isolation on), and the
     # spread of their medians widens the case's CI. Drift between processes is larger than within one.
     processes: int = 1
+    # Rounds over cases (``sweeps.rounds``): the sweep visits every case this many times, each visit with its share
+    # of the budget, and merges a case's blocks into its row, so that contention lands on all cases alike.
+    rounds: int = 1
     # cold: flush the last-level cache before each timed call, outside the timed region (a GPU's L2: 4× its size,
     # ≥ 256 MiB, waited for; a CPU's LLC: a read and write of twice its size), so a call finds its weights and state
     # in memory; warm: no flush. None: each mode's default (``DEFAULT_CACHE``).
@@ -408,6 +411,8 @@ class TimingPolicy:
             del data["process_warmup_s"]
         if self.flush == "zero":  # likewise: every run from before the read flush zeroed, and reads back unchanged
             del data["flush"]
+        if self.rounds == 1:  # likewise: every run from before rounds visited each case once
+            del data["rounds"]
         return data
 
     @classmethod

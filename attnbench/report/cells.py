@@ -60,9 +60,9 @@ CONTENDED_MARK = "!"  # before a cell's time: the case ran on a busy machine (th
 ESTIMATE_MARK = "?"  # after a speed-up: it rests on a noisy or contended time, a best estimate
 # Said once, under the busy-machine headline: what would turn the marked estimates into evidence.
 WHAT_TO_DO = (
-    "To tell them apart: sweep again at a quieter moment, with fewer threads competing (`--set threads=1`), or with "
-    "more samples a case (a larger `timing.max_case_s`); the speed-ups and crossovers marked ? are best estimates "
-    "until then."
+    "To tell them apart: sweep again at a quieter moment, with fewer threads competing (`--set threads=1`), in rounds "
+    "that spread the load over every case alike (`--set timing.rounds=3`), or with more samples a case (a larger "
+    "`timing.max_case_s`); the speed-ups and crossovers marked ? are best estimates until then."
 )
 
 

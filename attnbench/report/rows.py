@@ -302,7 +302,10 @@ COLUMN_MEANINGS: dict[str, str] = {
     "warmup_moved": "early samples the warm-up audit moved into the warm-up",
     "first_sample_mz": "modified z-score of the first timed sample (above 3.5: flagged slow)",
     "within_process_rel": "spread of the samples within one process, relative to the median",
-    "between_process_rel": "spread of the medians between replicate processes (timing.processes > 1)",
+    "replicates": "the medians the row keeps: one a fresh worker process (timing.processes) or one a round "
+    "(timing.rounds); 1 otherwise",
+    "between_process_rel": "spread of the medians between replicate processes (timing.processes > 1) or rounds "
+    "(timing.rounds > 1)",
     "executed_tflops": "executed_flops ÷ median, in TFLOP/s",
     "executed_pct_of_peak": "executed_tflops as a percentage of the peak",
     "sm_clock_drop_pct": "how far the mean SM clock sat below the device's maximum (0 = at it)",

@@ -47,6 +47,9 @@ Schema history (``SCHEMA_VERSION``):
       ``serving``: ``prefix_tokens``, ``requests``, ``checkpoint_every``); ``extra`` may carry ``prefix_reused``,
       ``prefix_checkpoints``, ``independent_s``, ``prefix_held_bytes``, ``independent_held_bytes``,
       ``prefix_bytes_formula``, ``independent_bytes_formula`` and ``prefix_error`` (every one at least 0).
+      Issue 51: run.json ``timing.rounds`` (written when above 1; absent: 1, as every earlier run); ``extra`` may
+      carry ``rounds`` (the row merges that many rounds, one median each in ``replicate_medians_s``); a run folder
+      may hold ``rounds.jsonl`` (``results.store``: the finished rounds of cases without a row yet).
 Readers accept every version listed here and refuse newer ones with a hint to upgrade. They trust nothing else
 either: every field is checked (``results.fields``) and a bad one is a ``ResultsError`` naming file, line and key.
 """

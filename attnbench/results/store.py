@@ -45,6 +45,10 @@ RESULTS_FILE = "results.jsonl"
 
 TELEMETRY_FILE = "telemetry.jsonl"  # raw telemetry samples, one line per case (key, started_utc, samples)
 
+# timing.rounds: each ok block of a case whose row is not written yet, one ``Result`` a line in round order, so an
+# interrupted sweep resumes from the rounds it finished (``load_blocks``). Rows are still results.jsonl's alone.
+ROUNDS_FILE = "rounds.jsonl"
+
 # What the report layer renders beside the rows (report.run_files): named here so a sweep can check them first.
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
@@ -55,7 +59,7 @@ TRACES = "traces"  # a Chrome trace per ok case (sweep --profile), named by the 
 def refuse_special_files(folder: Path) -> None:
     """Refuse a run folder where a file a sweep writes (run.json, the logs, the summaries) is a link, a folder or a
     device, or where plots/ or traces/ is anything but a folder: checked before a sweep writes anything there."""
-    for name in (RUN_FILE, RESULTS_FILE, TELEMETRY_FILE, SUMMARY_CSV, SUMMARY_MD):
+    for name in (RUN_FILE, RESULTS_FILE, TELEMETRY_FILE, ROUNDS_FILE, SUMMARY_CSV, SUMMARY_MD):
         refuse_special(folder / name)
     for name in (PLOTS, TRACES):
         sub = folder / name
@@ -93,6 +97,7 @@ class RunWriter:
         reserve(folder / RUN_FILE, len(text.encode("utf-8")) + _RESERVE_SLACK)
         self._rows = AppendLog(folder / RESULTS_FILE)
         self._telemetry: AppendLog | None = None
+        self._blocks: AppendLog | None = None
 
     def _write_run(self, *, reserved: bool = False) -> str:
         text = json.dumps(self.run.to_dict(), indent=2) + "\n"
@@ -119,11 +124,19 @@ class RunWriter:
         if result.contended:  # said in the final run.json; the rows say which
             self.run = replace(self.run, contended_cases=(self.run.contended_cases or 0) + 1)
 
+    def append_block(self, block: Result) -> None:
+        """Keep one ok round of a case whose row waits for its last round (timing.rounds), durable before the next
+        block starts: an interrupted sweep's resume merges it instead of measuring it again."""
+        if self._blocks is None:
+            self._blocks = AppendLog(self.folder / ROUNDS_FILE)
+        self._blocks.append(dumps_line(block.to_dict()))
+
     def close(self, state: Literal["complete", "interrupted"], finished_utc: str) -> None:
         """Close the logs and replace run.json with its final state (into the space set aside at the start)."""
         self._rows.close()
-        if self._telemetry is not None:
-            self._telemetry.close()
+        for log in (self._telemetry, self._blocks):
+            if log is not None:
+                log.close()
         self.run = replace(self.run, state=state, finished_utc=finished_utc)
         self._write_run(reserved=True)
         reserve_path(self.folder / RUN_FILE).unlink(missing_ok=True)
@@ -311,6 +324,28 @@ def _parse_rows(path: Path) -> tuple[list[_Row], list[str]]:
                 "delete the line that does not belong",
             )
     return rows, warnings
+
+
+def load_blocks(folder: Path) -> tuple[dict[str, list[Result]], list[str]]:
+    """The ok blocks rounds.jsonl keeps, by case key in round order, and warnings. It is evidence on the side of
+    the rows: a line that does not read is dropped with a warning (that round is measured again), never an error."""
+    path = folder / ROUNDS_FILE
+    if not _exists(path):
+        return {}, []
+    blocks: dict[str, list[Result]] = {}
+    warnings: list[str] = []
+    for number, raw, _ in read_lines(path, READ_HINT):
+        if not raw.strip():
+            continue
+        try:
+            data, _ = _parse_json(_decode(raw))
+            block = Result.from_dict(data)
+        except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
+            warnings.append(f"{path}:{number}: dropped a block that does not read ({_problem(exc)}); it runs again")
+            continue
+        if block.ok and block.measurement is not None:
+            blocks.setdefault(block.case.key, []).append(block)
+    return blocks, warnings
 
 
 def load_run(folder: str | Path) -> StoredRun:

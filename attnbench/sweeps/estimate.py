@@ -7,8 +7,9 @@ said "up to 58 min" for a sweep that took 9. The likely time counts each case as
 - the case's own duration in the newest earlier run of the same config on the same device under ``--out``, when
   there is one (building, warm-up, sampling and the memory pass: everything its row's ``duration_s`` holds);
 - otherwise a case that converges: half the longest warm-up, the shortest sampling and ``CASE_OVERHEAD_S``,
-  never above ``max_case_s``; a capacity case searches a batch over the whole memory budget and times a step that
-  touches all of it, and spends its budget, so it is counted at ``max_case_s``.
+  never above ``max_case_s`` (with ``timing.rounds``, each round's share, a warm-up a round); a capacity case
+  searches a batch over the whole memory budget and times a step that touches all of it, and spends its budget,
+  so it is counted at ``max_case_s``.
 
 Torch-free: it reads the config's policy and stored rows only.
 """
@@ -24,6 +25,7 @@ from attnbench.core.cases import Case, TimingPolicy
 from attnbench.core.errors import ResultsError
 from attnbench.host.devices import device_slug
 from attnbench.results.store import load_run
+from attnbench.sweeps.rounds import block_policy
 
 __all__ = ["CASE_OVERHEAD_S", "SweepEstimate", "case_guess_s", "estimate_sweep"]
 
@@ -47,6 +49,13 @@ def case_guess_s(case: Case, timing: TimingPolicy) -> float:
     if case.mode == "capacity":
         return timing.max_case_s
     return min(timing.max_case_s, timing.warmup_max_s / 2 + timing.min_time_s + CASE_OVERHEAD_S)
+
+
+def _rounds_guess_s(case: Case, timing: TimingPolicy) -> float:
+    """A case with no earlier duration, in ``timing.rounds`` blocks of a round's share (``sweeps.rounds``)."""
+    if timing.rounds <= 1:
+        return case_guess_s(case, timing)
+    return timing.rounds * case_guess_s(case, block_policy(timing))
 
 
 def _earlier_durations(out: Path, name: str, device: str) -> tuple[str | None, dict[str, float]]:
@@ -74,7 +83,8 @@ def estimate_sweep(
     """The likely and the longest time of ``todo`` (module notes); ``workers`` share the cases (``--devices``)."""
     earlier, durations = _earlier_durations(out, name, device)
     known = [durations[c.key] for c in todo if c.key in durations]
-    guessed = sum(case_guess_s(c, timing) for c in todo if c.key not in durations)
+    # timing.rounds: each case is visited that many times, each visit warming up again on its share of the budget.
+    guessed = sum(_rounds_guess_s(c, timing) for c in todo if c.key not in durations)
     share = timing.processes / max(1, workers)  # a stored duration already holds every process of its case
     return SweepEstimate(
         sum(known) / max(1, workers) + guessed * share,

@@ -17,11 +17,16 @@ Progress = Callable[[str], None]
 
 
 class SweepListener(Protocol):
-    """Told about each case of a sweep as it starts, when its work is over (``measured``: its row is about to be
-    stored), once its row is stored (``finished``), and about anything worth a warning. Between ``started`` and
-    ``measured`` a case may be abandoned (the CLI's Ctrl-C); after ``measured`` its row must be let land."""
+    """Told about each case of a sweep as it starts, when its work is over (``measured``: its row, or with rounds
+    a block, is about to be stored), once its row is stored (``finished``), and about anything worth a warning.
+    Between ``started`` and ``measured`` a case may be abandoned (the CLI's Ctrl-C); after ``measured`` its row
+    must be let land."""
 
     def started(self, index: int, case: Case) -> None: ...
+
+    def round_started(self, number: int, rounds: int) -> None:
+        """Round ``number`` of ``rounds`` begins (timing.rounds > 1; a case's ``started`` comes once a round)."""
+        ...
 
     def measured(self, index: int, result: Result) -> None: ...
 
@@ -34,6 +39,9 @@ class QuietListener:
     """A listener that ignores everything: for scripts and tests that read the run folder afterwards."""
 
     def started(self, index: int, case: Case) -> None:
+        pass
+
+    def round_started(self, number: int, rounds: int) -> None:
         pass
 
     def measured(self, index: int, result: Result) -> None:

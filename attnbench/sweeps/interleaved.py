@@ -79,8 +79,9 @@ class AbRequest:
 
 def block_policy(timing: TimingPolicy, block_s: float) -> TimingPolicy:
     """One block: about ``block_s`` of samples (at least five), no CI target to chase (the rounds' spread is the
-    interval), one warm-up call after the model is built (the process is warm), no audit; the config's budget per
-    case, cache state and process warm-up stand."""
+    interval), one warm-up call after the model is built (the process is warm), no audit, one process and one
+    round (ab's own rounds are the interleaving); the config's budget per case, cache state and process warm-up
+    stand."""
     return replace(
         timing,
         target_ci=1.0,
@@ -90,6 +91,7 @@ def block_policy(timing: TimingPolicy, block_s: float) -> TimingPolicy:
         warmup_max_s=block_s,
         warmup_audit=0,
         processes=1,
+        rounds=1,  # ab interleaves in rounds of its own (--rounds); the config's timing.rounds is a sweep's
     )
 
 

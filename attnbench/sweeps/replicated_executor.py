@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Literal
 
 from attnbench.core.cases import Case
 from attnbench.results.measurement import Measurement
@@ -42,12 +43,13 @@ class ReplicatedExecutor:
         self.inner.close(now=now)
 
 
-def merge_replicates(results: Sequence[Result]) -> Result:
-    """One row from several ok replicates of the same case.
+def merge_replicates(results: Sequence[Result], unit: Literal["replicate", "round"] = "replicate") -> Result:
+    """One row from several ok replicates of the same case (``unit`` round: the blocks of ``timing.rounds``).
 
     Samples are pooled (the within-process view) and each replicate's median is kept (the between-process
     view, which widens the CI: ``Measurement.summary``). Memory is the largest peak; telemetry and extras are
-    the first replicate's, and the row says so; contention is the first contended replicate's, if any.
+    the first replicate's, and the row says so (``extra.replicates``, or ``extra.rounds``, counts them);
+    contention is the first contended replicate's, if any.
     """
     if not results or any(not r.ok or r.measurement is None for r in results):
         raise ValueError("merge_replicates() takes ok results with measurements")
@@ -55,10 +57,10 @@ def merge_replicates(results: Sequence[Result]) -> Result:
     if any(r.case != first.case for r in results):
         raise ValueError("merge_replicates() takes replicates of one case")
     measurements = [r.measurement for r in results if r.measurement is not None]
-    warnings = [f"replicate {i + 1}: {w}" for i, m in enumerate(measurements) for w in m.warnings]
+    warnings = [f"{unit} {i + 1}: {w}" for i, m in enumerate(measurements) for w in m.warnings]
     grouping = {m.calls_per_sample for m in measurements}
     if len(grouping) > 1:
-        warnings.append(f"replicates grouped calls differently ({sorted(grouping)} calls per sample)")
+        warnings.append(f"{unit}s grouped calls differently ({sorted(grouping)} calls per sample)")
     merged = Measurement(
         samples_s=tuple(s for m in measurements for s in m.samples_s),
         calls_per_sample=measurements[0].calls_per_sample,
@@ -74,7 +76,7 @@ def merge_replicates(results: Sequence[Result]) -> Result:
     )
     peaks = [r.memory.peak_bytes for r in results if r.memory is not None and r.memory.peak_bytes is not None]
     memory = replace(first.memory, peak_bytes=max(peaks)) if first.memory is not None and peaks else first.memory
-    extra = {**first.extra, "replicates": len(results), "telemetry_from": "replicate 1"}
+    extra = {**first.extra, f"{unit}s": len(results), "telemetry_from": f"{unit} 1"}
     return replace(
         first,
         measurement=merged,

@@ -40,6 +40,7 @@ from attnbench.results.store import (
     RUN_FILE,
     RunWriter,
     StoredRun,
+    load_blocks,
     load_run,
     refuse_special_files,
     rewrite_rows,
@@ -51,6 +52,7 @@ from attnbench.sweeps.isolated_executor import IsolatedExecutor
 from attnbench.sweeps.loop import OomSkipper, run_cases
 from attnbench.sweeps.pool import DeviceSet, DevicesFailedError, WorkerPool, resolve_devices
 from attnbench.sweeps.replicated_executor import ReplicatedExecutor
+from attnbench.sweeps.rounds import block_policy, run_rounds
 from attnbench.timing.executor import Executor, ExecutorSettings
 
 
@@ -227,6 +229,11 @@ def _check_on_device(
             "forbids",
             hint="drop --no-isolate, or set timing.processes: 1",
         )
+    if timing.rounds > 1 and pooled:
+        raise AttnbenchError(
+            f"timing.rounds = {timing.rounds} visits every case in rounds on one worker, which --devices does not do",
+            hint="drop --devices, or set timing.rounds: 1",
+        )
     isolate = request.isolate if request.isolate is not None else experiment.isolate_on(device) or pooled
     if not isolate and experiment.case_timeout_s is not None:
         warnings.append(
@@ -357,7 +364,8 @@ class Sweep:
         return replace(settings, trace_dir=str(traces_folder(self.folder)))
 
     def run(self, listener: SweepListener) -> tuple[Result, ...]:
-        """Measure every case left, appending each row before the next case starts; returns the rows written.
+        """Measure every case left, appending each row before the next case starts (with ``timing.rounds``, as its
+        case's last round ends, each earlier round kept in rounds.jsonl); returns the rows written.
         Whatever ends the loop (the last case, a KeyboardInterrupt, a full disk, a bug of ours), the folder is
         closed before it propagates: ``complete`` only when every case has its row."""
         plan = self.plan
@@ -387,6 +395,21 @@ class Sweep:
                         f"check the devices (nvidia-smi), then finish the run: attnbench sweep --resume {self.folder}"
                     )
                     raise
+            elif settings.timing.rounds > 1:
+                make = self._make_executor or make_executor
+                block = replace(settings, timing=block_policy(settings.timing))  # a round's share of each budget
+                executor = self._executor = make(block, isolate=plan.isolate)
+                run_rounds(
+                    plan.todo,
+                    settings.timing.rounds,
+                    executor.run,
+                    on_result,
+                    on_start=listener.started,
+                    on_round=listener.round_started,
+                    on_block=self._keep_block(listener),
+                    skipper=skipper,
+                    done=self._kept_blocks(listener),
+                )
             else:
                 make = self._make_executor or make_executor
                 executor = self._executor = make(settings, isolate=plan.isolate)
@@ -399,6 +422,27 @@ class Sweep:
             raise
         self._close(complete=complete)
         return tuple(finished)
+
+    def _keep_block(self, listener: SweepListener) -> Callable[[int, Result], None]:
+        """What an ok round that is not its case's last does: its work is over (the listener disarms Ctrl-C, as
+        for a row), then it lands in rounds.jsonl before the next block starts."""
+
+        def keep(index: int, block: Result) -> None:
+            listener.measured(index, block)
+            self.writer.append_block(block)
+
+        return keep
+
+    def _kept_blocks(self, listener: SweepListener) -> dict[str, list[Result]]:
+        """A resumed run's finished rounds of the cases still without a row (timing.rounds): rounds.jsonl's blocks,
+        less those of every case the run had a row for (a retried case starts its rounds afresh)."""
+        if self.plan.stored is None:
+            return {}
+        blocks, warnings = load_blocks(self.folder)
+        for text in warnings:
+            listener.warning(text)
+        had_row = {r.case.key for r in self.plan.stored.results}
+        return {key: kept for key, kept in blocks.items() if key not in had_row}
 
     def _close(self, *, complete: bool, quietly: bool = False) -> None:
         try:

@@ -76,6 +76,13 @@ def measure(
             key="timing.processes",
             hint="sweep a config with timing.processes for the spread between processes",
         )
+    if config["timing"].get("rounds", 1) != 1:
+        raise ConfigError(
+            "measure times one case: timing.rounds, which interleaves a sweep's cases, must be 1",
+            where=SOURCE,
+            key="timing.rounds",
+            hint="sweep a config with timing.rounds to spread its cases over the sweep",
+        )
     return _run(config, label)
 
 

@@ -72,6 +72,7 @@ def documented_values() -> dict[str, tuple[float, ...]]:
         "timing.warmup_audit": (policy.warmup_audit,),
         "timing.warmup_agree": (policy.warmup_agree,),
         "timing.process_warmup_s": (policy.process_warmup_s,),
+        "timing.rounds": (policy.rounds,),
         "warmup_moved": (_MAX_AUDIT_MOVES,),
         "first_sample_mz": (MODIFIED_Z_CUT,),
         "launch_bound": (LAUNCH_BOUND_RATIO,),

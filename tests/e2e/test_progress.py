@@ -12,7 +12,7 @@ from attnbench.cli.progress import DEFAULT_OVERHEAD_S, SweepDisplay, eta_s
 from attnbench.core.cases import TimingPolicy
 from attnbench.results.measurement import Measurement
 from attnbench.results.records import Result
-from tests.support import tiny_case
+from tests.support import numbers, tiny_case
 
 POLICY = TimingPolicy(max_case_s=2.0)
 
@@ -26,6 +26,24 @@ def test_before_any_case_the_eta_is_the_budgets() -> None:
     cases = [tiny_case("lstm", seq_len=n) for n in (16, 64, 256)]
     assert eta_s([], cases, POLICY) == pytest.approx(3 * (2.0 + DEFAULT_OVERHEAD_S))
     assert eta_s([], cases, replace(POLICY, processes=3)) == pytest.approx(9 * (2.0 + DEFAULT_OVERHEAD_S))
+    # Rounds share max_case_s, but every visit builds the case again.
+    assert eta_s([], cases, replace(POLICY, rounds=2)) == pytest.approx(3 * (2.0 + 2 * DEFAULT_OVERHEAD_S))
+
+
+def test_a_sweep_in_rounds_says_which_round_it_is_in() -> None:
+    cases = [tiny_case("lstm", seq_len=n) for n in (16, 64)]
+    log = io.StringIO()
+    plain = SweepDisplay(Console(file=log, force_terminal=False, width=120), 2, cases=cases, policy=POLICY)
+    with plain:
+        plain.round_started(2, 3)
+        plain.started(0, cases[0])
+    assert numbers(log.getvalue())[:3] == [2, 3, 2]  # round 2 of 3 (2 cases)
+    live = SweepDisplay(Console(file=io.StringIO(), force_terminal=True, width=120), 2, cases=cases, policy=POLICY)
+    with live:
+        live.round_started(1, 3)
+        live.started(0, cases[0])
+        assert live._progress is not None
+        assert numbers(live._progress.tasks[0].description)[:2] == [1, 3]  # the bar's line names the round
 
 
 def test_a_curve_that_started_cheap_predicts_its_longer_lengths_and_others_keep_their_budget() -> None:

@@ -104,6 +104,7 @@ def test_the_row_is_a_sweeps_row_timed_by_the_sweeps_loop(tmp_path: Path, monkey
         ("sdpa-flash", {"seq_len": 8, "options": {"window": [0, 4]}}, "options"),
         ("lstm", {"seq_len": 8, "timing": {"target_ci": 5}}, "timing.target_ci"),
         ("lstm", {"seq_len": 8, "timing": {"processes": 3}}, "timing.processes"),
+        ("lstm", {"seq_len": 8, "timing": {"rounds": 2}}, "timing.rounds"),
         ("lstm", {"seq_len": 8, "kind": "recurrent"}, "kind"),
         ("lstm", {"seq_len": 8, "device": "tpu"}, "device"),
         (lambda request: None, {"seq_len": 8, "kind": "attention"}, "model"),

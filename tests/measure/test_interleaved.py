@@ -169,3 +169,5 @@ def test_the_block_policy_samples_briefly_without_a_ci_target() -> None:
     policy = block_policy(config, 0.1)
     assert policy.min_time_s == 0.1 and policy.target_ci == 1.0 and policy.warmup_audit == 0
     assert policy.processes == 1 and policy.max_case_s == config.max_case_s
+    # A config's sweep rounds are not ab's: ab interleaves its blocks in --rounds of its own.
+    assert block_policy(TimingPolicy(rounds=3), 0.1).rounds == 1
