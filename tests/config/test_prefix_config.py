@@ -102,7 +102,7 @@ def test_the_committed_prefix_config_validates_with_every_decoding_family() -> N
     assert {c.mode for c in cases} == {"prefix"}
     assert {c.param("requests") for c in cases} == {8}
     hybrid = [c for c in cases if c.definition is not None]
-    assert {c.param("checkpoint_every") for c in hybrid} == {0, 256}
+    assert {c.param("checkpoint_every") for c in hybrid} == {0, 128}
 
 
 def test_states_this_machine_cannot_hold_are_refused_before_anything_runs(tmp_path: Path) -> None:
