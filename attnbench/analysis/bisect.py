@@ -20,7 +20,7 @@ from pathlib import Path
 
 from attnbench.analysis.history import History
 from attnbench.analysis.steps import Step
-from attnbench.core.cases import Case
+from attnbench.core.cases import KEPT_DTYPES, Case
 from attnbench.core.stats import student_t_975
 from attnbench.families.catalogue import causal_from_grid, config_entry, option_axes
 
@@ -69,7 +69,10 @@ def _words(words: Sequence[str]) -> str:
 
 
 # The config's top-level keys of the serving questions (``config.serving``).
-SERVING_KEYS = ("memory_budget", "prefill_chunk", "draft", "accept", "packing")
+SERVING_KEYS = (
+    *("memory_budget", "prefill_chunk", "draft", "accept", "packing"),
+    *("prefix_tokens", "requests", "checkpoint_every"),
+)
 
 
 def one_case_sets(case: Case) -> list[str]:
@@ -83,8 +86,8 @@ def one_case_sets(case: Case) -> list[str]:
     model: object = case.model
     options = {case.model: dict(case.options)} if case.options else {}
     entry = config_entry(case)
-    if entry is not None:  # a factory entry is its mapping in the config, its options inside it
-        model, options = entry, {}
+    if entry is not None:  # a factory entry or a stack is its mapping in the config (a factory's options inside it)
+        model, options = entry, {} if "options" in entry else options
     sets = [f"models={_flow([model])}", f"modes=[{case.mode}]", f"dtype=[{case.dtype}]"]
     axes = ("d_model", "heads", *option_axes(), "layers", "causal")  # wherever the config wrote them: from grid alone
     sets += [f"{key}=null" for key in ("presets", "decode", *axes)]
@@ -93,6 +96,9 @@ def one_case_sets(case: Case) -> list[str]:
     if case.packing:
         asked["packing"] = list(case.packing)
     sets += [f"{key}={_flow(asked[key]) if key in asked else 'null'}" for key in SERVING_KEYS]
+    # What the case keeps its states in (issue 52), and no other: a key left at its default crosses nothing.
+    kept = {key: int(value) if key == "page_tokens" else value for key, value in case.kept}
+    sets += [f"{key}={_flow([kept[key]]) if key in kept else 'null'}" for key in KEPT_DTYPES]
     sets.append(f"grid={_flow(grid)}")
     sets.append(f"model_options={_flow(options)}")
     return sets

@@ -42,7 +42,7 @@ def validate(
     """Check configs without running them: one line each, ok with the number of cases, or the error and a hint;
     exit 2 if any failed."""
     from attnbench.config.experiment import load_experiment
-    from attnbench.host.memory import check_budget
+    from attnbench.host.memory import check_budget, check_prefix_states
 
     paths = _config_files(configs)
     failed = 0
@@ -52,6 +52,8 @@ def validate(
             experiment = load_experiment(path, tuple(overrides or ()))
             if "capacity" in experiment.axes.modes:  # a budget this machine cannot hold (a CPU's, torch-free)
                 check_budget(experiment.resolved.get("memory_budget"), experiment.device, str(path))
+            if "prefix" in experiment.axes.modes and experiment.device.startswith("cpu"):  # states it cannot hold
+                check_prefix_states(experiment.cases(experiment.device), experiment.device, str(path))
         except AttnbenchError as exc:
             if state["debug"]:
                 raise

@@ -52,7 +52,7 @@ class Axes:
     # The models of ``models`` their cases define, by name (``Case.definition``): those the user brings (config
     # ``factory:`` entries and installed plugins) and hybrid stacks (config ``{name, hybrid: […]}`` entries).
     defined: Mapping[str, Definition] = field(default_factory=dict)
-    # Per serving mode (capacity, prefill, verify), the parameter sets its cases cross (``Case.serving``).
+    # Per serving mode (capacity, prefill, verify, prefix), the parameter sets its cases cross (``Case.serving``).
     serving: Mapping[str, tuple[Serving, ...]] = field(default_factory=dict)
     # Packed lengths (``Case.packing``): they stand in for batch × seq_len in the forward and train cases.
     packing: tuple[int, ...] = ()
@@ -122,8 +122,10 @@ def expand(axes: Axes) -> list[Case]:
             case = Case(model, mode, dtype, axes.device, batch, seq_len, d_model, case_heads, layers, causal, options)
         if mode in STATEFUL_MODES and not case.causal:
             continue
-        if serving:  # a capacity case's batch is the one it finds
-            case = replace(case, serving=serving, batch=1 if mode == "capacity" else case.batch)
+        if serving:  # a capacity case's batch is the one it finds; a prefix case's requests are its sequences
+            case = replace(case, serving=serving, batch=1 if mode in ("capacity", "prefix") else case.batch)
+        if mode == "prefix":
+            case = _checkpoints(case)
         if mode in PACKING_MODES and axes.packing:
             case = replace(case, batch=len(axes.packing), seq_len=max(axes.packing), packing=axes.packing)
         for variant in _kept(case, axes.kept) if mode in STATEFUL_MODES else (case,):
@@ -131,6 +133,18 @@ def expand(axes: Axes) -> list[Case]:
                 seen.add(variant)
                 cases.append(variant)
     return cases
+
+
+def _checkpoints(case: Case) -> Case:
+    """A prefix case without ``checkpoint_every`` where checkpoints change nothing for its model (no recurrent state
+    to checkpoint: attention shares its cache however often a recurrent one would be), so it is one case, not one
+    per value."""
+    serving = dict(case.serving)
+    if not serving.get("checkpoint_every"):
+        return case
+    family = family_of(case)
+    never = replace(case, serving=tuple(sorted({**serving, "checkpoint_every": 0}.items())))
+    return never if family.prefix_step(never) == family.prefix_step(replace(never, serving=case.serving)) else case
 
 
 def _kept(case: Case, given: Mapping[str, tuple[str, ...]]) -> list[Case]:

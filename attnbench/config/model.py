@@ -21,6 +21,7 @@ from attnbench.core.cases import (
     MAX_LAYERS,
     MAX_PACKED,
     MAX_PATTERN,
+    MAX_REQUESTS,
     MAX_SAMPLES,
     MAX_SEQ_LEN,
     MAX_THREADS,
@@ -102,6 +103,10 @@ HybridPages = Annotated[list[Literal["separate", "aligned"]], BeforeValidator(as
 StateDtypes = Annotated[list[Literal["float32", "bfloat16", "float16"]], BeforeValidator(as_list), Field(min_length=1)]
 Drafts = Annotated[list[Annotated[int, Field(gt=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
 Accepts = Annotated[list[Annotated[int, Field(ge=0, le=MAX_DRAFT)]], BeforeValidator(as_list), Field(min_length=1)]
+PrefixLengths = Annotated[
+    list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]], BeforeValidator(as_list), Field(min_length=1)
+]
+Requests = Annotated[list[Annotated[int, Field(gt=0, le=MAX_REQUESTS)]], BeforeValidator(as_list), Field(min_length=1)]
 Lengths = Annotated[list[Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)]], Field(min_length=1, max_length=MAX_PACKED)]
 # The most tokens a drawn packing may hold: MAX_PACKED sequences of a long context each.
 MAX_PACKED_TOKENS = 2**24
@@ -388,19 +393,20 @@ class _Config(_Strict):
     """mode prefill: tokens per chunk the prompt is fed in (0 = the whole prompt at once; the default); a list crosses
     them."""
     kv_dtype: KvDtypes | None = None
-    """decode, capacity, prefill, verify: the dtype an attention cache is stored in, converted to the case's dtype
-    to compute (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, or int8 with a scale per layer and key/value
-    head); left out, the case's own. A list crosses them, into the models that keep a KV cache only."""
+    """every stateful mode (decode, capacity, prefill, verify, prefix): the dtype an attention cache is stored in,
+    converted to the case's dtype to compute (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, or int8 with a
+    scale per layer and key/value head); left out, the case's own. A list crosses them, into the models that keep a
+    KV cache only."""
     state_dtype: StateDtypes | None = None
-    """decode, capacity, prefill, verify: the dtype a recurrent state is stored in between tokens, converted to what
+    """every stateful mode: the dtype a recurrent state is stored in between tokens, converted to what
     its layer computes in (float32, bfloat16, float16); left out, the family's own. A list crosses them, into the
     models that keep a recurrent state only."""
     page_tokens: PageTokens | None = None
-    """decode, capacity, prefill, verify: positions per page of an attention cache (vLLM's block_size; 16 is its
+    """every stateful mode: positions per page of an attention cache (vLLM's block_size; 16 is its
     default), a power of two up to 4096: the cache grows in whole pages and a step reads it through a page table;
     0 (the default) keeps it contiguous. A list crosses them, into the models that keep a KV cache only."""
     hybrid_pages: HybridPages | None = None
-    """decode, capacity, prefill, verify: a hybrid's layout: separate (the default) keeps attention pages and
+    """every stateful mode: a hybrid's layout: separate (the default) keeps attention pages and
     recurrent states in pools of their own; aligned makes one page size fit both, as vLLM's hybrid allocator does
     (attention pages grown to a multiple of 16 positions that holds the largest state, every state padded to a
     page). A list crosses them, into the hybrids that keep a KV cache and a recurrent state only."""
@@ -409,6 +415,16 @@ class _Config(_Strict):
     accept: Accepts | None = None
     """mode verify: how many of the drafts are kept (r ≤ k), the state rolled back to the context and those; a list
     crosses them (pairs with r > k are left out)."""
+    prefix_tokens: PrefixLengths | None = None
+    """mode prefix: tokens P that every request's prompt of seq_len begins with, shared (P < every seq_len); a list
+    crosses them."""
+    requests: Requests | None = None
+    """mode prefix: requests M that share the prefix and differ after it, all prefilled to their first token; a list
+    crosses them."""
+    checkpoint_every: Chunks | None = None
+    """mode prefix: a recurrent state is checkpointed every this many prefix tokens and a request restores the last
+    checkpoint at or before P (each checkpoint holds a state's bytes); 0 (the default) keeps none, so a recurrent
+    model recomputes the prefix for every request. A list crosses them."""
     packing: Packing | None = None
     """forward and train: sequences of these lengths packed end to end stand in for the grid's batch × seq_len, e.g.
     [64, 512, 96, 33], or lengths drawn, {lognormal: {mean: …, sigma: …}, tokens: 4096, seed: 0}."""

@@ -1,6 +1,7 @@
 """The serving questions in a config (issue 41): the top-level keys that ask them, checked, and made into axes.
 
-``memory_budget`` (mode capacity), ``prefill_chunk`` (prefill), ``draft`` and ``accept`` (verify) become each case's
+``memory_budget`` (mode capacity), ``prefill_chunk`` (prefill), ``draft`` and ``accept`` (verify), ``prefix_tokens``,
+``requests`` and ``checkpoint_every`` (prefix) become each case's
 ``serving`` parameters, crossed like a grid axis (``Axes.serving``: per mode, the parameter sets its cases take);
 ``packing`` (forward, train) the lengths that stand in for the grid's batch × seq_len (``Axes.packing``). A key no
 mode of the config uses is refused, as an option that changes nothing is: a question the config asks that no row
@@ -32,13 +33,16 @@ from attnbench.core.units import format_bytes, parse_bytes
 
 __all__ = ["KEY_MODES", "ServingAxes", "draw_lengths", "serving_axes"]
 
-STATEFUL: tuple[str, ...] = ("decode", "capacity", "prefill", "verify")
+STATEFUL: tuple[str, ...] = ("decode", "capacity", "prefill", "verify", "prefix")
 # Which modes use each key: a key none of the config's modes uses is refused.
 KEY_MODES: dict[str, tuple[str, ...]] = {
     "memory_budget": ("capacity",),
     "prefill_chunk": ("prefill",),
     "draft": ("verify",),
     "accept": ("verify",),
+    "prefix_tokens": ("prefix",),
+    "requests": ("prefix",),
+    "checkpoint_every": ("prefix",),
     "packing": PACKING_MODES,
     "kv_dtype": STATEFUL,
     "state_dtype": STATEFUL,
@@ -94,6 +98,11 @@ def serving_axes(m: ConfigModel, ctx: Context) -> ServingAxes:
     if "verify" in modes:
         serving["verify"] = _verify(m, modes, ctx)
         resolved.update(draft=m.draft, accept=m.accept)
+    if "prefix" in modes:
+        serving["prefix"] = _prefix(m, modes, ctx)
+        resolved.update(prefix_tokens=m.prefix_tokens, requests=m.requests)
+        if m.checkpoint_every is not None:
+            resolved["checkpoint_every"] = m.checkpoint_every
     packing: tuple[int, ...] = ()
     if m.packing is not None:
         packing = _packing(m.packing, ctx)
@@ -171,6 +180,36 @@ def _verify(m: ConfigModel, modes: list[str], ctx: Context) -> tuple[Serving, ..
                 hint=f"give accept values up to {max(m.draft)}",
             )
     return tuple((("accept", accept), ("draft", draft)) for draft in m.draft for accept in m.accept if accept <= draft)
+
+
+def _prefix(m: ConfigModel, modes: list[str], ctx: Context) -> tuple[Serving, ...]:
+    """Each (checkpoint_every, prefix_tokens, requests) as a case's serving parameters; every prefix shorter than
+    every prompt (a request differs from the others after its prefix, so it holds at least one token of its own)."""
+    if m.prefix_tokens is None or m.requests is None:
+        missing = " and ".join(key for key in ("prefix_tokens", "requests") if getattr(m, key) is None)
+        raise ctx.error(
+            f"mode prefix needs {missing}: the tokens every prompt shares (P), and how many requests share them (M)",
+            ctx.item(("modes",), modes.index("prefix")),
+            hint="e.g. prefix_tokens: 4096 and requests: 8",
+        )
+    every = m.checkpoint_every or [0]
+    for key, values in (("prefix_tokens", m.prefix_tokens), ("requests", m.requests), ("checkpoint_every", every)):
+        check_unique(values, key, (key,) if getattr(m, key) is not None else None, ctx)
+    lengths = [*m.grid.seq_len, *((m.presets.seq_len or []) if m.presets is not None else [])]
+    for i, prefix in enumerate(m.prefix_tokens):
+        if prefix >= min(lengths):
+            raise ctx.error(
+                f"prefix_tokens {prefix} is not shorter than seq_len {min(lengths)}: a request's prompt of seq_len "
+                "tokens begins with the prefix and holds at least one token of its own after it",
+                ctx.item(("prefix_tokens",), i),
+                hint=f"give prefix_tokens below {min(lengths)}, or longer seq_len",
+            )
+    return tuple(
+        (("checkpoint_every", c), ("prefix_tokens", p), ("requests", r))
+        for p in m.prefix_tokens
+        for r in m.requests
+        for c in every
+    )
 
 
 def _packing(value: list[int] | PackingModel, ctx: Context) -> tuple[int, ...]:

@@ -34,26 +34,30 @@ MAX_SAMPLES = 10_000_000
 # or two different cases would have one key.
 KEY_SEPARATORS = "|="
 
-Mode = Literal["forward", "train", "backward", "decode", "capacity", "prefill", "verify"]
+Mode = Literal["forward", "train", "backward", "decode", "capacity", "prefill", "verify", "prefix"]
 # backward = the backward pass alone (graph kept, grads cleared), so train can be checked against forward + backward.
 # decode = one new token per sequence with a context of seq_len tokens already in the KV cache or recurrent state.
 # The serving questions (issue 41): capacity = the largest batch whose decode step at context seq_len fits a memory
 # budget, and that step timed at it; prefill = a prompt of seq_len ingested in chunks (time to first token); verify =
-# k draft tokens checked in one call after seq_len of context, then the rollback to the r accepted ones.
-MODES: tuple[Mode, ...] = ("forward", "train", "backward", "decode", "capacity", "prefill", "verify")
+# k draft tokens checked in one call after seq_len of context, then the rollback to the r accepted ones; prefix (issue
+# 52) = M requests whose prompts of seq_len share their first P tokens, prefilled to their first tokens, the prefix's
+# state shared (a KV cache's by reference) or restored from a checkpoint, against M independent prefills.
+MODES: tuple[Mode, ...] = ("forward", "train", "backward", "decode", "capacity", "prefill", "verify", "prefix")
 # The modes whose case carries a state from token to token: they need a model that looks backwards only (causal).
-STATEFUL_MODES: frozenset[str] = frozenset({"decode", "capacity", "prefill", "verify"})
+STATEFUL_MODES: frozenset[str] = frozenset({"decode", "capacity", "prefill", "verify", "prefix"})
 # The parameters each serving mode's case carries (``Case.serving``), by mode; the config's top-level keys of the
 # same names set them. memory_budget is in bytes, 0 meaning the device's default (a GPU's free memory less a margin).
 SERVING_PARAMS: dict[str, tuple[str, ...]] = {
     "capacity": ("memory_budget",),
     "prefill": ("prefill_chunk",),
     "verify": ("accept", "draft"),
+    "prefix": ("checkpoint_every", "prefix_tokens", "requests"),
 }
 # The modes whose cases packed variable lengths (``Case.packing``) may stand in for batch × seq_len.
 PACKING_MODES: tuple[Mode, ...] = ("forward", "train")
 MAX_PACKED = 1_024  # sequences in one pack
 MAX_DRAFT = 1_024  # draft tokens one verify call checks
+MAX_REQUESTS = 4_096  # requests one prefix case serves at once
 MAX_MEMORY_BUDGET = 2**50  # bytes: a pebibyte, far beyond any device, short of a typo's extra digits
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 # What a config or --device may ask for, and what a resolved case records.
@@ -172,7 +176,9 @@ class Case:
     The serving modes (``STATEFUL_MODES`` but decode) carry their parameters in ``serving`` (``SERVING_PARAMS``):
     ``capacity`` (a decode step at context n, at the largest batch that fits ``memory_budget`` bytes: the batch is
     found, so the case's own ``batch`` is 1), ``prefill`` (the n prompt tokens in chunks of ``prefill_chunk``, 0 for
-    one pass), ``verify`` (``draft`` tokens after n, rolled back to the ``accept`` first of them). ``packing`` holds
+    one pass), ``verify`` (``draft`` tokens after n, rolled back to the ``accept`` first of them), ``prefix``
+    (``requests`` prompts of n tokens sharing their first ``prefix_tokens``, a recurrent state checkpointed every
+    ``checkpoint_every``; one row for all of them, so the case's own ``batch`` is 1). ``packing`` holds
     the lengths of the sequences a forward or train call runs packed end to end (then ``batch`` is how many and
     ``seq_len`` the longest). Both are written to a row and appended to the key only when set, so every other case
     reads and keys as it always did.
@@ -197,9 +203,12 @@ class Case:
     @property
     def tokens(self) -> int:
         """Tokens one call produces: batch × seq_len; one per sequence for decode and capacity (whose batch found
-        is the row's: ``Result.tokens_per_call``); the draft tokens for verify; the packed lengths' sum."""
+        is the row's: ``Result.tokens_per_call``); the draft tokens for verify; every request's prompt for prefix;
+        the packed lengths' sum."""
         if self.packing:
             return sum(self.packing)
+        if self.mode == "prefix":
+            return self.param("requests") * self.seq_len
         if self.mode in ("decode", "capacity"):
             return self.batch
         if self.mode == "verify":
@@ -332,7 +341,8 @@ FlushKind = Literal["zero", "read"]  # how a GPU's cold flush evicts L2 (TimingP
 # sees: decode is timed cold. A whole sequence's activations outgrow the cache at the lengths that matter, and the
 # field times them warm (torch.utils.benchmark, the FlashAttention benchmarks): warm.
 # The serving questions follow the call they time: a capacity row's decode step and a verify's few tokens read a
-# state that would stay in cache, so they run cold like decode; a prefill works through a prompt, like forward.
+# state that would stay in cache, so they run cold like decode; a prefill (a prefix's too) works through a prompt,
+# like forward.
 DEFAULT_CACHE: dict[str, CacheState] = {
     "forward": "warm",
     "train": "warm",
@@ -341,6 +351,7 @@ DEFAULT_CACHE: dict[str, CacheState] = {
     "capacity": "cold",
     "prefill": "warm",
     "verify": "cold",
+    "prefix": "warm",
 }
 
 

@@ -317,10 +317,10 @@ class Family:
         return {}
 
     def serving_problem(self, case: Case) -> Problem | None:
-        """Why ``case``'s serving question (``capacity``, ``prefill``, ``verify``, or packed lengths) cannot be asked of
-        its model, or None: an ``unsupported`` row with the reason, never a refused config (``option`` stays None). By
-        default every question can be asked, eagerly: the serving modes time eager calls, so a compiled model says
-        so here."""
+        """Why ``case``'s serving question (``capacity``, ``prefill``, ``verify``, ``prefix``, packed lengths) cannot be
+        asked of its model, or None: an ``unsupported`` row with the reason, never a refused config (``option`` stays
+        None). By default every question can be asked, eagerly: the serving modes time eager calls, so a compiled
+        model says so here."""
         if self.has_option(case, "compile") and self.option(case, "compile") != "none":
             return Problem(
                 f"{case.mode}{' with packed lengths' if case.packing else ''} times eager calls; "
@@ -398,6 +398,15 @@ class Family:
         """Bytes of the KV cache or recurrent state a decode step at context ``case.seq_len`` reads; None where
         only the built module knows (it is then measured, not computed)."""
         return None
+
+    def prefix_step(self, case: Case) -> int:
+        """Mode prefix: the multiple of positions at which the state after a shared prefix can be reused, or 0 where
+        none can (the prefix recomputed by every request). A KV cache shares whole pages by reference (any position
+        where contiguous, as a radix tree's token-granular prefix); a recurrent state only where a checkpoint was
+        taken (``checkpoint_every``: 0 takes none)."""
+        if self.spec(case).kind == "attention":
+            return case.page_tokens or 1
+        return case.param("checkpoint_every")
 
     def state_written(self, case: Case, state_bytes: int) -> int:
         """Bytes of its state a decode step writes back: the whole state for a recurrence (a family whose state grows

@@ -131,6 +131,16 @@ EXTRAS: tuple[ExtraSpec, ...] = (
     ExtraSpec("verify_s", float, "s", "mode verify: the verify call alone, median"),
     ExtraSpec("rollback_s", float, "s", "mode verify: the rollback alone, median"),
     ExtraSpec("rollback_method", str, "", "mode verify: how the layers roll back: truncate, checkpoint, replay"),
+    ExtraSpec("prefix_reused", int, "", "mode prefix: prefix positions each request reused (R ≤ P), not computed"),
+    ExtraSpec("prefix_checkpoints", int, "", "mode prefix: recurrent-state checkpoints held, one per checkpoint_every"),
+    ExtraSpec("independent_s", float, "s", "mode prefix: the M prompts prefilled independently, one call, median"),
+    ExtraSpec(
+        "prefix_held_bytes", int, "bytes", "mode prefix: bytes the shared strategy's states and checkpoints hold"
+    ),
+    ExtraSpec("independent_held_bytes", int, "bytes", "mode prefix: bytes the M independent prefills' states hold"),
+    ExtraSpec("prefix_bytes_formula", int, "bytes", "mode prefix: prefix_held_bytes by the family's formula"),
+    ExtraSpec("independent_bytes_formula", int, "bytes", "mode prefix: independent_held_bytes by the formula"),
+    ExtraSpec("prefix_error", float, "", "mode prefix: largest |first token shared − each request's own prefill|"),
     ExtraSpec("padded_s", float, "s", "packed lengths: the same sequences padded to the longest, one call, median"),
     ExtraSpec("padded_tokens_per_s", float, "", "packed lengths: useful tokens per second of the padded call"),
 )

@@ -265,11 +265,72 @@ class KVCache:
         if self.scales is not None:
             yield self.scales
 
+    def shared_by(self, own: KVCache) -> SharedKV:
+        """This cache (one sequence's prefix) read by reference by ``own``'s sequences (mode prefix)."""
+        return SharedKV(self, own)
+
     def drop_scratch(self) -> None:
         self.seqlens = self.visible = None  # flash-attn's per-sequence lengths: bookkeeping, not K and V
 
     def scratch(self) -> Iterator[torch.Tensor]:
         return iter(())  # a step writes its token into the cache itself (``tensors``)
+
+
+class SharedPrefix:
+    """A cache of positions for M sequences whose first R positions are one sequence's (a shared prefix, mode
+    prefix): that sequence's cache (``prefix``, batch 1, R positions) is read by reference, expanded to the M
+    sequences without a copy held, and each sequence's own positions after it go to ``own`` (batch M, allocated for
+    the n − R positions after the prefix), as an engine's block table points every request at the prefix's pages and
+    gives each its own for the rest. A cache's own ``shared_by`` makes one (``families.serving.share``)."""
+
+    holds_positions = True  # never kept as a recurrent state (``keep``)
+
+    def __init__(self, prefix: Any, own: Any) -> None:
+        self.prefix, self.own = prefix, own
+        self.saved: int | None = None
+
+    @property
+    def start(self) -> int:
+        """Where the requests' own positions begin: after the prefix the shared cache holds now."""
+        return int(self.prefix.length)
+
+    @property
+    def length(self) -> int:
+        return self.start + self.own.length
+
+    def joined(self, read: str, end: int, dim: int) -> torch.Tensor:
+        """What the cache's ``read`` (keys, values, latent) gives for positions [0, end): the prefix's, expanded over
+        the batch, then each sequence's own (the one copy a read makes, as a paged cache's gather does)."""
+        mine = getattr(self.own, read)(end - self.start)
+        shared = getattr(self.prefix, read)(self.start)
+        return torch.cat([shared.expand(mine.shape[0], *shared.shape[1:]), mine], dim=dim)
+
+    def append(self, *parts: torch.Tensor) -> None:
+        self.own.append(*parts)
+
+    def reset(self) -> None:
+        """The requests' own positions emptied; the prefix is its owner's to reset."""
+        self.own.reset()
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.prefix.tensors()
+        yield from self.own.tensors()
+
+    def drop_scratch(self) -> None:
+        drop_scratch(self.own)
+
+    def scratch(self) -> Iterator[torch.Tensor]:
+        return iter(())
+
+
+class SharedKV(SharedPrefix):
+    """A shared prefix of K and V (``SharedPrefix``), read as ``KVCache.keys`` and ``values`` read."""
+
+    def keys(self, end: int) -> torch.Tensor:
+        return self.joined("keys", end, 2)
+
+    def values(self, end: int) -> torch.Tensor:
+        return self.joined("values", end, 2)
 
 
 def keep(state: Any, batch: int) -> Any:

@@ -24,8 +24,10 @@ import gc
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from attnbench.core.cases import Case
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -154,6 +156,34 @@ def check_budget(budget: int | None, device: str, where: str = "", *, total: int
             key="memory_budget",
             hint=f"give at most the memory the machine can spare, e.g. memory_budget: {format_bytes(total // 2)}",
         )
+
+
+def check_prefix_states(cases: Iterable[Case], device: str, where: str = "", *, total: int | None = None) -> None:
+    """Refuse a mode prefix case whose states a CPU cannot hold (issue 52): its row allocates both strategies' at
+    once, at most twice the M independent requests' states at n (the family's formula), so requests × seq_len past
+    the machine's memory would be attempted and end the sweep, not make a row. A GPU's states meet the device's
+    memory where they are allocated (an oom row). ``total`` stands in for the host's memory (tests)."""
+    if not device.startswith("cpu"):
+        return
+    from attnbench.core.errors import ConfigError
+    from attnbench.core.units import format_bytes
+    from attnbench.families.state_bytes import state_bytes
+
+    total = host_memory_bytes() if total is None else total
+    for case in cases:
+        if case.mode != "prefix" or total is None:
+            continue
+        requests = case.param("requests")
+        held = state_bytes(replace(case, mode="prefill", serving=(), batch=requests, seq_len=case.seq_len))
+        if held is not None and 2 * held > total:
+            raise ConfigError(
+                f"requests {requests} at seq_len {case.seq_len} keep {format_bytes(2 * held)} of {case.model}'s states "
+                f"(the shared and independent strategies together), more than this machine's memory "
+                f"({format_bytes(total)})",
+                where=where,
+                key="requests",
+                hint="give fewer requests or shorter seq_len, or run it on a GPU",
+            )
 
 
 # What a bounded try may allocate beyond its budget: the interpreter's and torch's own working memory for a step.

@@ -164,6 +164,17 @@ COLUMNS: tuple[str, ...] = (
     # Issue 52 later: a KV cache's page (empty: contiguous) and a hybrid's layout (empty: separate pools).
     "page_tokens",
     "hybrid_pages",
+    # Issue 52 item 3, mode prefix: its parameters, the prefix positions each request reused and the checkpoints held,
+    # the independent prefills' time (median_ms is the shared strategy's time to first token of all requests), and the
+    # bytes each strategy holds.
+    "prefix_tokens",
+    "requests",
+    "checkpoint_every",
+    "prefix_reused",
+    "prefix_checkpoints",
+    "independent_ms",
+    "prefix_held_bytes",
+    "independent_held_bytes",
     # The columns the families declare (families.extras.family_columns): a case's key/value heads and window, the
     # implementation a row ran on (rnn_path, sdpa_kernel, …). A new family's column comes here, after the others.
     *(spec.name for spec, _ in FAMILY_COLUMNS),
@@ -192,6 +203,8 @@ _INTEGER_COLUMNS = frozenset(
         "state_mem_bytes",
         "bytes_moved",
         *("prefill_chunk", "draft", "accept", "memory_budget_bytes", "capacity_batch", "bytes_per_sequence"),
+        *("prefix_tokens", "requests", "checkpoint_every", "prefix_reused", "prefix_checkpoints"),
+        *("prefix_held_bytes", "independent_held_bytes"),
     }
 )
 _BOOL_COLUMNS = frozenset({"causal", "converged", "telemetry_reliable", "launch_bound", "contended"})
@@ -224,10 +237,11 @@ for _column in COLUMNS:
 COLUMN_MEANINGS: dict[str, str] = {
     "model": "the model's name (a built-in, a plugin's, or a config's own factory entry)",
     "mode": "forward, train (forward + backward), backward, decode (one new token after seq_len of context), or a "
-    "serving question: capacity, prefill, verify",
+    "serving question: capacity, prefill, verify, prefix",
     "dtype": "the dtype the maths ran in",
     "device": "the device the case ran on: cpu, cuda:N",
-    "batch": "sequences per call (capacity: 1, the batch found is capacity_batch; packed: how many sequences)",
+    "batch": "sequences per call (capacity: 1, the batch found is capacity_batch; prefix: 1, its requests are "
+    "requests; packed: how many sequences)",
     "seq_len": "tokens per sequence; for decode, capacity and verify the context length n; packed: the longest",
     "d_model": "model width",
     "heads": "attention heads (empty for a recurrent model)",
@@ -320,6 +334,17 @@ COLUMN_MEANINGS: dict[str, str] = {
     "capacity_batch": "mode capacity: the largest batch whose decode step at context seq_len fits the budget "
     "(tokens_per_s is capacity_batch ÷ median: the aggregate decode throughput at capacity)",
     "bytes_per_sequence": "mode capacity: the memory one more sequence adds (its state and its share of the step)",
+    "prefix_tokens": "mode prefix: the tokens every request's prompt of seq_len begins with, shared",
+    "requests": "mode prefix: the requests sharing the prefix, all prefilled to their first token in one row",
+    "checkpoint_every": "mode prefix: prefix tokens between a recurrent state's checkpoints (0: none, recomputed)",
+    "prefix_reused": "mode prefix: prefix positions each request reused rather than computed (whole pages or the "
+    "last checkpoint; 0: the prefix recomputed by every request)",
+    "prefix_checkpoints": "mode prefix: recurrent-state checkpoints held, a state's bytes each",
+    "independent_ms": "mode prefix: the same requests prefilled independently, each its whole prompt (median; "
+    "median_ms is the shared strategy's time to first token of all of them)",
+    "prefix_held_bytes": "mode prefix: bytes the shared strategy holds (the prefix's state once, its checkpoints, the "
+    "requests' own states), measured",
+    "independent_held_bytes": "mode prefix: bytes the independent prefills' states hold, measured",
     "verify_ms": "mode verify: the verify call alone (median; median_ms is verify + rollback)",
     "rollback_ms": "mode verify: the rollback alone (median)",
     "rollback_method": "mode verify: how the layers roll back: truncate (a KV cache), checkpoint (per-token states "
@@ -491,7 +516,9 @@ def serving_columns(result: Result) -> dict[str, Any]:
         row[name] = extra.get(name)
     if row["memory_budget_bytes"] is None and case.param("memory_budget"):  # a row that never measured: as asked
         row["memory_budget_bytes"] = case.param("memory_budget")
-    for name in ("verify", "rollback", "padded"):
+    for name in ("prefix_reused", "prefix_checkpoints", "prefix_held_bytes", "independent_held_bytes"):
+        row[name] = extra.get(name)
+    for name in ("verify", "rollback", "padded", "independent"):
         seconds = extra.get(f"{name}_s")
         row[f"{name}_ms"] = to_ms(seconds) if isinstance(seconds, float) else None
     row["padded_tokens_per_s"] = extra.get("padded_tokens_per_s")

@@ -43,7 +43,10 @@ Schema history (``SCHEMA_VERSION``):
       state was stored in, ``core.cases.KEPT_DTYPES``); ``extra`` may carry ``kept_error_max`` and
       ``kept_error_mean`` (at least 0: the error that costs against the full-precision decode). Later in issue 52,
       ``kept`` may also say ``page_tokens`` (a KV cache's page, ``core.cases.PAGE_TOKENS`` as text) and
-      ``hybrid_pages`` (separate or aligned); rows without them are contiguous, separate.
+      ``hybrid_pages`` (separate or aligned); rows without them are contiguous, separate. Mode ``prefix`` (its
+      ``serving``: ``prefix_tokens``, ``requests``, ``checkpoint_every``); ``extra`` may carry ``prefix_reused``,
+      ``prefix_checkpoints``, ``independent_s``, ``prefix_held_bytes``, ``independent_held_bytes``,
+      ``prefix_bytes_formula``, ``independent_bytes_formula`` and ``prefix_error`` (every one at least 0).
       Issue 51: run.json ``timing.rounds`` (written when above 1; absent: 1, as every earlier run); ``extra`` may
       carry ``rounds`` (the row merges that many rounds, one median each in ``replicate_medians_s``); a run folder
       may hold ``rounds.jsonl`` (``results.store``: the finished rounds of cases without a row yet).
@@ -69,6 +72,7 @@ from attnbench.core.cases import (
     MAX_MEMORY_BUDGET,
     MAX_PACKED,
     MAX_PATTERN,
+    MAX_REQUESTS,
     MAX_SEQ_LEN,
     MODES,
     PACKING_MODES,
@@ -290,6 +294,9 @@ _SERVING_BOUNDS = {
     "prefill_chunk": (0, MAX_SEQ_LEN),
     "draft": (1, MAX_DRAFT),
     "accept": (0, MAX_DRAFT),
+    "prefix_tokens": (1, MAX_SEQ_LEN),
+    "requests": (1, MAX_REQUESTS),
+    "checkpoint_every": (0, MAX_SEQ_LEN),
 }
 
 

@@ -28,7 +28,7 @@ from attnbench.core.shards import Shard
 from attnbench.host.busy import logical_cores, wait_for_idle
 from attnbench.host.devices import device_slug, guess_device, resolve_device, resolve_threads, threads_handed_back
 from attnbench.host.inventory import code_identity, collect_environment
-from attnbench.host.memory import check_budget
+from attnbench.host.memory import check_budget, check_prefix_states
 from attnbench.results import fields
 from attnbench.results.calibration import Calibration, cache_path, foreign, load_cached
 from attnbench.results.contention import Contention
@@ -173,6 +173,7 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     done = {r.case.key for r in kept}
     shard = _shard(request, stored)
     cases = tuple(experiment.cases(device))
+    check_prefix_states(cases, device, experiment.source)  # a prefix's states this machine cannot hold: refused
     if shard is not None:
         cases = tuple(shard.select(cases))
     todo = tuple(case for case in cases if case.key not in done)

@@ -12,7 +12,7 @@ a status and vLLM's ``benchmark_gdn_chunk.py`` an error against float64:
 - decode: the step's output after a prefill against the reference's whole-sequence output at that position, and the
   state after the step (committed) against the reference's state after the same prefill and step.
 
-The serving questions (capacity, prefill, verify, packed lengths) are ``skipped`` with the reason. A check that
+The serving questions (capacity, prefill, verify, prefix, packed lengths) are ``skipped`` with the reason. A check that
 cannot run (the reference does not fit, the model does not exist at the check's size) is ``skipped`` too, with why:
 the row is timed as it would be without the check. The verdict (``results.numerics``) is the row's ``check``; a
 ``failed`` one makes the row ``incorrect``, never timed.

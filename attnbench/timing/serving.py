@@ -15,6 +15,16 @@ next one would find is put back before it, untimed (``PreparedClock``):
 - ``capacity``: the largest batch B whose decode step at context n fits the memory budget (``timing.capacity``), then
   the step timed at B, against a state standing in for n tokens (``Fillable``: a real prefill of B × n tokens could
   take hours, and a step's cost depends on the sizes it reads, not the values).
+- ``prefix``: M prompts of n tokens sharing their first P, made once, and the states of both strategies allocated
+  once (``families.serving.SharedPrefill``). A timed call is the shared strategy: the first R ≤ P prefix tokens
+  prefilled once (a recurrent state checkpointed every ``checkpoint_every`` on the way), the M requests' caches
+  reading it by reference and their other states restored from it, then every request's n − R tokens to its first
+  token: the time to first token of all M. Then the independent strategy (the M prompts whole) timed the same way
+  (``independent_s``). Each strategy's held bytes are measured (every tensor its states and checkpoints hold, once
+  however many requests read it: ``prefix_held_bytes``, ``independent_held_bytes``) and given by the family's
+  formula where it has one; the first token's output is compared with every request prefilling the prefix itself in
+  the same pieces (``prefix_error``), and a case keeping its states as it computes is ``incorrect`` where they
+  disagree beyond rounding.
 - packed lengths (``forward``, ``train``): the packed call timed; then the same sequences padded to the longest as one
   batch, the whole-sequence call timed the same way (``padded_s``) and the useful tokens per second it reaches
   (``padded_tokens_per_s``), beside the row's own ``tokens_per_s``.
@@ -22,12 +32,13 @@ next one would find is put back before it, untimed (``PreparedClock``):
 FLOPs are the useful work of what the call answers: a prefill's the whole-sequence forward's over n tokens; a packed
 call's each sequence's alone; a capacity step's the decode step's at the batch found; a verify's the k draft tokens'
 after n (``families.flops``). Compulsory bytes (``families.traffic``) for a verify and a capacity step (the decode
-step's at the batch found), so both get a roofline prediction.
+step's at the batch found), so both get a roofline prediction. A prefix has neither yet.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -48,7 +59,7 @@ from attnbench.families.registry import (
     torch_dtype,
     torch_family,
 )
-from attnbench.families.serving import chunks
+from attnbench.families.serving import SharedPrefill, chunks
 from attnbench.families.state_bytes import state_bytes
 from attnbench.families.states import decodable, packed, reset_state, rollback, spans, tensor_bytes, verify
 from attnbench.families.torch_family import Unsupported
@@ -292,9 +303,64 @@ class PackedSetup:
         return {"padded_s": padded_s, "padded_tokens_per_s": sum(self.lengths) / padded_s if padded_s > 0 else None}
 
 
+class PrefixSetup:
+    """M prompts sharing a prefix, prefilled the shared way (timed) and independently (a part) (module notes)."""
+
+    def __init__(self, model: nn.Module, case: Case, device: torch.device, dtype: torch.dtype) -> None:
+        self.case = case
+        requests, prefix = case.param("requests"), case.param("prefix_tokens")
+        alone = replace(case, mode="prefill", serving=(), batch=1, seq_len=prefix)
+        head = make_input(alone, str(device), dtype)
+        tails = make_input(replace(alone, batch=requests, seq_len=case.seq_len - prefix), str(device), dtype)
+        prompts = torch.cat([head.expand(requests, *head.shape[1:]), tails], dim=1)
+        self.run = SharedPrefill(model, case, head, prompts)
+        shared, independent = self.run.held_bytes()
+        self.extra: Extra = {
+            "prefix_reused": self.run.reused,
+            "prefix_checkpoints": len(self.run.checkpoints),
+            "prefix_held_bytes": shared,
+            "independent_held_bytes": independent,
+            **_prefix_formulas(case, self.run.reused, len(self.run.checkpoints)),
+        }
+
+    def prepare(self) -> None:
+        self.run.reset()
+
+    def step(self) -> object:
+        return self.run.shared()
+
+    def first_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first token's output of every request, shared and unshared (each request computing the prefix
+        itself, in the same pieces), each from empty states (untimed)."""
+        self.run.reset()
+        shared = self.run.shared()[:, -1]
+        self.run.reset()
+        return shared, self.run.unshared()[:, -1]
+
+    def parts(self, clock: Clock, policy: TimingPolicy) -> Extra:
+        return {"independent_s": _median(self.run.independent, PreparedClock(clock, self.run.reset), policy)}
+
+
+def _prefix_formulas(case: Case, reused: int, checkpoints: int) -> Extra:
+    """Each strategy's held bytes by the family's formula, where it has one: independent, the M requests' states at
+    n; shared, one prefix state at R, the requests' own at n − R, and a state's bytes (positions aside) per
+    checkpoint."""
+    requests = case.param("requests")
+
+    def held(batch: int, seq_len: int) -> int | None:
+        return state_bytes(replace(case, mode="prefill", serving=(), batch=batch, seq_len=seq_len))
+
+    independent = held(requests, case.seq_len)
+    parts = [held(1, reused), held(requests, case.seq_len - reused), held(1, 0)] if reused else [independent, 0, 0]
+    if independent is None or any(p is None for p in parts):
+        return {}
+    prefix, own, one = (p or 0 for p in parts)
+    return {"independent_bytes_formula": independent, "prefix_bytes_formula": prefix + own + checkpoints * one}
+
+
 def _setup(
     case: Case, model: nn.Module, device: torch.device, dtype: torch.dtype, rss: RssPeak | None
-) -> PrefillSetup | VerifySetup | CapacitySetup | PackedSetup:
+) -> PrefillSetup | VerifySetup | CapacitySetup | PackedSetup | PrefixSetup:
     if case.packing:
         return PackedSetup(model, case, device, dtype)
     model.eval()
@@ -303,6 +369,8 @@ def _setup(
             return PrefillSetup(model, case, device, dtype)
         if case.mode == "verify":
             return VerifySetup(model, case, device, dtype)
+        if case.mode == "prefix":
+            return PrefixSetup(model, case, device, dtype)
         return CapacitySetup(model, case, device, dtype, rss)
 
 
@@ -372,9 +440,26 @@ def _agree(case: Case, what: str, got: torch.Tensor, reference: torch.Tensor, ag
         raise torch_family(case).disagrees(case, message)
 
 
+def _prefix_error(case: Case, shared: torch.Tensor, independent: torch.Tensor) -> tuple[float, str | None]:
+    """The largest difference between the requests' first tokens shared and unshared, and why the row is
+    incorrect where they differ beyond the dtype's rounding (``_agree``'s tolerance). A case keeping a narrower cache
+    or state is exempt: each strategy quantises its own tensors (an int8 scale set by what it first wrote), so they
+    differ by that rounding, which the row shows."""
+    tolerance = 1e-3 if shared.dtype in (torch.float32, torch.float64) else 5e-2
+    scale = max(1.0, float(independent.abs().max()))
+    error = float((shared.float() - independent.float()).abs().max())
+    narrower = case.kept_dtype("kv_dtype") is not None or case.kept_dtype("state_dtype") is not None
+    if error <= tolerance * scale or (narrower and math.isfinite(error)):
+        return error, None
+    return error, (
+        f"the first token after a shared prefix differs from the requests' own prefill's by {error:.3g} (tolerance "
+        f"{tolerance * scale:.3g}): sharing changed the answer"
+    )
+
+
 def _work(case: Case, setup: Setup, extra: Extra) -> None:
     """The useful FLOPs of what the call answers (module notes), where the family has a formula."""
-    if not analytic(case):
+    if not analytic(case) or case.mode == "prefix":
         return
     if case.packing:
         parts = [replace(case, packing=(), batch=1, seq_len=length) for length in case.packing]
@@ -422,6 +507,12 @@ def measure_serving(case: Case, tools: Instruments, on_timed: Callable[[Result],
     if not torch_family(case).trusted:  # a user's model: every protocol call checked once, untimed
         with torch.inference_mode(), call_context(case, model):
             _check_protocols(case, model, setup, tools.device, dtype)
+    if isinstance(setup, PrefixSetup):  # sharing must not change the answer: the first tokens held to each other
+        with torch.inference_mode(), call_context(case, model):
+            error, wrong = _prefix_error(case, *setup.first_tokens())
+        if wrong is not None:
+            return Result(case, "incorrect", wrong)
+        extra["prefix_error"] = error
     grad = contextlib.nullcontext if case.mode == "train" else torch.inference_mode
     clock = PreparedClock(tools.clock, setup.prepare)
     with grad(), call_context(case, model):

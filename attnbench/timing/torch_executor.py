@@ -211,7 +211,7 @@ class TorchExecutor:
             reason = f"output off its reference ({check.reference}): {check.reason}"
             return Result(case, "incorrect", reason, check=check)
         early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
-        # Every state the case allocates is kept as it asks (kv_dtype, state_dtype): decode, capacity, prefill, verify.
+        # Every state the case allocates is kept as it asks (kv_dtype, state_dtype): every stateful mode.
         layout = family_of(case).page_layout(case)  # KV pages and state slots: a hybrid's may be aligned
         with keeping(case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"), *layout):
             result = replace(self._measure(case, early), check=check)
@@ -220,7 +220,7 @@ class TorchExecutor:
         return result
 
     def _measure(self, case: Case, on_timed: Callable[[Result], None] | None = None) -> Result:
-        if serves(case):  # capacity, prefill, verify, packed lengths: set up and timed by timing.serving
+        if serves(case):  # capacity, prefill, verify, prefix, packed lengths: set up and timed by timing.serving
             clock = self._clock(self.policy.cache_for(case.mode))
             tools = Instruments(
                 self.device, clock, self.policy, self.seed, self._timed_with_telemetry, self._peak_memory,

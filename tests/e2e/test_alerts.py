@@ -143,7 +143,7 @@ def test_the_history_workflow_hands_the_command_one_frozen_value_and_prints_noth
 
 
 def test_one_case_overrides_pin_every_case_of_a_config() -> None:
-    for name in ("aa-cpu.yaml", "variants-cpu.yaml", "serving-cpu.yaml"):
+    for name in ("aa-cpu.yaml", "variants-cpu.yaml", "serving-cpu.yaml", "serving-prefix-cpu.yaml"):
         path = ROOT / "configs" / name
         cases = load_experiment(path).cases("cpu")
         if name == "serving-cpu.yaml":  # every serving question once, of one model: each asks them all alike

@@ -45,12 +45,14 @@ def test_summary_csv_adds_the_state_columns_at_the_end(stored: StoredRun) -> Non
     assert COLUMNS[state : state + 3] == ("state_bytes", "state_mem_bytes", "state_mem_method")
     # Columns are only ever appended: the bandwidth columns came after kind and source, the cache and the roofline's
     # prediction after them, the serving questions' after those (issue 41), the numerical check's (issue 50), the
-    # kept dtypes and their error (issue 52), the families' columns last.
+    # kept dtypes and their error (issue 52), mode prefix's (issue 52 item 3), the families' columns last.
     kept = COLUMNS[COLUMNS.index("check_tol") + 1 : COLUMNS.index("hybrid_pages") + 1]
     assert kept == ("kv_dtype", "state_dtype", "kept_error_max", "kept_error_mean", "page_tokens", "hybrid_pages")
     every = COLUMNS[: COLUMNS.index("check_tol") + 1]
     assert every[-5:] == ("padded_tokens_per_s", "check_status", "check_max_abs_err", "check_rel_err", "check_tol")
-    assert COLUMNS[len(every) + len(kept) :] == tuple(spec.name for spec, _ in family_columns())
+    prefix = COLUMNS[len(every) + len(kept) : COLUMNS.index("independent_held_bytes") + 1]  # mode prefix's, after
+    assert prefix[:3] == ("prefix_tokens", "requests", "checkpoint_every") and len(prefix) == 8
+    assert COLUMNS[len(every) + len(kept) + len(prefix) :] == tuple(spec.name for spec, _ in family_columns())
     assert {"heads_kv", "window", "rnn_path", "sdpa_kernel"} <= set(COLUMNS[len(every) :])
     generic = every[:-4]
     serving = generic[generic.index("measured_over_predicted") + 1 :]

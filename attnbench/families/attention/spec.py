@@ -232,6 +232,12 @@ class AttentionFamily(Family):
                 "tokens overwrote",
                 hint="verify attention over the whole sequence (window 0)",
             )
+        if window and case.mode == "prefix":
+            return Problem(
+                f"a window's ring cache keeps the last {window} positions, so the requests' own tokens overwrite the "
+                "prefix's slots: they cannot be shared by reference",
+                hint="share prefixes of attention over the whole sequence (window 0)",
+            )
         chunk = case.param("prefill_chunk")
         if window and case.mode == "prefill" and 0 < chunk < case.seq_len:
             return Problem(

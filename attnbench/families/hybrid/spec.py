@@ -20,6 +20,7 @@ a member without its own heads takes the case's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -182,6 +183,12 @@ class HybridFamily(Family):
     def define(self, data: Mapping[str, Any]) -> Definition:
         return HybridModel.from_dict(data).definition()
 
+    def config_entry(self, case: Case) -> dict[str, object] | None:
+        hybrid = self._hybrid(case)
+        if hybrid.members:
+            return None  # a published preset's stack: its preset names it
+        return {"name": case.model, "hybrid": list(hybrid.pattern), "kind": hybrid.kind}
+
     def described(self, case: Case) -> Mapping[str, object]:
         return {"pattern": list(self._hybrid(case).pattern)}
 
@@ -322,6 +329,14 @@ class HybridFamily(Family):
 
     def state_dtype(self, case: Case) -> str:
         return case.dtype  # each member keeps its own; the sum is in bytes
+
+    def prefix_step(self, case: Case) -> int:
+        """Where every member can be restored at once: a multiple of each member's step (its pages, aligned or its
+        own, and its checkpoints), 0 where a member restores nothing (its state recomputed, the whole stack with it:
+        the next block needs what the recurrent one computes)."""
+        steps = [self.resolve(m).prefix_step(m) for m in self.distinct(case)]
+        steps += [page for page in self.page_layout(case)[:1] if page]
+        return 0 if 0 in steps else math.lcm(*steps)
 
     def kept_keys(self, case: Case) -> tuple[str, ...]:
         keys = {key for m in self.members(case) for key in self.resolve(m).kept_keys(m)}

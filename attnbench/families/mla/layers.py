@@ -32,7 +32,7 @@ from attnbench.families.attention.layers import SDPA_GQA
 from attnbench.families.blocks import NetworkFamily, Stack, TransformerBlock, front, network
 from attnbench.families.mla.spec import FAMILY
 from attnbench.families.positional import Rotary
-from attnbench.families.states import LayerStack, spans
+from attnbench.families.states import LayerStack, SharedPrefix, spans
 from attnbench.families.torch_family import with_options
 
 _NORM_EPS = 1e-6  # DeepSeek's RMSNorm eps
@@ -95,11 +95,22 @@ class LatentCache:
     def tensors(self) -> Iterator[Tensor]:
         yield self.storage
 
+    def shared_by(self, own: LatentCache) -> SharedLatent:
+        """This cache (one sequence's prefix) read by reference by ``own``'s sequences (mode prefix)."""
+        return SharedLatent(self, own)
+
     def drop_scratch(self) -> None:
         pass  # a step writes its token into the cache itself
 
     def scratch(self) -> Iterator[Tensor]:
         return iter(())
+
+
+class SharedLatent(SharedPrefix):
+    """A shared prefix of latent entries (``states.SharedPrefix``), read as ``LatentCache.latent`` reads."""
+
+    def latent(self, end: int) -> Tensor:
+        return self.joined("latent", end, 1)
 
 
 class MLA(nn.Module):

@@ -18,7 +18,7 @@ from typing import Any
 
 from attnbench.core.cases import KINDS, Case, Definition, Kind
 from attnbench.families import shared
-from attnbench.families.base import ClaimRole, ExtraValue, Family, ModelSpec, OptionSpec
+from attnbench.families.base import ClaimRole, ExtraValue, Family, ModelSpec, OptionSpec, Problem
 from attnbench.families.plugins import FACTORY, OPTION_HELP
 
 __all__ = ["FACTORY", "OPTION_HELP", "USER", "UserFamily", "UserModel", "user_of"]
@@ -110,6 +110,15 @@ class UserFamily(Family):
 
     def kept_keys(self, case: Case) -> tuple[str, ...]:
         return ()  # a user's state is the user's: it is never converted
+
+    def serving_problem(self, case: Case) -> Problem | None:
+        if case.mode == "prefix":
+            return Problem(
+                f"{case.model}: the plugin interface has no way to share a prefix's state between requests (a KV "
+                "cache by reference, a recurrent state restored), so mode prefix cannot be asked of a model you bring",
+                hint="ask mode prefix of the built-in models",
+            )
+        return super().serving_problem(case)
 
 
 USER = UserFamily()  # not `FAMILY`: it has no models of its own, and the catalogue adds it apart
