@@ -421,9 +421,7 @@ class Sweep:
         self._close(complete=complete)
         return tuple(finished)
 
-    def _round_executors(
-        self, listener: SweepListener
-    ) -> tuple[Callable[[Case], Result], Callable[[int, int], None]]:
+    def _round_executors(self, listener: SweepListener) -> tuple[Callable[[Case], Result], Callable[[int, int], None]]:
         """What runs a block, and what starts a round, for a sweep in rounds: each block with a round's share of
         each budget. With --profile only round 1 is traced: a merged row's extras are its first round's, so its
         ``trace`` names round 1's file, which a later round would overwrite. Rounds 2 on get an executor without
