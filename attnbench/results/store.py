@@ -45,8 +45,9 @@ RESULTS_FILE = "results.jsonl"
 
 TELEMETRY_FILE = "telemetry.jsonl"  # raw telemetry samples, one line per case (key, started_utc, samples)
 
-# timing.rounds: each ok block of a case whose row is not written yet, one ``Result`` a line in round order, so an
-# interrupted sweep resumes from the rounds it finished (``load_blocks``). Rows are still results.jsonl's alone.
+# timing.rounds: each ok block of a case whose row is not written yet, one ``Result`` a line (raw telemetry included)
+# in round order, so an interrupted sweep resumes from the rounds it finished (``load_blocks``; a resume first
+# rewrites it with ``rewrite_blocks``). Rows are still results.jsonl's alone.
 ROUNDS_FILE = "rounds.jsonl"
 
 # What the report layer renders beside the rows (report.run_files): named here so a sweep can check them first.
@@ -129,7 +130,9 @@ class RunWriter:
         block starts: an interrupted sweep's resume merges it instead of measuring it again."""
         if self._blocks is None:
             self._blocks = AppendLog(self.folder / ROUNDS_FILE)
-        self._blocks.append(dumps_line(block.to_dict()))
+        # With its raw telemetry, as telemetry.jsonl would hold it: a resumed case's row whose round 1 is this block
+        # takes its telemetry from it (merge_replicates), samples and all.
+        self._blocks.append(dumps_line(block.to_dict(include_raw=True)))
 
     def close(self, state: Literal["complete", "interrupted"], finished_utc: str) -> None:
         """Close the logs and replace run.json with its final state (into the space set aside at the start)."""
@@ -326,13 +329,12 @@ def _parse_rows(path: Path) -> tuple[list[_Row], list[str]]:
     return rows, warnings
 
 
-def load_blocks(folder: Path) -> tuple[dict[str, list[Result]], list[str]]:
-    """The ok blocks rounds.jsonl keeps, by case key in round order, and warnings. It is evidence on the side of
-    the rows: a line that does not read is dropped with a warning (that round is measured again), never an error."""
-    path = folder / ROUNDS_FILE
+def _parse_blocks(path: Path) -> tuple[list[tuple[bytes, Result]], list[str]]:
+    """Each ok block of rounds.jsonl with its line's bytes, in file order, and a warning for each line that does
+    not read (a torn last line among them)."""
     if not _exists(path):
-        return {}, []
-    blocks: dict[str, list[Result]] = {}
+        return [], []
+    blocks: list[tuple[bytes, Result]] = []
     warnings: list[str] = []
     for number, raw, _ in read_lines(path, READ_HINT):
         if not raw.strip():
@@ -344,8 +346,31 @@ def load_blocks(folder: Path) -> tuple[dict[str, list[Result]], list[str]]:
             warnings.append(f"{path}:{number}: dropped a block that does not read ({_problem(exc)}); it runs again")
             continue
         if block.ok and block.measurement is not None:
-            blocks.setdefault(block.case.key, []).append(block)
+            blocks.append((raw, block))
     return blocks, warnings
+
+
+def load_blocks(folder: Path) -> tuple[dict[str, list[Result]], list[str]]:
+    """The ok blocks rounds.jsonl keeps, by case key in round order, and warnings. It is evidence on the side of
+    the rows: a line that does not read is dropped with a warning (that round is measured again), never an error."""
+    lines, warnings = _parse_blocks(folder / ROUNDS_FILE)
+    blocks: dict[str, list[Result]] = {}
+    for _, block in lines:
+        blocks.setdefault(block.case.key, []).append(block)
+    return blocks, warnings
+
+
+def rewrite_blocks(folder: Path, keep: Callable[[str], bool]) -> list[str]:
+    """Rewrite rounds.jsonl (atomic) with the readable blocks of the case keys ``keep`` accepts, each byte for byte
+    and ending in a newline; returns the warnings about the lines dropped as unreadable. A resume does this before
+    it appends: the next block starts on a fresh line, not glued onto a torn one, and the blocks of a case that
+    had a row (retried: it starts its rounds afresh) or needs none cannot come back as its evidence later."""
+    path = Path(folder) / ROUNDS_FILE
+    if not _exists(path):
+        return []
+    lines, warnings = _parse_blocks(path)
+    write_atomic(path, b"".join(raw + b"\n" for raw, block in lines if keep(block.case.key)))
+    return warnings
 
 
 def load_run(folder: str | Path) -> StoredRun:

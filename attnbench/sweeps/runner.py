@@ -43,6 +43,7 @@ from attnbench.results.store import (
     load_blocks,
     load_run,
     refuse_special_files,
+    rewrite_blocks,
     rewrite_rows,
     traces_folder,
 )
@@ -396,16 +397,14 @@ class Sweep:
                     )
                     raise
             elif settings.timing.rounds > 1:
-                make = self._make_executor or make_executor
-                block = replace(settings, timing=block_policy(settings.timing))  # a round's share of each budget
-                executor = self._executor = make(block, isolate=plan.isolate)
+                execute, on_round = self._round_executors(listener)
                 run_rounds(
                     plan.todo,
                     settings.timing.rounds,
-                    executor.run,
+                    execute,
                     on_result,
                     on_start=listener.started,
-                    on_round=listener.round_started,
+                    on_round=on_round,
                     on_block=self._keep_block(listener),
                     skipper=skipper,
                     done=self._kept_blocks(listener),
@@ -423,6 +422,33 @@ class Sweep:
         self._close(complete=complete)
         return tuple(finished)
 
+    def _round_executors(self, listener: SweepListener) -> tuple[Callable[[Case], Result], Callable[[int, int], None]]:
+        """What runs a block, and what starts a round, for a sweep in rounds: each block with a round's share of
+        each budget. With --profile only round 1 is traced: a merged row's extras are its first round's, so its
+        ``trace`` names round 1's file, which a later round would overwrite. Rounds 2 on get an executor without
+        a trace folder, built when round 2 starts."""
+        make = self._make_executor or make_executor
+        traced = replace(self.settings, timing=block_policy(self.settings.timing))
+        untraced = replace(traced, trace_dir=None)
+        built: list[tuple[ExecutorSettings, Executor]] = []
+
+        def execute(case: Case) -> Result:
+            return built[-1][1].run(case)
+
+        def on_round(number: int, rounds: int) -> None:
+            listener.round_started(number, rounds)
+            wanted = traced if number == 1 else untraced
+            if built and built[-1][0] == wanted:
+                return
+            if built:
+                built[-1][1].close()  # between rounds: no case is running
+                self._executor = None  # closed: nothing for abort() or _close() to stop until the next is built
+            executor = make(wanted, isolate=self.plan.isolate)
+            built.append((wanted, executor))
+            self._executor = executor
+
+        return execute, on_round
+
     def _keep_block(self, listener: SweepListener) -> Callable[[int, Result], None]:
         """What an ok round that is not its case's last does: its work is over (the listener disarms Ctrl-C, as
         for a row), then it lands in rounds.jsonl before the next block starts."""
@@ -435,14 +461,14 @@ class Sweep:
 
     def _kept_blocks(self, listener: SweepListener) -> dict[str, list[Result]]:
         """A resumed run's finished rounds of the cases still without a row (timing.rounds): rounds.jsonl's blocks,
-        less those of every case the run had a row for (a retried case starts its rounds afresh)."""
+        which opening the folder rewrote to those alone (``rewrite_blocks``: a retried case starts its rounds
+        afresh)."""
         if self.plan.stored is None:
             return {}
         blocks, warnings = load_blocks(self.folder)
         for text in warnings:
             listener.warning(text)
-        had_row = {r.case.key for r in self.plan.stored.results}
-        return {key: kept for key, kept in blocks.items() if key not in had_row}
+        return blocks
 
     def _close(self, *, complete: bool, quietly: bool = False) -> None:
         try:
@@ -517,6 +543,11 @@ def open_sweep(
             contended = sum(r.contended for r in plan.kept)
             run = replace(plan.stored.run, state="running", finished_utc="", contended_cases=contended)
             rewrite_rows(folder, lambda r: r.ok or not request.retry_failed)  # the same rule as plan.kept
+            # The rounds of the cases still to do that never had a row; a retried case's old blocks go, so a later
+            # resume cannot take them for its fresh rounds.
+            had_row = {r.case.key for r in plan.stored.results}
+            waiting = {c.key for c in plan.todo} - had_row
+            warnings += rewrite_blocks(folder, waiting.__contains__)
         else:
             folder = created = _new_run_folder(request.out, plan.experiment, plan.device)
             lock = RunLock(folder).acquire()

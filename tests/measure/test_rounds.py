@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from attnbench.sweeps.events import QuietListener
 from attnbench.sweeps.rounds import MIN_BLOCK_SAMPLES, block_policy, run_rounds
 from attnbench.sweeps.runner import SweepRequest, open_sweep, plan_sweep
 from attnbench.timing.executor import Executor, ExecutorSettings
+from attnbench.timing.profiling import trace_name
 from tests.fakes import FakeExecutors
 from tests.support import numbers, tiny_config
 
@@ -217,6 +220,101 @@ def test_a_retried_case_starts_its_rounds_afresh(tmp_path: Path) -> None:
     assert [c.key for c in fake.ran] == [crashed, crashed]  # both rounds again: the old block is not its evidence
     row = next(r for r in load_run(folder).results if r.case.key == crashed)
     assert row.ok and row.extra["rounds"] == 2
+
+
+def test_a_retried_case_interrupted_again_takes_only_its_fresh_rounds(tmp_path: Path) -> None:
+    # The reviewer's case: the crashed case's pre-retry round-1 block must not stand in for a fresh round.
+    config, out = _config(tmp_path, rounds=3), tmp_path / "out"
+    failing = _StopAt(6, "crashed")  # round 2's second case crashes; its round-1 block is in rounds.jsonl
+    folder = _sweep(config, out, failing)
+    crashed = failing.fake.ran[5].key
+    with pytest.raises(KeyboardInterrupt):  # --retry-failed, interrupted after the case's fresh round 1
+        _resume(folder, out, _StopAt(2), retry_failed=True)
+    assert len(load_blocks(folder)[0][crashed]) == 1  # the fresh block alone: the old one went at the resume
+    fake = FakeExecutors()
+    _resume(folder, out, fake)
+    assert [c.key for c in fake.ran].count(crashed) == 2  # rounds 2 and 3 of its fresh start
+    row = next(r for r in load_run(folder).results if r.case.key == crashed)
+    assert row.ok and row.extra["rounds"] == 3
+
+
+def _resume(folder: Path, out: Path, fake: Executor | FakeExecutors | _StopAt, **request: object) -> None:
+    with open_sweep(SweepRequest(None, None, out, resume=folder, isolate=False, **request), executor=fake) as sweep:  # type: ignore[arg-type]
+        sweep.run(QuietListener())
+
+
+def _interrupted(tmp_path: Path) -> tuple[Path, Path, list[Case]]:
+    """A rounds-3 run of four cases stopped in round 2's third case: rounds 1 and 2 of two cases kept, round 1 of
+    two; the folder, --out and the cases in the order they ran."""
+    config, out = _config(tmp_path, rounds=3), tmp_path / "out"
+    stopping = _StopAt(7)
+    with pytest.raises(KeyboardInterrupt):
+        _sweep(config, out, stopping)
+    (folder,) = out.iterdir()
+    return folder, out, stopping.fake.ran
+
+
+def test_a_block_after_a_torn_last_line_starts_a_line_of_its_own(tmp_path: Path) -> None:
+    folder, out, first = _interrupted(tmp_path)
+    with (folder / ROUNDS_FILE).open("a", encoding="utf-8") as torn:  # kill -9 in the middle of a block
+        torn.write('{"case": {"model": "ls')
+    with pytest.raises(KeyboardInterrupt):  # the resume keeps round 2 of the third case, then is stopped
+        _resume(folder, out, _StopAt(2))
+    blocks, warnings = load_blocks(folder)
+    assert warnings == [] and len(blocks[first[2].key]) == 2  # the block read back, not glued onto the torn line
+    assert sorted(len(b) for b in blocks.values()) == [1, 2, 2, 2]
+
+
+def test_a_resumed_rows_telemetry_comes_with_its_kept_first_round(tmp_path: Path) -> None:
+    folder, out, _ = _interrupted(tmp_path)
+    _resume(folder, out, FakeExecutors())
+    rows = load_run(folder).results
+    entries = [json.loads(line) for line in (folder / "telemetry.jsonl").read_text().splitlines()]
+    blocks = load_blocks(folder)[0]
+    assert len(rows) == 4 and len(entries) == 4  # every row's samples, those of a round measured before the resume too
+    for row in rows:
+        (entry,) = [e for e in entries if (e["key"], e["started_utc"]) == (row.case.key, row.started_utc)]
+        first = blocks[row.case.key][0]  # round 1, kept in rounds.jsonl by the interrupted run
+        assert row.extra["telemetry_from"] == "round 1" and first.telemetry is not None
+        assert entry["samples"] == [dict(s) for s in first.telemetry.raw] and entry["samples"]
+
+
+class _Tracing:
+    """The fake executors, writing a trace as --profile does where the settings name a trace folder: each write
+    counted by file, the row naming its file."""
+
+    def __init__(self) -> None:
+        self.fake, self.writes = FakeExecutors(), Counter[str]()
+
+    def __call__(self, settings: ExecutorSettings, *, isolate: bool) -> Executor:
+        inner, outer = self.fake(settings, isolate=isolate), self
+
+        class Traced:
+            def run(self, case: Case) -> Result:
+                result = inner.run(case)
+                if settings.trace_dir is None or not result.ok:
+                    return result
+                name = trace_name(case)
+                (Path(settings.trace_dir) / name).write_text(f"visit {outer.fake.ran.count(case)}")
+                outer.writes[name] += 1
+                return replace(result, extra={**result.extra, "trace": f"traces/{name}"})
+
+            def close(self, *, now: bool = False) -> None:
+                inner.close(now=now)
+
+        return Traced()
+
+
+def test_a_profiled_sweep_in_rounds_traces_round_1_alone_and_its_row_names_that_trace(tmp_path: Path) -> None:
+    tracing = _Tracing()
+    folder = _sweep(_config(tmp_path, rounds=3), tmp_path / "out", tracing, profile=True)
+    assert [e.settings.trace_dir is not None for e in tracing.fake.built] == [True, False]  # round 1, rounds 2-3
+    assert [len(e.ran) for e in tracing.fake.built] == [4, 8]
+    rows = load_run(folder).results
+    assert len(rows) == 4 and set(tracing.writes.values()) == {1}  # one trace a case, never overwritten
+    for row in rows:
+        trace = folder / str(row.extra["trace"])
+        assert trace.read_text() == "visit 1"  # the file the row names is its round 1's, as are its extras
 
 
 def test_rounds_with_processes_is_one_error_line_at_validate(tmp_path: Path) -> None:
