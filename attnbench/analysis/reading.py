@@ -2,10 +2,10 @@
 of them (terminal, markdown, HTML, CSV, JSON, plots, roofline), so the renderers only render and always agree.
 
 A ``Reading`` holds the run and its rows; what is read off them — the peaks the rows are held against, the pivot
-tables with their speed-ups, scaling laws and crossovers, the capacity tables, the published models' section, the
-self-consistency checks, the rows that beat their roofline — is computed the first time a renderer asks and kept,
-so a format that needs none of it (JSON lines of raw samples) pays nothing, and one rendered run derives each
-exactly once however many formats are drawn from it. Torch-free.
+tables with their speed-ups, scaling laws and crossovers, the capacity and shared-prefix tables, the published
+models' section, the self-consistency checks, the rows that beat their roofline — is computed the first time a
+renderer asks and kept, so a format that needs none of it (JSON lines of raw samples) pays nothing, and one rendered
+run derives each exactly once however many formats are drawn from it. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from attnbench.analysis.efficiency import (
     peak_flags,
 )
 from attnbench.analysis.pivot import PivotTable, pivot_tables
+from attnbench.analysis.prefix import PrefixTable, prefix_tables
 from attnbench.analysis.presets import PresetsSection, presets_section
 from attnbench.results.records import Result, Run
 from attnbench.results.store import StoredRun
@@ -57,6 +58,11 @@ class Reading:
     def capacity(self) -> tuple[CapacityTable, ...]:
         """The capacity tables (``mode: capacity`` rows); none without such rows."""
         return tuple(capacity_tables(self.results))
+
+    @cached_property
+    def prefix(self) -> tuple[PrefixTable, ...]:
+        """The shared-prefix tables (``mode: prefix`` rows); none without such rows."""
+        return tuple(prefix_tables(self.results))
 
     @cached_property
     def presets(self) -> PresetsSection | None:

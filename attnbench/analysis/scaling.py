@@ -203,6 +203,9 @@ def _row_label(result: Result, varying: set[str]) -> str:
     parts += [f"{k}={v}" for k, v in case.options]
     # A serving question's parameters tell its curves apart (prefill_chunk 0 and 128 of one model are two curves).
     parts += [f"{k}={v}" for k, v in case.serving if k != "memory_budget"]
+    # So do what it keeps and how (kv_dtype int8 and bfloat16, pages of 16 or none): without them one row of a
+    # model would silently take another's place in its curve.
+    parts += [f"{k}={v}" for k, v in case.kept]
     return " ".join(parts)
 
 

@@ -14,6 +14,7 @@ from html import escape
 
 from attnbench.analysis.capacity import CapacityPoint, CapacityTable
 from attnbench.analysis.pivot import Cell, PivotTable
+from attnbench.analysis.prefix import PrefixTable
 from attnbench.analysis.reading import Reading
 from attnbench.core.units import format_bytes, format_seconds, plural
 from attnbench.report.capacity_md import CROSSINGS, PER_SEQUENCE, bytes_text, point_text
@@ -35,6 +36,9 @@ from attnbench.report.cells import (
     time_legend,
 )
 from attnbench.report.plots import Plot
+from attnbench.report.prefix_md import HEADERS as PREFIX_HEADERS
+from attnbench.report.prefix_md import LEGEND as PREFIX_LEGEND
+from attnbench.report.prefix_md import cells as prefix_cells
 from attnbench.results.records import Run
 
 _CSS = """
@@ -219,6 +223,22 @@ def _capacity_section(index: int, table: CapacityTable, plots: Sequence[Plot]) -
     return [*out, "</section>"]
 
 
+def _prefix_section(index: int, table: PrefixTable) -> list[str]:
+    """The shared-prefix table, as summary.md has it."""
+    headers = "".join(f'<th scope="col">{_e(h)}</th>' for h in PREFIX_HEADERS)
+    out = [
+        f'<section id="prefix-{index}">',
+        f"<h2>{_e(table.title)}</h2>",
+        f'<p class="legend">{_e(PREFIX_LEGEND)}</p>',
+    ]
+    out += ['<div class="scroll"><table class="pivot">', f"<thead><tr>{headers}</tr></thead>", "<tbody>"]
+    for point in table.points:
+        label, *rest = prefix_cells(point)
+        row = "".join(f'<td class="num">{_e(cell)}</td>' for cell in rest)
+        out.append(f'<tr><th scope="row" class="row">{_e(label)}</th>{row}</tr>')
+    return [*out, "</tbody></table></div>", "</section>"]
+
+
 def _checks_section(reading: Reading) -> list[str]:
     """The run's self-consistency checks, as the markdown has them; nothing when there is nothing to check."""
     checks = run_checks(reading)
@@ -280,6 +300,8 @@ def render_html(reading: Reading, plots: Sequence[Plot] = (), plots_note: str = 
         body += _table_section(i, table, plots)
     for i, capacity in enumerate(reading.capacity, start=1):
         body += _capacity_section(i, capacity, plots)
+    for i, prefix in enumerate(reading.prefix, start=1):
+        body += _prefix_section(i, prefix)
     body += _checks_section(reading)
     if failed:
         items = "".join(

@@ -25,6 +25,7 @@ from attnbench.report.cells import (
     time_legend,
     time_text,
 )
+from attnbench.report.prefix_md import prefix_markdown
 from attnbench.report.presets_md import presets_markdown
 
 
@@ -90,6 +91,7 @@ def render_markdown(reading: Reading) -> str:
         if table.scaling:
             lines += ["", SCALING_LEGEND, ""] + [f"- {md_text(line.text)}" for line in table.scaling]
     lines += capacity_markdown(reading.capacity)
+    lines += prefix_markdown(reading.prefix)
     lines += presets_markdown(reading.presets)
     lines += _checks(reading)
     failed = [r for r in results if not r.ok]
