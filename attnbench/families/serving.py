@@ -48,6 +48,7 @@ from attnbench.families.states import (
     packed,
     reset_state,
     rollback,
+    tensor_bytes,
     verify,
 )
 
@@ -221,5 +222,4 @@ class SharedPrefill:
             if state is not None:
                 shared.update((t.data_ptr(), t.numel() * t.element_size()) for t in state.tensors())
         shared.update((t.data_ptr(), t.numel() * t.element_size()) for saved in self.checkpoints for t in saved)
-        independent = sum(t.numel() * t.element_size() for t in self.independent_state.tensors())
-        return sum(shared.values()), independent
+        return sum(shared.values()), tensor_bytes(self.independent_state)

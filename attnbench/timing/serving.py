@@ -429,14 +429,19 @@ def _check_rollback(case: Case, model: nn.Module, setup: VerifySetup, device: to
     _agree(case, f"a verify after rollback({r})", after, verify(model, drafts, decoded), f"{r} drafts prefilled")
 
 
-def _agree(case: Case, what: str, got: torch.Tensor, reference: torch.Tensor, against: str) -> None:
-    """UserModelError unless ``got`` matches ``reference`` within the case's dtype's tolerance (a float32 call's
-    rounding, or a 16-bit one's)."""
+def _difference(got: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """The largest |got − reference| and what it may reach: the dtype's rounding (a float32 call's, or a 16-bit
+    one's) scaled by the reference's size."""
     tolerance = 1e-3 if got.dtype in (torch.float32, torch.float64) else 5e-2
     scale = max(1.0, float(reference.abs().max()))
-    error = float((got.float() - reference.float()).abs().max())
-    if not error <= tolerance * scale:  # NaN included
-        message = f"{what} differs from {against} by {error:.3g} (tolerance {tolerance * scale:.3g})"
+    return float((got.float() - reference.float()).abs().max()), tolerance * scale
+
+
+def _agree(case: Case, what: str, got: torch.Tensor, reference: torch.Tensor, against: str) -> None:
+    """UserModelError unless ``got`` matches ``reference`` within the case's dtype's tolerance (``_difference``)."""
+    error, allowed = _difference(got, reference)
+    if not error <= allowed:  # NaN included
+        message = f"{what} differs from {against} by {error:.3g} (tolerance {allowed:.3g})"
         raise torch_family(case).disagrees(case, message)
 
 
@@ -445,15 +450,13 @@ def _prefix_error(case: Case, shared: torch.Tensor, independent: torch.Tensor) -
     incorrect where they differ beyond the dtype's rounding (``_agree``'s tolerance). A case keeping a narrower cache
     or state is exempt: each strategy quantises its own tensors (an int8 scale set by what it first wrote), so they
     differ by that rounding, which the row shows."""
-    tolerance = 1e-3 if shared.dtype in (torch.float32, torch.float64) else 5e-2
-    scale = max(1.0, float(independent.abs().max()))
-    error = float((shared.float() - independent.float()).abs().max())
+    error, allowed = _difference(shared, independent)
     narrower = case.kept_dtype("kv_dtype") is not None or case.kept_dtype("state_dtype") is not None
-    if error <= tolerance * scale or (narrower and math.isfinite(error)):
+    if error <= allowed or (narrower and math.isfinite(error)):
         return error, None
     return error, (
         f"the first token after a shared prefix differs from the requests' own prefill's by {error:.3g} (tolerance "
-        f"{tolerance * scale:.3g}): sharing changed the answer"
+        f"{allowed:.3g}): sharing changed the answer"
     )
 
 
