@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from html import escape
 
 from attnbench.analysis.capacity import CapacityPoint, CapacityTable
@@ -200,14 +200,22 @@ def _table_section(index: int, table: PivotTable, plots: Sequence[Plot]) -> list
     return out
 
 
+def _text_table(headers: Sequence[str], rows: Iterable[tuple[str, Sequence[str]]]) -> list[str]:
+    """A table of text cells, each row headed by its label, styled as the pivot tables are."""
+    head = "".join(f'<th scope="col">{_e(h)}</th>' for h in headers)
+    out = ['<div class="scroll"><table class="pivot">', f"<thead><tr>{head}</tr></thead>", "<tbody>"]
+    for label, cells in rows:
+        row = "".join(f'<td class="num">{_e(cell)}</td>' for cell in cells)
+        out.append(f'<tr><th scope="row" class="row">{_e(label)}</th>{row}</tr>')
+    return [*out, "</tbody></table></div>"]
+
+
 def _capacity_table(table: CapacityTable, render: Callable[[CapacityPoint | None], str]) -> list[str]:
-    headers = "".join(f'<th scope="col">{_e(h)}</th>' for h in ["model", *(f"n={n}" for n in table.seq_lens)])
-    out = ['<div class="scroll"><table class="pivot">', f"<thead><tr>{headers}</tr></thead>", "<tbody>"]
+    rows = []
     for curve in table.curves:
         points = {p.n: p for p in curve.points}
-        row = "".join(f'<td class="num">{_e(render(points.get(n)))}</td>' for n in table.seq_lens)
-        out.append(f'<tr><th scope="row" class="row">{_e(curve.label)}</th>{row}</tr>')
-    return [*out, "</tbody></table></div>"]
+        rows.append((curve.label, [render(points.get(n)) for n in table.seq_lens]))
+    return _text_table(["model", *(f"n={n}" for n in table.seq_lens)], rows)
 
 
 def _capacity_section(index: int, table: CapacityTable, plots: Sequence[Plot]) -> list[str]:
@@ -225,18 +233,13 @@ def _capacity_section(index: int, table: CapacityTable, plots: Sequence[Plot]) -
 
 def _prefix_section(index: int, table: PrefixTable) -> list[str]:
     """The shared-prefix table, as summary.md has it."""
-    headers = "".join(f'<th scope="col">{_e(h)}</th>' for h in PREFIX_HEADERS)
     out = [
         f'<section id="prefix-{index}">',
         f"<h2>{_e(table.title)}</h2>",
         f'<p class="legend">{_e(PREFIX_LEGEND)}</p>',
     ]
-    out += ['<div class="scroll"><table class="pivot">', f"<thead><tr>{headers}</tr></thead>", "<tbody>"]
-    for point in table.points:
-        label, *rest = prefix_cells(point)
-        row = "".join(f'<td class="num">{_e(cell)}</td>' for cell in rest)
-        out.append(f'<tr><th scope="row" class="row">{_e(label)}</th>{row}</tr>')
-    return [*out, "</tbody></table></div>", "</section>"]
+    rows = [(cells[0], cells[1:]) for cells in map(prefix_cells, table.points)]
+    return [*out, *_text_table(PREFIX_HEADERS, rows), "</section>"]
 
 
 def _checks_section(reading: Reading) -> list[str]:
