@@ -69,20 +69,15 @@ def measure(
     config = _config(label, factory, kind, options, seq_len=seq_len, batch=batch, mode=mode, dtype=dtype)
     config |= _given(d_model=d_model, heads=heads, layers=layers, causal=causal, threads=threads, seed=seed)
     config |= {"device": device, "timing": dict(timing or {})}
-    if config["timing"].get("processes", 1) != 1:
-        raise ConfigError(
-            "measure times in this process: timing.processes must be 1",
-            where=SOURCE,
-            key="timing.processes",
-            hint="sweep a config with timing.processes for the spread between processes",
-        )
-    if config["timing"].get("rounds", 1) != 1:
-        raise ConfigError(
-            "measure times one case: timing.rounds, which interleaves a sweep's cases, must be 1",
-            where=SOURCE,
-            key="timing.rounds",
-            hint="sweep a config with timing.rounds to spread its cases over the sweep",
-        )
+    # measure times one case in this process: a key that spreads cases over processes or a sweep is refused
+    for key, what, hint in (
+        ("processes", "measure times in this process", "timing.processes for the spread between processes"),
+        ("rounds", "measure times one case", "timing.rounds to spread its cases over the sweep"),
+    ):
+        if config["timing"].get(key, 1) != 1:
+            raise ConfigError(
+                f"{what}: timing.{key} must be 1", where=SOURCE, key=f"timing.{key}", hint=f"sweep a config with {hint}"
+            )
     return _run(config, label)
 
 
