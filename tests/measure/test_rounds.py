@@ -381,3 +381,17 @@ def test_a_block_line_that_does_not_read_is_dropped_with_a_warning_and_the_other
     assert sorted(blocks) == sorted(c.key for c in CASES[:2]) and len(warnings) == 2  # line 2, and the torn line 4
     assert f"{ROUNDS_FILE}:2:" in warnings[0] and f"{ROUNDS_FILE}:4:" in warnings[1]  # each names its line
     assert load_blocks(tmp_path / "nothing-here") == ({}, [])
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "results.jsonl", "no-such-file"])
+def test_a_rounds_file_that_is_a_link_is_refused_before_anything_is_written(tmp_path: Path, target: str) -> None:
+    """A hostile run folder: rounds.jsonl a link (to a device, to another log, dangling) is refused as every file a
+    sweep writes is, so a resume can neither read a device nor append through the link."""
+    from attnbench.core.errors import ResultsError
+    from attnbench.results.store import refuse_special_files
+
+    (tmp_path / ROUNDS_FILE).symlink_to(target)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ResultsError):
+        refuse_special_files(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
