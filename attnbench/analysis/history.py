@@ -256,15 +256,16 @@ def build_history(
         raise AttnbenchError(f"--metric: unknown metric {metric!r}", hint=f"one of: {', '.join(METRICS)}")
     if not runs:
         raise AttnbenchError("history: no runs to read", hint="pass run folders, or folders that hold them")
-    unique: dict[str, StoredRun] = {}
+    unique: dict[tuple[str, str], StoredRun] = {}
     copies: list[str] = []
     for stored in runs:
-        if stored.run.run_id in unique:  # the same run given twice (or copied) is one run, not two agreeing ones
-            copies.append(
-                f"{stored.folder} is run {stored.run.run_id} again (as {unique[stored.run.run_id].folder}): read once"
-            )
+        # The same run given twice (or copied) is one run, not two agreeing ones. Its id alone does not say so: two
+        # sweeps started in one second into two --out folders get the same folder name, and are two runs.
+        identity = (stored.run.run_id, stored.run.created_utc)
+        if identity in unique:
+            copies.append(f"{stored.folder} is run {stored.run.run_id} again (as {unique[identity].folder}): read once")
         else:
-            unique[stored.run.run_id] = stored
+            unique[identity] = stored
     ordered, order, note = order_runs(list(unique.values()), repo)
     segments = segments_of(ordered)
     cases: list[CaseHistory] = []

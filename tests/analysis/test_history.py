@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -100,6 +101,19 @@ def test_the_same_run_twice_is_read_once(tmp_path: Path) -> None:
     runs, _ = load_runs([path, path])
     history = build_history(runs)
     assert len(history.runs) == 1 and "read once" in history.warnings[0]
+
+
+def test_two_runs_of_one_second_in_two_folders_are_two_runs(tmp_path: Path) -> None:
+    """Sweeps started in the same second into two --out folders get the same folder name (the run's id): both are
+    read, since each was created at its own moment; only a copy (the same id and moment) is read once."""
+    first, second = synthetic_runs(tmp_path / "a", [1.0]) + synthetic_runs(tmp_path / "b", [2.0])
+    run = json.loads((second / "run.json").read_text(encoding="utf-8"))
+    run["created_utc"] = run["created_utc"].replace("00.000000Z", "00.417000Z")  # the same second, a later moment
+    (second / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    runs, _ = load_runs([first, second])
+    assert runs[0].run.run_id == runs[1].run.run_id and runs[0].run.created_utc != runs[1].run.created_utc
+    history = build_history(runs)
+    assert len(history.runs) == 2 and not any("read once" in w for w in history.warnings)
 
 
 def test_cases_missing_from_some_runs_are_listed_and_matched_by_key(tmp_path: Path) -> None:
