@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ from attnbench.families.states import (
     stack_rollback,
     stack_step,
     stack_verify,
+    step_with,
     verify,
 )
 from attnbench.families.torch_family import TorchFamily, with_options
@@ -206,7 +208,7 @@ class Network(nn.Module):
         return x if self.final_norm is None else self.final_norm(x)
 
     def init_state(self, batch: int, capacity: int) -> NetworkState:
-        return NetworkState(keep(decodable(self.body).init_state(batch, capacity), batch))
+        return NetworkState(keep(partial(decodable(self.body).init_state, capacity=capacity), batch))
 
     def prefill(self, x: torch.Tensor, state: NetworkState, *, output: bool = True) -> torch.Tensor | None:
         """The context from the state's position on (a recurrent body may take a long context in chunks)."""
@@ -217,8 +219,7 @@ class Network(nn.Module):
 
     def step(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
         """One token per sequence ((B, 1) ids or (B, 1, d)) at position n -> (B, 1, d_model)."""
-        with opened(state.body, commit=False) as body:
-            return self._finish(decodable(self.body).step(self._front(x, state.position), body))
+        return self._finish(step_with(state.body, decodable(self.body).step, self._front(x, state.position)))
 
     def verify(self, x: torch.Tensor, state: NetworkState) -> torch.Tensor:
         """k draft tokens at positions n…n+k−1 -> (B, k, d_model); the body keeps what the rollback needs."""

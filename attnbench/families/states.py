@@ -29,11 +29,12 @@ whose ``step`` reads it; a new recurrence adds a state (a d×d matrix for linear
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast
+from functools import partial
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import torch
 from torch import nn
@@ -333,12 +334,26 @@ class SharedKV(SharedPrefix):
         return self.joined("values", end, 2)
 
 
-def keep(state: Any, batch: int) -> Any:
-    """A layer's state of ``batch`` sequences as the executor keeps it (``KEPT``'s ``keep``), unless it is a cache of
-    positions."""
+def keep(make: Callable[[int], Any], batch: int) -> Any:
+    """A layer's state of ``batch`` sequences (``make(batch)``) as the executor keeps it (``KEPT``'s ``keep``, shown
+    one sequence's state first: what it holds per sequence), unless it is a cache of positions."""
     keeping = KEPT.get()
-    plain = keeping is None or getattr(state, "holds_positions", False)
-    return state if plain or isinstance(state, KVCache | StackState | NetworkState) else keeping.keep(state, batch)
+    if keeping is None:
+        return make(batch)
+    one = make(1)
+    if getattr(one, "holds_positions", False) or isinstance(one, KVCache | StackState | NetworkState):
+        return make(batch)
+    return keeping.keep(make, one, batch)
+
+
+def step_with(state: Any, step: Callable[[torch.Tensor, Any], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``step(x, state)``, one decode step of a layer: through the state's own ``step_with`` where it has one (a
+    kept state steps in place, rows at a time: ``timing.precision.KeptState``), else against the state as it is."""
+    own = getattr(state, "step_with", None)
+    if callable(own):
+        return cast(torch.Tensor, own(step, x))
+    with opened(state, commit=False) as held:
+        return step(x, held)
 
 
 @contextmanager
@@ -354,6 +369,7 @@ class RecurrentState:
     """h (and c for an LSTM) of a recurrent layer or stack, (layers, B, hidden). A step leaves them as they are
     and keeps its new state, layer by layer, in ``pending``, which ``advance`` copies in."""
 
+    batch_dim: ClassVar[int] = 1  # which of each tensor's dims holds the sequences (``KeptState`` steps rows of it)
     h: torch.Tensor
     c: torch.Tensor | None = None
     pending: tuple[list[torch.Tensor], list[torch.Tensor] | None] | None = field(default=None, repr=False)
@@ -393,6 +409,7 @@ class ConstantState:
     """What a state of one size after any number of tokens (a layer's conv window and scan state) adds for the
     serving questions: ``reset`` zeroes it, ``fill_to`` has nothing to do, ``saved`` holds a verify's record."""
 
+    batch_dim: ClassVar[int] = 0  # every tensor, its scratch's too, holds the sequences first
     saved: Any = None
 
     def tensors(self) -> Iterator[torch.Tensor]:
@@ -489,7 +506,8 @@ def tensor_bytes(state: State) -> int:
 
 
 def stack_init(layers: nn.Module, batch: int, capacity: int) -> StackState:
-    return StackState([keep(decodable(layer).init_state(batch, capacity), batch) for layer in layers.children()])
+    makers = [partial(decodable(layer).init_state, capacity=capacity) for layer in layers.children()]
+    return StackState([keep(make, batch) for make in makers])
 
 
 def stack_prefill(layers: nn.Module, x: torch.Tensor, state: StackState, *, output: bool) -> torch.Tensor | None:
@@ -505,8 +523,7 @@ def stack_prefill(layers: nn.Module, x: torch.Tensor, state: StackState, *, outp
 
 def stack_step(layers: nn.Module, x: torch.Tensor, state: StackState) -> torch.Tensor:
     for layer, layer_state in zip(layers.children(), state.layers, strict=True):
-        with opened(layer_state, commit=False) as held:
-            x = decodable(layer).step(x, held)
+        x = step_with(layer_state, decodable(layer).step, x)
     return x
 
 

@@ -14,7 +14,7 @@ the stored precision's alone, compounded as a decode compounds it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,53 +24,95 @@ import torch
 from attnbench.core.cases import Case
 from attnbench.families.catalogue import family_of
 from attnbench.families.registry import build_model, call_context
-from attnbench.families.states import KEPT, KVCache, decodable, drop_scratch, opened, prefill, scratch_tensors
+from attnbench.families.states import KEPT, KVCache, decodable, opened, prefill, scratch_tensors
 from attnbench.families.torch_family import make_input, torch_dtype
 from attnbench.timing.paging import kept_cache
 
-__all__ = ["CONTEXT", "DECODE_TOKENS", "Keeping", "KeptState", "keeping", "kept_error"]
+__all__ = ["CONTEXT", "DECODE_TOKENS", "TILE_BYTES", "Keeping", "KeptState", "keeping", "kept_error"]
 
 DECODE_TOKENS = 256  # tokens decoded after the prompt: long enough for a state's rounding to compound
 CONTEXT = 16  # the prompt's tokens, prefilled
+# Bytes of a layer's state (and scratch), in the dtype it computes in, that a kept state's step converts at once:
+# large enough that a tile's calls cost little beside its work, small beside a 1 GiB budget's states.
+TILE_BYTES = 16 * 2**20
 
 
 class KeptState:
-    """A recurrent layer's state stored in ``state_dtype`` between calls (vLLM's ``mamba_ssm_cache_dtype``), so only
-    the layer computing holds its state in the compute dtype. ``opened`` lends the layer its state converted up (each
-    tensor's ``.data`` swapped, so the layer's own state object is the one it gets) and, for a call that commits (a
-    prefill, ``advance``, a rollback), converts it back down; a decode step commits only the next state it computes
-    aside (a family's scratch buffers, kept narrow as well, as an engine writes the next state into its cache)."""
+    """A recurrent layer's state stored in ``state_dtype`` between calls (vLLM's ``mamba_ssm_cache_dtype``), or in
+    its own dtype (``dtype`` None) and stepped as an engine steps it: a capacity row's states (``keeping``'s
+    ``in_place``).
 
-    def __init__(self, inner: Any, dtype: torch.dtype) -> None:
-        self.inner, self.held, self.saved = inner, list(inner.tensors()), None
-        self.spare = list(scratch_tensors(inner))
-        # Copies even in their own dtype: the held tensors are emptied between calls.
-        self.stored = [t.to(dtype, copy=True) for t in self.held]
-        self.spare_stored = [t.to(dtype, copy=True) for t in self.spare]
+    A decode step (``step_with``) runs ``TILE_BYTES`` of rows at a time: it lends the layer those rows converted up
+    (each tensor's ``.data`` swapped, so the layer's own state object is the one it gets) with fresh scratch of their
+    size, commits their next state at once and writes it back down (in place where the dtype is the state's own), as
+    an engine's kernel reads a tile of its cache, computes wide and writes the next state into the cache. So only a
+    tile is ever held wide, and no layer keeps next-state buffers between calls: held for every layer of a stack, as
+    the plain state's are (so that a step can be timed again and again at the same n), they would weigh as much as
+    the state, and a narrower state would save nothing. ``advance`` then has nothing left to do. The other calls
+    (``opened``: a prefill, a verify, a rollback) lend every row."""
+
+    def __init__(self, inner: Any, dtype: torch.dtype | None, batch: int) -> None:
+        """``inner``: the layer's state, of ``batch`` sequences or of the rows of one tile (the most its step is lent
+        at once: ``Keeping.keep``), whose values every tile starts from (the state before the first token)."""
+        self.inner, self.batch, self.saved, self.ahead = inner, batch, None, False
+        self.held, self.spare = list(inner.tensors()), list(scratch_tensors(inner))
+        self.shapes = [t.shape for t in self.spare]
+        self.dim: int | None = getattr(inner, "batch_dim", None)  # which dim of every tensor holds the sequences
+        self.rows = batch if self.dim is None else self.held[0].shape[self.dim]
+        self.stored = [_stored(t, dtype, self.dim, batch) for t in self.held]
         self._drop()
 
     def _drop(self) -> None:
         for t in (*self.held, *self.spare):
-            t.data = t.data.new_empty(0)  # keeps its dtype: what ``opened`` converts back to
+            t.data = t.data.new_empty(0)  # keeps its dtype: what ``_lend`` converts back to
+
+    def _lend(self, start: int, end: int) -> None:
+        """The rows start…end of every tensor, in the dtype the layer computes in, and scratch of their size."""
+        dim = self.dim
+        for t, kept in zip(self.held, self.stored, strict=True):
+            t.data = _part(kept, dim, start, end).to(t.dtype)  # its own dtype: the stored rows themselves
+        for t, shape in zip(self.spare, self.shapes, strict=True):
+            t.data = t.data.new_empty(shape if dim is None else (*shape[:dim], end - start, *shape[dim + 1 :]))
+
+    def _store(self, start: int, end: int) -> None:
+        for t, kept in zip(self.held, self.stored, strict=True):
+            part = _part(kept, self.dim, start, end)
+            if part.data_ptr() != t.data_ptr() or part.dtype != t.dtype:  # written in place already otherwise
+                part.copy_(t)
 
     @contextmanager
     def opened(self, *, commit: bool) -> Iterator[Any]:
-        pairs = list(zip((*self.held, *self.spare), (*self.stored, *self.spare_stored), strict=True))
-        for t, kept in pairs:
-            t.data = kept.to(t.dtype)
+        self._lend(0, self.batch)
         try:
             yield self.inner
-            for t, kept in pairs if commit else pairs[len(self.held) :]:
-                kept.copy_(t)
+            if commit:
+                self._store(0, self.batch)
         finally:
             self._drop()
+
+    def step_with(self, step: Callable[[torch.Tensor, Any], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``step(x, layer state)`` a tile of rows at a time, each tile's next state committed as it is computed."""
+        outputs = []
+        for start in range(0, self.batch, self.rows):
+            end = min(self.batch, start + self.rows)
+            self._lend(start, end)
+            try:
+                outputs.append(step(x[start:end], self.inner))
+                self.inner.advance()
+                self._store(start, end)
+            finally:
+                self._drop()
+        self.ahead = True
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield from self.stored
 
     def advance(self) -> None:
-        with self.opened(commit=True) as inner:
-            inner.advance()
+        """Nothing left to do: the step committed its next state (``step_with``)."""
+        if not self.ahead:
+            raise ValueError("advance() needs a step first")
+        self.ahead = False
 
     def reset(self) -> None:
         for kept in self.stored:
@@ -80,11 +122,28 @@ class KeptState:
         """Nothing to do: a recurrent state has one size after any number of tokens."""
 
     def drop_scratch(self) -> None:
-        drop_scratch(self.inner)
-        self.spare, self.spare_stored = [], []
+        """Nothing held: scratch is made for a call, of its rows (``_lend``)."""
 
     def scratch(self) -> Iterator[torch.Tensor]:
-        yield from self.spare_stored
+        return iter(())
+
+
+def _stored(held: torch.Tensor, dtype: torch.dtype | None, dim: int | None, batch: int) -> torch.Tensor:
+    """What keeps ``held``'s values for ``batch`` sequences in ``dtype``: ``held`` repeated along ``dim`` (it holds
+    a tile's rows), made in that dtype, never wide. Another tensor object either way: the held ones are emptied
+    between calls; in its own dtype and of every row, the same storage (stepped in place)."""
+    dtype = dtype or held.dtype
+    if dim is None or held.shape[dim] == batch:
+        return held.detach() if dtype == held.dtype else held.to(dtype)
+    stored = held.new_empty((*held.shape[:dim], batch, *held.shape[dim + 1 :]), dtype=dtype)
+    for start in range(0, batch, held.shape[dim]):
+        part = stored.narrow(dim, start, min(held.shape[dim], batch - start))
+        part.copy_(held.narrow(dim, 0, part.shape[dim]))
+    return stored
+
+
+def _part(kept: torch.Tensor, dim: int | None, start: int, end: int) -> torch.Tensor:
+    return kept if dim is None else kept.narrow(dim, start, end - start)
 
 
 class PaddedState:
@@ -118,25 +177,38 @@ class Keeping:
     state: torch.dtype | None
     page_tokens: int = 0  # a KV cache's page (``timing.paging``): 0 contiguous
     state_page: int = 0  # bytes per sequence a recurrent state's slot takes (``PaddedState``): 0 its own
+    in_place: bool = False  # every recurrent state stepped as an engine steps it (``KeptState``), in its dtype too
 
     def cache(self, *args: Any, **kwargs: Any) -> KVCache:
         """A layer's KV cache (``KVCache``'s arguments) kept in ``kv`` and ``page_tokens``: ``paging.kept_cache``."""
         return kept_cache(*args, **kwargs, kept=self.kv, page_tokens=self.page_tokens)
 
-    def keep(self, state: Any, batch: int) -> Any:
-        if isinstance(state, KeptState | PaddedState):
-            return state
-        kept = state if self.state is None else KeptState(state, self.state)
+    def keep(self, make: Callable[[int], Any], one: Any, batch: int) -> Any:
+        """The state of ``batch`` sequences ``make`` makes, kept: ``one``, the state of one, says what it holds per
+        sequence, so that a kept state is made a tile of rows big (``KeptState``) and never wide at every row."""
+        if isinstance(one, KeptState | PaddedState):  # the module kept its own (an RNN that may be the whole model)
+            return make(batch)
+        if self.state is None and not self.in_place:
+            kept = make(batch)
+        elif getattr(one, "batch_dim", None) is None:  # a user's state, lent whole
+            kept = KeptState(make(batch), self.state, batch)
+        else:
+            per_row = sum(t.numel() * t.element_size() for t in (*one.tensors(), *scratch_tensors(one)))
+            rows = min(batch, max(1, TILE_BYTES // max(1, per_row)))
+            kept = KeptState(one if rows == 1 else make(rows), self.state, batch)
         return PaddedState(kept, batch * self.state_page) if self.state_page else kept
 
 
 @contextmanager
-def keeping(kv: str | None, state: str | None, page_tokens: int = 0, state_page: int = 0) -> Iterator[None]:
+def keeping(
+    kv: str | None, state: str | None, page_tokens: int = 0, state_page: int = 0, *, in_place: bool = False
+) -> Iterator[None]:
     """Every state allocated inside stored in ``kv`` (a KV cache) and ``state`` (a recurrent one): torch's names;
     None, as it computes; a KV cache in pages of ``page_tokens`` positions (0: contiguous), a recurrent state in a
-    slot of ``state_page`` bytes per sequence (0: its own size)."""
+    slot of ``state_page`` bytes per sequence (0: its own size); with ``in_place``, every recurrent state stepped as
+    a kept one is, whatever its dtype (a capacity row: ``KeptState``)."""
     kv_kept, state_kept = getattr(torch, kv) if kv else None, getattr(torch, state) if state else None
-    kept = Keeping(kv_kept, state_kept, page_tokens, state_page)
+    kept = Keeping(kv_kept, state_kept, page_tokens, state_page, in_place)
     token = KEPT.set(None if kept == Keeping(None, None) else kept)
     try:
         yield

@@ -211,9 +211,12 @@ class TorchExecutor:
             reason = f"output off its reference ({check.reference}): {check.reason}"
             return Result(case, "incorrect", reason, check=check)
         early = None if on_timed is None else lambda result: on_timed(replace(result, check=check))
-        # Every state the case allocates is kept as it asks (kv_dtype, state_dtype): every stateful mode.
+        # Every state the case allocates is kept as it asks (kv_dtype, state_dtype): every stateful mode. A capacity
+        # row steps its recurrent states as an engine does, in place (``KeptState``), whatever their dtype, so that
+        # the state's bytes, not the measure's next-state buffers, decide how many sequences fit.
         layout = family_of(case).page_layout(case)  # KV pages and state slots: a hybrid's may be aligned
-        with keeping(case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"), *layout):
+        kept = (case.kept_dtype("kv_dtype"), case.kept_dtype("state_dtype"), *layout)
+        with keeping(*kept, in_place=case.mode == "capacity"):
             result = replace(self._measure(case, early), check=check)
         if result.ok and case.kept:  # what the narrower state costs in accuracy, beside what it saves in time
             result = replace(result, extra={**result.extra, **kept_error(case, self.device, self.seed)})

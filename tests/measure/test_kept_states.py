@@ -14,7 +14,7 @@ from attnbench.core.cases import Case, TimingPolicy
 from attnbench.families.hybrid.spec import HybridModel
 from attnbench.families.registry import build_model
 from attnbench.families.state_bytes import state_bytes
-from attnbench.families.states import KVCache, decodable, tensor_bytes
+from attnbench.families.states import KVCache, decodable, scratch_tensors, tensor_bytes
 from attnbench.timing import precision
 from attnbench.timing.executor import ExecutorSettings
 from attnbench.timing.precision import KeptState, keeping
@@ -140,3 +140,80 @@ def test_the_serving_questions_keep_their_state_as_asked(
     assert result.status in ("ok", "too_slow_for_budget"), result.reason
     if result.ok:
         assert result.extra["kept_error_max"] < 0.05
+
+
+@pytest.mark.parametrize(
+    ("model", "kept"),
+    [
+        ("mamba2", None),
+        ("mamba2", "bfloat16"),
+        ("gated-deltanet", None),
+        ("lstm", None),
+        ("lstm", "float16"),
+        ("linear-attn", None),
+        ("mamba3", None),
+        ("mingru", None),
+        ("rwkv7", "bfloat16"),
+    ],
+)
+def test_a_state_stepped_in_place_by_tiles_decodes_as_the_plain_one(
+    model: str, kept: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capacity row's stepping (``in_place``): every layer's step runs a tile of rows at a time, commits its next
+    state at once, and holds no next-state buffers between calls; its decode is the plain state's."""
+    c = replace(case(model), batch=7)
+    torch.manual_seed(0)
+    built = build_model(c, "cpu", torch.float32)
+    tokens = torch.randn(7, 5, 64)
+    calls: list[int] = []
+    real = KeptState.step_with
+
+    def spy(self: KeptState, step: object, x: torch.Tensor) -> torch.Tensor:
+        calls.append(self.rows)
+        return real(self, step, x)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(KeptState, "step_with", spy)
+
+    def decode(state_dtype: str | None, in_place: bool) -> tuple[torch.Tensor, list[object]]:
+        with torch.inference_mode(), keeping(None, state_dtype, in_place=in_place):
+            held = decodable(built).init_state(7, 8)
+            outputs = []
+            for t in range(5):
+                outputs.append(decodable(built).step(tokens[:, t : t + 1], held))
+                held.advance()
+        return torch.cat(outputs, dim=1), list(leaves(held))
+
+    monkeypatch.setattr(precision, "TILE_BYTES", 1)  # a row per tile: 7 tiles, each its own step
+    plain, _ = decode(None, False)
+    assert not calls
+    tiled, layers = decode(kept, True)
+    assert all(isinstance(layer, KeptState) for layer in layers)
+    assert calls and set(calls) == {1} and len(calls) == 5 * len(layers)  # every step went through the tiles
+    assert all(t.numel() == 0 for layer in layers for t in layer.spare)  # type: ignore[attr-defined]
+    assert list(scratch_tensors(layers[0])) == []
+    if kept is None:
+        torch.testing.assert_close(tiled, plain, rtol=1e-4, atol=1e-5)
+    else:  # stored narrow: near, not equal
+        assert 0 < (tiled - plain).abs().max() < 0.05
+
+
+def test_a_kept_state_is_never_held_wide_at_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state is made a tile of rows big and stored narrow: the largest wide tensor a kept init allocates is a
+    tile's, never the batch's (an engine allocates its cache in its dtype)."""
+    c = replace(case("mamba2"), batch=64)
+    built = build_model(c, "cpu", torch.float32)
+    made: list[torch.Size] = []
+    real = torch.zeros
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        out = real(*args, **kwargs)  # type: ignore[call-overload]
+        made.append(out.shape) if out.dtype == torch.float32 else None
+        return out
+
+    monkeypatch.setattr(precision, "TILE_BYTES", 1)
+    monkeypatch.setattr(torch, "zeros", spy)
+    with torch.inference_mode(), keeping(None, "bfloat16"):
+        held = decodable(built).init_state(64, 8)
+    monkeypatch.setattr(torch, "zeros", real)
+    assert made and max(shape[0] for shape in made) == 1  # a tile of one row, however many sequences
+    assert all(t.shape[0] == 64 and t.dtype == torch.bfloat16 for t in held.tensors() if t.dim() == 4)

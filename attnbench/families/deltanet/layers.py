@@ -311,6 +311,10 @@ class DeltaState(ConstantState):
         self.memory.copy_(self.next_memory)
         self.stepped = False
 
+    def scratch(self) -> Iterator[Tensor]:
+        yield self.next_inputs
+        yield self.next_memory
+
     def drop_scratch(self) -> None:
         del self.next_inputs, self.next_memory  # a step after this has nowhere to write: the state is being measured
 

@@ -24,7 +24,7 @@ from attnbench.core.cases import Case
 from attnbench.families.base import ExtraValue
 from attnbench.families.blocks import NetworkFamily, recurrent_network
 from attnbench.families.rnn.spec import FAMILY
-from attnbench.families.states import RecurrentState, keep, opened, spans
+from attnbench.families.states import RecurrentState, keep, opened, spans, step_with
 from attnbench.families.torch_family import make_input, rng_untouched, torch_dtype
 
 Cell = Literal["lstm", "gru"]
@@ -92,12 +92,12 @@ class Recurrent(nn.Module):
             raise NotImplementedError(
                 f"a bidirectional {self.cell} reads the sequence backwards too, so it cannot decode one token at a time"
             )
+        return keep(self._zero_state, batch)  # kept here too: this module may be the whole model, with no stack
+
+    def _zero_state(self, batch: int) -> RecurrentState:
         weight = next(self.rnn.parameters())
-        shape = (self.rnn.num_layers, batch, self.rnn.hidden_size)
-        h = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
-        return keep(  # kept here too: this module may be the whole model, with no stack to keep it
-            RecurrentState(h, torch.zeros_like(h) if self.cell == "lstm" else None), batch
-        )
+        h = torch.zeros((self.rnn.num_layers, batch, self.rnn.hidden_size), device=weight.device, dtype=weight.dtype)
+        return RecurrentState(h, torch.zeros_like(h) if self.cell == "lstm" else None)
 
     def prefill(self, x: torch.Tensor, state: RecurrentState, *, output: bool = True) -> torch.Tensor | None:
         """The whole-sequence module from the carried state (zero at first); the state after the last token."""
@@ -105,8 +105,7 @@ class Recurrent(nn.Module):
             return self._prefill(x, held, output=output)
 
     def step(self, x: torch.Tensor, state: RecurrentState) -> torch.Tensor:
-        with opened(state, commit=False) as held:
-            return self._step(x, held)
+        return step_with(state, self._step, x)
 
     def _prefill(self, x: torch.Tensor, state: RecurrentState, *, output: bool) -> torch.Tensor | None:
         if x.shape[1] == 0:  # an empty context (nn.LSTM refuses one) leaves the state as it was
