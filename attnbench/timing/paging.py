@@ -3,8 +3,9 @@
 An engine's attention kernel reads a kept cache where it lies: vLLM's paged attention converts an fp8 or int8 page
 in registers as it reads it, through the sequence's block table, and never holds a converted copy of a layer's
 cache. So does a step here (``EngineCache.attend``): the query attends to the cache ``CHUNK_BYTES`` at a time
-(whole pages), each chunk gathered through the page table and converted to the compute dtype on its own, the
-chunks' softmaxes merged by their maxima and sums (split-K, as flash-decoding merges its splits). A step's working
+(whole pages), each chunk gathered through the page table and converted to the compute dtype on its own: as many
+whole sequences as a chunk holds, or a long sequence's slots in pieces whose softmaxes are merged by their maxima and
+sums (split-K, as flash-decoding merges its splits). A step's working
 memory is then one chunk whatever n and the batch, and a capacity search counts what an engine would hold: the
 cache in its kept dtype and pages, not a converted copy.
 
@@ -62,9 +63,10 @@ def kept_cache(
 class EngineCache(KVCache):
     """A KV cache a step reads chunk by chunk (module notes), converted a chunk at a time."""
 
-    def chunk(self, which: int, start: int, stop: int) -> torch.Tensor:
-        """(B, H_kv, stop − start, D) of K (0) or V (1), slots [start, stop), in the compute dtype."""
-        return self._loaded(self._bhnd(self.storage[which])[:, :, start:stop], which)
+    def chunk(self, which: int, start: int, stop: int, rows: slice = slice(None)) -> torch.Tensor:
+        """(B, H_kv, stop − start, D) of K (0) or V (1), slots [start, stop) of the sequences ``rows``, in the
+        compute dtype."""
+        return self._loaded(self._bhnd(self.storage[which])[rows, :, start:stop], which)
 
     @property
     def heads_kv(self) -> int:
@@ -74,30 +76,38 @@ class EngineCache(KVCache):
         )
 
     def chunk_slots(self, batch: int, heads: int, head_dim: int) -> int:
-        """Slots per chunk: ``CHUNK_BYTES`` over what a slot costs the batch converted (K and V, and a float32 score
-        and weight per query head), at least one."""
+        """Slots per chunk: ``CHUNK_BYTES`` over what a slot costs ``batch`` sequences converted (K and V, and a
+        float32 score and weight per query head), at least one."""
         width = torch.empty((), dtype=self.compute).element_size()
         return max(1, CHUNK_BYTES // (batch * (2 * self.heads_kv * head_dim * width + 2 * heads * 4)))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The step's query (B, H, 1, D) after writing its key and value into slot n, over slots 0…n (a ring's
-        filled ones), chunk by chunk: softmax(qKᵀ/√D)·V merged across chunks in float32."""
+        filled ones), chunk by chunk: as many whole sequences as ``CHUNK_BYTES`` holds at a time (a batch of short
+        ones reads in few large calls), a long one's slots split (split-K)."""
         n = self.length
         self.check_room()
         self.write(k, v, n)
         batch, heads, _, d = q.shape
         filled = min(n + 1, self.slots)
-        heads_kv = self.heads_kv
-        grouped = q.reshape(batch, heads_kv, heads // heads_kv, d) * d**-0.5  # query heads on their key head
-        step = self.chunk_slots(batch, heads, d)
+        grouped = q.reshape(batch, self.heads_kv, heads // self.heads_kv, d) * d**-0.5  # query heads on their key head
+        rows = max(1, self.chunk_slots(1, heads, d) // filled)  # whole sequences per chunk, where one fits
+        parts = [self._attend(grouped[r : r + rows], slice(r, r + rows), filled) for r in range(0, batch, rows)]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out.to(q.dtype).reshape(batch, heads, 1, d)
+
+    def _attend(self, grouped: torch.Tensor, rows: slice, filled: int) -> torch.Tensor:
+        """softmax(qKᵀ)·V over slots 0…filled − 1 of the sequences ``rows``, chunk by chunk, the chunks merged by
+        their maxima and sums in float32: (rows, H_kv, G, D)."""
+        step = self.chunk_slots(grouped.shape[0], grouped.shape[1] * grouped.shape[2], grouped.shape[3])
         top = total = out = None
         for start in range(0, filled, step):
             stop = min(filled, start + step)
-            scores = (grouped @ self.chunk(0, start, stop).transpose(-2, -1)).float()  # (B, H_kv, G, S)
+            scores = (grouped @ self.chunk(0, start, stop, rows).transpose(-2, -1)).float()  # (b, H_kv, G, S)
             high = scores.amax(dim=-1, keepdim=True)
             new_top = high if top is None else torch.maximum(top, high)
             weights = (scores - new_top).exp_()
-            part = weights.to(q.dtype) @ self.chunk(1, start, stop)  # (B, H_kv, G, D)
+            part = weights.to(grouped.dtype) @ self.chunk(1, start, stop, rows)  # (b, H_kv, G, D)
             if top is None or total is None or out is None:
                 total, out = weights.sum(dim=-1, keepdim=True), part.float()
             else:
@@ -106,7 +116,7 @@ class EngineCache(KVCache):
                 out = out.mul_(decay).add_(part.float())
             top = new_top
         assert out is not None and total is not None  # at least the token itself
-        return (out / total).to(q.dtype).reshape(batch, heads, 1, d)
+        return out / total
 
 
 class PagedCache(EngineCache):
@@ -136,11 +146,14 @@ class PagedCache(EngineCache):
         """Whole pages (at least one): a chunk that began or ended inside a page would gather all of it."""
         return max(1, super().chunk_slots(batch, heads, head_dim) // self.page_tokens) * self.page_tokens
 
-    def chunk(self, which: int, start: int, stop: int) -> torch.Tensor:
+    def chunk(self, which: int, start: int, stop: int, rows: slice = slice(None)) -> torch.Tensor:
         """Whole pages gathered through the table (the indirection an engine's kernel pays), the slots of
-        [start, stop) kept, converted: (B, H_kv, stop − start, D)."""
+        [start, stop) of the sequences ``rows`` kept, converted: (B, H_kv, stop − start, D)."""
         first, last = start // self.page_tokens, math.ceil(stop / self.page_tokens)
-        pages = self.storage[which][self.table[:, first:last]]  # (B, pages, P, H_kv, D): a gather
+        ids, pool = self.table[rows, first:last], self.storage[which]
+        # Gathered as bytes where they are bytes: torch's CPU index_select has no float8 kernel of its own.
+        raw = pool.view(torch.uint8) if pool.element_size() == 1 else pool
+        pages = raw.index_select(0, ids.flatten()).view(pool.dtype).unflatten(0, ids.shape)  # (B, pages, P, H_kv, D)
         held = pages.flatten(1, 2)[:, start - first * self.page_tokens : stop - first * self.page_tokens]
         return self._loaded(held.transpose(1, 2), which)
 
@@ -162,13 +175,12 @@ class PagedCache(EngineCache):
             self.storage[which].index_put_((pages, offsets), self._stored(src, which).transpose(1, 2))
 
     def fill_to(self, length: int) -> None:
-        """Made-up keys and values (``KVCache.fill_to``), a sequence's pages at a time."""
+        """Made-up keys and values (``KVCache.fill_to``): one sequence's pages drawn, copied into every one's."""
         if length > self.capacity:
             raise ValueError(f"{length} positions do not fit a KV cache of {self.capacity}")
         per_sequence = self.table.shape[1]
-        for held in self.storage.flatten(0, 1).split(per_sequence):
-            noise = torch.randn(held.shape, device=held.device, dtype=self.compute)
-            held.copy_(noise.mul_(127 / 4).round_().clamp_(-127, 127) if self.scales is not None else noise)
+        pool = self.storage.unflatten(1, (self.batch, per_sequence))  # (2, B, pages, P, H_kv, D)
+        pool.copy_(self.noise(pool[:, :1].shape))
         if self.scales is not None:
             self.scales.fill_(4 / 127)
         self._set_length(length)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnbench.core.cases import Case, TimingPolicy
+from attnbench.families import states
 from attnbench.families.catalogue import family_of
 from attnbench.families.hybrid.spec import HybridModel
 from attnbench.families.registry import build_model
@@ -47,14 +48,17 @@ def decode(m: Any, x: torch.Tensor, kv: str | None = None, pages: int = 0) -> tu
 
 @pytest.fixture
 def spied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Slots each chunk a step converts, with chunks of a few slots (so a step reads several)."""
+    """Slots × sequences each chunk a step converts, with chunks of a few slots (so a step reads several)."""
     sizes: list[int] = []
     monkeypatch.setattr(paging, "CHUNK_BYTES", 2 * (2 * 4 * 16 * 4 + 2 * 4 * 4) * 8)  # 8 slots at batch 2
     for kind in (paging.EngineCache, paging.PagedCache):
 
-        def spy(self: Any, which: int, start: int, stop: int, real: Any = kind.chunk) -> torch.Tensor:
-            sizes.append(stop - start)
-            return real(self, which, start, stop)
+        def spy(
+            self: Any, which: int, start: int, stop: int, rows: slice = slice(None), real: Any = kind.chunk
+        ) -> torch.Tensor:
+            out = real(self, which, start, stop, rows)
+            sizes.append((stop - start) * out.shape[0])
+            return out
 
         monkeypatch.setattr(kind, "chunk", spy)
     return sizes
@@ -66,7 +70,7 @@ def test_a_paged_decode_is_the_contiguous_one(spied: list[int], window: int, hea
     full, _ = decode(m, x)
     paged, state = decode(m, x, pages=pages)
     assert all(isinstance(layer, paging.PagedCache) for layer in state.layers)
-    assert spied and max(spied) < CONTEXT // 2  # read through the page table, a few slots at a time
+    assert spied and max(spied) <= 32  # read through the page table, a few slots × sequences at a time (of 104)
     torch.testing.assert_close(paged, full, rtol=1e-5, atol=1e-5)
 
 
@@ -75,8 +79,53 @@ def test_a_kept_cache_converts_a_chunk_at_a_time(spied: list[int]) -> None:
     full, _ = decode(m, x)
     kept, state = decode(m, x, "int8")
     assert all(type(layer) is paging.EngineCache for layer in state.layers)
-    assert max(spied) <= 8 and len(spied) >= 2 * math.ceil(CONTEXT / 8)  # K and V, several chunks per step
+    assert max(spied) <= 16 and len(spied) >= 2 * math.ceil(CONTEXT / 8)  # K and V, several chunks per step
     assert 0 < float((kept - full).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize(("kv", "pages"), [("int8", 0), ("float8_e4m3fn", 4)])
+def test_short_sequences_are_read_whole_several_at_a_time(kv: str, pages: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a chunk holds several sequences' filled slots, a step reads them whole, a group of sequences per call
+    (no split-K), and decodes as it does one slot range at a time."""
+    m, x = model()
+    x = x.repeat(4, 1, 1)  # 8 sequences
+    split, _ = decode(m, x, kv, pages)  # CHUNK_BYTES: 4 MiB, so all 8 sequences in one call
+    calls: list[tuple[int, int, int]] = []
+    real = paging.PagedCache.chunk if pages else paging.EngineCache.chunk
+
+    def spy(self: Any, which: int, start: int, stop: int, rows: slice = slice(None)) -> torch.Tensor:
+        out = real(self, which, start, stop, rows)
+        calls.append((out.shape[0], start, stop))
+        return out
+
+    monkeypatch.setattr(paging.PagedCache if pages else paging.EngineCache, "chunk", spy)
+    one_row = 2 * 4 * 16 * 4 + 2 * 4 * 4  # a slot of one sequence converted, and its scores
+    monkeypatch.setattr(paging, "CHUNK_BYTES", one_row * (CONTEXT + STEPS) * 3)  # three whole sequences
+    grouped, _ = decode(m, x, kv, pages)
+    assert {rows for rows, _, _ in calls} == {3, 2}  # 8 sequences: 3, 3, 2
+    assert all(start == 0 for _, start, _ in calls)  # each group's slots in one call, never split
+    torch.testing.assert_close(grouped, split, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kept", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_float8_cache_converts_through_its_table_bit_for_bit(
+    kept: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every = torch.arange(256, dtype=torch.uint8).view(kept)
+    made: list[torch.dtype] = []
+    real = states.float8_table
+
+    def spy(stored: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+        made.append(stored)
+        return real(stored, dtype)
+
+    monkeypatch.setattr(states, "float8_table", spy)
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        converted = states._converted(every.view(2, 8, 16), dtype)
+        torch.testing.assert_close(converted, every.to(dtype).view(2, 8, 16), equal_nan=True, rtol=0, atol=0)
+    m, x = model()
+    decode(m, x, str(kept).removeprefix("torch."), 4)
+    assert len(made) > 3 and set(made) == {kept}  # the table ran, in the decode too
 
 
 @pytest.mark.parametrize(("kv", "pages"), [(None, 16), ("int8", 16), (None, 7)])
@@ -181,9 +230,9 @@ def test_a_paged_decode_row_reads_through_its_table_and_says_what_it_holds(monke
     read: list[int] = []
     real = paging.PagedCache.chunk
 
-    def spy(self: paging.PagedCache, which: int, start: int, stop: int) -> torch.Tensor:
+    def spy(self: paging.PagedCache, which: int, start: int, stop: int, rows: slice = slice(None)) -> torch.Tensor:
         read.append(stop - start)
-        return real(self, which, start, stop)
+        return real(self, which, start, stop, rows)
 
     monkeypatch.setattr(paging.PagedCache, "chunk", spy)
     c = tiny_case("sdpa-flash", mode="decode", seq_len=CONTEXT, d_model=64, heads=4, layers=2, causal=True)
