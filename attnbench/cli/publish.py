@@ -157,7 +157,16 @@ def publish(
             raise AttnbenchError(
                 f"run {digest.run.run_id!r}: its id is not a slug", hint="run ids are A-Z a-z 0-9 . _ -"
             )
-        added += digest.run.run_id not in held
+        before = held.get(digest.run.run_id)
+        if before is not None and before.run.created_utc != digest.run.created_utc:
+            # Ids are made to the second: two sweeps started in the same second into two --out folders share one.
+            # Replacing the published run with the other would lose it without a word.
+            raise AttnbenchError(
+                f"run {digest.run.run_id!r}: {output} already holds another run of this id (created "
+                f"{before.run.created_utc}; this one {digest.run.created_utc})",
+                hint="publish one of the two to another site folder",
+            )
+        added += before is None
         held[digest.run.run_id] = digest
     if not held:
         raise AttnbenchError(

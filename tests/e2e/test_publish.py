@@ -402,3 +402,20 @@ def test_a_capacity_page_escapes_what_the_digest_holds(tmp_path: Path) -> None:
     page = next((site / "capacity").glob("*.html")).read_text()
     assert "<b>bold" not in page and "&lt;b&gt;bold&lt;/b&gt;" in page
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_another_run_of_a_published_runs_id_is_refused_not_swapped_in(tmp_path: Path) -> None:
+    """Ids are made to the second: two sweeps of one config started in the same second (into two --out folders)
+    share one. Publishing the second must not replace the first."""
+    first, second = synthetic_runs(tmp_path / "runs", [1.0, 1.3], only=STEPPED)
+    data = json.loads((first / "run.json").read_text())
+    twin = json.loads((second / "run.json").read_text())
+    (second / "run.json").write_text(json.dumps({**twin, "run_id": data["run_id"]}))
+    assert twin["created_utc"] != data["created_utc"]
+    site = tmp_path / "site"
+    publish(str(first), "-o", str(site))
+    held = {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    result = runner.invoke(app, ["publish", str(second), "-o", str(site)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert {p: p.read_bytes() for p in site.rglob("*") if p.is_file()} == held  # the site as it was
+    assert "1 run (0 new)" in publish(str(first), "-o", str(site))  # the same run again: still fine
