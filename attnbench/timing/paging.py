@@ -91,7 +91,8 @@ class EngineCache(KVCache):
         batch, heads, _, d = q.shape
         filled = min(n + 1, self.slots)
         grouped = q.reshape(batch, self.heads_kv, heads // self.heads_kv, d) * d**-0.5  # query heads on their key head
-        rows = max(1, self.chunk_slots(1, heads, d) // filled)  # whole sequences per chunk, where one fits
+        rows = self.chunk_slots(1, heads, d) // filled  # whole sequences per chunk, where two or more fit
+        rows = rows if rows > 1 else batch  # else every sequence at once, its slots in pieces (split-K)
         parts = [self._attend(grouped[r : r + rows], slice(r, r + rows), filled) for r in range(0, batch, rows)]
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out.to(q.dtype).reshape(batch, heads, 1, d)
