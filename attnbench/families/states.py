@@ -361,6 +361,7 @@ def keep(make: Callable[[int], Any], batch: int) -> Any:
         return make(batch)
     one = make(1)
     if getattr(one, "holds_positions", False) or isinstance(one, KVCache | StackState | NetworkState):
+        del one  # not held while the batch's is made: a capacity try would count it
         return make(batch)
     return keeping.keep(make, one, batch)
 

@@ -33,8 +33,10 @@ __all__ = ["CONTEXT", "DECODE_TOKENS", "TILE_BYTES", "Keeping", "KeptState", "ke
 DECODE_TOKENS = 256  # tokens decoded after the prompt: long enough for a state's rounding to compound
 CONTEXT = 16  # the prompt's tokens, prefilled
 # Bytes of a layer's state (and scratch), in the dtype it computes in, that a kept state's step converts at once:
-# large enough that a tile's calls cost little beside its work, small beside a 1 GiB budget's states.
-TILE_BYTES = 16 * 2**20
+# large enough that a tile's calls cost little beside its work, small beside a 1 GiB budget's states, and well under
+# glibc's 32 MiB mmap threshold's reach: with 16 MiB tiles a CPU capacity moved by 15 % with the heap's history (a
+# cold cache's flush buffer beside it or not), with 4 MiB (a KV chunk's size, ``paging.CHUNK_BYTES``) by 1 %.
+TILE_BYTES = 4 * 2**20
 
 
 class KeptState:
@@ -186,16 +188,19 @@ class Keeping:
     def keep(self, make: Callable[[int], Any], one: Any, batch: int) -> Any:
         """The state of ``batch`` sequences ``make`` makes, kept: ``one``, the state of one, says what it holds per
         sequence, so that a kept state is made a tile of rows big (``KeptState``) and never wide at every row."""
-        if isinstance(one, KeptState | PaddedState):  # the module kept its own (an RNN that may be the whole model)
-            return make(batch)
+        nested = isinstance(one, KeptState | PaddedState)  # the module kept its own (an RNN, maybe the whole model)
+        whole = nested or (self.state is None and not self.in_place) or getattr(one, "batch_dim", None) is None
+        per_row = 0 if whole else sum(t.numel() * t.element_size() for t in (*one.tensors(), *scratch_tensors(one)))
+        rows = batch if whole else min(batch, max(1, TILE_BYTES // max(1, per_row)))
+        if rows > 1:
+            del one  # not held while a bigger one is made: a capacity try would count it
+        made = make(rows) if rows > 1 else one
+        if nested:
+            return made
         if self.state is None and not self.in_place:
-            kept = make(batch)
-        elif getattr(one, "batch_dim", None) is None:  # a user's state, lent whole
-            kept = KeptState(make(batch), self.state, batch)
-        else:
-            per_row = sum(t.numel() * t.element_size() for t in (*one.tensors(), *scratch_tensors(one)))
-            rows = min(batch, max(1, TILE_BYTES // max(1, per_row)))
-            kept = KeptState(one if rows == 1 else make(rows), self.state, batch)
+            kept = made
+        else:  # a user's state (no batch_dim) is lent whole
+            kept = KeptState(made, self.state, batch)
         return PaddedState(kept, batch * self.state_page) if self.state_page else kept
 
 
