@@ -150,6 +150,7 @@ def publish(
             hint="e.g. https://github.com/OWNER/REPO/commit/{commit}",
         )
     held = {d.run.run_id: d for d in read_site(output)}
+    on_site = set(held)
     stored, warnings = load_runs(runs or [], skip_bad=skip_bad) if runs else ([], [])
     added = 0
     for digest in (RunDigest.of(s) for s in stored):
@@ -161,9 +162,10 @@ def publish(
         if before is not None and before.run.created_utc != digest.run.created_utc:
             # Ids are made to the second: two sweeps started in the same second into two --out folders share one.
             # Replacing the published run with the other would lose it without a word.
+            where = f"{output} already holds" if digest.run.run_id in on_site else "this publish was given"
             raise AttnbenchError(
-                f"run {digest.run.run_id!r}: {output} already holds another run of this id (created "
-                f"{before.run.created_utc}; this one {digest.run.created_utc})",
+                f"run {digest.run.run_id!r}: {where} another run of this id (created {before.run.created_utc}; "
+                f"this one {digest.run.created_utc})",
                 hint="publish one of the two to another site folder",
             )
         added += before is None

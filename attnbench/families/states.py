@@ -354,16 +354,15 @@ class SharedKV(SharedPrefix):
 
 
 def keep(make: Callable[[int], Any], batch: int) -> Any:
-    """A layer's state of ``batch`` sequences (``make(batch)``) as the executor keeps it (``KEPT``'s ``keep``, shown
-    one sequence's state first: what it holds per sequence), unless it is a cache of positions."""
+    """A layer's state of ``batch`` sequences (``make(batch)``) as the executor keeps it (``KEPT``'s ``keep``, which
+    makes one sequence's first to see what it holds per sequence)."""
     keeping = KEPT.get()
-    if keeping is None:
-        return make(batch)
-    one = make(1)
-    if getattr(one, "holds_positions", False) or isinstance(one, KVCache | StackState | NetworkState):
-        del one  # not held while the batch's is made: a capacity try would count it
-        return make(batch)
-    return keeping.keep(make, one, batch)
+    return make(batch) if keeping is None else keeping.keep(make, batch)
+
+
+def kept_as_made(state: Any) -> bool:
+    """Whether ``state`` is kept as it is made: a cache of positions, or states of layers each kept on its own."""
+    return getattr(state, "holds_positions", False) or isinstance(state, KVCache | StackState | NetworkState)
 
 
 def step_with(state: Any, step: Callable[[torch.Tensor, Any], torch.Tensor], x: torch.Tensor) -> torch.Tensor:

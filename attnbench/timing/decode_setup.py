@@ -12,7 +12,9 @@ In this order, so that each figure means one thing:
    whole-sequence forward. The prefill is affordable at any n a step is: scope core with one layer needs only the
    K/V projections, and deeper stacks use SDPA's fused causal kernel for the context's own attention.
 4. The timed call is ``step()``: the token's K and V written into slot n, slots 0…n read, and the state left at n
-   (a recurrent step keeps its new state aside), so every call is the token after n tokens.
+   (a recurrent step keeps its new state aside), so every call is the token after n tokens. A recurrent state kept
+   in a ``state_dtype`` is stepped as an engine steps it, in place (``timing.precision.KeptState``): each call moves
+   it one token on, at the same cost.
 5. After the timing, ``release()`` measures what the state holds and frees it (``state_mem_bytes``): on a GPU the
    caching allocator's bytes that freeing it gives back; on a CPU the resident pages backing its tensors
    (``resident-pages``, mincore: a state smaller than a page reads that page). ``state_bytes`` is the same

@@ -24,7 +24,7 @@ import torch
 from attnbench.core.cases import Case
 from attnbench.families.catalogue import family_of
 from attnbench.families.registry import build_model, call_context
-from attnbench.families.states import KEPT, KVCache, decodable, opened, prefill, scratch_tensors
+from attnbench.families.states import KEPT, KVCache, decodable, kept_as_made, opened, prefill, scratch_tensors
 from attnbench.families.torch_family import make_input, torch_dtype
 from attnbench.timing.paging import kept_cache
 
@@ -119,6 +119,7 @@ class KeptState:
     def reset(self) -> None:
         for kept in self.stored:
             kept.zero_()
+        self.ahead = False
 
     def fill_to(self, length: int) -> None:
         """Nothing to do: a recurrent state has one size after any number of tokens."""
@@ -185,22 +186,25 @@ class Keeping:
         """A layer's KV cache (``KVCache``'s arguments) kept in ``kv`` and ``page_tokens``: ``paging.kept_cache``."""
         return kept_cache(*args, **kwargs, kept=self.kv, page_tokens=self.page_tokens)
 
-    def keep(self, make: Callable[[int], Any], one: Any, batch: int) -> Any:
-        """The state of ``batch`` sequences ``make`` makes, kept: ``one``, the state of one, says what it holds per
-        sequence, so that a kept state is made a tile of rows big (``KeptState``) and never wide at every row."""
+    def keep(self, make: Callable[[int], Any], batch: int) -> Any:
+        """The state of ``batch`` sequences ``make`` makes, kept: made for one sequence first, which says what it
+        holds per sequence, so that a kept state is made a tile of rows big (``KeptState``) and never wide at every
+        row. That one is dropped before a bigger one is made: a capacity try would count it."""
+        one = make(1)
+        if kept_as_made(one):
+            del one
+            return make(batch)
         nested = isinstance(one, KeptState | PaddedState)  # the module kept its own (an RNN, maybe the whole model)
         whole = nested or (self.state is None and not self.in_place) or getattr(one, "batch_dim", None) is None
         per_row = 0 if whole else sum(t.numel() * t.element_size() for t in (*one.tensors(), *scratch_tensors(one)))
         rows = batch if whole else min(batch, max(1, TILE_BYTES // max(1, per_row)))
         if rows > 1:
-            del one  # not held while a bigger one is made: a capacity try would count it
+            del one
         made = make(rows) if rows > 1 else one
         if nested:
             return made
-        if self.state is None and not self.in_place:
-            kept = made
-        else:  # a user's state (no batch_dim) is lent whole
-            kept = KeptState(made, self.state, batch)
+        plain = self.state is None and not self.in_place
+        kept = made if plain else KeptState(made, self.state, batch)  # a user's state (no batch_dim) is lent whole
         return PaddedState(kept, batch * self.state_page) if self.state_page else kept
 
 

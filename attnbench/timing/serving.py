@@ -244,7 +244,8 @@ class CapacitySetup:
         }
 
     def prepare(self) -> None:
-        """Nothing: a step leaves the state at n."""
+        """Nothing: a step leaves a KV cache at n, and a recurrent state (stepped in place, as an engine steps it:
+        ``timing.precision.KeptState``) one token on, which costs the next step the same."""
 
     def step(self) -> object:
         return self.decoder.step(self.token, self.state)

@@ -4,6 +4,7 @@ carries the error that costs beside its time."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -217,3 +218,31 @@ def test_a_kept_state_is_never_held_wide_at_every_row(monkeypatch: pytest.Monkey
     monkeypatch.setattr(torch, "zeros", real)
     assert made and max(shape[0] for shape in made) == 1  # a tile of one row, however many sequences
     assert all(t.shape[0] == 64 and t.dtype == torch.bfloat16 for t in held.tensors() if t.dim() == 4)
+
+
+@pytest.mark.parametrize(("model", "scope"), [("sdpa", "model"), ("sdpa", "core"), ("mamba2", "model")])
+def test_a_kept_init_holds_no_more_than_the_batchs_state_at_once(
+    model: str, scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``keep`` is shown one sequence's state before the batch's is made: that one is gone first, so a capacity try
+    never counts a second copy of a cache (at batch 1, a whole one)."""
+    live, peak = [0], [0]
+    real = torch.zeros
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        made = real(*args, **kwargs)  # type: ignore[call-overload]
+        size = made.numel() * made.element_size()
+        live[0] += size
+        peak[0] = max(peak[0], live[0])
+        weakref.finalize(made, lambda: live.__setitem__(0, live[0] - size))
+        return made
+
+    c = tiny_case(model, mode="decode", seq_len=16, d_model=64, heads=4, layers=4, causal=True, scope=scope)
+    built = build_model(c, "cpu", torch.float32)
+    monkeypatch.setattr(torch, "zeros", counted)
+    for batch in (1, 3):
+        live[0] = peak[0] = 0
+        with torch.inference_mode(), keeping(None, None, in_place=True):
+            held = decodable(built).init_state(batch, 64)
+            assert peak[0] == tensor_bytes(held)  # every byte made is the batch's state, and nothing beside it
+        del held
