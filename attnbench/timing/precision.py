@@ -94,18 +94,24 @@ class KeptState:
 
     def step_with(self, step: Callable[[torch.Tensor, Any], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``step(x, layer state)`` a tile of rows at a time, each tile's next state committed as it is computed."""
-        outputs = []
+        out: torch.Tensor | None = None
         for start in range(0, self.batch, self.rows):
             end = min(self.batch, start + self.rows)
             self._lend(start, end)
             try:
-                outputs.append(step(x[start:end], self.inner))
+                y = step(x[start:end], self.inner)
                 self.inner.advance()
                 self._store(start, end)
             finally:
                 self._drop()
+            if end - start == self.batch:
+                out = y
+            else:  # written into one output as it comes: never every tile's beside their join
+                out = y.new_empty((self.batch, *y.shape[1:])) if out is None else out
+                out[start:end] = y
         self.ahead = True
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        assert out is not None  # a batch of at least one row
+        return out
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield from self.stored
