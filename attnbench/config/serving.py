@@ -29,6 +29,7 @@ from attnbench.core.cases import (
     SERVING_PARAMS,
     Serving,
 )
+from attnbench.core.errors import ConfigError
 from attnbench.core.units import format_bytes, parse_bytes
 
 __all__ = ["KEY_MODES", "ServingAxes", "draw_lengths", "serving_axes"]
@@ -160,15 +161,30 @@ def _budget(m: ConfigModel, modes: list[str], ctx: Context) -> int:
     return value
 
 
+# What a mode's two required keys mean, and an example of them: the refusal when either is missing.
+_NEEDED = {
+    "verify": (
+        "draft tokens per call (k), and how many of them are kept (r ≤ k)",
+        "e.g. draft: 4 and accept: [0, 2, 4]",
+    ),
+    "prefix": (
+        "the tokens every prompt shares (P), and how many requests share them (M)",
+        "e.g. prefix_tokens: 4096 and requests: 8",
+    ),
+}
+
+
+def _missing(m: ConfigModel, keys: tuple[str, str], mode: str, modes: list[str], ctx: Context) -> ConfigError:
+    """The refusal of a mode given only one of its two keys, or neither (``_NEEDED``)."""
+    missing = " and ".join(key for key in keys if getattr(m, key) is None)
+    what, hint = _NEEDED[mode]
+    return ctx.error(f"mode {mode} needs {missing}: {what}", ctx.item(("modes",), modes.index(mode)), hint=hint)
+
+
 def _verify(m: ConfigModel, modes: list[str], ctx: Context) -> tuple[Serving, ...]:
     """Each (draft, accept) pair with accept ≤ draft, as a case's serving parameters."""
     if m.draft is None or m.accept is None:
-        missing = " and ".join(key for key in ("draft", "accept") if getattr(m, key) is None)
-        raise ctx.error(
-            f"mode verify needs {missing}: draft tokens per call (k), and how many of them are kept (r ≤ k)",
-            ctx.item(("modes",), modes.index("verify")),
-            hint="e.g. draft: 4 and accept: [0, 2, 4]",
-        )
+        raise _missing(m, ("draft", "accept"), "verify", modes, ctx)
     check_unique(m.draft, "draft", ("draft",), ctx)
     check_unique(m.accept, "accept", ("accept",), ctx)
     for i, accept in enumerate(m.accept):
@@ -186,12 +202,7 @@ def _prefix(m: ConfigModel, modes: list[str], ctx: Context) -> tuple[Serving, ..
     """Each (checkpoint_every, prefix_tokens, requests) as a case's serving parameters; every prefix shorter than
     every prompt (a request differs from the others after its prefix, so it holds at least one token of its own)."""
     if m.prefix_tokens is None or m.requests is None:
-        missing = " and ".join(key for key in ("prefix_tokens", "requests") if getattr(m, key) is None)
-        raise ctx.error(
-            f"mode prefix needs {missing}: the tokens every prompt shares (P), and how many requests share them (M)",
-            ctx.item(("modes",), modes.index("prefix")),
-            hint="e.g. prefix_tokens: 4096 and requests: 8",
-        )
+        raise _missing(m, ("prefix_tokens", "requests"), "prefix", modes, ctx)
     every = m.checkpoint_every or [0]
     for key, values in (("prefix_tokens", m.prefix_tokens), ("requests", m.requests), ("checkpoint_every", every)):
         check_unique(values, key, (key,) if getattr(m, key) is not None else None, ctx)

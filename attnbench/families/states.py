@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import Any, ClassVar, Literal, Protocol, cast
 
 import torch
@@ -112,6 +112,7 @@ def _converted(held: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return float8_table(held.dtype, dtype).index_select(0, held.view(torch.uint8).flatten().int()).view(held.shape)
 
 
+@cache  # read for every chunk of every step
 def float8_table(kept: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
     """Every value of the float8 dtype ``kept``, by its byte, in ``dtype``."""
     return torch.arange(256, dtype=torch.uint8).view(kept).to(dtype)

@@ -197,20 +197,18 @@ class Keeping:
         holds per sequence, so that a kept state is made a tile of rows big (``KeptState``) and never wide at every
         row. That one is dropped before a bigger one is made: a capacity try would count it."""
         one = make(1)
-        if kept_as_made(one):
+        if kept_as_made(one) or isinstance(one, KeptState | PaddedState):  # or a module that kept its own (an RNN)
             del one
             return make(batch)
-        nested = isinstance(one, KeptState | PaddedState)  # the module kept its own (an RNN, maybe the whole model)
-        whole = nested or (self.state is None and not self.in_place) or getattr(one, "batch_dim", None) is None
-        per_row = 0 if whole else sum(t.numel() * t.element_size() for t in (*one.tensors(), *scratch_tensors(one)))
-        rows = batch if whole else min(batch, max(1, TILE_BYTES // max(1, per_row)))
+        plain = self.state is None and not self.in_place
+        rows = batch  # as it computes, or a user's state (no batch_dim): lent whole
+        if not plain and getattr(one, "batch_dim", None) is not None:
+            per_row = sum(t.numel() * t.element_size() for t in (*one.tensors(), *scratch_tensors(one)))
+            rows = min(batch, max(1, TILE_BYTES // max(1, per_row)))
         if rows > 1:
             del one
         made = make(rows) if rows > 1 else one
-        if nested:
-            return made
-        plain = self.state is None and not self.in_place
-        kept = made if plain else KeptState(made, self.state, batch)  # a user's state (no batch_dim) is lent whole
+        kept = made if plain else KeptState(made, self.state, batch)
         return PaddedState(kept, batch * self.state_page) if self.state_page else kept
 
 
